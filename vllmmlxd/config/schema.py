@@ -1,0 +1,85 @@
+"""The configuration schema: frozen pydantic models, unknown keys forbidden.
+
+``ModelConfig`` is also the contract between the daemon and a worker: the daemon
+sends a worker its entry as JSON, and ``vllmmlxd serve`` builds one from flags.
+Option names mirror the reference server's flags in snake_case.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """One model entry: what to load, where to listen and how to serve it."""
+
+    model: str = Field(description="builtin:NAME, a .gguf path, a local MLX folder or a Hugging Face repo id")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    served_model_name: str | None = None
+    aliases: tuple[str, ...] = ()
+    owned_by: str = "vllmmlxd"
+    api_key: SecretStr | None = None
+    timeout: float = Field(300.0, gt=0)
+    max_tokens: int = Field(32768, ge=1)
+    max_request_tokens: int = Field(32768, ge=1)
+    default_temperature: float | None = Field(None, ge=0, le=2)
+    default_top_p: float | None = Field(None, gt=0, le=1)
+    stream_interval: int = Field(1, ge=1)
+    max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 503")
+    max_body_mb: float = Field(16.0, gt=0, description="request bodies above this get 413")
+    trust_remote_code: bool = False
+
+    @field_validator("aliases", mode="before")
+    @classmethod
+    def _one_alias_is_a_list(cls, v):
+        return (v,) if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _request_cap_covers_default(self):
+        if self.max_tokens > self.max_request_tokens:
+            raise ValueError(
+                f"max_tokens ({self.max_tokens}) is larger than max_request_tokens ({self.max_request_tokens})"
+            )
+        return self
+
+    def display_name(self, key: str) -> str:
+        """The name clients see: served_model_name, else the entry's key."""
+        return self.served_model_name or key
+
+
+class DaemonConfig(_Strict):
+    state_dir: Path | None = None
+    control_socket: Path | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    drain_timeout: float = Field(30.0, ge=0)
+
+
+class Config(_Strict):
+    """A whole config file."""
+
+    daemon: DaemonConfig = DaemonConfig()
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+
+    @field_validator("models")
+    @classmethod
+    def _names_and_ports(cls, models: dict[str, ModelConfig]):
+        seen: dict[tuple[str, int], str] = {}
+        for name, entry in models.items():
+            if not MODEL_NAME_RE.match(name):
+                raise ValueError(f"model name {name!r} must be letters, digits, '_', '.' or '-'")
+            addr = (entry.host, entry.port)
+            if addr in seen:
+                raise ValueError(f"models {seen[addr]!r} and {name!r} both listen on {entry.host}:{entry.port}")
+            seen[addr] = name
+        return models

@@ -1,0 +1,123 @@
+"""What crosses the engine boundary: requests in, typed events out. No mlx here.
+
+The API layers import only this module. OpenAI (and later Anthropic) responses are
+translations of the same event stream; a non-streaming response is its fold.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Literal, Protocol, Union
+
+FinishReason = Literal["stop", "length", "cancelled", "timeout", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling, already merged with the model's defaults and validated."""
+
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    ignore_eos: bool = False
+
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class GenerationRequest:
+    """One generation: prompt token ids and sampling. ``cancelled`` is set from any thread."""
+
+    prompt_tokens: list[int]
+    sampling: SamplingParams
+    request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    stream_interval: int = 1
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    created: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New visible text (stop strings already held back and cut)."""
+
+    text: str
+    token_count: int = 1
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of every generation."""
+
+    reason: FinishReason
+    usage: Usage
+    error: str | None = None
+
+
+EngineEvent = Union[TextDelta, Finished]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the API layers may know of the loaded model."""
+
+    name: str
+    context_length: int
+    vocab_size: int
+    source: str
+    has_chat_template: bool = True
+
+
+@dataclass
+class EngineStats:
+    """Counters for /v1/status; written by the engine thread, read anywhere."""
+
+    started: float = field(default_factory=time.time)
+    steps_executed: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    total_requests_processed: int = 0
+    total_prompt_tokens: int = 0
+    total_completion_tokens: int = 0
+
+
+class Engine(Protocol):
+    """The face the API layers see. The MLX implementation lives in ``mlx_engine``."""
+
+    info: ModelInfo
+    stats: EngineStats
+
+    def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def apply_chat_template(
+        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
+    ) -> list[int]: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+        """Queue the request and stream its events; closing the iterator cancels it."""
+        ...
+
+    def memory(self) -> dict[str, float]: ...
+
+    def close(self) -> None: ...

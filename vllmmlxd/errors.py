@@ -1,0 +1,74 @@
+"""The one exception hierarchy of vllmmlxd.
+
+Serving code raises these; each API family has one handler that turns them into
+its own error shape (OpenAI's ``{"error": {...}}``, later Anthropic's).
+"""
+
+from __future__ import annotations
+
+
+class VllmmlxdError(Exception):
+    """Base of every error the product raises on purpose."""
+
+
+class ConfigError(VllmmlxdError):
+    """A configuration file or option is invalid. ``str()`` names file:line:column."""
+
+
+class ModelLoadError(VllmmlxdError):
+    """A model spec could not be resolved, fetched, converted or loaded."""
+
+
+class RequestError(VllmmlxdError):
+    """A client request that cannot be served; carries the HTTP status to answer with."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class InvalidRequest(RequestError):
+    """Bad parameters (400)."""
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt (plus the tokens asked for) does not fit the model's context (400)."""
+
+    def __init__(self, message: str, *, param: str | None = "messages"):
+        super().__init__(message, param=param, code="context_length_exceeded")
+
+
+class ModelNotFound(RequestError):
+    status_code = 404
+    error_type = "not_found_error"
+
+    def __init__(self, message: str, *, param: str | None = "model"):
+        super().__init__(message, param=param, code="model_not_found")
+
+
+class Unauthorized(RequestError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class Overloaded(RequestError):
+    """The engine queue is full (503); the client may retry."""
+
+    status_code = 503
+    error_type = "overloaded_error"
+
+
+class RequestTimeout(RequestError):
+    """The request ran past the model's ``timeout`` (504)."""
+
+    status_code = 504
+    error_type = "timeout_error"
+
+
+class EngineFailure(VllmmlxdError):
+    """The engine failed while generating; a server-side fault (500)."""

@@ -1,0 +1,81 @@
+"""Logfmt logging: one line per event, a stable event name plus fields.
+
+Use ``log_event(logger, "worker.ready", model="llama", port=8001)``. Under journald
+(``JOURNAL_STREAM`` set) lines carry a ``<N>`` priority prefix and no timestamp,
+since journald stamps them itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+
+def format_value(value: Any) -> str:
+    """Render one logfmt value, quoting when it holds spaces, quotes or '='."""
+    text = str(value)
+    if text == "" or any(c in text for c in ' "=\n\t'):
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    return text
+
+
+def format_fields(fields: dict[str, Any]) -> str:
+    return " ".join(f"{k}={format_value(v)}" for k, v in fields.items() if v is not None)
+
+
+class LogfmtFormatter(logging.Formatter):
+    """Formats records as ``ts=... level=... event=... k=v``."""
+
+    def __init__(self, *, journald: bool = False, static: dict[str, Any] | None = None):
+        super().__init__()
+        self.journald = journald
+        self.static = dict(static or {})
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = {}
+        if not self.journald:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(record.created))
+            fields["ts"] = "%s.%03d" % (stamp, record.msecs)
+        fields["level"] = record.levelname.lower()
+        event = getattr(record, "event", None)
+        fields["event"] = event or record.name
+        fields.update(self.static)
+        fields.update(getattr(record, "fields", {}) or {})
+        if not event:
+            fields["msg"] = record.getMessage()
+        if record.exc_info:
+            fields["error"] = self.formatException(record.exc_info).splitlines()[-1]
+        line = format_fields(fields)
+        if self.journald:
+            line = f"<{_PRIORITY.get(record.levelno, 6)}>{line}"
+        return line
+
+
+def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
+    """Log one event with fields, formatted as logfmt by :class:`LogfmtFormatter`."""
+    if logger.isEnabledFor(level):
+        logger.log(level, event, extra={"event": event, "fields": fields})
+
+
+def under_journald() -> bool:
+    return bool(os.environ.get("JOURNAL_STREAM"))
+
+
+def setup_logging(level: str = "info", **static: Any) -> None:
+    """Send all logging to stderr as logfmt; ``static`` fields go on every line."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogfmtFormatter(journald=under_journald(), static=static))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # uvicorn's own loggers speak in prose; route them through ours, access log off.
+    for name in ("uvicorn", "uvicorn.error"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = []
+        lg.propagate = True
+    logging.getLogger("uvicorn.access").disabled = True
