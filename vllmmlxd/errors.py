@@ -36,6 +36,18 @@ class InvalidRequest(RequestError):
     """Bad parameters (400)."""
 
 
+class UnprocessableBody(RequestError):
+    """The body is not JSON, not an object, or lacks a required field (422)."""
+
+    status_code = 422
+
+
+class PayloadTooLarge(RequestError):
+    """The body is larger than the model's ``max_body_mb`` (413)."""
+
+    status_code = 413
+
+
 class ContextLengthExceeded(InvalidRequest):
     """The prompt (plus the tokens asked for) does not fit the model's context (400)."""
 

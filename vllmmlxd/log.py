@@ -79,3 +79,4 @@ def setup_logging(level: str = "info", **static: Any) -> None:
         lg.handlers[:] = []
         lg.propagate = True
     logging.getLogger("uvicorn.access").disabled = True
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check is noise

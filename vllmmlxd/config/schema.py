@@ -7,6 +7,7 @@ Option names mirror the reference server's flags in snake_case.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Literal
@@ -53,6 +54,13 @@ class ModelConfig(_Strict):
             )
         return self
 
+    def to_worker_json(self) -> str:
+        """This entry as JSON with secrets revealed: only ever sent down a worker's stdin pipe."""
+        data = self.model_dump(mode="json")
+        if self.api_key is not None:
+            data["api_key"] = self.api_key.get_secret_value()
+        return json.dumps(data)
+
     def display_name(self, key: str) -> str:
         """The name clients see: served_model_name, else the entry's key."""
         return self.served_model_name or key
@@ -63,6 +71,7 @@ class DaemonConfig(_Strict):
     control_socket: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     drain_timeout: float = Field(30.0, ge=0)
+    watch: bool = True
 
 
 class Config(_Strict):

@@ -115,7 +115,8 @@ class Engine(Protocol):
     ) -> list[int]: ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
-        """Queue the request and stream its events; closing the iterator cancels it."""
+        """Admit the request (raising ``Overloaded`` when the queue is full) and return
+        its event stream; closing the stream early cancels the request."""
         ...
 
     def memory(self) -> dict[str, float]: ...

@@ -1,0 +1,47 @@
+# Two commands do all the set-up: `make serve` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+CONFIG ?= config/default.yaml
+PYTEST_ARGS ?=
+
+.PHONY: serve test test-fast bench clean system-deps
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "vllmmlxd needs Python >= 3.11 (found: $$($(PYTHON) --version))"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.runtime: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.dev: pyproject.toml $(VENV)/.runtime
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+## serve: install into .venv and run the daemon on config/default.yaml (http://127.0.0.1:8000/v1)
+serve: $(VENV)/.runtime
+	$(BIN)/vllmmlxd run --config $(CONFIG)
+
+## test: install the dev extra into .venv and run the whole suite
+test: $(VENV)/.dev system-deps
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## test-fast: everything but the tests marked slow
+test-fast: $(VENV)/.dev
+	$(BIN)/python -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+## bench: server vs engine streaming speed, written to docs/benchmarks.md
+bench: $(VENV)/.dev
+	$(BIN)/python bench/stream_overhead.py --write docs/benchmarks.md
+
+# systemd-analyze checks the unit file; install Debian's systemd where it is missing and we can.
+system-deps:
+	@if ! command -v systemd-analyze >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian's systemd for systemd-analyze"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd >/dev/null) || echo "could not install systemd; the unit-file check will be skipped"; \
+	fi
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,117 @@
+"""Streamed completion tokens/s: the HTTP server against the engine alone, same model, one run.
+
+    python bench/stream_overhead.py [--model builtin:smollm2-135m-instruct] [--tokens 256] [--write docs/benchmarks.md]
+
+The engine is measured in-process (its event stream read from asyncio, as the server
+reads it); then `vllmmlxd serve` is started on the same model and one streamed
+/v1/completions request is read with httpx. Each side takes the best of --runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.support.servers import start_serve  # noqa: E402
+
+PROMPT = "Write a long story about a lighthouse keeper."
+
+
+def engine_alone(model: str, tokens: int, runs: int) -> float:
+    from vllmmlxd.engine.loader import load_model
+    from vllmmlxd.engine.mlx_engine import MLXEngine
+    from vllmmlxd.engine.types import Finished, GenerationRequest, SamplingParams
+    from vllmmlxd.paths import resolve_state_dir
+
+    engine = MLXEngine(load_model(model, resolve_state_dir()))
+    prompt = engine.tokenize(PROMPT)
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+
+    async def one() -> float:
+        started = time.perf_counter()
+        async for event in engine.generate(GenerationRequest(prompt, params)):
+            if isinstance(event, Finished):
+                assert event.usage.completion_tokens == tokens
+        return tokens / (time.perf_counter() - started)
+
+    try:
+        asyncio.run(one())  # warm-up
+        return max(asyncio.run(one()) for _ in range(runs))
+    finally:
+        engine.close()
+
+
+def through_server(model: str, tokens: int, runs: int) -> float:
+    server = start_serve(model, "--max-tokens", str(tokens))
+    body = {"prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    best = 0.0
+    try:
+        for i in range(runs + 1):
+            started = time.perf_counter()
+            chunks = 0
+            with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=600) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        chunks += 1
+            rate = tokens / (time.perf_counter() - started)
+            if i:  # the first run warms up
+                best = max(best, rate)
+    finally:
+        server.stop()
+    return best
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        cpu = re.search(r"model name\s*:\s*(.*)", text).group(1)
+    except (OSError, AttributeError):
+        if sys.platform == "darwin":
+            cpu = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True).stdout.strip()
+    import mlx.core as mx
+
+    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores, MLX {mx.__version__} on {mx.default_device()}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="builtin:smollm2-135m-instruct")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--write", type=Path, help="replace the stream-overhead section of this markdown file")
+    args = ap.parse_args()
+    engine = engine_alone(args.model, args.tokens, args.runs)
+    server = through_server(args.model, args.tokens, args.runs)
+    ratio = server / engine
+    report = (
+        "## Streaming overhead: server vs engine\n\n"
+        f"- Date: {time.strftime('%Y-%m-%d')}\n"
+        f"- Machine: {machine()}\n"
+        f"- Model: `{args.model}`, {args.tokens} tokens greedy, `ignore_eos`, best of {args.runs} runs after a warm-up\n\n"
+        "| path | tokens/s |\n|---|---|\n"
+        f"| engine alone (in-process event stream) | {engine:.1f} |\n"
+        f"| `vllmmlxd serve`, streamed `/v1/completions` over HTTP | {server:.1f} |\n\n"
+        f"The server keeps **{ratio:.1%}** of the engine's single-stream speed (goal: at least 95%).\n"
+    )
+    print(report)
+    if args.write:
+        text = args.write.read_text() if args.write.exists() else "# Benchmarks\n\nMeasured with the scripts in `bench/`.\n\n"
+        text = re.sub(r"## Streaming overhead: server vs engine\n.*?(?=\n## |\Z)", "", text, flags=re.S).rstrip() + "\n\n"
+        args.write.write_text(text + report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""The real daemon supervising real workers on builtin:tiny: hot reload, crash
+recovery, shutdown, and vllmmlxctl against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.support.daemon import free_port, make_daemon, model_entry, pid_alive, wait_gone
+from tests.support.load import SteadyLoad
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture
+def daemon():
+    d = make_daemon()
+    yield d
+    code = d.stop()
+    pids = [p for p in d.worker_pids()] if d.proc and d.proc.poll() is None else []
+    assert wait_gone(pids)
+    if code not in (0, None, -9):
+        pytest.fail(f"daemon exited {code}:\n{d.log()[-3000:]}")
+
+
+def test_edits_add_change_and_remove_entries_and_vllmmlxctl_drives_it(daemon):
+    pa, pb = free_port(), free_port()
+    daemon.write({"a": model_entry(pa, served_model_name="Alpha")})
+    daemon.start()
+    daemon.wait_ready({"a"})
+
+    # status: table, json, exit 0 when all ready
+    table = daemon.ctl("status")
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.split()[:6] == ["MODEL", "STATE", "PID", "PORT", "UPTIME", "RESTARTS"]
+    assert "a" in table.stdout and "ready" in table.stdout
+    js = json.loads(daemon.ctl("status", "--json").stdout)
+    assert set(js["daemon"]) >= {"pid", "uptime_s", "config_path", "config_hash", "last_reload"}
+    assert set(js["models"][0]) >= {"name", "state", "pid", "host", "port", "restarts", "uptime_s", "last_exit_code", "served_model_name"}
+    assert js["daemon"]["pid"] == daemon.proc.pid and js["models"][0]["served_model_name"] == "Alpha"
+    assert httpx.get(f"http://127.0.0.1:{pa}/health").json() == {"status": "ok", "model": "Alpha"}
+
+    # add b by editing the file: applied within 5 s
+    daemon.write({"a": model_entry(pa, served_model_name="Alpha"), "b": model_entry(pb)})
+    took = daemon.wait_ready({"a", "b"}, timeout=30)
+    assert took < 5, f"adding took {took:.1f}s"
+    assert httpx.get(f"http://127.0.0.1:{pb}/health").json()["model"] == "b"
+
+    # change a, remove b: applied within 5 s
+    a_pid = daemon.models()["a"]["pid"]
+    daemon.write({"a": model_entry(pa, served_model_name="Alpha", default_temperature=0.1)})
+    took = daemon.wait_for(lambda ms: set(ms) == {"a"} and ms["a"]["pid"] != a_pid and ms["a"]["state"] == "ready", 30, "swap")
+    assert took < 5, f"change+remove took {took:.1f}s"
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{pb}/health")
+    assert daemon.status()["daemon"]["last_reload"]["ok"] is True
+
+    # reload with nothing changed is a no-op that succeeds
+    r = daemon.ctl("reload")
+    assert r.returncode == 0 and "no changes" in r.stdout
+
+    # restart one model: new pid, still serving
+    pid = daemon.models()["a"]["pid"]
+    r = daemon.ctl("restart", "a")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert daemon.models()["a"]["pid"] != pid and daemon.models()["a"]["state"] == "ready"
+    assert daemon.ctl("restart", "nope").returncode == 1
+
+    # logs: the worker's lines, tagged with its model
+    logs = daemon.ctl("logs", "a", "-n", "50")
+    assert logs.returncode == 0 and "event=worker.ready" in logs.stdout and "model=a" in logs.stdout
+
+    # stop and start one model
+    assert daemon.ctl("stop", "a").returncode == 0
+    assert daemon.models()["a"]["state"] == "stopped"
+    assert daemon.ctl("status").returncode == 3  # some model not ready
+    assert daemon.ctl("start", "a").returncode == 0
+    assert daemon.models()["a"]["state"] == "ready"
+
+
+def test_unaffected_model_serves_through_ten_reloads_and_changed_model_swaps_without_failures(daemon):
+    pa, pb = free_port(), free_port()
+    daemon.write({"a": model_entry(pa), "b": model_entry(pb, default_temperature=0.5)})
+    daemon.start()
+    daemon.wait_ready({"a", "b"})
+    with SteadyLoad(pa) as load_a, SteadyLoad(pb) as load_b:
+        for i in range(10):
+            before = daemon.models()["b"]["pid"]
+            daemon.write({"a": model_entry(pa), "b": model_entry(pb, default_temperature=0.1 + i / 20)})
+            daemon.wait_for(lambda ms: ms["b"]["pid"] != before and ms["b"]["state"] == "ready", 60, f"reload {i}")
+        time.sleep(0.5)
+    assert load_a.failures == [] and load_a.ok > 20, load_a.failures[:5]
+    assert load_b.failures == [] and load_b.ok > 20, load_b.failures[:5]
+    assert daemon.models()["a"]["restarts"] == 0
+
+
+def test_invalid_edit_keeps_serving_and_is_reported(daemon):
+    pa = free_port()
+    daemon.write({"a": model_entry(pa)})
+    daemon.start()
+    daemon.wait_ready({"a"})
+    pid = daemon.models()["a"]["pid"]
+    daemon.write_text(f"models:\n  a:\n    model: builtin:tiny\n    port: {pa}\n    prot: 1\n")
+    daemon.wait_for(lambda ms: True, 5)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (daemon.status()["daemon"]["last_reload"] or {}).get("ok") is not False:
+        time.sleep(0.1)
+    last = daemon.status()["daemon"]["last_reload"]
+    assert last["ok"] is False and "config.yaml:5:5" in last["error"] and "did you mean 'port'" in last["error"]
+    assert daemon.models()["a"]["pid"] == pid and daemon.models()["a"]["state"] == "ready"
+    assert httpx.post(f"http://127.0.0.1:{pa}/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+    r = daemon.ctl("reload")
+    assert r.returncode == 1 and "config.yaml:5:5" in (r.stdout + r.stderr)
+    assert "FAILED" in daemon.ctl("status").stdout
+
+
+def test_dry_run_then_reload_by_ctl_and_by_sighup_when_not_watching(daemon):
+    pa = free_port()
+    daemon.write({"a": model_entry(pa)}, daemon={"watch": False})
+    daemon.start()
+    daemon.wait_ready({"a"})
+    pid = daemon.models()["a"]["pid"]
+    daemon.write({"a": model_entry(pa, default_temperature=0.2), "b": model_entry(free_port())}, daemon={"watch": False})
+    dry = daemon.ctl("reload", "--dry-run")
+    assert dry.returncode == 0 and "added: b" in dry.stdout and "changed: a (default_temperature)" in dry.stdout
+    time.sleep(1)
+    assert set(daemon.models()) == {"a"} and daemon.models()["a"]["pid"] == pid  # nothing applied
+    r = daemon.ctl("reload")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert daemon.models()["a"]["pid"] != pid and daemon.models()["b"]["state"] == "ready"
+    # SIGHUP applies the file too
+    daemon.write({"a": model_entry(pa, default_temperature=0.2)}, daemon={"watch": False})
+    os.kill(daemon.proc.pid, signal.SIGHUP)
+    daemon.wait_for(lambda ms: set(ms) == {"a"}, 30, "sighup reload")
+
+
+def test_killed_worker_comes_back(daemon):
+    pa = free_port()
+    daemon.write({"a": model_entry(pa)})
+    daemon.start()
+    daemon.wait_ready({"a"})
+    pid = daemon.models()["a"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    daemon.wait_for(lambda ms: ms["a"]["pid"] not in (None, pid) and ms["a"]["state"] == "ready", 60, "restart")
+    m = daemon.models()["a"]
+    assert m["restarts"] == 1 and m["last_exit_code"] == -9
+
+
+def test_sigterm_exits_zero_and_leaves_no_worker(daemon):
+    daemon.write({"a": model_entry(free_port()), "b": model_entry(free_port())})
+    daemon.start()
+    daemon.wait_ready({"a", "b"})
+    pids = daemon.worker_pids()
+    assert len(pids) == 2
+    assert daemon.stop() == 0
+    assert wait_gone(pids, 5), [p for p in pids if pid_alive(p)]
+    assert "event=daemon.stopped" in daemon.log()
+
+
+def test_kill_9_of_the_daemon_leaves_no_worker(daemon):
+    daemon.write({"a": model_entry(free_port())})
+    daemon.start()
+    daemon.wait_ready({"a"})
+    pids = daemon.worker_pids()
+    daemon.proc.kill()
+    daemon.proc.wait()
+    assert wait_gone(pids, 20), "worker outlived the daemon"
+
+
+def test_invalid_config_at_startup_exits_78(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("models:\n  a:\n    model: builtin:tiny\n    port: nope\n")
+    r = subprocess.run([sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 78
+    assert "bad.yaml:4:11" in r.stderr and "event=config.invalid" in r.stderr
+
+
+def test_check_validates_without_a_daemon(tmp_path):
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("models:\n  a:\n    model: builtin:tiny\n")
+    bad.write_text("models:\n  a:\n    modle: builtin:tiny\n")
+    run = lambda f: subprocess.run([sys.executable, "-m", "vllmmlxd.ctl", "check", str(f)], capture_output=True, text=True)  # noqa: E731
+    assert run(good).returncode == 0
+    r = run(bad)
+    assert r.returncode == 1 and "bad.yaml:3:5" in (r.stdout + r.stderr)
+
+
+def test_ctl_reports_an_unreachable_daemon(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "vllmmlxd.ctl", "--socket", str(tmp_path / "none.sock"), "status"], capture_output=True, text=True)
+    assert r.returncode == 4 and "cannot reach the daemon" in r.stderr

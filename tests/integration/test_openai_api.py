@@ -1,0 +1,245 @@
+"""The OpenAI-compatible API of a real worker (`vllmmlxd serve builtin:tiny`), called
+with the official openai SDK and httpx. No fakes: the real MLX engine generates."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.support.servers import start_serve
+
+NAME = "tiny-test"
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = start_serve("builtin:tiny", "--served-model-name", NAME, "--owned-by", "maclustr", "--timeout", "60")
+    yield s
+    assert s.stop() == 0, s.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="not-needed", max_retries=0, timeout=60)
+
+
+def chat(client, content="Tell me a story", **kw):
+    kw.setdefault("max_tokens", 24)
+    extra = {k: kw.pop(k) for k in ("ignore_eos", "top_k", "repetition_penalty") if k in kw}
+    if extra:
+        kw["extra_body"] = {**kw.get("extra_body", {}), **extra}
+    return client.chat.completions.create(model="default", messages=[{"role": "user", "content": content}], **kw)
+
+
+def stream_text(stream, kind="chat"):
+    chunks = list(stream)
+    if kind == "chat":
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+    return text, chunks
+
+
+def sse_lines(server, path, body, headers=None):
+    with httpx.stream("POST", server.url + path, json=body, headers=headers, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        return [line for line in r.iter_lines() if line]
+
+
+def test_health_names_the_model(server):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok", "model": NAME}
+
+
+def test_models_lists_the_served_name_and_owner(client):
+    models = client.models.list().data
+    assert [(m.id, m.owned_by) for m in models] == [(NAME, "maclustr")]
+
+
+def test_chat_non_streaming(client):
+    r = chat(client, temperature=0)
+    assert r.id.startswith("chatcmpl-") and r.model == NAME
+    assert r.choices[0].message.role == "assistant"
+    assert isinstance(r.choices[0].message.content, str) and r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 5 and 0 < r.usage.completion_tokens <= 24
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_streaming_shape(server):
+    lines = sse_lines(server, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "stream": True,
+        "temperature": 0, "stream_options": {"include_usage": True}, "ignore_eos": True,
+    })
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert len({e["id"] for e in events}) == 1 and events[0]["id"].startswith("chatcmpl-")
+    assert all(e["object"] == "chat.completion.chunk" for e in events)
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 12
+    assert all(e["choices"][0]["finish_reason"] is None for e in events[:-2])
+
+
+def test_greedy_streamed_text_equals_non_streamed_chat(client):
+    whole = chat(client, temperature=0, max_tokens=40).choices[0].message.content
+    streamed, chunks = stream_text(chat(client, temperature=0, max_tokens=40, stream=True))
+    assert streamed == whole
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_greedy_streamed_text_equals_non_streamed_completion(client):
+    kw = dict(model="default", prompt="The capital of France is", max_tokens=40, temperature=0)
+    whole = client.completions.create(**kw)
+    streamed, chunks = stream_text(client.completions.create(stream=True, **kw), "completion")
+    assert whole.object == "text_completion" and whole.choices[0].text
+    assert streamed == whole.choices[0].text
+    assert {c.id for c in chunks} == {chunks[0].id}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_cuts_the_output(client, stream):
+    full = chat(client, temperature=0, max_tokens=40, ignore_eos=True).choices[0].message.content
+    assert len(full) > 12
+    stop = full[8:12]
+    cut = full[: full.index(stop)]
+    if stream:
+        text, chunks = stream_text(chat(client, temperature=0, max_tokens=40, ignore_eos=True, stop=[stop], stream=True))
+        reason = chunks[-1].choices[0].finish_reason
+    else:
+        r = chat(client, temperature=0, max_tokens=40, ignore_eos=True, stop=stop)
+        text, reason = r.choices[0].message.content, r.choices[0].finish_reason
+    assert text == cut and stop not in text
+    assert reason == "stop"
+
+
+def test_same_seed_same_text_at_temperature_one(client):
+    a = chat(client, temperature=1.0, seed=1234, max_tokens=30).choices[0].message.content
+    b = chat(client, temperature=1.0, seed=1234, max_tokens=30).choices[0].message.content
+    c = chat(client, temperature=1.0, seed=99, max_tokens=30).choices[0].message.content
+    assert a == b
+    assert a != c
+
+
+def test_top_k_one_is_greedy(client):
+    greedy = chat(client, temperature=0, max_tokens=20, ignore_eos=True).choices[0].message.content
+    top1 = chat(client, temperature=1.0, max_tokens=20, ignore_eos=True, extra_body={"top_k": 1}).choices[0].message.content
+    assert top1 == greedy
+
+
+def test_logit_bias_forces_a_token(server, client):
+    token = httpx.post(server.url + "/v1/completions", json={"prompt": [1], "max_tokens": 1}).json()  # warm path
+    assert token["usage"]["prompt_tokens"] == 1
+    r = chat(client, temperature=0, max_tokens=5, ignore_eos=True, logit_bias={"28": 100})
+    assert r.choices[0].message.content == "," * 5  # token 28 of SmolLM2's vocabulary is ","
+
+
+def test_penalties_change_greedy_output(client):
+    base = chat(client, temperature=0, max_tokens=40, ignore_eos=True).choices[0].message.content
+    penal = chat(client, temperature=0, max_tokens=40, ignore_eos=True, frequency_penalty=2.0, presence_penalty=2.0)
+    rep = chat(client, temperature=0, max_tokens=40, ignore_eos=True, extra_body={"repetition_penalty": 5.0})
+    assert penal.choices[0].message.content != base
+    assert rep.choices[0].message.content != base
+
+
+def test_ignore_eos_and_max_tokens_give_exact_length(client):
+    r = client.completions.create(model="default", prompt="a", max_tokens=17, temperature=0.5, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 17 and r.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("model", [None, "default", NAME, "builtin:tiny"])
+def test_model_field_is_optional_and_default_matches(server, model):
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    if model:
+        body["model"] = model
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == (404 if model == "builtin:tiny" else 200)
+
+
+def assert_openai_error(r: httpx.Response, status: int, param=None):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param:
+        assert err["param"] == param
+
+
+def test_client_mistakes_get_4xx_in_openai_shape(server):
+    url = server.url + "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    assert_openai_error(httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}), 422)
+    assert_openai_error(httpx.post(url, json=[1, 2]), 422)
+    assert_openai_error(httpx.post(url, json={}), 422, "messages")
+    assert_openai_error(httpx.post(url, json={"messages": msgs, "max_tokens": "lots"}), 400, "max_tokens")
+    assert_openai_error(httpx.post(url, json={"messages": msgs, "max_tokens": -5}), 400, "max_tokens")
+    assert_openai_error(httpx.post(url, json={"messages": "hi"}), 400, "messages")
+    assert_openai_error(httpx.post(url, json={"messages": msgs, "temperature": -1}), 400, "temperature")
+    assert_openai_error(httpx.post(url, json={"messages": msgs, "model": "gpt-4"}), 404, "model")
+    assert_openai_error(httpx.post(server.url + "/v1/nope", json={}), 404)
+    assert_openai_error(httpx.get(server.url + "/v1/chat/completions"), 405)
+    long_prompt = "hello " * 3000  # tiny's context is 2048 tokens
+    r = httpx.post(url, json={"messages": [{"role": "user", "content": long_prompt}]}, timeout=60)
+    assert_openai_error(r, 400)
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": long_prompt, "stream": True}, timeout=60)
+    assert_openai_error(r, 400)
+    big = b'{"prompt": "' + b"a" * (17 * 1024 * 1024) + b'"}'
+    assert_openai_error(httpx.post(server.url + "/v1/completions", content=big, timeout=60), 413)
+    # ...and the worker is still alive and serving.
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.post(url, json={"messages": msgs, "max_tokens": 2}, timeout=60).status_code == 200
+
+
+def test_two_concurrent_requests_both_succeed(client):
+    with cf.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(chat, client, f"story {i}", max_tokens=30, ignore_eos=True) for i in range(4)]
+        results = [f.result() for f in futures]
+    assert all(r.usage.completion_tokens == 30 for r in results)
+
+
+def first_token_latency(server) -> float:
+    started = time.perf_counter()
+    with httpx.stream("POST", server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 5, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                return time.perf_counter() - started
+    raise AssertionError("no token")
+
+
+def long_generation_seconds(server, tokens: int) -> float:
+    started = time.perf_counter()
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": tokens, "ignore_eos": True}, timeout=120)
+    assert r.json()["usage"]["completion_tokens"] == tokens
+    return time.perf_counter() - started
+
+
+def test_client_disconnect_mid_stream_frees_the_engine(server):
+    full = long_generation_seconds(server, 1900)
+    body = {"prompt": "x", "max_tokens": 1900, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+    # The abandoned request would hold the engine for `full` seconds; the next one must not wait for it.
+    latency = first_token_latency(server)
+    assert latency < full / 3, (latency, full)
+    status = httpx.get(server.url + "/v1/status").json()
+    assert status["num_running"] == 0 and status["num_waiting"] == 0
+
+
+def test_client_disconnect_while_not_streaming_frees_the_engine(server):
+    full = long_generation_seconds(server, 1900)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1900, "ignore_eos": True}, timeout=0.3)
+    latency = first_token_latency(server)
+    assert latency < full / 3, (latency, full)
+
+
+def test_status_reports_counters(server):
+    s = httpx.get(server.url + "/v1/status").json()
+    assert s["status"] == "running" and s["model"] == NAME
+    assert s["total_requests_processed"] > 0 and s["total_completion_tokens"] > 0
+    assert {"active_memory_gb", "peak_memory_gb", "cache_memory_gb"} <= set(s["metal"])

@@ -1,0 +1,128 @@
+"""Run the real daemon (`vllmmlxd run`) on a temporary config, and drive it as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .servers import free_port
+
+
+def model_entry(port: int, **extra) -> dict:
+    return {"model": "builtin:tiny", "port": port, **extra}
+
+
+@dataclass
+class Daemon:
+    dir: Path
+    config_path: Path
+    socket: Path
+    proc: subprocess.Popen | None = None
+    log_path: Path = field(default=None)  # type: ignore[assignment]
+
+    def write(self, models: dict, daemon: dict | None = None) -> None:
+        """Replace the config file the way editors do: write a temp file, rename it over."""
+        body = {"daemon": {"control_socket": str(self.socket), "drain_timeout": 10, **(daemon or {})}, "models": models}
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(body, sort_keys=False))
+        os.replace(tmp, self.config_path)
+
+    def write_text(self, text: str) -> None:
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.config_path)
+
+    def start(self) -> None:
+        self.log_path = self.dir / "daemon.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(self.config_path)],
+            stdout=subprocess.DEVNULL, stderr=self.log_path.open("wb"),
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
+
+    def ctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "vllmmlxd.ctl", "--socket", str(self.socket), *args],
+            capture_output=True, text=True, timeout=timeout,
+        )
+
+    def status(self) -> dict | None:
+        r = self.ctl("status", "--json", timeout=20)
+        return json.loads(r.stdout) if r.stdout.strip().startswith("{") else None
+
+    def models(self) -> dict[str, dict]:
+        s = self.status()
+        return {m["name"]: m for m in s["models"]} if s else {}
+
+    def wait_for(self, predicate, timeout: float = 120, what: str = "condition") -> float:
+        """Poll ``predicate(models)`` until true; returns the seconds it took."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            try:
+                if predicate(self.models()):
+                    return time.monotonic() - started
+            except (KeyError, TypeError, json.JSONDecodeError):
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{what} not reached in {timeout}s: {self.models()}\n{self.log()[-4000:]}")
+
+    def wait_ready(self, names, timeout: float = 180) -> float:
+        names = set(names)
+        return self.wait_for(
+            lambda ms: set(ms) == names and all(m["state"] == "ready" for m in ms.values()), timeout, f"{names} ready"
+        )
+
+    def worker_pids(self) -> list[int]:
+        return [m["pid"] for m in self.models().values() if m.get("pid")]
+
+    def stop(self, timeout: float = 60) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def make_daemon() -> Daemon:
+    d = Path(tempfile.mkdtemp(prefix="vd-"))
+    return Daemon(dir=d, config_path=d / "config.yaml", socket=d / "ctl.sock")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); read its state to tell.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return sys.platform == "darwin"
+
+
+def wait_gone(pids, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(pid_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+__all__ = ["Daemon", "make_daemon", "model_entry", "free_port", "pid_alive", "wait_gone"]

@@ -1,0 +1,76 @@
+"""Start real vllmmlxd processes for tests and wait until they answer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"server not healthy after {timeout}s:\n{log_path.read_text()[-4000:]}")
+
+
+def start_serve(model: str, *flags: str, port: int | None = None, env: dict | None = None) -> Server:
+    """``vllmmlxd serve MODEL`` as a real subprocess, healthy on return."""
+    port = port or free_port()
+    log = Path(tempfile.mkstemp(prefix="vllmmlxd-serve-", suffix=".log")[1])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllmmlxd.cli", "serve", model, "--port", str(port), *flags],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )
+    server = Server(proc, port, log)
+    try:
+        wait_healthy(server.url, proc, log)
+    except Exception:
+        server.stop()
+        raise
+    return server

@@ -1,0 +1,131 @@
+"""Unit tests of the pure OpenAI translation code (fakes are fine here)."""
+
+import pytest
+
+from vllmmlxd.api.body import validate
+from vllmmlxd.api.openai import translate as tr
+from vllmmlxd.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.engine.types import Finished, TextDelta, Usage
+from vllmmlxd.errors import ContextLengthExceeded, InvalidRequest, UnprocessableBody
+
+CFG = ModelConfig(model="builtin:tiny", max_tokens=100, max_request_tokens=500, default_temperature=0.3)
+
+
+def chat(**kw):
+    return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **kw})
+
+
+def resolve(req, prompt_len=10, ctx=1000, vocab=50):
+    return tr.resolve_sampling(req, CFG, prompt_len=prompt_len, context_length=ctx, vocab_size=vocab)
+
+
+def test_defaults_come_from_the_model_config():
+    p = resolve(chat())
+    assert p.temperature == 0.3 and p.top_p == 1.0 and p.max_tokens == 100
+
+
+def test_request_values_win():
+    p = resolve(chat(temperature=0, top_p=0.5, max_tokens=7, stop="x", seed=3, logit_bias={"5": -100}))
+    assert (p.temperature, p.top_p, p.max_tokens, p.stop, p.seed) == (0, 0.5, 7, ("x",), 3)
+    assert p.logit_bias == ((5, -100.0),)
+
+
+def test_max_completion_tokens_is_honoured():
+    assert resolve(chat(max_completion_tokens=9)).max_tokens == 9
+
+
+def test_default_max_tokens_is_clamped_to_the_room_left():
+    assert resolve(chat(), prompt_len=950).max_tokens == 50
+
+
+def test_prompt_over_the_context_is_a_400():
+    with pytest.raises(ContextLengthExceeded) as e:
+        resolve(chat(), prompt_len=1000)
+    assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
+
+
+def test_asking_more_than_the_room_left_is_a_400():
+    with pytest.raises(ContextLengthExceeded):
+        resolve(chat(max_tokens=200), prompt_len=900)
+
+
+def test_max_tokens_above_the_server_cap_is_a_400():
+    with pytest.raises(InvalidRequest, match="limit of 500"):
+        resolve(chat(max_tokens=501))
+
+
+def test_logit_bias_outside_vocab_is_a_400():
+    with pytest.raises(InvalidRequest, match="vocabulary"):
+        resolve(chat(logit_bias={"50": 1}))
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_tokens": "many"}, "max_tokens"),
+        ({"temperature": 3}, "temperature"),
+        ({"n": 2}, "n"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+        ({"logit_bias": {"a": 1}}, "logit_bias"),
+        ({"stop": ["x"] * 17}, "stop"),
+    ],
+)
+def test_bad_parameters_are_400_naming_the_field(body, param):
+    with pytest.raises(InvalidRequest) as e:
+        validate(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], **body})
+    assert e.value.status_code == 400 and e.value.param == param
+
+
+def test_missing_field_is_422():
+    with pytest.raises(UnprocessableBody) as e:
+        validate(ChatCompletionRequest, {})
+    assert e.value.status_code == 422 and e.value.param == "messages"
+
+
+def test_unknown_fields_are_allowed():
+    assert validate(ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "foo": 1})
+
+
+def test_content_parts_are_joined_and_images_refused():
+    msgs = chat(messages=[{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]).messages
+    assert tr.to_template_messages(msgs) == [{"role": "system", "content": "ab"}]
+    img = chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]).messages
+    with pytest.raises(InvalidRequest, match="image_url"):
+        tr.to_template_messages(img)
+
+
+def test_tool_call_arguments_are_parsed_for_the_template():
+    msgs = chat(messages=[{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}]).messages
+    out = tr.to_template_messages(msgs)[0]
+    assert out["tool_calls"][0]["function"]["arguments"] == {"a": 1} and out["content"] == ""
+
+
+def test_unsupported_features_are_refused_not_ignored():
+    with pytest.raises(InvalidRequest, match="response_format"):
+        tr.check_chat_supported(chat(response_format={"type": "json_object"}))
+    tr.check_chat_supported(chat(response_format={"type": "text"}))
+
+
+def test_completion_prompt_forms():
+    assert tr.completion_prompt(CompletionRequest(prompt="a")) == "a"
+    assert tr.completion_prompt(CompletionRequest(prompt=["a"])) == "a"
+    assert tr.completion_prompt(CompletionRequest(prompt=[1, 2])) == [1, 2]
+    with pytest.raises(InvalidRequest):
+        tr.completion_prompt(CompletionRequest(prompt=["a", "b"]))
+    with pytest.raises(InvalidRequest):
+        tr.completion_prompt(CompletionRequest(prompt=""))
+
+
+def test_fold_and_response_shapes_agree():
+    f = tr.Folded()
+    for ev in [TextDelta("Hel"), TextDelta("lo"), Finished("length", Usage(3, 2))]:
+        f.add(ev)
+    body = tr.chat_response("id1", 1, "m", f)
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert tr.completion_response("id2", 1, "m", f)["choices"][0]["text"] == "Hello"

@@ -1,0 +1,138 @@
+"""server.py: routes and status codes, the socket's safety, and leaving the daemon's signals alone."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import signal
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.support.control import ControlThread, FakeTarget, short_tmp_dir
+from vllmmlxd.control.protocol import ReloadResponse
+from vllmmlxd.control.server import make_control_app, serve_control
+
+
+@pytest.fixture
+def sock_dir():
+    with short_tmp_dir() as d:
+        yield d
+
+
+@pytest.fixture
+def target() -> FakeTarget:
+    return FakeTarget()
+
+
+@pytest.fixture
+def http(target, sock_dir):
+    with ControlThread(target, sock_dir / "c.sock") as running:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(running.path)), base_url="http://vllmmlxd") as client:
+            yield client
+
+
+def test_status(http):
+    r = http.get("/status")
+    assert r.status_code == 200
+    assert [m["name"] for m in r.json()["models"]] == ["a", "b"]
+
+
+def test_a_failed_reload_is_409_with_the_reload_body(http, target):
+    target.reload_response = ReloadResponse(ok=False, dry_run=False, plan="", error="c.yaml:1:1: bad")
+    r = http.post("/reload", params={"dry_run": "true"})
+    assert r.status_code == 409
+    assert r.json() == {"ok": False, "dry_run": True, "plan": "", "error": "c.yaml:1:1: bad"}
+    assert target.calls == [("reload", True)]
+
+
+def test_unknown_model_is_404_listing_the_models(http):
+    r = http.post("/models/x/restart")
+    assert (r.status_code, r.json()) == (404, {"error": "no model named 'x'; models: a, b"})
+    assert http.get("/models/x/logs", params={"follow": "true"}).status_code == 404
+
+
+def test_any_key_error_for_a_name_not_configured_is_a_404(http, target):
+    async def restart(name):
+        raise KeyError(f"no model named {name!r}")  # the message, not just the name
+
+    target.restart = restart
+    assert http.post("/models/x/restart").status_code == 404
+
+
+def test_bad_parameters_get_an_error_body(http):
+    r = http.get("/models/a/logs", params={"lines": "many"})
+    assert r.status_code == 422 and "lines" in r.json()["error"]
+    assert http.post("/models/a/explode").status_code == 422
+
+
+def test_a_key_error_that_is_not_the_models_name_is_a_500(http, target):
+    def broken(name, lines):
+        raise KeyError("internal")
+
+    target.logs = broken
+    r = http.get("/models/a/logs")
+    assert r.status_code == 500 and "KeyError" in r.json()["error"]
+
+
+def test_logs_as_json_and_as_a_text_stream(http):
+    assert http.get("/models/a/logs", params={"lines": 2}).json() == {"lines": ["line 8", "line 9"]}
+    r = http.get("/models/a/logs", params={"lines": 1, "follow": "true"})
+    assert r.headers["content-type"].startswith("text/plain")
+    assert r.text == "line 9\nnew 1\nnew 2\n"
+
+
+def test_a_stale_socket_file_is_replaced(target, sock_dir):
+    path = sock_dir / "c.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+    with ControlThread(target, path):
+        assert httpx.Client(transport=httpx.HTTPTransport(uds=str(path))).get("http://x/status").status_code == 200
+
+
+def test_a_live_socket_is_not_taken_over(target, sock_dir):
+    path = sock_dir / "c.sock"
+    with ControlThread(target, path) as first:
+        with pytest.raises(OSError) as info:
+            first.run(serve_control(make_control_app(target), path))
+        assert info.value.errno == errno.EADDRINUSE and str(path) in str(info.value)
+        assert path.is_socket()
+
+
+def test_a_file_that_is_not_a_socket_is_left_alone(target, sock_dir):
+    path = sock_dir / "c.sock"
+    path.write_text("mine")
+    with pytest.raises(FileExistsError):
+        asyncio.run(serve_control(make_control_app(target), path))
+    assert path.read_text() == "mine"
+
+
+def test_serving_in_the_main_thread_leaves_signal_handlers_alone(target, sock_dir):
+    def handlers():
+        return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    async def scenario():
+        before = handlers()  # asyncio.run's own SIGINT handler included
+        server = await serve_control(make_control_app(target), sock_dir / "c.sock")
+        await asyncio.sleep(0.2)  # let uvicorn's serve() run past where it would capture signals
+        during = handlers()
+        await server.stop()
+        return before, during, handlers()
+
+    before, during, after = asyncio.run(scenario())
+    assert during == before and after == before
+
+
+def test_stop_does_not_wait_forever_for_a_follower(target, sock_dir):
+    target.follow_forever = True
+    with ControlThread(target, sock_dir / "c.sock") as running:
+        client = httpx.Client(transport=httpx.HTTPTransport(uds=str(running.path)), timeout=10)
+        with client.stream("GET", "http://x/models/a/logs", params={"follow": "true", "lines": 0}) as r:
+            assert next(r.iter_lines()) == "new 1"
+            started = time.monotonic()
+            running.run(running.server.stop())
+            assert time.monotonic() - started < 5
+        client.close()
+    assert target.follow_closed.wait(5)

@@ -1,0 +1,291 @@
+"""vllmmlxctl against a real control server on a Unix socket (fed by a fake supervisor)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.support.control import ControlThread, FakeTarget, model_status, short_tmp_dir
+from vllmmlxd.control.protocol import ReloadResponse, ReloadResult
+from vllmmlxd.ctl import exit_codes
+from vllmmlxd.ctl.cli import main
+from vllmmlxd.ctl.client import ControlClient, resolve_socket
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def target() -> FakeTarget:
+    return FakeTarget()
+
+
+@pytest.fixture
+def sock_dir():
+    with short_tmp_dir() as d:
+        yield d
+
+
+@pytest.fixture
+def daemon(target, sock_dir):
+    with ControlThread(target, sock_dir / "run" / "control.sock") as running:
+        yield running
+
+
+def ctl(daemon, capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["--socket", str(daemon.path), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_status_all_ready_exits_0_with_table_and_footer(daemon, capsys):
+    code, out, _ = ctl(daemon, capsys, "status")
+    assert code == exit_codes.OK
+    lines = out.splitlines()
+    assert lines[0].split() == ["MODEL", "STATE", "PID", "PORT", "UPTIME", "RESTARTS"]
+    assert lines[1].split() == ["a", "ready", "4200", "8001", "3m12s", "0"]
+    assert "last reload: ok at " in out
+
+
+def test_status_with_a_failed_model_exits_3_and_shows_why(daemon, target, capsys):
+    target.models = [model_status("a"), model_status("b", "failed", pid=None, uptime_s=None, last_exit_code=1,
+                                                      last_error="Traceback\nMemoryError: out of memory")]
+    code, out, _ = ctl(daemon, capsys, "status")
+    assert code == exit_codes.NOT_READY
+    assert "b failed (exit 1):\n    Traceback\n    MemoryError: out of memory" in out
+
+
+def test_status_json_prints_the_documented_keys(daemon, target, capsys):
+    target.models = [model_status("a"), model_status("b", "starting")]
+    code, out, _ = ctl(daemon, capsys, "status", "--json")
+    assert code == exit_codes.NOT_READY
+    data = json.loads(out)
+    assert {"pid", "uptime_s", "config_path", "config_hash", "last_reload"} <= set(data["daemon"])
+    assert {"ok", "at", "error"} <= set(data["daemon"]["last_reload"])
+    keys = {"name", "state", "pid", "host", "port", "restarts", "uptime_s", "last_exit_code", "served_model_name"}
+    assert all(keys <= set(m) for m in data["models"])
+    assert [m["state"] for m in data["models"]] == ["ready", "starting"]
+
+
+def test_status_shows_a_failed_reload(daemon, target, capsys):
+    target.last_reload = ReloadResult(ok=False, at=1_700_000_000.0, error="/etc/v.yaml:4:11: models.a.port: bad")
+    _, out, _ = ctl(daemon, capsys, "status")
+    assert "last reload: FAILED at " in out and ": /etc/v.yaml:4:11: models.a.port: bad" in out
+
+
+def test_reload_prints_the_plan(daemon, target, capsys):
+    code, out, _ = ctl(daemon, capsys, "reload")
+    assert code == exit_codes.OK
+    assert out == "reloaded:\n    changed: a (port)\n    unchanged: b\n"
+    assert target.calls == [("reload", False)]
+
+
+def test_reload_dry_run_only_asks_for_the_plan(daemon, target, capsys):
+    code, out, _ = ctl(daemon, capsys, "reload", "--dry-run")
+    assert code == exit_codes.OK
+    assert out.startswith("would apply:\n")
+    assert target.calls == [("reload", True)]
+
+
+def test_failed_reload_exits_1_with_file_line_col(daemon, target, capsys):
+    error = "/etc/v.yaml:3:11: models.a.port: Input should be less than or equal to 65535"
+    target.reload_response = ReloadResponse(ok=False, dry_run=False, plan="", error=error)
+    code, out, err = ctl(daemon, capsys, "reload")
+    assert code == exit_codes.ERROR
+    assert out == ""
+    assert error in err.splitlines()
+
+
+def test_restart_a_model(daemon, target, capsys):
+    code, out, _ = ctl(daemon, capsys, "restart", "a")
+    assert (code, out) == (exit_codes.OK, "a: restart done\n")
+    assert target.calls == [("restart", "a")]
+
+
+@pytest.mark.parametrize("verb", ["restart", "stop", "start"])
+def test_an_unknown_model_exits_1_naming_the_models(daemon, capsys, verb):
+    code, _, err = ctl(daemon, capsys, verb, "nope")
+    assert code == exit_codes.ERROR
+    assert err == "vllmmlxctl: no model named 'nope'; models: a, b\n"
+
+
+def test_a_failed_action_exits_1(daemon, target, capsys):
+    target.action_ok = False
+    code, _, err = ctl(daemon, capsys, "start", "b")
+    assert code == exit_codes.ERROR
+    assert "start b failed: did not become ready" in err
+
+
+def test_logs_prints_the_last_n_lines(daemon, capsys):
+    code, out, _ = ctl(daemon, capsys, "logs", "a", "-n", "3")
+    assert (code, out) == (exit_codes.OK, "line 7\nline 8\nline 9\n")
+
+
+def test_logs_of_an_unknown_model(daemon, capsys):
+    code, _, err = ctl(daemon, capsys, "logs", "nope")
+    assert code == exit_codes.ERROR and "no model named 'nope'" in err
+
+
+def test_logs_follow_prints_the_backlog_then_new_lines(daemon, capsys):
+    code, out, _ = ctl(daemon, capsys, "logs", "a", "-n", "2", "-f")
+    assert (code, out) == (exit_codes.OK, "line 8\nline 9\nnew 1\nnew 2\n")
+
+
+def test_logs_follow_ends_quietly_on_ctrl_c(daemon, capsys, monkeypatch):
+    def interrupted(self, name, lines):
+        yield "first"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ControlClient, "follow", interrupted)
+    code, out, err = ctl(daemon, capsys, "logs", "a", "-f")
+    assert (code, out, err) == (exit_codes.OK, "first\n", "")
+
+
+def test_a_client_that_leaves_a_follow_closes_the_targets_stream(daemon, target):
+    target.follow_forever = True
+    with ControlClient(daemon.path) as client:
+        lines = client.follow("a", 0)
+        assert next(lines) == "new 1"
+        lines.close()
+    assert target.follow_closed.wait(5)
+
+
+def test_the_socket_is_0600_in_a_0700_dir(daemon):
+    assert daemon.path.is_socket()
+    assert daemon.path.stat().st_mode & 0o777 == 0o600
+    assert daemon.path.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_socket_is_removed_on_stop(target, sock_dir):
+    with ControlThread(target, sock_dir / "c.sock") as running:
+        assert running.path.exists()
+    assert not running.path.exists()
+
+
+def test_options_work_after_the_command_and_from_the_environment(daemon, capsys, monkeypatch):
+    assert main(["status", "--socket", str(daemon.path)]) == exit_codes.OK
+    monkeypatch.setenv("VLLMMLXD_SOCKET", str(daemon.path))
+    assert main(["status"]) == exit_codes.OK
+    capsys.readouterr()
+
+
+def test_unreachable_daemon_exits_4(sock_dir, capsys):
+    missing = sock_dir / "none.sock"
+    code = main(["--socket", str(missing), "status"])
+    err = capsys.readouterr().err
+    assert code == exit_codes.UNREACHABLE
+    assert err == (
+        f"vllmmlxctl: cannot reach the daemon at {missing}: No such file or directory (is vllmmlxd running?)\n"
+    )
+
+
+def test_a_stale_socket_file_is_unreachable_too(sock_dir, capsys):
+    stale = sock_dir / "stale.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(stale))  # bound, never listening: what a killed daemon leaves
+    assert main(["--socket", str(stale), "reload"]) == exit_codes.UNREACHABLE
+    assert "Connection refused (is vllmmlxd running?)" in capsys.readouterr().err
+
+
+def test_socket_discovery_order(tmp_path, monkeypatch):
+    with_socket = tmp_path / "a.yaml"
+    with_socket.write_text(f"daemon:\n  control_socket: {tmp_path}/cfg.sock\n  state_dir: {tmp_path}/s\n")
+    with_state = tmp_path / "b.yaml"
+    with_state.write_text(f"daemon:\n  state_dir: {tmp_path}/s\nmodels:\n  a:\n    model: x\n    api_key: ${{env:UNSET_KEY_4242}}\n")
+    env = {"VLLMMLXD_SOCKET": str(tmp_path / "env.sock")}
+    assert str(resolve_socket("/x.sock", str(with_socket), env)) == "/x.sock"
+    assert resolve_socket(None, str(with_socket), env) == tmp_path / "env.sock"
+    assert resolve_socket(None, str(with_socket), {}) == tmp_path / "cfg.sock"
+    # The daemon's secrets need not be set here just to find its socket.
+    assert resolve_socket(None, str(with_state), {}) == tmp_path / "s" / "control.sock"
+    monkeypatch.setenv("VLLMMLXD_STATE_DIR", str(tmp_path / "default"))
+    assert resolve_socket(None, None, {}) == tmp_path / "default" / "control.sock"
+
+
+def test_an_unreadable_config_for_discovery_is_an_error(tmp_path, capsys):
+    code = main(["--config", str(tmp_path / "missing.yaml"), "status"])
+    assert code == exit_codes.ERROR
+    assert "missing.yaml: cannot read: No such file or directory" in capsys.readouterr().err
+
+
+def test_check_a_good_config(tmp_path, capsys):
+    path = tmp_path / "good.yaml"
+    path.write_text("models:\n  a:\n    model: builtin:tiny\n    port: 8001\n  b:\n    model: builtin:tiny\n    port: 8002\n")
+    assert main(["check", str(path)]) == exit_codes.OK
+    assert capsys.readouterr().out == f"{path}: ok (2 models: a, b)\n"
+
+
+def test_check_a_bad_config_names_file_line_col(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(textwrap.dedent("""\
+        models:
+          a:
+            model: builtin:tiny
+            port: 99999
+    """))
+    assert main(["check", str(path)]) == exit_codes.ERROR
+    err = capsys.readouterr().err
+    assert err.startswith(f"{path}:4:11: models.a.port: ")
+
+
+def test_check_a_missing_file(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "nope.yaml")]) == exit_codes.ERROR
+    assert "nope.yaml: no such file" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["frobnicate"])
+    assert info.value.code == exit_codes.USAGE
+    capsys.readouterr()
+
+
+def test_install_service_print_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = tmp_path / "c.yaml"
+    config.write_text("models: {}\n")
+    code = main(["install-service", "--systemd", "--user", "--config", str(config), "--print"])
+    out, err = capsys.readouterr()
+    assert code == exit_codes.OK
+    assert "[Service]" in out and f"run --config {config}" in out
+    assert "systemctl --user enable --now vllmmlxd" in err
+    assert not (tmp_path / ".config").exists()
+
+
+def test_install_service_writes_the_unit_and_says_how_to_enable_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    config = tmp_path / "c.yaml"
+    config.write_text("models: {}\n")
+    code = main(["install-service", "--systemd", "--user", "--config", str(config)])
+    out = capsys.readouterr().out
+    unit = tmp_path / ".config" / "systemd" / "user" / "vllmmlxd.service"
+    assert code == exit_codes.OK
+    assert unit.read_text().startswith("# vllmmlxd")
+    assert out.splitlines() == [
+        f"wrote {unit}", "to start it now and at every boot, run:",
+        "  systemctl --user daemon-reload", "  systemctl --user enable --now vllmmlxd",
+    ]
+
+
+def test_the_cli_imports_no_server_or_engine_modules():
+    code = (
+        "import sys, vllmmlxd.ctl.cli\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'uvicorn', 'starlette', 'mlx', 'mlx_lm'})\n"
+        "print(','.join(heavy))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=REPO)
+    assert result.stdout.strip() == ""
+
+
+def test_the_console_script_entry_point_runs(sock_dir):
+    result = subprocess.run([sys.executable, "-m", "vllmmlxd.ctl", "--socket", str(sock_dir / "x.sock"), "status"],
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == exit_codes.UNREACHABLE
+    assert "is vllmmlxd running?" in result.stderr

@@ -1,0 +1,121 @@
+"""render.py: the status table, its footer and the one-line summaries, as exact text."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from vllmmlxd.control.protocol import (
+    ActionResponse,
+    DaemonStatus,
+    ModelStatus,
+    ReloadResponse,
+    ReloadResult,
+    StatusResponse,
+)
+from vllmmlxd.ctl.render import (
+    all_ready,
+    format_clock,
+    format_duration,
+    render_action,
+    render_check,
+    render_reload,
+    render_status,
+    render_table,
+)
+
+AT = time.mktime((2024, 5, 1, 12, 3, 4, 0, 0, -1))  # local 2024-05-01 12:03:04
+
+
+def model(name: str, state: str = "ready", **kw) -> ModelStatus:
+    fields = dict(pid=4200, host="127.0.0.1", port=8001, restarts=0, uptime_s=192.0, served_model_name=name)
+    fields.update(kw)
+    return ModelStatus(name=name, state=state, **fields)
+
+
+def status(*models: ModelStatus, reload: ReloadResult | None = None) -> StatusResponse:
+    daemon = DaemonStatus(pid=4121, uptime_s=3700, config_path="/etc/v.yaml", config_hash="abcdef0123456789",
+                          last_reload=reload, version="0.1.0")
+    return StatusResponse(daemon=daemon, models=list(models))
+
+
+@pytest.mark.parametrize(
+    "seconds, text",
+    [(None, "-"), (0, "0s"), (59.9, "59s"), (60, "1m00s"), (192, "3m12s"), (3600, "1h00m"),
+     (7500, "2h05m"), (86400 * 3 + 3600 * 4, "3d04h"), (-5, "0s")],
+)
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_format_clock_shows_the_date_only_for_another_day():
+    assert format_clock(AT, now=AT + 60) == "12:03:04"
+    assert format_clock(AT, now=AT + 86400 * 2) == "2024-05-01 12:03:04"
+
+
+def test_table_pads_columns_and_strips_trailing_spaces():
+    assert render_table(("A", "BB"), [("xyz", "1"), ("q", "")]) == "A    BB\nxyz  1\nq"
+
+
+def test_status_table_and_footer():
+    text = render_status(
+        status(model("llama"), model("qwen", "starting", pid=None, port=8002, uptime_s=None, restarts=2),
+               reload=ReloadResult(ok=True, at=AT)),
+        now=AT,
+    )
+    assert text == (
+        "MODEL  STATE     PID   PORT  UPTIME  RESTARTS\n"
+        "llama  ready     4200  8001  3m12s   0\n"
+        "qwen   starting  -     8002  -       2\n"
+        "\n"
+        "daemon: pid 4121, up 1h01m, version 0.1.0, config /etc/v.yaml (abcdef012345)\n"
+        "last reload: ok at 12:03:04"
+    )
+
+
+def test_failed_models_show_their_last_lines_indented():
+    failed = model("qwen", "failed", pid=None, uptime_s=None, last_exit_code=1,
+                   last_error="Traceback (most recent call last):\nMemoryError: out of memory")
+    text = render_status(status(model("llama"), failed), now=AT)
+    assert "\nqwen failed (exit 1):\n    Traceback (most recent call last):\n    MemoryError: out of memory\n" in text
+    assert "llama ready" not in text  # only failed models get an explanation
+    assert text.endswith("last reload: none")
+
+
+def test_failed_reload_footer_puts_the_first_error_line_inline():
+    reload = ReloadResult(ok=False, at=AT, error="c.yaml:3:11: models.a.port: bad\nc.yaml:7:3: models.b: unknown key")
+    text = render_status(status(model("a"), reload=reload), now=AT)
+    assert text.endswith(
+        "last reload: FAILED at 12:03:04: c.yaml:3:11: models.a.port: bad\n    c.yaml:7:3: models.b: unknown key"
+    )
+
+
+def test_no_models():
+    assert render_status(status(), now=AT).startswith("no models\n")
+
+
+def test_all_ready():
+    assert all_ready(status(model("a"), model("b")))
+    assert all_ready(status())
+    assert not all_ready(status(model("a"), model("b", "backoff")))
+
+
+def test_render_reload():
+    plan = "added: b\nunchanged: a"
+    assert render_reload(ReloadResponse(ok=True, dry_run=False, plan=plan)) == "reloaded:\n    added: b\n    unchanged: a"
+    assert render_reload(ReloadResponse(ok=True, dry_run=True, plan=plan)).startswith("would apply:\n    added: b")
+    failed = render_reload(ReloadResponse(ok=False, dry_run=False, plan="", error="c.yaml:3:11: models.a.port: bad"))
+    assert failed == "reload failed; the daemon keeps its previous config:\nc.yaml:3:11: models.a.port: bad"
+    late = render_reload(ReloadResponse(ok=False, dry_run=False, plan="added: b", error="b: did not become ready"))
+    assert late.endswith("b: did not become ready\nplan:\n    added: b")
+
+
+def test_render_action_and_check():
+    assert render_action("restart", ActionResponse(ok=True, name="a", message="restarted")) == "a: restarted"
+    assert render_action("start", ActionResponse(ok=False, name="a", message="did not become ready")) == (
+        "start a failed: did not become ready"
+    )
+    assert render_check("c.yaml", ["a", "b"]) == "c.yaml: ok (2 models: a, b)"
+    assert render_check("c.yaml", ["a"]) == "c.yaml: ok (1 model: a)"
+    assert render_check("c.yaml", []) == "c.yaml: ok (0 models)"

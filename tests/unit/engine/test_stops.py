@@ -1,0 +1,52 @@
+import pytest
+
+from vllmmlxd.engine.stops import StopMatcher
+
+
+def run(stops, pieces):
+    m = StopMatcher(stops)
+    out = "".join(m.feed(p) for p in pieces)
+    return out + m.flush(), m.stopped
+
+
+def test_no_stops_passes_text_through():
+    assert run([], ["a", "b"]) == ("ab", False)
+
+
+def test_stop_inside_one_piece_cuts_before_it():
+    assert run(["END"], ["hello END world"]) == ("hello ", True)
+
+
+@pytest.mark.parametrize("pieces", [["hel", "lo E", "N", "D more"], ["hello ", "E", "ND"], list("hello END")])
+def test_stop_split_across_pieces_is_found_and_never_emitted(pieces):
+    m = StopMatcher(["END"])
+    emitted = []
+    for p in pieces:
+        emitted.append(m.feed(p))
+        assert "E" not in "".join(emitted).replace("hello", "")
+    assert "".join(emitted) == "hello "
+    assert m.stopped
+
+
+def test_partial_match_that_fails_is_released():
+    assert run(["END"], ["EN", "x"]) == ("ENx", False)
+
+
+def test_held_partial_is_flushed_at_the_end():
+    m = StopMatcher(["END"])
+    assert m.feed("abcE") == "abc"
+    assert m.flush() == "E"
+
+
+def test_earliest_of_several_stops_wins():
+    assert run(["world", "lo"], ["hello world"]) == ("hel", True)
+
+
+def test_nothing_after_stop():
+    m = StopMatcher(["x"])
+    m.feed("ax")
+    assert m.feed("more") == "" and m.flush() == ""
+
+
+def test_empty_stop_strings_are_ignored():
+    assert run(["", "z"], ["abc"]) == ("abc", False)

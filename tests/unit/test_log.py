@@ -1,0 +1,32 @@
+import logging
+
+from vllmmlxd.log import LogfmtFormatter, format_fields, log_event
+
+
+def record(event="worker.ready", level=logging.INFO, **fields):
+    r = logging.LogRecord("x", level, __file__, 1, event, None, None)
+    r.event, r.fields = event, fields
+    return r
+
+
+def test_logfmt_line_has_level_event_and_fields():
+    line = LogfmtFormatter(static={"model": "llama"}).format(record(pid=42, port=8001))
+    assert line.startswith("ts=")
+    assert "level=info event=worker.ready model=llama pid=42 port=8001" in line
+
+
+def test_values_with_spaces_are_quoted():
+    assert format_fields({"error": 'bad "thing" here', "n": None}) == 'error="bad \\"thing\\" here"'
+
+
+def test_journald_lines_carry_a_priority_and_no_timestamp():
+    line = LogfmtFormatter(journald=True).format(record(level=logging.ERROR))
+    assert line.startswith("<3>level=error event=worker.ready")
+    assert "ts=" not in line
+
+
+def test_log_event_passes_fields(caplog):
+    logger = logging.getLogger("vllmmlxd.test")
+    with caplog.at_level(logging.INFO):
+        log_event(logger, "thing.done", seconds=1.5)
+    assert caplog.records[0].fields == {"seconds": 1.5}

@@ -1,0 +1,78 @@
+"""Reading and validating request bodies, with errors each API family can shape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Awaitable, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from ..errors import InvalidRequest, PayloadTooLarge, UnprocessableBody
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+async def read_json(request: Request, max_bytes: int) -> dict:
+    """The body as a JSON object: 413 past ``max_bytes``, 422 when not a JSON object."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {max_bytes} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise PayloadTooLarge(f"request body is over the limit of {max_bytes} bytes")
+        chunks.append(chunk)
+    try:
+        data = json.loads(b"".join(chunks) or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UnprocessableBody(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UnprocessableBody("request body must be a JSON object")
+    return data
+
+
+def validate(model: type[M], data: dict) -> M:
+    """Validate ``data``: a missing field is 422, a wrong type or value is 400, naming the field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False, include_input=False)[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        message = f"{param}: {err['msg']}" if param else err["msg"]
+        if err["type"] == "missing":
+            raise UnprocessableBody(message, param=param) from None
+        raise InvalidRequest(message, param=param) from None
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the response was ready."""
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it at once if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+
+    async def wait_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    raise ClientDisconnected

@@ -1,0 +1,90 @@
+"""The ``vllmmlxd`` command: ``serve`` one model by hand, or ``run`` the daemon on a config file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .log import setup_logging
+
+# Reference-server flags that only tune speed: accepted so commands carry over, with a notice.
+_TUNING_FLAGS = ("--continuous-batching", "--use-paged-cache")
+_TUNING_VALUES = ("--cache-memory-mb", "--cache-memory-percent")
+# Reference-server features that arrive in later versions: refused, never silently ignored.
+_LATER_FLAGS = (
+    "--rate-limit", "--enable-metrics", "--mcp-config", "--reasoning-parser",
+    "--embedding-model", "--enable-auto-tool-choice", "--tool-call-parser",
+)
+
+
+def _serve_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("serve", help="serve one model in the foreground (no daemon)")
+    p.add_argument("model", help="builtin:NAME, a .gguf path, an MLX folder or a Hugging Face repo id")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", help="the name clients see (default: the model spec)")
+    p.add_argument("--owned-by", default="vllmmlxd")
+    p.add_argument("--api-key", help="require this key as a Bearer token or x-api-key")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a request is ended")
+    p.add_argument("--max-tokens", type=int, default=32768, help="max_tokens when a request gives none")
+    p.add_argument("--max-request-tokens", type=int, default=32768, help="the largest max_tokens a client may ask")
+    p.add_argument("--default-temperature", type=float)
+    p.add_argument("--default-top-p", type=float)
+    p.add_argument("--stream-interval", type=int, default=1, help="tokens per streamed chunk")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait before 503")
+    p.add_argument("--state-dir", help="caches and converted models (default: $VLLMMLXD_STATE_DIR or the platform's)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    for flag in _TUNING_FLAGS:
+        p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for flag in _TUNING_VALUES:
+        p.add_argument(flag, help=argparse.SUPPRESS)
+    for flag in _LATER_FLAGS:
+        p.add_argument(flag, nargs="?", const=True, help=argparse.SUPPRESS)
+    return p
+
+
+def _run_serve(args, parser: argparse.ArgumentParser) -> int:
+    from pydantic import ValidationError
+
+    from .config.schema import ModelConfig
+    from .log import log_event
+    from .paths import resolve_state_dir
+    from .worker.main import logger, serve
+
+    for flag in _LATER_FLAGS:
+        if getattr(args, flag[2:].replace("-", "_")) is not None:
+            parser.error(f"{flag} is not available in this version of vllmmlxd")
+    setup_logging(args.log_level)
+    for flag in _TUNING_FLAGS + _TUNING_VALUES:
+        if getattr(args, flag[2:].replace("-", "_")):
+            log_event(logger, "option.ignored", flag=flag, reason="requests are served one at a time in this version")
+    try:
+        config = ModelConfig(
+            model=args.model, host=args.host, port=args.port,
+            served_model_name=args.served_model_name or args.model, owned_by=args.owned_by,
+            api_key=args.api_key, timeout=args.timeout, max_tokens=args.max_tokens,
+            max_request_tokens=args.max_request_tokens, default_temperature=args.default_temperature,
+            default_top_p=args.default_top_p, stream_interval=args.stream_interval, max_queue=args.max_queue,
+        )
+    except ValidationError as exc:
+        parser.error("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+    return serve(config, "default", state_dir=resolve_state_dir(args.state_dir), log_level=args.log_level)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vllmmlxd", description="Serve local LLMs with MLX.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser = _serve_parser(sub)
+    run_parser = sub.add_parser("run", help="run the daemon: one supervised worker per model entry of a config file")
+    run_parser.add_argument("--config", "-c", required=True, help="the YAML config file (see config/vllmmlxd.example.yaml)")
+    run_parser.add_argument("--state-dir", help="overrides daemon.state_dir and $VLLMMLXD_STATE_DIR")
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _run_serve(args, serve_parser)
+    from .daemon import run
+
+    return run(args.config, args.state_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The control API's wire models, shared by the daemon's server and ``vllmmlxctl``.
+
+Models allow extra keys: a newer daemon may add fields, and an older ``vllmmlxctl``
+keeps them in ``--json`` output instead of failing. ``ControlTarget`` is what the
+server needs from the supervisor.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from vllmmlxd.paths import resolve_state_dir
+from vllmmlxd.supervisor.states import State
+
+ENV_SOCKET = "VLLMMLXD_SOCKET"
+SOCKET_NAME = "control.sock"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ReloadResult(_Wire):
+    """How the last reload went; ``at`` is unix time."""
+
+    ok: bool
+    at: float
+    error: str | None = None
+    plan: str | None = None
+
+
+class DaemonStatus(_Wire):
+    pid: int
+    uptime_s: float
+    config_path: str
+    config_hash: str
+    last_reload: ReloadResult | None = None
+    version: str
+
+
+class ModelStatus(_Wire):
+    """One model entry's worker as the supervisor sees it."""
+
+    name: str
+    state: State
+    pid: int | None = None
+    host: str
+    port: int
+    restarts: int = 0
+    uptime_s: float | None = None
+    last_exit_code: int | None = None
+    served_model_name: str
+    last_error: str | None = None  # the worker's last stderr lines when it failed
+
+
+class StatusResponse(_Wire):
+    daemon: DaemonStatus
+    models: list[ModelStatus]
+
+
+class ReloadResponse(_Wire):
+    ok: bool
+    dry_run: bool
+    plan: str
+    error: str | None = None  # a config error names FILE:LINE:COL
+
+
+class ActionResponse(_Wire):
+    ok: bool
+    name: str
+    message: str
+
+
+class LogsResponse(_Wire):
+    lines: list[str]
+
+
+class ErrorResponse(_Wire):
+    error: str
+
+
+class ControlTarget(Protocol):
+    """What the control server asks of the supervisor. Unknown names raise ``KeyError(name)``."""
+
+    def status(self) -> StatusResponse: ...
+
+    async def reload(self, dry_run: bool = False) -> ReloadResponse: ...
+
+    async def restart(self, name: str) -> ActionResponse: ...
+
+    async def stop(self, name: str) -> ActionResponse: ...
+
+    async def start(self, name: str) -> ActionResponse: ...
+
+    def logs(self, name: str, lines: int) -> list[str]:
+        """The last ``lines`` stderr lines of that model's worker(s)."""
+        ...
+
+    def follow(self, name: str) -> AsyncIterator[str]:
+        """New stderr lines of that model's worker(s) as they come."""
+        ...
+
+
+def control_socket_path(
+    control_socket: str | os.PathLike[str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Where the control socket lives: the config's ``daemon.control_socket``, else ``<state dir>/control.sock``.
+
+    The daemon and ``vllmmlxctl`` both call this, so they agree on the default.
+    """
+    if control_socket:
+        return Path(control_socket).expanduser()
+    return resolve_state_dir(state_dir) / SOCKET_NAME

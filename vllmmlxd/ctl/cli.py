@@ -1,0 +1,184 @@
+"""``vllmmlxctl``: ask the running daemon for status, reloads, restarts and logs.
+
+Kept quick to start: it imports httpx and the wire models, never fastapi, uvicorn
+or mlx. A table for people, ``--json`` for scripts; exit codes in ``exit_codes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from vllmmlxd.ctl import exit_codes
+from vllmmlxd.ctl.client import ControlClient, ControlRequestError, DaemonUnreachable, resolve_socket
+from vllmmlxd.ctl.render import all_ready, render_action, render_check, render_reload, render_status
+from vllmmlxd.errors import VllmmlxdError
+
+PROG = "vllmmlxctl"
+
+
+def _client(args: argparse.Namespace) -> ControlClient:
+    return ControlClient(resolve_socket(getattr(args, "socket", None), getattr(args, "config", None)))
+
+
+def _err(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """The model table (or ``--json``); 0 when every model is ready, 3 when not."""
+    with _client(args) as client:
+        status = client.status()
+    if args.json:
+        print(json.dumps(status.model_dump(mode="json"), indent=2))
+    else:
+        print(render_status(status))
+    return exit_codes.OK if all_ready(status) else exit_codes.NOT_READY
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    """Re-read the config (or, with ``--dry-run``, only show what would change)."""
+    with _client(args) as client:
+        result = client.reload(dry_run=args.dry_run)
+    print(render_reload(result), file=sys.stdout if result.ok else sys.stderr)
+    return exit_codes.OK if result.ok else exit_codes.ERROR
+
+
+def cmd_action(args: argparse.Namespace) -> int:
+    """``restart``, ``stop`` or ``start`` one model."""
+    with _client(args) as client:
+        result = client.action(args.model, args.command)
+    print(render_action(args.command, result), file=sys.stdout if result.ok else sys.stderr)
+    return exit_codes.OK if result.ok else exit_codes.ERROR
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Print a model's recent stderr lines; ``-f`` keeps printing new ones until Ctrl-C."""
+    with _client(args) as client:
+        if not args.follow:
+            for line in client.logs(args.model, args.lines):
+                print(line)
+            return exit_codes.OK
+        try:
+            for line in client.follow(args.model, args.lines):
+                print(line, flush=True)
+        except KeyboardInterrupt:
+            pass
+    return exit_codes.OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Validate a config file without a daemon: ``FILE: ok (...)`` or its FILE:LINE:COL errors."""
+    from vllmmlxd.config.load import load_config
+    from vllmmlxd.errors import ConfigError
+
+    try:
+        loaded = load_config(args.file)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return exit_codes.ERROR
+    print(render_check(args.file, list(loaded.config.models)))
+    return exit_codes.OK
+
+
+def cmd_install_service(args: argparse.Namespace) -> int:
+    """Write a systemd unit or launchd plist for this install (or ``--print`` it), then say how to enable it."""
+    from vllmmlxd import service_files as sf
+
+    kind = args.kind or sf.default_kind()
+    templates = {"systemd": sf.TEMPLATE_SYSTEMD, "launchd": sf.TEMPLATE_LAUNCHD}
+    config = Path(getattr(args, "config", None) or templates[kind]["config"])
+    service = sf.make_service_file(kind, args.user, config)
+    if not config.expanduser().exists():
+        _err(f"note: {config} does not exist yet; write it before starting the service")
+    if args.print:
+        sys.stdout.write(service.content.decode())
+        print(f"# save as {service.path}, then run:", file=sys.stderr)
+        for command in service.commands:
+            print(f"#   {command}", file=sys.stderr)
+        return exit_codes.OK
+    try:
+        path = sf.write_service_file(service)
+    except OSError as e:
+        hint = " (use --user, run it as root, or --print it)" if isinstance(e, PermissionError) else ""
+        _err(f"cannot write {service.path}: {e.strerror or e}{hint}")
+        return exit_codes.ERROR
+    print(f"wrote {path}")
+    print("to start it now and at every boot, run:")
+    for command in service.commands:
+        print(f"  {command}")
+    return exit_codes.OK
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The argument parser; ``--socket`` and ``--config`` work before or after the command."""
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a subcommand's unset option must not overwrite one given before the command.
+    common.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS,
+                        help="the daemon's control socket (default: $VLLMMLXD_SOCKET, the config's, or the state dir's)")
+    common.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                        help="the daemon's config file, to find its control socket")
+    parser = argparse.ArgumentParser(prog=PROG, parents=[common], description="Control a running vllmmlxd.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("status", parents=[common], help="show each model's state; exit 3 if any is not ready")
+    p.add_argument("--json", action="store_true", help="print the daemon's JSON answer")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("reload", parents=[common], help="re-read the config; restart only what changed")
+    p.add_argument("--dry-run", action="store_true", help="show what would change; change nothing")
+    p.set_defaults(func=cmd_reload)
+
+    p = sub.add_parser("check", help="validate a config file (no daemon needed)")
+    p.add_argument("file", metavar="FILE")
+    p.set_defaults(func=cmd_check)
+
+    for verb, text in (("restart", "restart"), ("stop", "stop (until start or reload)"), ("start", "start")):
+        p = sub.add_parser(verb, parents=[common], help=f"{text} one model's worker")
+        p.add_argument("model", metavar="MODEL")
+        p.set_defaults(func=cmd_action)
+
+    p = sub.add_parser("logs", parents=[common], help="print a model's recent worker output")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="how many recent lines (default 50)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("install-service", parents=[common], help="write a systemd unit or launchd plist")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--systemd", dest="kind", action="store_const", const="systemd")
+    kind.add_argument("--launchd", dest="kind", action="store_const", const="launchd")
+    p.add_argument("--user", action="store_true", help="a per-user service instead of a system one")
+    p.add_argument("--print", action="store_true", help="print the file instead of writing it")
+    p.set_defaults(func=cmd_install_service)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one ``vllmmlxctl`` command; returns its exit code."""
+    args = make_parser().parse_args(argv)
+    if getattr(args, "lines", 0) < 0:
+        _err("-n must be 0 or more")
+        return exit_codes.USAGE
+    try:
+        return args.func(args)
+    except DaemonUnreachable as e:
+        _err(str(e))
+        return exit_codes.UNREACHABLE
+    except (ControlRequestError, VllmmlxdError) as e:
+        _err(str(e))
+        return exit_codes.ERROR
+    except BrokenPipeError:
+        # `vllmmlxctl logs x | head`: the reader left. Point stdout at /dev/null so the
+        # interpreter's final flush does not complain too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exit_codes.OK
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

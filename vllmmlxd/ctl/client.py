@@ -1,0 +1,169 @@
+"""A small synchronous client for the daemon's control API over its Unix socket.
+
+Transport failures become ``DaemonUnreachable``; an error body from the daemon
+becomes ``ControlRequestError``. A failed reload or action is not an exception:
+its response says ``ok: false`` and why.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+
+from vllmmlxd.control.protocol import (
+    ENV_SOCKET,
+    ActionResponse,
+    LogsResponse,
+    ReloadResponse,
+    StatusResponse,
+    control_socket_path,
+)
+from vllmmlxd.errors import VllmmlxdError
+
+CONNECT_TIMEOUT_S = 2.0
+STATUS_TIMEOUT_S = 15.0
+# A reload or restart answers once the new workers are ready, and loading a model takes a while.
+SLOW_TIMEOUT_S = 600.0
+
+
+class DaemonUnreachable(VllmmlxdError):
+    """Nothing answered on the control socket (or it stopped answering)."""
+
+    def __init__(self, socket_path: Path, reason: str):
+        super().__init__(f"cannot reach the daemon at {socket_path}: {reason} (is vllmmlxd running?)")
+        self.socket_path = socket_path
+        self.reason = reason
+
+
+class ControlRequestError(VllmmlxdError):
+    """The daemon answered with an error body (an unknown model is a 404)."""
+
+    def __init__(self, status_code: int, message: str):
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+
+
+def resolve_socket(
+    socket: str | None = None, config: str | None = None, environ: Mapping[str, str] = os.environ
+) -> Path:
+    """``--socket``, else ``$VLLMMLXD_SOCKET``, else the ``--config`` file's daemon section, else the default."""
+    if socket:
+        return Path(socket).expanduser()
+    if environ.get(ENV_SOCKET):
+        return Path(environ[ENV_SOCKET]).expanduser()
+    if config:
+        daemon = _daemon_section(config)
+        return control_socket_path(daemon.get("control_socket"), daemon.get("state_dir"))
+    return control_socket_path()
+
+
+def _daemon_section(config: str) -> dict:
+    # Only the daemon section is read, and not validated: the daemon's ${env:..} secrets
+    # need not be set in this shell just to find its socket.
+    import yaml
+
+    try:
+        with open(config, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise VllmmlxdError(f"{config}: cannot read: {e.strerror or e}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise VllmmlxdError(f"{config}: not a readable config (try `vllmmlxctl check {config}`): {e}") from None
+    daemon = data.get("daemon") if isinstance(data, dict) else None
+    return daemon if isinstance(daemon, dict) else {}
+
+
+class ControlClient:
+    """Calls the control API at ``socket_path``; use as a context manager or call ``close()``."""
+
+    def __init__(self, socket_path: Path, connect_timeout: float = CONNECT_TIMEOUT_S):
+        self.socket_path = Path(socket_path)
+        self.connect_timeout = connect_timeout
+        self._http = httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.socket_path)), base_url="http://vllmmlxd"
+        )
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def status(self) -> StatusResponse:
+        """``GET /status``."""
+        return StatusResponse.model_validate(self._call("GET", "/status", STATUS_TIMEOUT_S))
+
+    def reload(self, dry_run: bool = False) -> ReloadResponse:
+        """``POST /reload``; a failed reload comes back with ``ok=False`` and its error."""
+        params = {"dry_run": "true" if dry_run else "false"}
+        return ReloadResponse.model_validate(self._call("POST", "/reload", SLOW_TIMEOUT_S, params, ok=(409,)))
+
+    def action(self, name: str, verb: str) -> ActionResponse:
+        """``POST /models/NAME/VERB`` for ``restart``, ``stop`` or ``start``."""
+        data = self._call("POST", f"/models/{_quote(name)}/{verb}", SLOW_TIMEOUT_S, ok=(409,))
+        return ActionResponse.model_validate(data)
+
+    def logs(self, name: str, lines: int) -> list[str]:
+        """The last ``lines`` stderr lines of model ``name``."""
+        data = self._call("GET", f"/models/{_quote(name)}/logs", STATUS_TIMEOUT_S, {"lines": str(lines)})
+        return LogsResponse.model_validate(data).lines
+
+    def follow(self, name: str, lines: int) -> Iterator[str]:
+        """The last ``lines`` lines, then each new one as it comes, until the daemon ends the stream."""
+        params = {"lines": str(lines), "follow": "true"}
+        timeout = httpx.Timeout(None, connect=self.connect_timeout)  # a quiet worker is not a dead daemon
+        try:
+            with self._http.stream("GET", f"/models/{_quote(name)}/logs", params=params, timeout=timeout) as r:
+                if r.status_code != 200:
+                    r.read()
+                    raise _error(r)
+                yield from r.iter_lines()
+        except httpx.TransportError as e:
+            raise DaemonUnreachable(self.socket_path, _reason(e, None)) from None
+
+    def _call(
+        self, method: str, url: str, read_timeout: float, params: dict | None = None, ok: tuple[int, ...] = ()
+    ) -> dict:
+        timeout = httpx.Timeout(read_timeout, connect=self.connect_timeout)
+        try:
+            r = self._http.request(method, url, params=params, timeout=timeout)
+        except httpx.TransportError as e:
+            raise DaemonUnreachable(self.socket_path, _reason(e, read_timeout)) from None
+        if r.status_code != 200 and r.status_code not in ok:
+            raise _error(r)
+        try:
+            return r.json()
+        except ValueError:
+            raise ControlRequestError(r.status_code, f"the daemon sent a body that is not JSON: {r.text[:200]!r}") from None
+
+
+def _quote(name: str) -> str:
+    return quote(name, safe="")
+
+
+def _error(r: httpx.Response) -> ControlRequestError:
+    try:
+        message = r.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        message = r.text.strip() or r.reason_phrase
+    return ControlRequestError(r.status_code, str(message))
+
+
+def _reason(exc: httpx.TransportError, read_timeout: float | None) -> str:
+    """A short reason: the OS's words ("Connection refused") rather than httpx's wrapping."""
+    if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+        return f"no answer within {read_timeout:g}s" if read_timeout else "timed out"
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+        cause = cause.__cause__ or cause.__context__
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,113 @@
+"""Text for people: the status table and the one-line summaries of ``vllmmlxctl``. Pure functions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from vllmmlxd.control.protocol import ActionResponse, ModelStatus, ReloadResponse, StatusResponse
+
+STATUS_HEADERS = ("MODEL", "STATE", "PID", "PORT", "UPTIME", "RESTARTS")
+# States worth explaining under the table with the worker's last stderr lines.
+_EXPLAINED = ("failed", "backoff")
+_INDENT = "    "
+
+
+def format_duration(seconds: float | None) -> str:
+    """``45s``, ``3m12s``, ``2h05m``, ``3d04h``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def format_clock(at: float, now: float | None = None) -> str:
+    """Local ``HH:MM:SS`` for a time today, with the date in front for any other day."""
+    when = time.localtime(at)
+    today = time.localtime(time.time() if now is None else now)
+    if when[:3] == today[:3]:
+        return time.strftime("%H:%M:%S", when)
+    return time.strftime("%Y-%m-%d %H:%M:%S", when)
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns two spaces apart, with no trailing spaces."""
+    widths = [max(len(str(row[i])) for row in (headers, *rows)) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (headers, *rows)
+    )
+
+
+def _row(m: ModelStatus) -> tuple[str, ...]:
+    pid = "-" if m.pid is None else str(m.pid)
+    return (m.name, m.state, pid, str(m.port), format_duration(m.uptime_s), str(m.restarts))
+
+
+def _explain(m: ModelStatus) -> list[str]:
+    exit_code = "" if m.last_exit_code is None else f" (exit {m.last_exit_code})"
+    lines = [f"{m.name} {m.state}{exit_code}:"]
+    lines += [_INDENT + line for line in (m.last_error or "").splitlines()]
+    return lines
+
+
+def _with_rest(first: str, text: str) -> list[str]:
+    """``first`` + the text's first line, its other lines indented beneath."""
+    head, *rest = text.splitlines() or [""]
+    return [first + head] + [_INDENT + line for line in rest]
+
+
+def render_status(status: StatusResponse, now: float | None = None) -> str:
+    """The model table, why failed models failed, then the daemon and last-reload footer."""
+    lines = [render_table(STATUS_HEADERS, [_row(m) for m in status.models])] if status.models else ["no models"]
+    for m in status.models:
+        if m.state in _EXPLAINED and m.last_error:
+            lines += [""] + _explain(m)
+    d = status.daemon
+    lines += [
+        "",
+        f"daemon: pid {d.pid}, up {format_duration(d.uptime_s)}, version {d.version}, "
+        f"config {d.config_path} ({d.config_hash[:12]})",
+    ]
+    r = d.last_reload
+    if r is None:
+        lines.append("last reload: none")
+    elif r.ok:
+        lines.append(f"last reload: ok at {format_clock(r.at, now)}")
+    else:
+        lines += _with_rest(f"last reload: FAILED at {format_clock(r.at, now)}: ", r.error or "unknown error")
+    return "\n".join(lines)
+
+
+def all_ready(status: StatusResponse) -> bool:
+    """True when every model is ``ready`` (and so ``status`` exits 0)."""
+    return all(m.state == "ready" for m in status.models)
+
+
+def render_reload(result: ReloadResponse) -> str:
+    """The plan, under a line saying whether it was applied; or the error, FILE:LINE:COL first."""
+    plan = [_INDENT + line for line in result.plan.splitlines()]
+    if result.ok:
+        return "\n".join([("would apply:" if result.dry_run else "reloaded:")] + plan)
+    lines = ["reload failed; the daemon keeps its previous config:", *(result.error or "unknown error").splitlines()]
+    if plan:
+        lines += ["plan:"] + plan
+    return "\n".join(lines)
+
+
+def render_action(verb: str, result: ActionResponse) -> str:
+    """``llama: restarted`` or the daemon's message; ``restart llama failed: ...`` when not ok."""
+    if result.ok:
+        return f"{result.name}: {result.message or verb + ' ok'}"
+    return f"{verb} {result.name} failed: {result.message or 'no reason given'}"
+
+
+def render_check(path: str, names: Sequence[str]) -> str:
+    """``FILE: ok (2 models: a, b)``."""
+    count = f"{len(names)} model{'' if len(names) == 1 else 's'}"
+    return f"{path}: ok ({count}: {', '.join(names)})" if names else f"{path}: ok ({count})"

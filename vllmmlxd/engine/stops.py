@@ -1,0 +1,51 @@
+"""Stop-string matching across token boundaries. Pure; no mlx.
+
+Text that could be the start of a stop string is held back until the next piece
+shows whether it is one, so a stop string never leaks into the output.
+"""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    """Feed decoded text pieces; get back what is safe to emit and whether a stop was hit."""
+
+    def __init__(self, stops: tuple[str, ...] | list[str]):
+        self.stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, piece: str) -> str:
+        """Add ``piece``; return the text that can be emitted now.
+
+        After a stop string is found, ``stopped`` is True, the text before it is
+        returned, and everything from the stop string on is dropped.
+        """
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return piece
+        buf = self._held + piece
+        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            self._held = ""
+            return buf[:cut]
+        keep = self._partial_suffix(buf)
+        self._held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep]
+
+    def flush(self) -> str:
+        """The held-back text, once generation ends without a stop."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+    def _partial_suffix(self, buf: str) -> int:
+        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop string."""
+        best = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(buf)), best, -1):
+                if buf.endswith(stop[:n]):
+                    best = n
+                    break
+        return best

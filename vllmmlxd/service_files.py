@@ -1,0 +1,286 @@
+"""The systemd unit and launchd plist for this installation, for ``vllmmlxctl install-service``.
+
+This module is the single source of truth: ``service/vllmmlxd.service`` and
+``service/io.vllmmlxd.daemon.plist`` are its output for the template installs
+(``TEMPLATE_SYSTEMD``, ``TEMPLATE_LAUNCHD``), regenerated with
+``python -m vllmmlxd.service_files service/`` and held equal by a test. Rendering is
+pure; ``make_service_file`` picks the defaults and ``write_service_file`` writes. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+import plistlib
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .paths import ENV_STATE_DIR
+
+Kind = Literal["systemd", "launchd"]
+UNIT_NAME = "vllmmlxd.service"
+LABEL = "io.vllmmlxd.daemon"
+LOG_NAME = "vllmmlxd.log"
+BASE_PATH = "/opt/homebrew/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+
+TEMPLATE_SYSTEMD = dict(
+    exe="/usr/local/bin/vllmmlxd", config=Path("/etc/vllmmlxd/config.yaml"),
+    state_dir=Path("/var/lib/vllmmlxd"), user=False,
+)
+TEMPLATE_LAUNCHD = dict(
+    exe="/opt/homebrew/bin/vllmmlxd", config=Path("/opt/homebrew/etc/vllmmlxd/config.yaml"),
+    state_dir=Path("/opt/homebrew/var/vllmmlxd"), log_dir=Path("/opt/homebrew/var/log"),
+)
+
+_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_VAR_LIB = Path("/var/lib")
+
+
+def _absolute(value: str | Path, what: str) -> str:
+    if not os.path.isabs(value):
+        raise ValueError(f"{what} must be an absolute path, got {str(value)!r}")
+    return str(value)
+
+
+def _quote(word: str, *, exec_line: bool = True) -> str:
+    """One word for a unit file: % doubled (specifiers), $ doubled in Exec arguments, quoted if needed."""
+    text = word.replace("%", "%%")
+    if exec_line:
+        text = text.replace("$", "$$")
+    if _SAFE.fullmatch(word):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render_systemd_unit(exe: str, config: Path, state_dir: Path, user: bool) -> str:
+    """The vllmmlxd.service text: a system unit, or a ``--user`` unit without privileged sandboxing."""
+    # systemd expands $VARS in the arguments but not in the executable's path.
+    exec_start = " ".join([_quote(_absolute(exe, "exe"), exec_line=False)]
+                          + [_quote(w) for w in ("run", "--config", _absolute(config, "config"))])
+    state = _absolute(state_dir, "state_dir")
+    lines = [
+        "# vllmmlxd: serves local LLMs with MLX, one supervised worker process per model.",
+        "# Rendered by vllmmlxd/service_files.py; `vllmmlxctl install-service` writes one for your",
+        f"# install. Override settings with `systemctl{' --user' if user else ''} edit vllmmlxd`.",
+        "[Unit]",
+        "Description=vllmmlxd local LLM server (MLX)",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "",
+        "[Service]",
+        "Type=notify",
+        "# Only the daemon talks to systemd; its workers start without NOTIFY_SOCKET.",
+        "NotifyAccess=main",
+        f"ExecStart={exec_start}",
+        "# SIGHUP re-reads the config; only the models that changed restart.",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "Restart=on-failure",
+        "RestartSec=2",
+        "# 78 (EX_CONFIG) is a bad config file: restarting would only fail the same way.",
+        "RestartPreventExitStatus=78",
+        "# The daemon pings every WatchdogSec/2; a hung event loop is killed and restarted.",
+        "WatchdogSec=30",
+        "# SIGTERM reaches the daemon only: it drains requests (drain_timeout, 30 s by default)",
+        "# and stops its workers itself. Whatever is left after TimeoutStopSec gets SIGKILL.",
+        "KillMode=mixed",
+        "TimeoutStopSec=60",
+        "# Models, downloads and the control socket (<state dir>/control.sock) live here.",
+        f"Environment={_quote(f'{ENV_STATE_DIR}={state}', exec_line=False)}",
+    ]
+    if user:
+        lines += [
+            "# A user manager cannot build mount namespaces: only the hardening that needs no privileges.",
+            "NoNewPrivileges=yes",
+            "RestrictSUIDSGID=yes",
+            "LockPersonality=yes",
+        ]
+    else:
+        lines += _system_sandbox(Path(state))
+    lines += [
+        "# No MemoryDenyWriteExecute=: MLX compiles its kernels at run time into executable memory.",
+        "",
+        "[Install]",
+        f"WantedBy={'default.target' if user else 'multi-user.target'}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _system_sandbox(state: Path) -> list[str]:
+    if state.parent == _VAR_LIB:
+        writable = [
+            "# Creates the state dir, owned by User=, and keeps it writable under ProtectSystem=strict.",
+            f"StateDirectory={_quote(state.name, exec_line=False)}",
+        ]
+    else:
+        writable = [
+            "# The state dir is outside /var/lib: it must exist, and stays writable under ProtectSystem=strict.",
+            f"ReadWritePaths={_quote(str(state), exec_line=False)}",
+        ]
+    hf_home = f"HF_HOME={state / 'huggingface'}"
+    return writable + [
+        "# ProtectHome= leaves ~ read-only: the Hugging Face download cache lives in the state dir.",
+        f"Environment={_quote(hf_home, exec_line=False)}",
+        f"# To run as a dedicated account: useradd --system --home-dir {state} vllmmlxd, then",
+        "# uncomment. Not DynamicUser=: its uid changes between installs, orphaning the model cache.",
+        "#User=vllmmlxd",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "PrivateTmp=yes",
+        "ProtectHome=read-only",
+        "ProtectKernelTunables=yes",
+        "ProtectControlGroups=yes",
+        "RestrictSUIDSGID=yes",
+        "LockPersonality=yes",
+    ]
+
+
+def render_launchd_plist(exe: str, config: Path, state_dir: Path, log_dir: Path, label: str = LABEL) -> bytes:
+    """The launchd property list: restart on crash only, logs to ``log_dir``/vllmmlxd.log."""
+    exe = _absolute(exe, "exe")
+    log = str(Path(_absolute(log_dir, "log_dir")) / LOG_NAME)
+    # launchd starts with a bare PATH; put the install's own bin dir first so a venv works.
+    bin_dir = os.path.dirname(exe)
+    path = BASE_PATH if bin_dir in BASE_PATH.split(":") else f"{bin_dir}:{BASE_PATH}"
+    plist = {
+        "Label": label,
+        "ProgramArguments": [exe, "run", "--config", _absolute(config, "config")],
+        "RunAtLoad": True,
+        "KeepAlive": {"SuccessfulExit": False},
+        "ThrottleInterval": 10,
+        # The daemon drains requests for up to drain_timeout (30 s) before it exits.
+        "ExitTimeOut": 60,
+        # Interactive: macOS must not throttle the GPU work as it would a background job.
+        "ProcessType": "Interactive",
+        "StandardOutPath": log,
+        "StandardErrorPath": log,
+        "EnvironmentVariables": {"PATH": path, ENV_STATE_DIR: _absolute(state_dir, "state_dir")},
+    }
+    return plistlib.dumps(plist)
+
+
+def default_kind() -> Kind:
+    """launchd on macOS, systemd elsewhere."""
+    return "launchd" if sys.platform == "darwin" else "systemd"
+
+
+def default_exe() -> str:
+    """The ``vllmmlxd`` script next to this interpreter (a venv install), else the one on PATH."""
+    # sys.executable is not resolved: a venv's python is a symlink out of the venv.
+    beside = Path(sys.executable).parent / "vllmmlxd"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("vllmmlxd") or str(beside)
+
+
+def default_state_dir(kind: Kind, user: bool) -> Path:
+    """Where the service keeps its state when the caller names none."""
+    if user:
+        if kind == "launchd":
+            return Path.home() / "Library" / "Application Support" / "vllmmlxd"
+        return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "vllmmlxd"
+    return Path("/Library/Application Support/vllmmlxd") if kind == "launchd" else Path("/var/lib/vllmmlxd")
+
+
+def default_log_dir(user: bool) -> Path:
+    """launchd's log directory (systemd logs to the journal)."""
+    return Path.home() / "Library" / "Logs" / "vllmmlxd" if user else Path("/Library/Logs/vllmmlxd")
+
+
+def install_paths(kind: Kind, user: bool) -> Path:
+    """Where the unit or plist goes."""
+    if kind == "systemd":
+        folder = Path.home() / ".config/systemd/user" if user else Path("/etc/systemd/system")
+        return folder / UNIT_NAME
+    if kind == "launchd":
+        folder = Path.home() / "Library/LaunchAgents" if user else Path("/Library/LaunchDaemons")
+        return folder / f"{LABEL}.plist"
+    raise ValueError(f"unknown service kind {kind!r}")
+
+
+def _launchd_domain(user: bool) -> str:
+    return f"gui/{os.getuid()}" if user else "system"
+
+
+def enable_commands(kind: Kind, user: bool, path: Path | None = None) -> list[str]:
+    """Shell commands that load and start the installed service (each safe for shlex.split)."""
+    path = path or install_paths(kind, user)
+    if kind == "systemd":
+        ctl = "systemctl --user" if user else "systemctl"
+        return [f"{ctl} daemon-reload", f"{ctl} enable --now vllmmlxd"]
+    domain = _launchd_domain(user)
+    return [f"launchctl enable {domain}/{LABEL}", f"launchctl bootstrap {domain} {shlex.quote(str(path))}"]
+
+
+def disable_commands(kind: Kind, user: bool) -> list[str]:
+    """Shell commands that stop and unload the service (run before re-installing a plist)."""
+    if kind == "systemd":
+        return [f"systemctl{' --user' if user else ''} disable --now vllmmlxd"]
+    return [f"launchctl bootout {_launchd_domain(user)}/{LABEL}"]
+
+
+@dataclass(frozen=True)
+class ServiceFile:
+    """A rendered service file, where it goes, the directories it needs and how to enable it."""
+
+    kind: Kind
+    user: bool
+    path: Path
+    content: bytes
+    dirs: tuple[Path, ...]
+    commands: tuple[str, ...]
+
+
+def make_service_file(
+    kind: Kind, user: bool, config: Path, *, exe: str | None = None,
+    state_dir: Path | None = None, log_dir: Path | None = None, path: Path | None = None,
+) -> ServiceFile:
+    """Render the file for this installation, filling in defaults; writes nothing."""
+    config = Path(os.path.abspath(Path(config).expanduser()))
+    exe = os.path.abspath(exe or default_exe())
+    state = Path(os.path.abspath(Path(state_dir).expanduser())) if state_dir else default_state_dir(kind, user)
+    path = path or install_paths(kind, user)
+    if kind == "systemd":
+        content = render_systemd_unit(exe, config, state, user).encode()
+        # StateDirectory= creates /var/lib/<name> itself; anywhere else the dir must exist first.
+        dirs = () if (not user and state.parent == _VAR_LIB) else (state,)
+    else:
+        logs = Path(os.path.abspath(Path(log_dir).expanduser())) if log_dir else default_log_dir(user)
+        content = render_launchd_plist(exe, config, state, logs)
+        dirs = (state, logs)  # launchd creates neither
+    return ServiceFile(kind, user, path, content, dirs, tuple(enable_commands(kind, user, path)))
+
+
+def write_service_file(service: ServiceFile) -> Path:
+    """Create the directories it needs and write the file atomically (mode 0644)."""
+    for directory in (*service.dirs, service.path.parent):
+        directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=service.path.parent, prefix=f".{service.path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(service.content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, service.path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return service.path
+
+
+def render_templates() -> dict[str, bytes]:
+    """The files under service/, by name: these renderers applied to the template installs."""
+    return {
+        UNIT_NAME: render_systemd_unit(**TEMPLATE_SYSTEMD).encode(),
+        f"{LABEL}.plist": render_launchd_plist(**TEMPLATE_LAUNCHD),
+    }
+
+
+if __name__ == "__main__":  # python -m vllmmlxd.service_files service/
+    dest = Path(sys.argv[1] if len(sys.argv) > 1 else "service")
+    for name, data in render_templates().items():
+        (dest / name).write_bytes(data)
+        print(dest / name)

@@ -1,0 +1,167 @@
+"""One worker process: spawn it, feed it its config, forward its logs, check its health.
+
+Workers are started with ``python -m vllmmlxd.worker`` (never forked: MLX does not
+survive a fork on macOS). The daemon keeps the write end of the worker's stdin open
+for the worker's whole life; when the daemon dies, the worker sees EOF and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+from ..config.schema import ModelConfig
+from ..log import log_event
+from .notify import strip_notify_env
+
+logger = logging.getLogger("vllmmlxd.supervisor")
+
+_seq = itertools.count(1)
+LogSink = Callable[[str], None]
+
+
+class WorkerProcess:
+    """A running (or exited) worker for one model entry."""
+
+    def __init__(self, name: str, config: ModelConfig, proc: asyncio.subprocess.Process, health_socket: Path, sink: LogSink):
+        self.name = name
+        self.config = config
+        self.proc = proc
+        self.pid = proc.pid
+        self.health_socket = health_socket
+        self.started = time.time()
+        self.exit_code: int | None = None
+        self._sink = sink
+        self.recent: deque[str] = deque(maxlen=40)
+        self._stderr_task = asyncio.create_task(self._forward_stderr())
+
+    @classmethod
+    async def spawn(
+        cls,
+        name: str,
+        config: ModelConfig,
+        *,
+        listen_fd: int,
+        state_dir: Path,
+        drain_timeout: float,
+        log_level: str,
+        sink: LogSink,
+    ) -> "WorkerProcess":
+        """Start a worker serving ``config`` on the inherited socket ``listen_fd``."""
+        health = state_dir / "run" / f"w{os.getpid()}-{next(_seq)}.sock"
+        health.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "vllmmlxd.worker",
+            "--name", name, "--fd", str(listen_fd), "--health-socket", str(health),
+            "--state-dir", str(state_dir), "--drain-timeout", str(drain_timeout), "--log-level", log_level,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            pass_fds=(listen_fd,), env=strip_notify_env(dict(os.environ)), start_new_session=True,
+        )
+        assert proc.stdin is not None
+        # The config travels on stdin so that secrets never show in the process list.
+        proc.stdin.write(config.to_worker_json().encode() + b"\n")
+        await proc.stdin.drain()
+        worker = cls(name, config, proc, health, sink)
+        log_event(logger, "worker.spawned", model=name, pid=proc.pid)
+        return worker
+
+    async def _forward_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        while True:
+            raw = await self.proc.stderr.readline()
+            if not raw:
+                return
+            line = raw.decode(errors="replace").rstrip("\n")
+            if not line:
+                continue
+            if not _is_logfmt(line):  # tracebacks and stray prints get wrapped as events
+                line = _wrap_raw(self.name, self.pid, line)
+            self.recent.append(line)
+            self._sink(line)
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """True once /health answers on the private socket; False if the worker exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        transport = httpx.AsyncHTTPTransport(uds=str(self.health_socket))
+        async with httpx.AsyncClient(transport=transport, base_url="http://worker", timeout=2) as client:
+            while time.monotonic() < deadline:
+                if self.proc.returncode is not None:
+                    return False
+                if self.health_socket.exists():
+                    try:
+                        if (await client.get("/health")).status_code == 200:
+                            return True
+                    except httpx.HTTPError:
+                        pass
+                await asyncio.sleep(0.1)
+        return False
+
+    async def healthy(self) -> bool:
+        """One health check; a worker busy generating still answers (its event loop is free)."""
+        transport = httpx.AsyncHTTPTransport(uds=str(self.health_socket))
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://worker", timeout=5) as client:
+                return (await client.get("/health")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def wait(self) -> int:
+        """Wait for the exit; returns the exit code (negative: killed by that signal)."""
+        code = await self.proc.wait()
+        await asyncio.gather(self._stderr_task, return_exceptions=True)
+        self.exit_code = code
+        self.health_socket.unlink(missing_ok=True)
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        return code
+
+    def terminate(self) -> None:
+        """Ask the worker to drain and stop (SIGTERM)."""
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        if self.proc.returncode is None:
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    async def stop(self, drain_timeout: float) -> int:
+        """SIGTERM, wait up to ``drain_timeout`` (+ a margin) for in-flight requests, then SIGKILL."""
+        self.terminate()
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.wait()), drain_timeout + 5)
+        except asyncio.TimeoutError:
+            log_event(logger, "worker.killed", logging.WARNING, model=self.name, pid=self.pid, reason="drain timeout")
+            self.kill()
+            return await self.wait()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+
+def _is_logfmt(line: str) -> bool:
+    body = line[3:] if line.startswith("<") and line[2:3] == ">" else line
+    return body.startswith(("ts=", "level="))
+
+
+def _wrap_raw(name: str, pid: int, line: str) -> str:
+    from ..log import format_fields
+
+    fields = {"level": "error", "event": "worker.stderr", "model": name, "pid": pid, "line": line}
+    text = format_fields(fields)
+    return text if not os.environ.get("JOURNAL_STREAM") else "<3>" + text

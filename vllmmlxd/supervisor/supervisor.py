@@ -1,0 +1,165 @@
+"""The supervisor: one slot per model entry, reloads applied as a diff.
+
+Unchanged entries are never touched; added ones start; removed ones drain and stop;
+changed ones are swapped with no downtime. An invalid config changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import AsyncIterator, Callable
+
+from .. import __version__
+from ..config.diff import ReloadPlan, diff_models
+from ..config.load import LoadedConfig, load_config
+from ..config.schema import Config
+from ..control.protocol import (
+    ActionResponse,
+    DaemonStatus,
+    ModelStatus,
+    ReloadResponse,
+    ReloadResult,
+    StatusResponse,
+)
+from ..errors import ConfigError
+from ..log import log_event
+from . import states
+from .slot import Slot, SlotSettings
+
+logger = logging.getLogger("vllmmlxd.supervisor")
+
+
+class Supervisor:
+    """Owns the slots; the control API and the daemon's signal handlers call into it."""
+
+    def __init__(self, loaded: LoadedConfig, settings: SlotSettings, on_change: Callable[[], None] = lambda: None):
+        self.loaded = loaded
+        self.settings = settings
+        self.slots: dict[str, Slot] = {}
+        self.started = time.time()
+        self.last_reload: ReloadResult | None = None
+        self._reload_lock = asyncio.Lock()
+        self._on_change = on_change
+
+    def _slot(self, name: str) -> Slot:
+        try:
+            return self.slots[name]
+        except KeyError:
+            raise KeyError(f"no model named {name!r}; models: {', '.join(self.slots) or 'none'}") from None
+
+    def _new_slot(self, name: str) -> Slot:
+        slot = Slot(name, self.loaded.config.models[name], self.settings, self._on_change)
+        self.slots[name] = slot
+        return slot
+
+    async def start_all(self) -> None:
+        """Start every entry's worker concurrently; returns when each is ready or has failed."""
+        for name in self.loaded.config.models:
+            self._new_slot(name)
+        await asyncio.gather(*(slot.start() for slot in self.slots.values()))
+
+    def running_config(self) -> Config:
+        """What is actually running: a failed swap leaves the old entry in place."""
+        return Config(daemon=self.loaded.config.daemon, models={n: s.config for n, s in self.slots.items()})
+
+    # -- reload -----------------------------------------------------------
+
+    async def reload(self, dry_run: bool = False) -> ReloadResponse:
+        """Re-read the config file and apply the difference (or only show it)."""
+        async with self._reload_lock:
+            try:
+                new = load_config(self.loaded.path)
+            except ConfigError as exc:
+                if not dry_run:
+                    self.last_reload = ReloadResult(ok=False, at=time.time(), error=str(exc), plan=None)
+                    log_event(logger, "reload.invalid", logging.ERROR, error=str(exc))
+                    self._on_change()
+                return ReloadResponse(ok=False, dry_run=dry_run, plan="", error=str(exc))
+            plan = diff_models(self.running_config(), new.config)
+            if dry_run:
+                return ReloadResponse(ok=True, dry_run=True, plan=plan.render(), error=None)
+            errors = await self._apply(plan, new)
+            self.loaded = new
+            error = "\n".join(errors) or None
+            self.last_reload = ReloadResult(ok=not errors, at=time.time(), error=error, plan=plan.render())
+            log_event(
+                logger, "reload.done" if not errors else "reload.failed", logging.INFO if not errors else logging.ERROR,
+                added=",".join(plan.added), changed=",".join(plan.changed), removed=",".join(plan.removed), error=error,
+            )
+            self._on_change()
+            return ReloadResponse(ok=not errors, dry_run=False, plan=plan.render(), error=error)
+
+    async def _apply(self, plan: ReloadPlan, new: LoadedConfig) -> list[str]:
+        errors: list[str] = []
+        if plan.restart_required:
+            errors.append(f"daemon.{', daemon.'.join(plan.restart_required)} changed: restart the daemon to apply")
+
+        async def remove(name: str) -> None:
+            await self.slots[name].stop()
+            del self.slots[name]
+
+        async def change(name: str) -> None:
+            ok, error = await self.slots[name].replace(new.config.models[name])
+            if not ok:
+                errors.append(f"{name}: the new worker did not become ready; the old one keeps serving: {error}")
+
+        async def add(name: str) -> None:
+            slot = Slot(name, new.config.models[name], self.settings, self._on_change)
+            self.slots[name] = slot
+            if not await slot.start():
+                errors.append(f"{name}: did not become ready: {slot.last_error}")
+
+        # Removals first, so a port freed by one entry can be taken by another.
+        await asyncio.gather(*(remove(n) for n in plan.removed))
+        await asyncio.gather(*(change(n) for n in plan.changed), *(add(n) for n in plan.added))
+        return errors
+
+    # -- control API ----------------------------------------------------
+
+    def status(self) -> StatusResponse:
+        now = time.time()
+        return StatusResponse(
+            daemon=DaemonStatus(
+                pid=os.getpid(), uptime_s=round(now - self.started, 1), config_path=str(self.loaded.path),
+                config_hash=self.loaded.short_hash, last_reload=self.last_reload, version=__version__,
+            ),
+            models=[
+                ModelStatus(
+                    name=name, state=slot.state, pid=slot.pid, host=slot.config.host, port=slot.config.port,
+                    restarts=slot.restarts, uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None,
+                    last_exit_code=slot.last_exit_code, served_model_name=slot.config.display_name(name),
+                    last_error=slot.last_error if slot.state in (states.FAILED, states.BACKOFF) else None,
+                )
+                for name, slot in self.slots.items()
+            ],
+        )
+
+    async def restart(self, name: str) -> ActionResponse:
+        ok = await self._slot(name).restart()
+        return ActionResponse(ok=ok, name=name, message="restarted" if ok else "did not become ready")
+
+    async def stop(self, name: str) -> ActionResponse:
+        await self._slot(name).stop(close_socket=True)
+        return ActionResponse(ok=True, name=name, message="stopped")
+
+    async def start(self, name: str) -> ActionResponse:
+        ok = await self._slot(name).start()
+        return ActionResponse(ok=ok, name=name, message="ready" if ok else "did not become ready")
+
+    def logs(self, name: str, lines: int) -> list[str]:
+        return list(self._slot(name).lines)[-lines:] if lines > 0 else []
+
+    def follow(self, name: str) -> AsyncIterator[str]:
+        return self._slot(name).follow()
+
+    # -- shutdown -------------------------------------------------------
+
+    async def stop_all(self) -> None:
+        """Drain every worker (in parallel) and close the sockets."""
+        await asyncio.gather(*(slot.stop() for slot in self.slots.values()), return_exceptions=True)
+
+    def ready_count(self) -> tuple[int, int]:
+        return sum(s.state == states.READY for s in self.slots.values()), len(self.slots)

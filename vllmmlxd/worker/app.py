@@ -1,0 +1,48 @@
+"""The worker's HTTP app: health, status and the API families over one engine."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI
+from starlette.requests import Request
+
+from ..api.context import ServingContext
+from ..api.openai.errors import install_error_handlers
+from ..api.openai.routes import make_router as make_openai_router
+from ..config.schema import ModelConfig
+from ..engine.types import Engine
+
+
+def create_app(engine: Engine, config: ModelConfig, key: str) -> FastAPI:
+    """A FastAPI app serving ``engine`` as the model entry ``key``."""
+    ctx = ServingContext(engine=engine, config=config, key=key)
+    app = FastAPI(title=f"vllmmlxd: {ctx.name}", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    app.include_router(make_openai_router(ctx))
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": ctx.name}
+
+    @app.get("/v1/status")
+    async def status(request: Request):
+        ctx.check_api_key(request)
+        s = engine.stats
+        return {
+            "status": "running",
+            "model": ctx.name,
+            "source": engine.info.source,
+            "uptime_s": round(time.time() - ctx.started, 1),
+            "steps_executed": s.steps_executed,
+            "num_running": s.num_running,
+            "num_waiting": s.num_waiting,
+            "total_requests_processed": s.total_requests_processed,
+            "total_prompt_tokens": s.total_prompt_tokens,
+            "total_completion_tokens": s.total_completion_tokens,
+            "context_length": engine.info.context_length,
+            "metal": engine.memory(),
+        }
+
+    return app

@@ -1,0 +1,159 @@
+"""A worker process: load one model, serve it over HTTP until told to stop.
+
+Run by the daemon as ``python -m vllmmlxd.worker --name NAME --fd N --health-socket PATH``
+with its ModelConfig as one JSON line on stdin; stdin staying open is the daemon's
+lifeline (EOF means the daemon is gone, so the worker drains and exits). Run by
+hand through ``vllmmlxd serve MODEL``, it binds host:port itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..config.schema import ModelConfig
+from ..log import log_event, setup_logging
+from ..paths import resolve_state_dir
+from ..sockets import bind_tcp, bind_unix
+
+logger = logging.getLogger("vllmmlxd.worker")
+
+EXIT_LOAD_FAILED = 3
+EXIT_BIND_FAILED = 4
+
+
+def load_engine(config: ModelConfig, key: str, state_dir: Path):
+    """Load the model and start its engine thread (imports mlx: workers only)."""
+    from ..engine.loader import load_model
+    from ..engine.mlx_engine import MLXEngine
+
+    started = time.perf_counter()
+    loaded = load_model(config.model, state_dir, trust_remote_code=config.trust_remote_code)
+    engine = MLXEngine(loaded, name=config.display_name(key), max_queue=config.max_queue)
+    log_event(
+        logger, "model.loaded", model=key, source=config.model,
+        context=engine.info.context_length, load_s=round(time.perf_counter() - started, 2),
+    )
+    return engine
+
+
+def _watch_parent(fd: int) -> None:
+    """Block until the daemon's end of stdin closes, then stop (gracefully, then for sure)."""
+    try:  # os.read, not sys.stdin: a buffered reader's lock breaks interpreter shutdown
+        while os.read(fd, 4096):
+            pass
+    except OSError:
+        pass
+    log_event(logger, "worker.orphaned", logging.WARNING, reason="daemon pipe closed")
+    os.kill(os.getpid(), signal.SIGTERM)
+    threading.Timer(15.0, lambda: os._exit(1)).start()
+
+
+def serve(
+    config: ModelConfig,
+    key: str,
+    *,
+    state_dir: Path,
+    listen: socket.socket | None = None,
+    health_socket: Path | None = None,
+    drain_timeout: float = 30.0,
+    log_level: str = "info",
+) -> int:
+    """Load the model, then serve it until SIGTERM/SIGINT. Returns the exit code."""
+    import uvicorn
+
+    from .app import create_app
+
+    try:
+        engine = load_engine(config, key, state_dir)
+    except Exception as exc:
+        log_event(logger, "model.load_failed", logging.ERROR, model=key, source=config.model, error=str(exc))
+        return EXIT_LOAD_FAILED
+    if listen is None:
+        try:
+            listen = bind_tcp(config.host, config.port)
+        except OSError as exc:
+            log_event(logger, "worker.bind_failed", logging.ERROR, host=config.host, port=config.port, error=exc.strerror)
+            engine.close()
+            return EXIT_BIND_FAILED
+    sockets = [listen]
+    if health_socket is not None:
+        sockets.append(bind_unix(health_socket))
+    app = create_app(engine, config, key)
+    uv_config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=drain_timeout,
+        timeout_keep_alive=5,
+        log_level=log_level,
+    )
+    server = _make_server_class()(uv_config)
+    host, port = listen.getsockname()[:2]
+    log_event(logger, "worker.ready", model=key, pid=os.getpid(), url=f"http://{_url_host(host)}:{port}/v1")
+    try:
+        asyncio.run(server.serve(sockets=sockets))
+    finally:
+        engine.close()
+        if health_socket is not None:
+            health_socket.unlink(missing_ok=True)
+    log_event(logger, "worker.stopped", model=key, pid=os.getpid())
+    return 0
+
+
+def _make_server_class():
+    import uvicorn
+
+    class WorkerServer(uvicorn.Server):
+        """uvicorn re-raises SIGTERM after its graceful shutdown; a drained worker exits 0 instead."""
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            getattr(self, "_captured_signals", []).clear()
+
+    return WorkerServer
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _read_line(fd: int) -> bytes:
+    """One line from ``fd``, unbuffered, so nothing after it is swallowed."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllmmlxd.worker", description="one vllmmlxd model worker")
+    parser.add_argument("--name", required=True, help="the model entry's name")
+    parser.add_argument("--fd", type=int, help="an inherited listening socket to serve on")
+    parser.add_argument("--health-socket", type=Path, help="a Unix socket for the daemon's health checks")
+    parser.add_argument("--state-dir")
+    parser.add_argument("--drain-timeout", type=float, default=30.0)
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level, model=args.name)
+    # The config arrives on stdin so secrets never show in `ps`.
+    line = _read_line(sys.stdin.fileno())
+    config = ModelConfig.model_validate(json.loads(line))
+    threading.Thread(target=_watch_parent, args=(sys.stdin.fileno(),), daemon=True).start()
+    listen = socket.socket(fileno=args.fd) if args.fd is not None else None
+    return serve(
+        config, args.name, state_dir=resolve_state_dir(args.state_dir), listen=listen,
+        health_socket=args.health_socket, drain_timeout=args.drain_timeout, log_level=args.log_level,
+    )
