@@ -96,8 +96,9 @@ def main() -> None:
     engine = engine_alone(args.model, args.tokens, args.runs)
     server = through_server(args.model, args.tokens, args.runs)
     ratio = server / engine
+    heading = f"## Streaming overhead: server vs engine, `{args.model}`"
     report = (
-        "## Streaming overhead: server vs engine\n\n"
+        f"{heading}\n\n"
         f"- Date: {time.strftime('%Y-%m-%d')}\n"
         f"- Machine: {machine()}\n"
         f"- Model: `{args.model}`, {args.tokens} tokens greedy, `ignore_eos`, best of {args.runs} runs after a warm-up\n\n"
@@ -109,7 +110,7 @@ def main() -> None:
     print(report)
     if args.write:
         text = args.write.read_text() if args.write.exists() else "# Benchmarks\n\nMeasured with the scripts in `bench/`.\n\n"
-        text = re.sub(r"## Streaming overhead: server vs engine\n.*?(?=\n## |\Z)", "", text, flags=re.S).rstrip() + "\n\n"
+        text = re.sub(re.escape(heading) + r"\n.*?(?=\n## |\Z)", "", text, flags=re.S).rstrip() + "\n\n"
         args.write.write_text(text + report)
 
 

@@ -1,0 +1,46 @@
+"""`make serve` as a newcomer runs it: the daemon on config/default.yaml, serving the
+embedded SmolLM2-135M-Instruct, answering a real question through the openai SDK."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.support.servers import free_port, wait_healthy
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_make_serve_answers_health_and_names_paris():
+    port = free_port()
+    work = Path(tempfile.mkdtemp(prefix="vd-serve-"))
+    config = work / "config.yaml"
+    text = (REPO / "config" / "default.yaml").read_text().replace("port: 8000", f"port: {port}")
+    config.write_text(text + f"daemon:\n  control_socket: {work / 'ctl.sock'}\n")
+    log = work / "serve.log"
+    proc = subprocess.Popen(
+        ["make", "-s", "serve", f"CONFIG={config}"], cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        start_new_session=True, env={**os.environ, "MAKEFLAGS": ""},
+    )
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout=600)
+        assert httpx.get(f"http://127.0.0.1:{port}/health").json() == {"status": "ok", "model": "default"}
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="not-needed", max_retries=0, timeout=300)
+        r = client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0, max_tokens=40,
+        )
+        answer = r.choices[0].message.content
+        assert "Paris" in answer and len(answer.split()) >= 3, answer
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    assert "event=daemon.stopped" in log.read_text()
