@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .log import setup_logging
@@ -80,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--state-dir", help="overrides daemon.state_dir and $VLLMMLXD_STATE_DIR")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return _run_serve(args, serve_parser)
+        code = _run_serve(args, serve_parser)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # as in worker/__main__.py: MLX's threads must not see interpreter teardown
     from .daemon import run
 
     return run(args.config, args.state_dir)

@@ -41,11 +41,11 @@ class Daemon:
         tmp.write_text(text)
         os.replace(tmp, self.config_path)
 
-    def start(self) -> None:
+    def start(self, env: dict | None = None) -> None:
         self.log_path = self.dir / "daemon.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(self.config_path)],
-            stdout=subprocess.DEVNULL, stderr=self.log_path.open("wb"),
+            stdout=subprocess.DEVNULL, stderr=self.log_path.open("wb"), env={**os.environ, **(env or {})},
         )
 
     def log(self) -> str:

@@ -1,5 +1,11 @@
+import os
 import sys
 
 from .main import main
 
-sys.exit(main())
+code = main()
+sys.stdout.flush()
+sys.stderr.flush()
+# Skip interpreter teardown: MLX's C++ stream threads can abort the process when static
+# destructors run, turning a clean drain into exit code -6.
+os._exit(code)

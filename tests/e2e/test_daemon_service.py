@@ -1,0 +1,96 @@
+"""The daemon as systemd sees it (sd_notify on a real datagram socket), secrets kept
+out of everything it prints, and a model that cannot load ending in `failed`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.support.daemon import free_port, make_daemon, model_entry, wait_gone
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def daemon():
+    d = make_daemon()
+    yield d
+    pids = d.worker_pids() if d.proc and d.proc.poll() is None else []
+    d.stop()
+    assert wait_gone(pids)
+
+
+def receive(sock: socket.socket, want: str, timeout: float = 60) -> list[str]:
+    """Datagrams until one contains ``want``."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sock.settimeout(max(deadline - time.monotonic(), 0.01))
+        try:
+            got.append(sock.recv(4096).decode())
+        except socket.timeout:
+            break
+        if want in got[-1]:
+            return got
+    raise AssertionError(f"no {want!r} in {got}")
+
+
+def test_sd_notify_ready_status_reloading_watchdog_stopping(daemon):
+    sock_path = daemon.dir / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    daemon.write({"a": model_entry(free_port())}, daemon={"watch": False})
+    daemon.start(env={"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "400000"})
+    first = receive(sock, "READY=1")
+    assert any("WATCHDOG=1" in m for m in receive(sock, "WATCHDOG=1", 5))
+    daemon.wait_ready({"a"})
+    assert "STATUS=1/1 models ready" in "".join(receive(sock, "STATUS=1/1 models ready", 10))
+    os.kill(daemon.proc.pid, signal.SIGHUP)
+    msgs = receive(sock, "RELOADING=1")
+    assert "MONOTONIC_USEC=" in msgs[-1]
+    receive(sock, "READY=1")
+    # workers must not talk to systemd themselves
+    logs = daemon.ctl("logs", "a").stdout
+    assert "NOTIFY_SOCKET" not in logs
+    assert daemon.stop() == 0
+    receive(sock, "STOPPING=1", 10)
+    assert first
+
+
+def test_secrets_stay_out_of_status_logs_and_command_lines(daemon):
+    secret = "sk-vllmmlxd-never-print-me"
+    key_file = daemon.dir / "key"
+    key_file.write_text(secret + "\n")
+    port = free_port()
+    daemon.write({"a": model_entry(port, api_key=f"${{file:{key_file}}}")})
+    daemon.start()
+    daemon.wait_ready({"a"})
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    assert httpx.post(url, json={"prompt": "x", "max_tokens": 2}).status_code == 401
+    assert httpx.post(url, json={"prompt": "x", "max_tokens": 2}, headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+    pid = daemon.models()["a"]["pid"]
+    cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace") if os.path.exists(f"/proc/{pid}") else ""
+    everything = daemon.ctl("status").stdout + daemon.ctl("status", "--json").stdout + daemon.ctl("logs", "a", "-n", "500").stdout
+    assert secret not in everything and secret not in cmdline
+    daemon.stop()
+    assert secret not in daemon.log()
+
+
+def test_a_model_that_cannot_load_ends_failed_with_its_error_shown(daemon):
+    daemon.write({"good": model_entry(free_port()), "bad": {"model": str(daemon.dir / "missing.gguf"), "port": free_port()}})
+    daemon.start()
+    daemon.wait_for(lambda ms: ms["good"]["state"] == "ready" and ms["bad"]["state"] == "failed", 120, "bad failed")
+    bad = daemon.models()["bad"]
+    assert bad["last_exit_code"] not in (None, 0) and "missing.gguf" in bad["last_error"]
+    table = daemon.ctl("status")
+    assert table.returncode == 3 and "failed" in table.stdout and "missing.gguf" in table.stdout
+    # fixing the entry brings it back
+    daemon.write({"good": model_entry(daemon.models()["good"]["port"]), "bad": model_entry(bad["port"])})
+    daemon.wait_ready({"good", "bad"}, 60)
+    assert json.loads(daemon.ctl("status", "--json").stdout)["daemon"]["last_reload"]["ok"] is True
