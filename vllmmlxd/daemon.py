@@ -123,7 +123,7 @@ class _ControlFacade:
 def run(config_path: str, state_dir: str | None = None) -> int:
     """Run the daemon until SIGTERM/SIGINT; returns its exit code."""
     try:
-        loaded = load_config(config_path)
+        loaded = load_config(Path(config_path).absolute())
     except ConfigError as exc:
         setup_logging("info")
         for line in str(exc).splitlines():

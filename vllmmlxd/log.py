@@ -78,5 +78,6 @@ def setup_logging(level: str = "info", **static: Any) -> None:
         lg = logging.getLogger(name)
         lg.handlers[:] = []
         lg.propagate = True
+        lg.setLevel(max(root.level, logging.WARNING))  # its start/stop prose repeats our own events
     logging.getLogger("uvicorn.access").disabled = True
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check is noise

@@ -75,7 +75,7 @@ def test_edits_add_change_and_remove_entries_and_vllmmlxctl_drives_it(daemon):
 
     # logs: the worker's lines, tagged with its model
     logs = daemon.ctl("logs", "a", "-n", "50")
-    assert logs.returncode == 0 and "event=worker.ready" in logs.stdout and "model=a" in logs.stdout
+    assert logs.returncode == 0 and "event=worker.listening" in logs.stdout and "model=a" in logs.stdout
 
     # stop and start one model
     assert daemon.ctl("stop", "a").returncode == 0

@@ -115,7 +115,7 @@ class Slot:
         self._set(states.STARTING, pid=worker.pid)
         if await worker.wait_ready(self.settings.ready_timeout):
             self.ready_since = time.time()
-            self._set(states.READY, pid=worker.pid, port=self.config.port)
+            self._set(states.READY, pid=worker.pid, url=self.url)
             self._watch(worker, self._gen)
             return True
         await self._reap_failed_start(worker)
@@ -197,7 +197,7 @@ class Slot:
             self._fast_crashes = 0
             self.config, self.worker, self._sock = config, new, sock
             self.ready_since = time.time()
-            self._set(states.READY, pid=new.pid, port=config.port)
+            self._set(states.READY, pid=new.pid, url=self.url)
             self._watch(new, self._gen)
         if old_worker is not None and old_worker.alive:
             await self._drain(old_worker)
@@ -239,6 +239,11 @@ class Slot:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+    @property
+    def url(self) -> str:
+        host = self.config.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.config.port}/v1"
 
     @property
     def pid(self) -> int | None:

@@ -99,7 +99,7 @@ def serve(
     )
     server = _make_server_class()(uv_config)
     host, port = listen.getsockname()[:2]
-    log_event(logger, "worker.ready", model=key, pid=os.getpid(), url=f"http://{_url_host(host)}:{port}/v1")
+    log_event(logger, "worker.listening", model=key, pid=os.getpid(), url=f"http://{_url_host(host)}:{port}/v1")
     try:
         asyncio.run(server.serve(sockets=sockets))
     finally:
