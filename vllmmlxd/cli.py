@@ -8,16 +8,6 @@ import sys
 
 from .log import setup_logging
 
-# Reference-server flags that only tune speed: accepted so commands carry over, with a notice.
-_TUNING_FLAGS = ("--continuous-batching", "--use-paged-cache")
-_TUNING_VALUES = ("--cache-memory-mb", "--cache-memory-percent")
-# Reference-server features that arrive in later versions: refused, never silently ignored.
-_LATER_FLAGS = (
-    "--rate-limit", "--enable-metrics", "--mcp-config", "--reasoning-parser",
-    "--embedding-model", "--enable-auto-tool-choice", "--tool-call-parser",
-)
-
-
 def _serve_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve one model in the foreground (no daemon)")
     p.add_argument("model", help="builtin:NAME, a .gguf path, an MLX folder or a Hugging Face repo id")
@@ -35,40 +25,42 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait before 503")
     p.add_argument("--state-dir", help="caches and converted models (default: $VLLMMLXD_STATE_DIR or the platform's)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    for flag in _TUNING_FLAGS:
+    p.add_argument("--rate-limit", type=int, default=0, help="requests per minute per client (0: off)")
+    p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics on /metrics")
+    # The rest of the reference server's flags: speed options are accepted (and noted in the
+    # log), later features are refused by the config's validation.
+    for flag in ("--continuous-batching", "--use-paged-cache", "--enable-auto-tool-choice"):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-    for flag in _TUNING_VALUES:
+    p.add_argument("--cache-memory-mb", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--cache-memory-percent", type=float, default=0.20, help=argparse.SUPPRESS)
+    for flag in ("--mcp-config", "--reasoning-parser", "--embedding-model", "--tool-call-parser"):
         p.add_argument(flag, help=argparse.SUPPRESS)
-    for flag in _LATER_FLAGS:
-        p.add_argument(flag, nargs="?", const=True, help=argparse.SUPPRESS)
     return p
+
+
+_PASSED_THROUGH = (
+    "host", "port", "owned_by", "api_key", "timeout", "max_tokens", "max_request_tokens", "default_temperature",
+    "default_top_p", "stream_interval", "max_queue", "rate_limit", "enable_metrics", "continuous_batching",
+    "use_paged_cache", "cache_memory_mb", "cache_memory_percent", "mcp_config", "reasoning_parser",
+    "embedding_model", "enable_auto_tool_choice", "tool_call_parser",
+)
 
 
 def _run_serve(args, parser: argparse.ArgumentParser) -> int:
     from pydantic import ValidationError
 
     from .config.schema import ModelConfig
-    from .log import log_event
     from .paths import resolve_state_dir
-    from .worker.main import logger, serve
+    from .worker.main import serve
 
-    for flag in _LATER_FLAGS:
-        if getattr(args, flag[2:].replace("-", "_")) is not None:
-            parser.error(f"{flag} is not available in this version of vllmmlxd")
-    setup_logging(args.log_level)
-    for flag in _TUNING_FLAGS + _TUNING_VALUES:
-        if getattr(args, flag[2:].replace("-", "_")):
-            log_event(logger, "option.ignored", flag=flag, reason="requests are served one at a time in this version")
     try:
         config = ModelConfig(
-            model=args.model, host=args.host, port=args.port,
-            served_model_name=args.served_model_name or args.model, owned_by=args.owned_by,
-            api_key=args.api_key, timeout=args.timeout, max_tokens=args.max_tokens,
-            max_request_tokens=args.max_request_tokens, default_temperature=args.default_temperature,
-            default_top_p=args.default_top_p, stream_interval=args.stream_interval, max_queue=args.max_queue,
+            model=args.model, served_model_name=args.served_model_name or args.model,
+            **{key: getattr(args, key) for key in _PASSED_THROUGH},
         )
     except ValidationError as exc:
-        parser.error("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
+        parser.error("; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}" for e in exc.errors()))
+    setup_logging(args.log_level)
     return serve(config, "default", state_dir=resolve_state_dir(args.state_dir), log_level=args.log_level)
 
 

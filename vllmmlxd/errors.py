@@ -68,6 +68,17 @@ class Unauthorized(RequestError):
     error_type = "authentication_error"
 
 
+class RateLimited(RequestError):
+    """The client sent more than its ``rate_limit`` per minute (429)."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after: int):
+        super().__init__(message, code="rate_limit_exceeded")
+        self.retry_after = retry_after
+
+
 class Overloaded(RequestError):
     """The engine queue is full (503); the client may retry."""
 

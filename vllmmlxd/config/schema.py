@@ -40,6 +40,30 @@ class ModelConfig(_Strict):
     max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 503")
     max_body_mb: float = Field(16.0, gt=0, description="request bodies above this get 413")
     trust_remote_code: bool = False
+    rate_limit: int = Field(0, ge=0, description="requests per minute per client (API key, else address); 0: off")
+    enable_metrics: bool = False
+    # Accepted so reference-server configs carry over; requests are still served one at a time.
+    continuous_batching: bool = False
+    use_paged_cache: bool = False
+    cache_memory_mb: int | None = Field(None, ge=1)
+    cache_memory_percent: float = Field(0.20, gt=0, le=1)
+    # Features of later versions: a value other than the default is refused, never ignored.
+    mcp_config: str | None = None
+    reasoning_parser: str | None = None
+    embedding_model: str | None = None
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+
+    @field_validator("mcp_config", "reasoning_parser", "embedding_model", "tool_call_parser", "enable_auto_tool_choice")
+    @classmethod
+    def _not_yet(cls, v, info):
+        if v:
+            raise ValueError(f"{info.field_name} is not available in this version of vllmmlxd")
+        return v
+
+    def tuning_ignored(self) -> list[str]:
+        """Speed options this version accepts but does not act on (the worker says so at start)."""
+        return [k for k in TUNING_KEYS if getattr(self, k) != ModelConfig.model_fields[k].default]
 
     @field_validator("aliases", mode="before")
     @classmethod
@@ -64,6 +88,9 @@ class ModelConfig(_Strict):
     def display_name(self, key: str) -> str:
         """The name clients see: served_model_name, else the entry's key."""
         return self.served_model_name or key
+
+
+TUNING_KEYS = ("continuous_batching", "use_paged_cache", "cache_memory_mb", "cache_memory_percent")
 
 
 class DaemonConfig(_Strict):

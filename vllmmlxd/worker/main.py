@@ -73,6 +73,9 @@ def serve(
 
     from .app import create_app
 
+    for option in config.tuning_ignored():
+        log_event(logger, "option.ignored", logging.WARNING, model=key, option=option,
+                  reason="this version serves requests one at a time")
     try:
         engine = load_engine(config, key, state_dir)
     except Exception as exc:
