@@ -28,6 +28,13 @@ def format_fields(fields: dict[str, Any]) -> str:
     return " ".join(f"{k}={format_value(v)}" for k, v in fields.items() if v is not None)
 
 
+def event_line(event: str, level: str = "info", **fields: Any) -> str:
+    """One logfmt line formatted as :class:`LogfmtFormatter` would, for lines kept or forwarded by hand."""
+    record = logging.LogRecord("vllmmlxd", logging.getLevelName(level.upper()), "", 0, event, None, None)
+    record.event, record.fields = event, fields  # type: ignore[attr-defined]
+    return LogfmtFormatter(journald=under_journald()).format(record)
+
+
 class LogfmtFormatter(logging.Formatter):
     """Formats records as ``ts=... level=... event=... k=v``."""
 

@@ -121,6 +121,21 @@ def test_invalid_edit_keeps_serving_and_is_reported(daemon):
     assert "FAILED" in daemon.ctl("status").stdout
 
 
+def test_a_burst_of_saves_is_one_reload(daemon):
+    pa = free_port()
+    daemon.write({"a": model_entry(pa)})
+    daemon.start()
+    daemon.wait_ready({"a"})
+    pid = daemon.models()["a"]["pid"]
+    for i in range(5):
+        daemon.write({"a": model_entry(pa, default_temperature=0.1 * (i + 1))})
+        time.sleep(0.01)
+    daemon.wait_for(lambda ms: ms["a"]["pid"] != pid and ms["a"]["state"] == "ready", 30, "reload")
+    time.sleep(1.5)
+    assert daemon.log().count("event=reload.done") == 1
+    assert daemon.models()["a"]["restarts"] == 0
+
+
 def test_dry_run_then_reload_by_ctl_and_by_sighup_when_not_watching(daemon):
     pa = free_port()
     daemon.write({"a": model_entry(pa)}, daemon={"watch": False})

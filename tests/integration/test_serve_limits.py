@@ -89,3 +89,17 @@ def test_full_queue_is_503_and_a_waiting_request_is_not_refused(server):
         assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
     t.join(30)
     assert waiting_result["status"] == 200
+
+
+def test_model_defaults_apply_when_the_request_is_silent():
+    s = start_serve("builtin:tiny", "--default-temperature", "0", "--max-tokens", "7", "--max-request-tokens", "50")
+    try:
+        body = {"prompt": "Once upon a time", "ignore_eos": True}
+        a = httpx.post(s.url + "/v1/completions", json=body).json()
+        b = httpx.post(s.url + "/v1/completions", json=body).json()
+        assert a["usage"]["completion_tokens"] == 7 and a["choices"][0]["finish_reason"] == "length"
+        assert a["choices"][0]["text"] == b["choices"][0]["text"]  # temperature 0 by default: greedy
+        r = httpx.post(s.url + "/v1/completions", json={**body, "max_tokens": 51})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    finally:
+        assert s.stop() == 0

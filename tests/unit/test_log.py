@@ -30,3 +30,12 @@ def test_log_event_passes_fields(caplog):
     with caplog.at_level(logging.INFO):
         log_event(logger, "thing.done", seconds=1.5)
     assert caplog.records[0].fields == {"seconds": 1.5}
+
+
+def test_event_line_matches_the_formatter(monkeypatch):
+    from vllmmlxd.log import event_line
+
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    assert " level=warning event=worker.backoff model=a retry_in_s=0.5" in event_line("worker.backoff", "warning", model="a", retry_in_s=0.5)
+    monkeypatch.setenv("JOURNAL_STREAM", "8:123")
+    assert event_line("worker.failed", "error", model="a") == "<3>level=error event=worker.failed model=a"

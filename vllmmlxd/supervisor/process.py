@@ -21,7 +21,7 @@ from typing import Callable
 import httpx
 
 from ..config.schema import ModelConfig
-from ..log import log_event
+from ..log import event_line, log_event
 from .notify import strip_notify_env
 
 logger = logging.getLogger("vllmmlxd.supervisor")
@@ -160,8 +160,4 @@ def _is_logfmt(line: str) -> bool:
 
 
 def _wrap_raw(name: str, pid: int, line: str) -> str:
-    from ..log import format_fields
-
-    fields = {"level": "error", "event": "worker.stderr", "model": name, "pid": pid, "line": line}
-    text = format_fields(fields)
-    return text if not os.environ.get("JOURNAL_STREAM") else "<3>" + text
+    return event_line("worker.stderr", "error", model=name, pid=pid, line=line)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from ..config.schema import ModelConfig
-from ..log import log_event
+from ..log import event_line, log_event
 from ..sockets import bind_tcp
 from . import states
 from .backoff import BackoffPolicy
@@ -63,10 +64,12 @@ class Slot:
     # -- log lines ------------------------------------------------------
 
     def sink(self, line: str) -> None:
-        import sys
-
+        """A worker's stderr line: forwarded to the daemon's stderr and kept for `logs`."""
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
+        self._keep(line)
+
+    def _keep(self, line: str) -> None:
         self.lines.append(line)
         for q in self._followers:
             q.put_nowait(line)
@@ -85,6 +88,8 @@ class Slot:
     def _set(self, state: states.State, **fields) -> None:
         self.state = state
         log_event(logger, f"worker.{state}", model=self.name, **fields)
+        # `vllmmlxctl logs MODEL` shows the daemon's view of the model beside the worker's own lines.
+        self._keep(event_line(f"worker.{state}", model=self.name, **fields))
         self._on_change()
 
     def _bind(self, config: ModelConfig) -> socket.socket | None:
