@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -11,6 +10,7 @@ from starlette.requests import Request
 from ..config.schema import ModelConfig
 from ..engine.types import Engine
 from ..errors import ModelNotFound, Unauthorized
+from ..http.auth import key_matches, presented_key
 
 
 @dataclass
@@ -40,9 +40,5 @@ class ServingContext:
     def check_api_key(self, request: Request) -> None:
         """Bearer token or ``x-api-key``, compared in constant time."""
         expected = self.config.api_key
-        if expected is None:
-            return
-        auth = request.headers.get("authorization", "")
-        given = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-        if not given or not secrets.compare_digest(given.encode(), expected.get_secret_value().encode()):
+        if expected is not None and not key_matches(presented_key(request), expected):
             raise Unauthorized("missing or invalid API key", code="invalid_api_key")

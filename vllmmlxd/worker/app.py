@@ -1,10 +1,10 @@
-"""The worker's HTTP app: health, status and the API families over one engine."""
+"""The worker's HTTP app: health, status, metrics and the API families over one engine."""
 
 from __future__ import annotations
 
 import time
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.requests import Request
 
 from ..api.context import ServingContext
@@ -12,6 +12,8 @@ from ..api.openai.errors import install_error_handlers
 from ..api.openai.routes import make_router as make_openai_router
 from ..config.schema import ModelConfig
 from ..engine.types import Engine
+from ..http.metrics import Metrics, MetricsMiddleware
+from ..http.ratelimit import make_rate_limit
 
 
 def create_app(engine: Engine, config: ModelConfig, key: str) -> FastAPI:
@@ -20,13 +22,23 @@ def create_app(engine: Engine, config: ModelConfig, key: str) -> FastAPI:
     app = FastAPI(title=f"vllmmlxd: {ctx.name}", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     install_error_handlers(app)
-    app.include_router(make_openai_router(ctx))
+    # Every /v1 route counts against the client's rate limit; /health and /metrics never do.
+    api_deps = [Depends(make_rate_limit(config.rate_limit, config.api_key))]
+    app.include_router(make_openai_router(ctx), dependencies=api_deps)
+
+    if config.enable_metrics:
+        metrics = Metrics(lambda: engine.stats, ctx.name)
+        app.add_middleware(MetricsMiddleware, metrics=metrics)
+
+        @app.get("/metrics")
+        async def prometheus_metrics():
+            return metrics.response()  # unauthenticated, as the reference server's
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": ctx.name}
 
-    @app.get("/v1/status")
+    @app.get("/v1/status", dependencies=api_deps)
     async def status(request: Request):
         ctx.check_api_key(request)
         s = engine.stats

@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...errors import RequestError
+from ...errors import RateLimited, RequestError
 from ...log import log_event
 from ..body import ClientDisconnected
 from .protocol import error_body
@@ -23,7 +23,11 @@ _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_f
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError):
-        return JSONResponse(error_body(exc.message, exc.error_type, exc.param, exc.code), status_code=exc.status_code)
+        # OpenAI's SDKs read Retry-After to pace their retries.
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RateLimited) else None
+        return JSONResponse(
+            error_body(exc.message, exc.error_type, exc.param, exc.code), status_code=exc.status_code, headers=headers
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):

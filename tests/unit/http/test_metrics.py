@@ -1,0 +1,102 @@
+"""Metrics: the engine collector's translation and the middleware on tiny inline apps."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import StreamingResponse
+from starlette.testclient import TestClient
+
+from vllmmlxd.engine.types import EngineStats
+from vllmmlxd.http.metrics import Metrics, MetricsMiddleware
+
+M = {"model": "m"}
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, {**M, **labels})
+
+
+def test_the_collector_reads_engine_stats_at_scrape_time():
+    stats = EngineStats(steps_executed=9, num_running=1, num_waiting=2, total_requests_processed=3,
+                        total_prompt_tokens=40, total_completion_tokens=50)
+    metrics = Metrics(lambda: stats, "m")
+    assert sample(metrics, "vllmmlxd_prompt_tokens_total") == 40
+    assert sample(metrics, "vllmmlxd_completion_tokens_total") == 50
+    assert sample(metrics, "vllmmlxd_requests_processed_total") == 3
+    assert sample(metrics, "vllmmlxd_engine_steps_total") == 9
+    assert sample(metrics, "vllmmlxd_requests_running") == 1
+    assert sample(metrics, "vllmmlxd_requests_waiting") == 2
+    stats.total_completion_tokens = 51
+    stats.num_waiting = 0
+    assert sample(metrics, "vllmmlxd_completion_tokens_total") == 51
+    assert sample(metrics, "vllmmlxd_requests_waiting") == 0
+
+
+def test_each_app_has_its_own_registry():
+    a, b = Metrics(EngineStats, "m"), Metrics(EngineStats, "m")  # would clash in the global registry
+    a.observe("/x", 200, 0.1)
+    assert sample(a, "vllmmlxd_requests_total", route="/x", status="200") == 1
+    assert sample(b, "vllmmlxd_requests_total", route="/x", status="200") is None
+
+
+def make_app() -> tuple[FastAPI, Metrics]:
+    app = FastAPI()
+    metrics = Metrics(EngineStats, "m")
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+
+    @app.get("/items/{item_id}")
+    async def item(item_id: int):
+        return {"id": item_id}
+
+    @app.get("/stream")
+    async def stream():
+        async def body():
+            for part in ("a", "b", "c"):
+                await asyncio.sleep(0.1)
+                yield part
+
+        return StreamingResponse(body())
+
+    @app.get("/boom")
+    async def boom():
+        raise RuntimeError("boom")
+
+    @app.get("/metrics")
+    async def scrape():
+        return metrics.response()
+
+    return app, metrics
+
+
+def test_requests_are_counted_by_route_template_and_status():
+    app, metrics = make_app()
+    client = TestClient(app, raise_server_exceptions=False)
+    assert client.get("/items/1").status_code == 200
+    assert client.get("/items/2").status_code == 200
+    assert client.get("/items/x").status_code == 422
+    assert client.get("/no/such/path/123").status_code == 404
+    assert client.get("/boom").status_code == 500
+    assert sample(metrics, "vllmmlxd_requests_total", route="/items/{item_id}", status="200") == 2
+    assert sample(metrics, "vllmmlxd_requests_total", route="/items/{item_id}", status="422") == 1
+    assert sample(metrics, "vllmmlxd_requests_total", route="other", status="404") == 1
+    assert sample(metrics, "vllmmlxd_requests_total", route="/boom", status="500") == 1
+    text = client.get("/metrics").text
+    assert "/items/1" not in text and "/no/such" not in text
+
+
+def test_a_stream_is_timed_until_its_last_byte():
+    app, metrics = make_app()
+    assert TestClient(app).get("/stream").text == "abc"
+    assert sample(metrics, "vllmmlxd_request_duration_seconds_count", route="/stream") == 1
+    assert sample(metrics, "vllmmlxd_request_duration_seconds_sum", route="/stream") >= 0.3
+
+
+def test_the_scrape_is_prometheus_text():
+    app, _ = make_app()
+    r = TestClient(app).get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"] == CONTENT_TYPE_LATEST
+    assert 'vllmmlxd_requests_waiting{model="m"} 0.0' in r.text
+    assert "# TYPE vllmmlxd_request_duration_seconds histogram" in r.text

@@ -1,0 +1,127 @@
+"""Prometheus metrics of one worker: HTTP requests, engine counters, the process.
+
+Each app has its own registry (never prometheus_client's global one), so two apps in
+one process, as in tests, do not clash. Every metric carries the served ``model`` name.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..engine.types import EngineStats
+
+# Generations run for minutes; the default buckets stop at 10 s.
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, float("inf"))
+
+# (metric name, help, EngineStats field); counters end in _total, gauges do not.
+_COUNTERS = (
+    ("vllmmlxd_prompt_tokens_total", "Prompt tokens processed.", "total_prompt_tokens"),
+    ("vllmmlxd_completion_tokens_total", "Completion tokens generated.", "total_completion_tokens"),
+    ("vllmmlxd_requests_processed_total", "Generations the engine finished.", "total_requests_processed"),
+    ("vllmmlxd_engine_steps_total", "Engine steps executed.", "steps_executed"),
+)
+_GAUGES = (
+    ("vllmmlxd_requests_running", "Generations running in the engine.", "num_running"),
+    ("vllmmlxd_requests_waiting", "Generations waiting for the engine.", "num_waiting"),
+)
+
+
+class EngineStatsCollector:
+    """Reads ``EngineStats`` at scrape time, so the engine thread never touches prometheus_client."""
+
+    def __init__(self, stats: Callable[[], EngineStats], model: str):
+        self._stats = stats
+        self._model = model
+
+    def collect(self) -> Iterator[Metric]:
+        """One family per EngineStats field, labelled with the model."""
+        stats = self._stats()
+        for name, doc, field in _COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=["model"])
+            family.add_metric([self._model], getattr(stats, field))
+            yield family
+        for name, doc, field in _GAUGES:
+            family = GaugeMetricFamily(name, doc, labels=["model"])
+            family.add_metric([self._model], getattr(stats, field))
+            yield family
+
+    def describe(self) -> Iterator[Metric]:
+        """The same families, so the registry can refuse duplicate names."""
+        return self.collect()
+
+
+class Metrics:
+    """One app's registry with its HTTP instruments and the engine's collector."""
+
+    def __init__(self, stats: Callable[[], EngineStats], model: str):
+        self.model = model
+        self.registry = CollectorRegistry()
+        self._requests = Counter(
+            "vllmmlxd_requests_total", "HTTP requests answered, by route template and status.",
+            ["model", "route", "status"], registry=self.registry,
+        )
+        self._duration = Histogram(
+            "vllmmlxd_request_duration_seconds", "Time from request to the last body byte, by route template.",
+            ["model", "route"], buckets=DURATION_BUCKETS, registry=self.registry,
+        )
+        self.registry.register(EngineStatsCollector(stats, model))
+        # Cheap: /proc reads on Linux (nothing on macOS), gc and platform info.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        """Count one answered request and its duration."""
+        self._requests.labels(self.model, route, str(status)).inc()
+        self._duration.labels(self.model, route).observe(seconds)
+
+    def response(self) -> Response:
+        """The registry in Prometheus' text format."""
+        return Response(generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class MetricsMiddleware:
+    """Pure ASGI: times each HTTP request until its body is sent, streams included.
+
+    The route label is the matched route's template (``/v1/models/{model_id:path}``),
+    else ``other``, so raw paths never become labels.
+    """
+
+    def __init__(self, app: ASGIApp, *, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # an exception before the response starts becomes a 500 outside us
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            # The router writes the matched route into this same scope dict.
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "other"
+            self.metrics.observe(route, status, time.perf_counter() - started)
