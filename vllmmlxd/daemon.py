@@ -39,6 +39,7 @@ class Daemon:
         settings = SlotSettings(state_dir=state_dir, drain_timeout=daemon_cfg.drain_timeout, log_level=daemon_cfg.log_level)
         self.supervisor = Supervisor(loaded, settings, on_change=self._report)
         self._tasks: set[asyncio.Task] = set()
+        self._watcher: asyncio.Task | None = None
 
     def _report(self) -> None:
         ready, total = self.supervisor.ready_count()
@@ -55,8 +56,9 @@ class Daemon:
             self.notifier.reloading()
         try:
             result = await self.supervisor.reload(dry_run=dry_run)
-            level = self.supervisor.loaded.config.daemon.log_level
-            logging.getLogger().setLevel(level.upper())
+            applied = self.supervisor.daemon_config
+            logging.getLogger().setLevel(applied.log_level.upper())
+            self._set_watching(applied.watch)
             return result
         finally:
             if not dry_run:
@@ -77,8 +79,7 @@ class Daemon:
         log_event(logger, "daemon.started", pid=os.getpid(), config=str(self.loaded.path), control_socket=str(sock_path),
                   models=len(self.loaded.config.models))
         self._spawn(self.supervisor.start_all())
-        if self.loaded.config.daemon.watch:
-            self._spawn(watch_config(Path(self.loaded.path), lambda: self.supervisor.loaded.text_hash, self.reload, self.stop_event))
+        self._set_watching(self.loaded.config.daemon.watch)
         interval = self.notifier.watchdog_interval()
         if interval:
             self._spawn(self._watchdog(interval))
@@ -96,6 +97,17 @@ class Daemon:
         await control.stop()
         log_event(logger, "daemon.stopped", pid=os.getpid())
         return EX_OK
+
+    def _set_watching(self, on: bool) -> None:
+        """Start or stop the config watcher (``daemon.watch`` applies on reload too)."""
+        if on and self._watcher is None:
+            path = Path(self.loaded.path)
+            # Its own event: watchfiles sets the event it is given when the watch ends.
+            watch = watch_config(path, lambda: self.supervisor.loaded.text_hash, self.reload, asyncio.Event())
+            self._watcher = self._spawn(watch)
+        elif not on and self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
 
     async def _watchdog(self, interval: float) -> None:
         while True:

@@ -88,3 +88,4 @@ def setup_logging(level: str = "info", **static: Any) -> None:
         lg.setLevel(max(root.level, logging.WARNING))  # its start/stop prose repeats our own events
     logging.getLogger("uvicorn.access").disabled = True
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per health check is noise
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)  # config.changed says it better

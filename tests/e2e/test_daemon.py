@@ -156,6 +156,21 @@ def test_dry_run_then_reload_by_ctl_and_by_sighup_when_not_watching(daemon):
     daemon.wait_for(lambda ms: set(ms) == {"a"}, 30, "sighup reload")
 
 
+def test_turning_watch_off_applies_on_reload(daemon):
+    pa = free_port()
+    daemon.write({"a": model_entry(pa)})
+    daemon.start()
+    daemon.wait_ready({"a"})
+    pid = daemon.models()["a"]["pid"]
+    daemon.write({"a": model_entry(pa, default_temperature=0.3)}, daemon={"watch": False, "log_level": "debug"})
+    daemon.wait_for(lambda ms: ms["a"]["pid"] != pid and ms["a"]["state"] == "ready", 30, "watched reload")
+    pid = daemon.models()["a"]["pid"]
+    daemon.write({"a": model_entry(pa, default_temperature=0.4)}, daemon={"watch": False, "log_level": "debug"})
+    time.sleep(1.5)
+    assert daemon.models()["a"]["pid"] == pid  # no longer watching
+    assert "changed: a (default_temperature)" in daemon.ctl("reload", "--dry-run").stdout
+
+
 def test_killed_worker_comes_back(daemon):
     pa = free_port()
     daemon.write({"a": model_entry(pa)})

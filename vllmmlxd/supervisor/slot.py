@@ -210,8 +210,9 @@ class Slot:
             old_sock.close()
         return True, None
 
-    async def _drain(self, worker: WorkerProcess) -> None:
-        log_event(logger, "worker.draining", model=self.name, pid=worker.pid)
+    async def _drain(self, worker: WorkerProcess, *, announce: bool = True) -> None:
+        if announce:  # stop() announces it through the slot's state instead
+            log_event(logger, "worker.draining", model=self.name, pid=worker.pid)
         code = await worker.stop(self.settings.drain_timeout)
         log_event(logger, "worker.exited", model=self.name, pid=worker.pid, exit_code=code)
 
@@ -222,7 +223,7 @@ class Slot:
             worker = self.worker
             if worker is not None and worker.alive:
                 self._set(states.DRAINING, pid=worker.pid)
-                await self._drain(worker)
+                await self._drain(worker, announce=False)
             self.worker = None
             self.ready_since = None
             if close_socket and self._sock is not None:

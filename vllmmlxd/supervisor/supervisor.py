@@ -7,6 +7,7 @@ changed ones are swapped with no downtime. An invalid config changes nothing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -41,6 +42,8 @@ class Supervisor:
         self.slots: dict[str, Slot] = {}
         self.started = time.time()
         self.last_reload: ReloadResult | None = None
+        # The daemon section in force: state_dir and control_socket change only with a restart.
+        self.daemon_config = loaded.config.daemon
         self._reload_lock = asyncio.Lock()
         self._on_change = on_change
 
@@ -63,7 +66,7 @@ class Supervisor:
 
     def running_config(self) -> Config:
         """What is actually running: a failed swap leaves the old entry in place."""
-        return Config(daemon=self.loaded.config.daemon, models={n: s.config for n, s in self.slots.items()})
+        return Config(daemon=self.daemon_config, models={n: s.config for n, s in self.slots.items()})
 
     # -- reload -----------------------------------------------------------
 
@@ -81,6 +84,7 @@ class Supervisor:
             plan = diff_models(self.running_config(), new.config)
             if dry_run:
                 return ReloadResponse(ok=True, dry_run=True, plan=plan.render(), error=None)
+            self._apply_daemon(plan, new.config)
             errors = await self._apply(plan, new)
             self.loaded = new
             error = "\n".join(errors) or None
@@ -91,6 +95,18 @@ class Supervisor:
             )
             self._on_change()
             return ReloadResponse(ok=not errors, dry_run=False, plan=plan.render(), error=error)
+
+    def _apply_daemon(self, plan: ReloadPlan, new: Config) -> None:
+        """Take the daemon keys that apply live; workers see a new log_level when they next start."""
+        live = {f: getattr(new.daemon, f) for f in plan.daemon_changed if f not in plan.restart_required}
+        if not live:
+            return
+        self.daemon_config = self.daemon_config.model_copy(update=live)
+        self.settings = dataclasses.replace(
+            self.settings, drain_timeout=self.daemon_config.drain_timeout, log_level=self.daemon_config.log_level
+        )
+        for slot in self.slots.values():
+            slot.settings = self.settings
 
     async def _apply(self, plan: ReloadPlan, new: LoadedConfig) -> list[str]:
         errors: list[str] = []

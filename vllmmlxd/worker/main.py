@@ -109,7 +109,7 @@ def serve(
         engine.close()
         if health_socket is not None:
             health_socket.unlink(missing_ok=True)
-    log_event(logger, "worker.stopped", model=key, pid=os.getpid())
+    log_event(logger, "worker.shutdown", model=key, pid=os.getpid())
     return 0
 
 
