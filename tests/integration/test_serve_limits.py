@@ -87,6 +87,9 @@ def test_full_queue_is_503_and_a_waiting_request_is_not_refused(server):
             time.sleep(0.02)
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "z", "max_tokens": 3}, headers=AUTH)
         assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
+        active = httpx.get(server.url + "/v1/status", headers=AUTH).json()["requests"]
+        assert [a["phase"] for a in active] == ["generation", "queued"]
+        assert active[0]["generated_tokens"] > 0 and active[0]["ttft_s"] is not None and active[0]["max_tokens"] == 1900
     t.join(30)
     assert waiting_result["status"] == 200
 

@@ -21,7 +21,16 @@ from ..errors import Overloaded
 from ..log import log_event
 from .sampling import make_processors, make_sampler
 from .stops import StopMatcher
-from .types import EngineEvent, EngineStats, Finished, GenerationRequest, ModelInfo, TextDelta, Usage
+from .types import (
+    EngineEvent,
+    EngineStats,
+    Finished,
+    GenerationRequest,
+    ModelInfo,
+    RequestProgress,
+    TextDelta,
+    Usage,
+)
 
 if TYPE_CHECKING:
     from .loader import LoadedModel
@@ -95,6 +104,9 @@ class MLXEngine:
                 raise Overloaded(f"the engine queue is full ({self.max_queue} requests waiting); retry later")
             self._waiting += 1
             self.stats.num_waiting = self._waiting
+            self.stats.requests[request.request_id] = RequestProgress(
+                request.request_id, len(request.prompt_tokens), request.sampling.max_tokens
+            )
         job = _Job(request, asyncio.get_running_loop())
         self._queue.put(job)
         return self._events(job)
@@ -132,20 +144,26 @@ class MLXEngine:
                 self._waiting -= 1
                 self.stats.num_waiting = self._waiting
             request = job.request
+            progress = self.stats.requests.get(request.request_id) or RequestProgress(
+                request.request_id, len(request.prompt_tokens), request.sampling.max_tokens
+            )
             if request.cancelled.is_set():
+                self.stats.requests.pop(request.request_id, None)
                 job.post(Finished("cancelled", Usage(len(request.prompt_tokens), 0)))
                 continue
             self.stats.num_running = 1
+            progress.started_at = time.monotonic()
             try:
-                self._serve(job)
+                self._serve(job, progress)
             except Exception as exc:  # one bad request must not kill the engine
                 log_event(logger, "engine.error", logging.ERROR, request_id=request.request_id, error=repr(exc))
                 job.post(Finished("error", Usage(len(request.prompt_tokens), 0), error=str(exc)))
             finally:
                 self.stats.num_running = 0
                 self.stats.total_requests_processed += 1
+                self.stats.requests.pop(request.request_id, None)
 
-    def _serve(self, job: _Job) -> None:
+    def _serve(self, job: _Job, progress: RequestProgress) -> None:
         request = job.request
         params = request.sampling
         prompt_len = len(request.prompt_tokens)
@@ -174,6 +192,9 @@ class MLXEngine:
                     reason = "cancelled"
                     break
                 produced += 1
+                progress.generated_tokens = produced
+                if produced == 1:
+                    progress.first_token_at = time.monotonic()
                 self.stats.steps_executed += 1
                 if token in self._eos and not params.ignore_eos:
                     reason = "stop"

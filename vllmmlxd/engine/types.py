@@ -90,6 +90,41 @@ class ModelInfo:
 
 
 @dataclass
+class RequestProgress:
+    """Where one admitted request stands; written by the engine thread, read by /v1/status."""
+
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    queued_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
+    first_token_at: float | None = None
+    generated_tokens: int = 0
+
+    @property
+    def phase(self) -> Literal["queued", "prefill", "generation"]:
+        if self.started_at is None:
+            return "queued"
+        return "prefill" if self.first_token_at is None else "generation"
+
+    def snapshot(self, now: float | None = None) -> dict:
+        now = time.monotonic() if now is None else now
+        ttft = self.first_token_at - self.started_at if self.first_token_at and self.started_at else None
+        decoding = now - self.first_token_at if self.first_token_at else 0.0
+        return {
+            "request_id": self.request_id,
+            "phase": self.phase,
+            "queued_s": round((self.started_at or now) - self.queued_at, 3),
+            "ttft_s": round(ttft, 3) if ttft is not None else None,
+            "tokens_per_second": round((self.generated_tokens - 1) / decoding, 1) if decoding > 0 else None,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "max_tokens": self.max_tokens,
+            "progress": round(self.generated_tokens / self.max_tokens, 3) if self.max_tokens else None,
+        }
+
+
+@dataclass
 class EngineStats:
     """Counters for /v1/status; written by the engine thread, read anywhere."""
 
@@ -100,6 +135,11 @@ class EngineStats:
     total_requests_processed: int = 0
     total_prompt_tokens: int = 0
     total_completion_tokens: int = 0
+    requests: dict[str, RequestProgress] = field(default_factory=dict)
+
+    def active_requests(self) -> list[dict]:
+        """Snapshots of the requests queued or running, oldest first."""
+        return [r.snapshot() for r in list(self.requests.values())]
 
 
 class Engine(Protocol):

@@ -55,6 +55,7 @@ def create_app(engine: Engine, config: ModelConfig, key: str) -> FastAPI:
             "total_completion_tokens": s.total_completion_tokens,
             "context_length": engine.info.context_length,
             "metal": engine.memory(),
+            "requests": s.active_requests(),
         }
 
     return app
