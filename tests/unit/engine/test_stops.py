@@ -50,3 +50,30 @@ def test_nothing_after_stop():
 
 def test_empty_stop_strings_are_ignored():
     assert run(["", "z"], ["abc"]) == ("abc", False)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_alphabet = st.sampled_from("ab c\n")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(_alphabet, max_size=40),
+    stops=st.lists(st.text(_alphabet, min_size=1, max_size=4), max_size=3),
+    cuts=st.lists(st.integers(0, 40), max_size=10),
+)
+def test_any_split_gives_the_same_result_as_the_whole_text(text, stops, cuts):
+    """However the text is split into pieces, the output is the text up to the earliest stop."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    expected = text[: min(hits)] if hits else text
+    bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    m = StopMatcher(stops)
+    out = ""
+    for p in pieces:
+        out += m.feed(p)
+        assert expected.startswith(out)  # never emits anything it would have to take back
+    out += m.flush()
+    assert out == expected and m.stopped == bool(hits)
