@@ -76,8 +76,16 @@ class MLXEngine:
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._waiting = 0
         self._lock = threading.Lock()
+        self._warm_up()
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
         self._thread.start()
+
+    def _warm_up(self) -> None:
+        """Run two tokens once, so the first client does not pay for kernel compilation."""
+        started = time.perf_counter()
+        for _ in generate_step(mx.array([0]), self.model, max_tokens=2):
+            pass
+        log_event(logger, "engine.warm", seconds=round(time.perf_counter() - started, 2))
 
     # -- the asyncio side ---------------------------------------------------
 
