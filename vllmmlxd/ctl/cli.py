@@ -90,7 +90,9 @@ def cmd_install_service(args: argparse.Namespace) -> int:
 
     kind = args.kind or sf.default_kind()
     templates = {"systemd": sf.TEMPLATE_SYSTEMD, "launchd": sf.TEMPLATE_LAUNCHD}
-    config = Path(getattr(args, "config", None) or templates[kind]["config"])
+    # A per-user service reads the user's own config; a system one, the system's.
+    user_config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "vllmmlxd" / "config.yaml"
+    config = Path(getattr(args, "config", None) or (user_config if args.user else templates[kind]["config"]))
     service = sf.make_service_file(kind, args.user, config)
     if not config.expanduser().exists():
         _err(f"note: {config} does not exist yet; write it before starting the service")

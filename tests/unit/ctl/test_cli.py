@@ -257,6 +257,15 @@ def test_install_service_print_writes_nothing(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / ".config").exists()
 
 
+def test_a_user_service_defaults_to_the_users_config(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    assert main(["install-service", "--systemd", "--user", "--print"]) == exit_codes.OK
+    out, err = capsys.readouterr()
+    assert f"run --config {tmp_path / 'cfg' / 'vllmmlxd' / 'config.yaml'}" in out
+    assert "does not exist yet" in err
+
+
 def test_install_service_writes_the_unit_and_says_how_to_enable_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
