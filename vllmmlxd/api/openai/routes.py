@@ -10,13 +10,14 @@ import asyncio
 import logging
 import time
 import uuid
+from functools import partial
 from typing import AsyncIterator, Callable
 
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from ...engine.types import Finished, GenerationRequest, TextDelta
+from ...engine.types import Finished, GenerationRequest, TextDelta, Usage
 from ...errors import EngineFailure, InvalidRequest, RequestTimeout
 from ...log import log_event
 from ..body import ClientDisconnected, read_json, unless_disconnected, validate
@@ -50,16 +51,16 @@ def make_router(ctx: ServingContext) -> APIRouter:
         tr.check_chat_supported(req)
         prompt = _render_chat(ctx, req)
         gen = _generation(ctx, req, prompt)
-        rid = "chatcmpl-" + uuid.uuid4().hex
-        chunk = lambda delta, finish=None: tr.chat_chunk(rid, int(time.time()), ctx.name, delta, finish)  # noqa: E731
+        rid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
         if req.stream:
+            chunk = partial(tr.chat_chunk, rid, created, ctx.name)
             return _stream(
                 ctx, gen, req, first=chunk({"role": "assistant", "content": ""}),
                 delta=lambda text: chunk({"content": text}), end=lambda reason: chunk({}, reason),
-                usage_obj="chat.completion.chunk", rid=rid,
+                usage=partial(tr.usage_chunk, rid, created, ctx.name, "chat.completion.chunk"),
             )
         folded = await _fold(ctx, request, gen)
-        return tr.chat_response(rid, int(time.time()), ctx.name, folded)
+        return tr.chat_response(rid, created, ctx.name, folded)
 
     @router.post("/v1/completions")
     async def completions(request: Request):
@@ -71,15 +72,15 @@ def make_router(ctx: ServingContext) -> APIRouter:
         if any(not 0 <= t < ctx.engine.info.vocab_size for t in tokens):
             raise InvalidRequest("prompt token ids must be inside the vocabulary", param="prompt")
         gen = _generation(ctx, req, tokens)
-        rid = "cmpl-" + uuid.uuid4().hex
-        chunk = lambda text, finish=None: tr.completion_chunk(rid, int(time.time()), ctx.name, text, finish)  # noqa: E731
+        rid, created = "cmpl-" + uuid.uuid4().hex, int(time.time())
         if req.stream:
+            chunk = partial(tr.completion_chunk, rid, created, ctx.name)
             return _stream(
                 ctx, gen, req, first=None, delta=chunk, end=lambda reason: chunk("", reason),
-                usage_obj="text_completion", rid=rid,
+                usage=partial(tr.usage_chunk, rid, created, ctx.name, "text_completion"),
             )
         folded = await _fold(ctx, request, gen)
-        return tr.completion_response(rid, int(time.time()), ctx.name, folded)
+        return tr.completion_response(rid, created, ctx.name, folded)
 
     return router
 
@@ -148,8 +149,7 @@ def _stream(
     first: dict | None,
     delta: Callable[[str], dict],
     end: Callable[[str], dict],
-    usage_obj: str,
-    rid: str,
+    usage: Callable[[Usage], dict],
 ) -> StreamingResponse:
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     events = ctx.engine.generate(gen)  # admission (503) happens before the 200 goes out
@@ -168,7 +168,7 @@ def _stream(
                             break
                         yield sse_data(end(tr.finish_reason(event.reason)))
                         if include_usage:
-                            yield sse_data(tr.usage_chunk(rid, int(time.time()), ctx.name, usage_obj, event.usage))
+                            yield sse_data(usage(event.usage))
         except TimeoutError:
             msg = f"the request took longer than {ctx.config.timeout:g} s"
             yield sse_data(error_body(msg, "timeout_error", code="timeout"))
