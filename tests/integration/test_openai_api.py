@@ -79,6 +79,7 @@ def test_chat_streaming_shape(server):
     events = [json.loads(line[6:]) for line in lines[:-1]]
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
     assert len({e["id"] for e in events}) == 1 and events[0]["id"].startswith("chatcmpl-")
+    assert len({e["created"] for e in events}) == 1
     assert all(e["object"] == "chat.completion.chunk" for e in events)
     assert events[-2]["choices"][0]["finish_reason"] == "length"
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 12
