@@ -90,7 +90,8 @@ def test_unaffected_model_serves_through_ten_reloads_and_changed_model_swaps_wit
     daemon.write({"a": model_entry(pa), "b": model_entry(pb, default_temperature=0.5)})
     daemon.start()
     daemon.wait_ready({"a", "b"})
-    with SteadyLoad(pa) as load_a, SteadyLoad(pb) as load_b:
+    # b, the swapped model, is called over pooled keep-alive connections, as SDKs do
+    with SteadyLoad(pa) as load_a, SteadyLoad(pb, keepalive=True) as load_b:
         for i in range(10):
             before = daemon.models()["b"]["pid"]
             daemon.write({"a": model_entry(pa), "b": model_entry(pb, default_temperature=0.1 + i / 20)})

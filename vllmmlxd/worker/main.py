@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from ..config.schema import ModelConfig
+from ..http.drain import CloseWhenDraining
 from ..log import log_event, setup_logging
 from ..paths import resolve_state_dir
 from ..sockets import bind_tcp, bind_unix
@@ -101,6 +102,7 @@ def serve(
         log_level=log_level,
     )
     server = _make_server_class()(uv_config)
+    app.add_middleware(CloseWhenDraining, draining=lambda: server.draining)
     host, port = listen.getsockname()[:2]
     log_event(logger, "worker.listening", model=key, pid=os.getpid(), url=f"http://{_url_host(host)}:{port}/v1")
     try:
@@ -117,11 +119,25 @@ def _make_server_class():
     import uvicorn
 
     class WorkerServer(uvicorn.Server):
-        """uvicorn re-raises SIGTERM after its graceful shutdown; a drained worker exits 0 instead."""
+        """uvicorn, draining without racing keep-alive clients, and exiting 0 after a drain."""
+
+        draining = False
 
         def handle_exit(self, sig, frame) -> None:
             super().handle_exit(sig, frame)
+            # uvicorn re-raises the signal after its graceful shutdown; a drained worker exits 0.
             getattr(self, "_captured_signals", []).clear()
+
+        async def shutdown(self, sockets=None) -> None:
+            # Stop accepting, then let open connections end on their own (responses now say
+            # Connection: close, idle ones time out) before uvicorn closes what is left.
+            for server in self.servers:
+                server.close()
+            self.draining = True
+            deadline = time.monotonic() + self.config.timeout_keep_alive + 1
+            while self.server_state.connections and time.monotonic() < deadline and not self.force_exit:
+                await asyncio.sleep(0.05)
+            await super().shutdown(sockets)
 
     return WorkerServer
 
