@@ -94,3 +94,29 @@ def test_a_model_that_cannot_load_ends_failed_with_its_error_shown(daemon):
     daemon.write({"good": model_entry(daemon.models()["good"]["port"]), "bad": model_entry(bad["port"])})
     daemon.wait_ready({"good", "bad"}, 60)
     assert json.loads(daemon.ctl("status", "--json").stdout)["daemon"]["last_reload"]["ok"] is True
+
+
+def test_journald_lines_and_following_a_models_log(daemon):
+    import subprocess
+    import sys
+
+    daemon.write({"a": model_entry(free_port())})
+    daemon.start(env={"JOURNAL_STREAM": "8:12345"})
+    daemon.wait_ready({"a"})
+    lines = [line for line in daemon.log().splitlines() if line]
+    assert lines and all(line.startswith("<") and "ts=" not in line for line in lines), lines[:5]
+    assert any(line.startswith("<6>level=info event=worker.ready model=a") for line in lines)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "vllmmlxd.ctl", "--socket", str(daemon.socket), "logs", "a", "-n", "0", "-f"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert daemon.ctl("restart", "a").returncode == 0
+        seen = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any("event=worker.ready" in s for s in seen):
+            seen.append(follow.stdout.readline())
+        assert any("event=worker.listening" in s for s in seen) and any("event=worker.ready" in s for s in seen)
+    finally:
+        follow.terminate()
+        follow.wait(10)
