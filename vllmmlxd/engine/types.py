@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Protocol, Union
 
-FinishReason = Literal["stop", "length", "cancelled", "timeout", "error"]
+FinishReason = Literal["stop", "length", "cancelled", "error"]  # timeouts cancel, in the API layer
 
 
 @dataclass(frozen=True)

@@ -241,11 +241,6 @@ class Slot:
         await self.stop(close_socket=False)
         return await self.start()
 
-    def close_socket(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
     @property
     def url(self) -> str:
         host = self.config.host
