@@ -8,6 +8,11 @@ import socket
 from pathlib import Path
 
 
+def http_url(host: str, port: int, path: str = "/v1") -> str:
+    """``http://host:port/v1``, with an IPv6 host in brackets."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
+
+
 def bind_tcp(host: str, port: int) -> socket.socket:
     """A listening TCP socket that child processes can inherit; IPv6 when the host is one."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -50,6 +50,7 @@ class _Job:
     def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
         self.request = request
         self.loop = loop
+        self.progress = RequestProgress(request.request_id, len(request.prompt_tokens), request.sampling.max_tokens)
         self.events: asyncio.Queue[EngineEvent] = asyncio.Queue()
 
     def post(self, event: EngineEvent) -> None:
@@ -110,12 +111,10 @@ class MLXEngine:
         with self._lock:
             if self._waiting >= self.max_queue:
                 raise Overloaded(f"the engine queue is full ({self.max_queue} requests waiting); retry later")
+            job = _Job(request, asyncio.get_running_loop())
             self._waiting += 1
             self.stats.num_waiting = self._waiting
-            self.stats.requests[request.request_id] = RequestProgress(
-                request.request_id, len(request.prompt_tokens), request.sampling.max_tokens
-            )
-        job = _Job(request, asyncio.get_running_loop())
+            self.stats.requests[request.request_id] = job.progress
         self._queue.put(job)
         return self._events(job)
 
@@ -151,10 +150,7 @@ class MLXEngine:
             with self._lock:
                 self._waiting -= 1
                 self.stats.num_waiting = self._waiting
-            request = job.request
-            progress = self.stats.requests.get(request.request_id) or RequestProgress(
-                request.request_id, len(request.prompt_tokens), request.sampling.max_tokens
-            )
+            request, progress = job.request, job.progress
             if request.cancelled.is_set():
                 self.stats.requests.pop(request.request_id, None)
                 job.post(Finished("cancelled", Usage(len(request.prompt_tokens), 0)))
@@ -162,7 +158,7 @@ class MLXEngine:
             self.stats.num_running = 1
             progress.started_at = time.monotonic()
             try:
-                self._serve(job, progress)
+                self._serve(job)
             except Exception as exc:  # one bad request must not kill the engine
                 log_event(logger, "engine.error", logging.ERROR, request_id=request.request_id, error=repr(exc))
                 job.post(Finished("error", Usage(len(request.prompt_tokens), 0), error=str(exc)))
@@ -171,8 +167,8 @@ class MLXEngine:
                 self.stats.total_requests_processed += 1
                 self.stats.requests.pop(request.request_id, None)
 
-    def _serve(self, job: _Job, progress: RequestProgress) -> None:
-        request = job.request
+    def _serve(self, job: _Job) -> None:
+        request, progress = job.request, job.progress
         params = request.sampling
         prompt_len = len(request.prompt_tokens)
         detok = self.tokenizer.detokenizer

@@ -89,28 +89,24 @@ class WorkerProcess:
             self.recent.append(line)
             self._sink(line)
 
+    def last_lines(self, n: int = 10) -> str:
+        """Its last ``n`` stderr lines: what status shows when it dies."""
+        return "\n".join(list(self.recent)[-n:])
+
     async def wait_ready(self, timeout: float) -> bool:
         """True once /health answers on the private socket; False if the worker exits or time runs out."""
         deadline = time.monotonic() + timeout
-        transport = httpx.AsyncHTTPTransport(uds=str(self.health_socket))
-        async with httpx.AsyncClient(transport=transport, base_url="http://worker", timeout=2) as client:
-            while time.monotonic() < deadline:
-                if self.proc.returncode is not None:
-                    return False
-                if self.health_socket.exists():
-                    try:
-                        if (await client.get("/health")).status_code == 200:
-                            return True
-                    except httpx.HTTPError:
-                        pass
-                await asyncio.sleep(0.1)
+        while time.monotonic() < deadline and self.proc.returncode is None:
+            if self.health_socket.exists() and await self.healthy(timeout=2):
+                return True
+            await asyncio.sleep(0.1)
         return False
 
-    async def healthy(self) -> bool:
+    async def healthy(self, timeout: float = 5) -> bool:
         """One health check; a worker busy generating still answers (its event loop is free)."""
         transport = httpx.AsyncHTTPTransport(uds=str(self.health_socket))
         try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://worker", timeout=5) as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://worker", timeout=timeout) as client:
                 return (await client.get("/health")).status_code == 200
         except httpx.HTTPError:
             return False

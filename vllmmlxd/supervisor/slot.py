@@ -19,7 +19,7 @@ from typing import AsyncIterator, Callable
 
 from ..config.schema import ModelConfig
 from ..log import event_line, log_event
-from ..sockets import bind_tcp
+from ..sockets import bind_tcp, http_url
 from . import states
 from .backoff import BackoffPolicy
 from .process import WorkerProcess
@@ -139,7 +139,7 @@ class Slot:
             worker.kill()
         code = await worker.wait()
         self.last_exit_code = code
-        self.last_error = "\n".join(list(worker.recent)[-10:]) or f"exited with code {code}"
+        self.last_error = worker.last_lines() or f"exited with code {code}"
 
     def _watch(self, worker: WorkerProcess, gen: int) -> None:
         task = asyncio.create_task(self._monitor(worker, gen))
@@ -162,7 +162,7 @@ class Slot:
             if gen != self._gen or self.worker is not worker:
                 return  # replaced or stopped on purpose
             self.last_exit_code = code
-            self.last_error = "\n".join(list(worker.recent)[-10:]) or None
+            self.last_error = worker.last_lines() or None
             ran = time.time() - worker.started
             self._fast_crashes = self.settings.policy.next_fast_crashes(self._fast_crashes, ran)
             self.ready_since = None
@@ -195,7 +195,7 @@ class Slot:
                 code = await new.wait()
                 if sock is not old_sock:
                     sock.close()
-                error = "\n".join(list(new.recent)[-10:]) or f"the new worker exited with code {code}"
+                error = new.last_lines() or f"the new worker exited with code {code}"
                 log_event(logger, "worker.replace_failed", logging.ERROR, model=self.name, exit_code=code)
                 return False, error
             self._gen += 1
@@ -243,8 +243,7 @@ class Slot:
 
     @property
     def url(self) -> str:
-        host = self.config.host
-        return f"http://{f'[{host}]' if ':' in host else host}:{self.config.port}/v1"
+        return http_url(self.config.host, self.config.port)
 
     @property
     def pid(self) -> int | None:

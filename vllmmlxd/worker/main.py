@@ -24,7 +24,7 @@ from ..config.schema import ModelConfig
 from ..http.drain import CloseWhenDraining
 from ..log import log_event, setup_logging
 from ..paths import resolve_state_dir
-from ..sockets import bind_tcp, bind_unix
+from ..sockets import bind_tcp, bind_unix, http_url
 
 logger = logging.getLogger("vllmmlxd.worker")
 
@@ -104,7 +104,7 @@ def serve(
     server = _make_server_class()(uv_config)
     app.add_middleware(CloseWhenDraining, draining=lambda: server.draining)
     host, port = listen.getsockname()[:2]
-    log_event(logger, "worker.listening", model=key, pid=os.getpid(), url=f"http://{_url_host(host)}:{port}/v1")
+    log_event(logger, "worker.listening", model=key, pid=os.getpid(), url=http_url(host, port))
     try:
         asyncio.run(server.serve(sockets=sockets))
     finally:
@@ -140,10 +140,6 @@ def _make_server_class():
             await super().shutdown(sockets)
 
     return WorkerServer
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 def _read_line(fd: int) -> bytes:

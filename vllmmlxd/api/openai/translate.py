@@ -164,58 +164,36 @@ def usage_dict(usage: Usage) -> dict[str, int]:
     }
 
 
+def _envelope(rid: str, obj: str, created: int, model: str, choices: list[dict], usage: Usage | None = None) -> dict:
+    """What every OpenAI response and chunk shares; ``usage`` last, when there is one."""
+    body = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
+    if usage is not None:
+        body["usage"] = usage_dict(usage)
+    return body
+
+
 def chat_response(rid: str, created: int, model: str, folded: Folded) -> dict:
     assert folded.finish is not None
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": folded.text},
-                "logprobs": None,
-                "finish_reason": finish_reason(folded.finish.reason),
-            }
-        ],
-        "usage": usage_dict(folded.finish.usage),
-    }
+    message = {"role": "assistant", "content": folded.text}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(folded.finish.reason)}
+    return _envelope(rid, "chat.completion", created, model, [choice], folded.finish.usage)
 
 
 def completion_response(rid: str, created: int, model: str, folded: Folded) -> dict:
     assert folded.finish is not None
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {"index": 0, "text": folded.text, "logprobs": None, "finish_reason": finish_reason(folded.finish.reason)}
-        ],
-        "usage": usage_dict(folded.finish.usage),
-    }
+    choice = {"index": 0, "text": folded.text, "logprobs": None, "finish_reason": finish_reason(folded.finish.reason)}
+    return _envelope(rid, "text_completion", created, model, [choice], folded.finish.usage)
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict, finish: str | None = None) -> dict:
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return _envelope(rid, "chat.completion.chunk", created, model, [choice])
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish: str | None = None) -> dict:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-    }
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return _envelope(rid, "text_completion", created, model, [choice])
 
 
 def usage_chunk(rid: str, created: int, model: str, obj: str, usage: Usage) -> dict:
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage_dict(usage)}
+    return _envelope(rid, obj, created, model, [], usage)
