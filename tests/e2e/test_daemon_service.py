@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 
 import httpx
@@ -26,40 +27,60 @@ def daemon():
     assert wait_gone(pids)
 
 
-def receive(sock: socket.socket, want: str, timeout: float = 60) -> list[str]:
-    """Datagrams until one contains ``want``."""
-    got = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sock.settimeout(max(deadline - time.monotonic(), 0.01))
-        try:
-            got.append(sock.recv(4096).decode())
-        except socket.timeout:
-            break
-        if want in got[-1]:
-            return got
-    raise AssertionError(f"no {want!r} in {got}")
+class Datagrams:
+    """Reads a notify socket all the time, as systemd does (a receiver that stops reading makes
+    the daemon drop messages rather than block), and lets the test wait for one."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.got: list[str] = []
+        self._seen = 0
+        self._closed = False
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while not self._closed:
+            try:
+                self.got.append(self.sock.recv(4096).decode())
+            except (socket.timeout, OSError):
+                continue
+
+    def receive(self, want: str, timeout: float = 60) -> list[str]:
+        """The datagrams since the last call, up to the first that contains ``want``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i in range(self._seen, len(self.got)):
+                if want in self.got[i]:
+                    out, self._seen = self.got[self._seen:i + 1], i + 1
+                    return out
+            time.sleep(0.02)
+        raise AssertionError(f"no {want!r} in {self.got[self._seen:]}")
+
+    def close(self) -> None:
+        self._closed = True
 
 
 def test_sd_notify_ready_status_reloading_watchdog_stopping(daemon):
     sock_path = daemon.dir / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(sock_path))
+    notify = Datagrams(sock_path)
     daemon.write({"a": model_entry(free_port())}, daemon={"watch": False})
     daemon.start(env={"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "400000"})
-    first = receive(sock, "READY=1")
-    assert any("WATCHDOG=1" in m for m in receive(sock, "WATCHDOG=1", 5))
+    first = notify.receive("READY=1")
+    assert any("WATCHDOG=1" in m for m in notify.receive("WATCHDOG=1", 5))
     daemon.wait_ready({"a"})
-    assert "STATUS=1/1 models ready" in "".join(receive(sock, "STATUS=1/1 models ready", 10))
+    assert "STATUS=1/1 models ready" in "".join(notify.receive("STATUS=1/1 models ready", 10))
     os.kill(daemon.proc.pid, signal.SIGHUP)
-    msgs = receive(sock, "RELOADING=1")
+    msgs = notify.receive("RELOADING=1")
     assert "MONOTONIC_USEC=" in msgs[-1]
-    receive(sock, "READY=1")
+    notify.receive("READY=1")
     # workers must not talk to systemd themselves
     logs = daemon.ctl("logs", "a").stdout
     assert "NOTIFY_SOCKET" not in logs
     assert daemon.stop() == 0
-    receive(sock, "STOPPING=1", 10)
+    notify.receive("STOPPING=1", 10)
+    notify.close()
     assert first
 
 

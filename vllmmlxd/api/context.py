@@ -18,6 +18,7 @@ class ServingContext:
     engine: Engine
     config: ModelConfig
     key: str  # the config entry's name
+    runtime: dict = field(default_factory=dict)  # BLAS, threads and cores of this process
     started: float = field(default_factory=time.time)
 
     @property

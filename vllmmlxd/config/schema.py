@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+BLAS_NAMES = ("auto", "mkl", "openblas", "bundled")
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -42,6 +43,10 @@ class ModelConfig(_Strict):
     trust_remote_code: bool = False
     rate_limit: int = Field(0, ge=0, description="requests per minute per client (API key, else address); 0: off")
     enable_metrics: bool = False
+    blas: str = Field(
+        "auto", description="Linux: auto, mkl, openblas, bundled or a path to a library exporting cblas_sgemm"
+    )
+    threads: int | None = Field(None, ge=1, le=1024, description="BLAS threads (and cores on Linux); default: an even share")
     # Accepted so reference-server configs carry over; requests are still served one at a time.
     continuous_batching: bool = False
     use_paged_cache: bool = False
@@ -53,6 +58,14 @@ class ModelConfig(_Strict):
     embedding_model: str | None = None
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+
+    @field_validator("blas")
+    @classmethod
+    def _blas_choice(cls, v: str):
+        # A path need not exist here: a missing library falls back to the bundled BLAS with a warning.
+        if v not in BLAS_NAMES and "/" not in v and not v.endswith((".so", ".dylib")) and ".so." not in v:
+            raise ValueError(f"blas must be one of {', '.join(BLAS_NAMES)} or a path to a shared library, not {v!r}")
+        return v
 
     @field_validator("mcp_config", "reasoning_parser", "embedding_model", "tool_call_parser", "enable_auto_tool_choice")
     @classmethod

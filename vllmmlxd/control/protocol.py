@@ -56,6 +56,12 @@ class ModelStatus(_Wire):
     last_exit_code: int | None = None
     served_model_name: str
     last_error: str | None = None  # the worker's last stderr lines when it failed
+    # What the running worker reports of itself (None until it is ready).
+    blas: str | None = None  # mkl, openblas, bundled, accelerate, or a library's file name
+    blas_path: str | None = None
+    blas_warning: str | None = None  # why it is not on the BLAS it was asked for
+    threads: int | None = None
+    cpus: str | None = None  # the cores it runs on, as 0-3,6
 
 
 class StatusResponse(_Wire):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from vllmmlxd.control.protocol import ActionResponse, ModelStatus, ReloadResponse, StatusResponse
 
-STATUS_HEADERS = ("MODEL", "STATE", "PID", "PORT", "UPTIME", "RESTARTS")
+STATUS_HEADERS = ("MODEL", "STATE", "PID", "PORT", "UPTIME", "RESTARTS", "BLAS", "THREADS", "CPUS")
 # States worth explaining under the table with the worker's last stderr lines.
 _EXPLAINED = ("failed", "backoff")
 _INDENT = "    "
@@ -46,7 +46,17 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _row(m: ModelStatus) -> tuple[str, ...]:
     pid = "-" if m.pid is None else str(m.pid)
-    return (m.name, m.state, pid, str(m.port), format_duration(m.uptime_s), str(m.restarts))
+    threads = "-" if m.threads is None else str(m.threads)
+    return (m.name, m.state, pid, str(m.port), format_duration(m.uptime_s), str(m.restarts),
+            m.blas or "-", threads, m.cpus or "-")
+
+
+def _blas_lines(models: Sequence[ModelStatus]) -> list[str]:
+    """Which library each BLAS name is, and why a worker is not on the one it was asked for."""
+    paths = {m.blas: m.blas_path for m in models if m.blas and m.blas_path}
+    lines = [f"blas {name}: {path}" for name, path in sorted(paths.items())]
+    lines += [f"{m.name}: {m.blas_warning}" for m in models if m.blas_warning]
+    return lines
 
 
 def _explain(m: ModelStatus) -> list[str]:
@@ -68,6 +78,9 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
     for m in status.models:
         if m.state in _EXPLAINED and m.last_error:
             lines += [""] + _explain(m)
+    blas = _blas_lines(status.models)
+    if blas:
+        lines += [""] + blas
     d = status.daemon
     lines += [
         "",

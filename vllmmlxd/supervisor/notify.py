@@ -101,6 +101,8 @@ class Notifier:
             if self._sock is None:
                 # Non-inheritable by default in Python, so workers never get this socket either.
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                # A receiver that stops reading (a full queue) must drop pings, never stall the daemon.
+                self._sock.setblocking(False)
             self._sock.sendto("\n".join(lines).encode(), socket_address(self.address))
             return True
         except (OSError, ValueError) as exc:

@@ -41,6 +41,7 @@ class WorkerProcess:
         self.health_socket = health_socket
         self.started = time.time()
         self.exit_code: int | None = None
+        self.runtime: dict = {}  # BLAS, threads and cores, as the worker reports them once ready
         self._sink = sink
         self.recent: deque[str] = deque(maxlen=40)
         self._stderr_task = asyncio.create_task(self._forward_stderr())
@@ -56,14 +57,16 @@ class WorkerProcess:
         drain_timeout: float,
         log_level: str,
         sink: LogSink,
+        cpus: str | None = None,
     ) -> "WorkerProcess":
-        """Start a worker serving ``config`` on the inherited socket ``listen_fd``."""
+        """Start a worker serving ``config`` on the inherited socket ``listen_fd``, pinned to ``cpus``."""
         health = state_dir / "run" / f"w{os.getpid()}-{next(_seq)}.sock"
         health.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        share = ("--cpus", cpus) if cpus else ()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "vllmmlxd.worker",
             "--name", name, "--fd", str(listen_fd), "--health-socket", str(health),
-            "--state-dir", str(state_dir), "--drain-timeout", str(drain_timeout), "--log-level", log_level,
+            "--state-dir", str(state_dir), "--drain-timeout", str(drain_timeout), "--log-level", log_level, *share,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
             pass_fds=(listen_fd,), env=strip_notify_env(dict(os.environ)), start_new_session=True,
         )
@@ -97,19 +100,25 @@ class WorkerProcess:
         """True once /health answers on the private socket; False if the worker exits or time runs out."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.returncode is None:
-            if self.health_socket.exists() and await self.healthy(timeout=2):
+            body = await self.health(timeout=2) if self.health_socket.exists() else None
+            if body is not None:
+                self.runtime = body.get("runtime") or {}
                 return True
             await asyncio.sleep(0.1)
         return False
 
-    async def healthy(self, timeout: float = 5) -> bool:
-        """One health check; a worker busy generating still answers (its event loop is free)."""
+    async def health(self, timeout: float = 5) -> dict | None:
+        """One health check: the body of a 200, else None. A worker busy generating still answers."""
         transport = httpx.AsyncHTTPTransport(uds=str(self.health_socket))
         try:
             async with httpx.AsyncClient(transport=transport, base_url="http://worker", timeout=timeout) as client:
-                return (await client.get("/health")).status_code == 200
-        except httpx.HTTPError:
-            return False
+                response = await client.get("/health")
+                return response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    async def healthy(self, timeout: float = 5) -> bool:
+        return await self.health(timeout) is not None
 
     async def wait(self) -> int:
         """Wait for the exit; returns the exit code (negative: killed by that signal)."""

@@ -19,6 +19,7 @@ from typing import AsyncIterator, Callable
 
 from ..config.schema import ModelConfig
 from ..log import event_line, log_event
+from ..runtime.cpus import CpuShare
 from ..sockets import bind_tcp, http_url
 from . import states
 from .backoff import BackoffPolicy
@@ -42,9 +43,14 @@ class SlotSettings:
 class Slot:
     """Supervises the worker of one model entry."""
 
-    def __init__(self, name: str, config: ModelConfig, settings: SlotSettings, on_change: Callable[[], None]):
+    def __init__(
+        self, name: str, config: ModelConfig, settings: SlotSettings, on_change: Callable[[], None],
+        share: CpuShare | None = None,
+    ):
         self.name = name
         self.config = config
+        self.share = share  # the cores its worker is pinned to (None: not pinned)
+        self.planned_share = share  # where a reload's plan puts it when it next restarts
         self.settings = settings
         self.state: states.State = states.STOPPED
         self.worker: WorkerProcess | None = None
@@ -115,7 +121,8 @@ class Slot:
             if self._sock is None:
                 self._set(states.FAILED, error=self.last_error)
                 return False
-        worker = await self._spawn(self.config, self._sock)
+        self.share = self.planned_share  # a (re)start is when a reload's new plan takes effect
+        worker = await self._spawn(self.config, self._sock, self.share)
         self.worker = worker
         self._set(states.STARTING, pid=worker.pid)
         if await worker.wait_ready(self.settings.ready_timeout):
@@ -127,11 +134,12 @@ class Slot:
         self._watch(worker, self._gen)
         return False
 
-    async def _spawn(self, config: ModelConfig, sock: socket.socket) -> WorkerProcess:
+    async def _spawn(self, config: ModelConfig, sock: socket.socket, share: CpuShare | None) -> WorkerProcess:
         s = self.settings
         return await WorkerProcess.spawn(
             self.name, config, listen_fd=sock.fileno(), state_dir=s.state_dir,
             drain_timeout=s.drain_timeout, log_level=s.log_level, sink=self.sink,
+            cpus=share.render() if share else None,
         )
 
     async def _reap_failed_start(self, worker: WorkerProcess) -> None:
@@ -179,15 +187,15 @@ class Slot:
             self.worker = None
             await self._start_locked()
 
-    async def replace(self, config: ModelConfig) -> tuple[bool, str | None]:
-        """Swap in a worker for ``config`` with no downtime; the old one keeps serving if it fails."""
+    async def replace(self, config: ModelConfig, share: CpuShare | None = None) -> tuple[bool, str | None]:
+        """Swap in a worker for ``config`` (on the cores of ``share``) with no downtime; the old one keeps serving if it fails."""
         async with self._lock:
             old_worker, old_sock = self.worker, self._sock
             same_address = (config.host, config.port) == (self.config.host, self.config.port)
             sock = old_sock if same_address and old_sock is not None else self._bind(config)
             if sock is None:
                 return False, self.last_error
-            new = await self._spawn(config, sock)
+            new = await self._spawn(config, sock, share)
             log_event(logger, "worker.replacing", model=self.name, old_pid=old_worker and old_worker.pid, pid=new.pid)
             if not await new.wait_ready(self.settings.ready_timeout):
                 if new.alive:
@@ -201,6 +209,7 @@ class Slot:
             self._gen += 1
             self._fast_crashes = 0
             self.config, self.worker, self._sock = config, new, sock
+            self.share = self.planned_share = share
             self.ready_since = time.time()
             self._set(states.READY, pid=new.pid, url=self.url)
             self._watch(new, self._gen)
@@ -234,7 +243,7 @@ class Slot:
     async def restart(self) -> bool:
         """Replace the worker by a fresh one of the same config (zero downtime when it runs)."""
         if self.worker is not None and self.worker.alive and self.state == states.READY:
-            ok, _ = await self.replace(self.config)
+            ok, _ = await self.replace(self.config, self.planned_share)
             if ok:
                 self.restarts += 1
             return ok

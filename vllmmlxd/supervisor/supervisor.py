@@ -27,6 +27,7 @@ from ..control.protocol import (
 )
 from ..errors import ConfigError
 from ..log import log_event
+from ..runtime import cpus
 from . import states
 from .slot import Slot, SlotSettings
 
@@ -44,6 +45,7 @@ class Supervisor:
         self.last_reload: ReloadResult | None = None
         # The daemon section in force: state_dir and control_socket change only with a restart.
         self.daemon_config = loaded.config.daemon
+        self.shares = self._plan_shares(loaded.config)
         self._reload_lock = asyncio.Lock()
         self._on_change = on_change
 
@@ -54,9 +56,20 @@ class Supervisor:
             raise KeyError(f"no model named {name!r}; models: {', '.join(self.slots) or 'none'}") from None
 
     def _new_slot(self, name: str) -> Slot:
-        slot = Slot(name, self.loaded.config.models[name], self.settings, self._on_change)
+        slot = Slot(name, self.loaded.config.models[name], self.settings, self._on_change, self.shares.get(name))
         self.slots[name] = slot
         return slot
+
+    @staticmethod
+    def _plan_shares(config: Config) -> dict[str, cpus.CpuShare]:
+        """Each entry's cores (Linux): an even split unless an entry sets ``threads``."""
+        if not cpus.can_pin():
+            return {}
+        plan = cpus.plan_shares({name: entry.threads for name, entry in config.models.items()}, cpus.available_cpus())
+        if any(share.oversubscribed for share in plan.values()):
+            log_event(logger, "cpu.oversubscribed", logging.WARNING, cores=len(cpus.available_cpus()),
+                      shares=",".join(f"{n}:{s.render()}" for n, s in plan.items()))
+        return plan
 
     async def start_all(self) -> None:
         """Start every entry's worker concurrently; returns when each is ready or has failed."""
@@ -81,10 +94,12 @@ class Supervisor:
                     log_event(logger, "reload.invalid", logging.ERROR, error=str(exc))
                     self._on_change()
                 return ReloadResponse(ok=False, dry_run=dry_run, plan="", error=str(exc))
+            shares = self._plan_shares(new.config)
             plan = diff_models(self.running_config(), new.config)
             if dry_run:
                 return ReloadResponse(ok=True, dry_run=True, plan=plan.render(), error=None)
             self._apply_daemon(plan, new.config)
+            self._keep_shares(plan, shares)
             errors = await self._apply(plan, new)
             self.loaded = new
             error = "\n".join(errors) or None
@@ -108,6 +123,20 @@ class Supervisor:
         for slot in self.slots.values():
             slot.settings = self.settings
 
+    def _keep_shares(self, plan: ReloadPlan, shares: dict[str, cpus.CpuShare]) -> None:
+        """Adopt the new plan for the workers about to start; running ones keep their cores.
+
+        Restarting an unchanged model only to move it to other cores would reload its weights
+        for nothing: it moves when it next restarts (``vllmmlxctl restart NAME``).
+        """
+        for name in plan.unchanged:
+            held, planned = self.slots[name].share, shares.get(name)
+            if held != planned:
+                log_event(logger, "cpu.share_kept", model=name, cpus=held and held.render(),
+                          planned=planned and planned.render(), applies="at its next restart")
+                self.slots[name].planned_share = planned
+        self.shares = shares
+
     async def _apply(self, plan: ReloadPlan, new: LoadedConfig) -> list[str]:
         errors: list[str] = []
         if plan.restart_required:
@@ -118,12 +147,12 @@ class Supervisor:
             del self.slots[name]
 
         async def change(name: str) -> None:
-            ok, error = await self.slots[name].replace(new.config.models[name])
+            ok, error = await self.slots[name].replace(new.config.models[name], self.shares.get(name))
             if not ok:
                 errors.append(f"{name}: the new worker did not become ready; the old one keeps serving: {error}")
 
         async def add(name: str) -> None:
-            slot = Slot(name, new.config.models[name], self.settings, self._on_change)
+            slot = Slot(name, new.config.models[name], self.settings, self._on_change, self.shares.get(name))
             self.slots[name] = slot
             if not await slot.start():
                 errors.append(f"{name}: did not become ready: {slot.last_error}")
@@ -148,6 +177,7 @@ class Supervisor:
                     restarts=slot.restarts, uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None,
                     last_exit_code=slot.last_exit_code, served_model_name=slot.config.display_name(name),
                     last_error=slot.last_error if slot.state in (states.FAILED, states.BACKOFF) else None,
+                    **_runtime_fields(slot),
                 )
                 for name, slot in self.slots.items()
             ],
@@ -179,3 +209,9 @@ class Supervisor:
 
     def ready_count(self) -> tuple[int, int]:
         return sum(s.state == states.READY for s in self.slots.values()), len(self.slots)
+
+
+def _runtime_fields(slot: Slot) -> dict:
+    """BLAS, threads and cores of the slot's running worker, as it reported them."""
+    runtime = slot.worker.runtime if slot.worker is not None and slot.pid is not None else {}
+    return {key: runtime.get(key) for key in ("blas", "blas_path", "blas_warning", "threads", "cpus")}

@@ -16,9 +16,9 @@ from ..http.metrics import Metrics, MetricsMiddleware
 from ..http.ratelimit import make_rate_limit
 
 
-def create_app(engine: Engine, config: ModelConfig, key: str) -> FastAPI:
-    """A FastAPI app serving ``engine`` as the model entry ``key``."""
-    ctx = ServingContext(engine=engine, config=config, key=key)
+def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | None = None) -> FastAPI:
+    """A FastAPI app serving ``engine`` as the model entry ``key``; ``runtime``: its BLAS, threads and cores."""
+    ctx = ServingContext(engine=engine, config=config, key=key, runtime=runtime or {})
     app = FastAPI(title=f"vllmmlxd: {ctx.name}", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     install_error_handlers(app)
@@ -35,8 +35,11 @@ def create_app(engine: Engine, config: ModelConfig, key: str) -> FastAPI:
             return metrics.response()  # unauthenticated, as the reference server's
 
     @app.get("/health")
-    async def health():
-        return {"status": "ok", "model": ctx.name}
+    async def health(request: Request):
+        body = {"status": "ok", "model": ctx.name}
+        if request.client is None:  # the daemon's private Unix socket: it shows these in `vllmmlxctl status`
+            body["runtime"] = ctx.runtime
+        return body
 
     @app.get("/v1/status", dependencies=api_deps)
     async def status(request: Request):
@@ -55,6 +58,7 @@ def create_app(engine: Engine, config: ModelConfig, key: str) -> FastAPI:
             "total_completion_tokens": s.total_completion_tokens,
             "context_length": engine.info.context_length,
             "metal": engine.memory(),
+            "runtime": ctx.runtime,
             "requests": s.active_requests(),
         }
 

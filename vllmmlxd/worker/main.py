@@ -24,12 +24,35 @@ from ..config.schema import ModelConfig
 from ..http.drain import CloseWhenDraining
 from ..log import log_event, setup_logging
 from ..paths import resolve_state_dir
+from ..runtime import cpus as cpu_shares
+from ..runtime.blas import ActiveBlas, BlasInfo, activate
 from ..sockets import bind_tcp, bind_unix, http_url
 
 logger = logging.getLogger("vllmmlxd.worker")
 
 EXIT_LOAD_FAILED = 3
 EXIT_BIND_FAILED = 4
+
+
+def choose_blas(config: ModelConfig, key: str, cpus: tuple[int, ...] | None) -> ActiveBlas:
+    """Load the BLAS MLX will use (before mlx is imported), with this worker's thread count."""
+    threads = config.threads or len(cpus or cpu_shares.available_cpus())
+    return activate(config.blas, threads)
+
+
+def runtime_report(info: BlasInfo, key: str, cpus: tuple[int, ...] | None) -> dict:
+    """What /v1/status and the daemon show of the process: BLAS, threads, cores; logged once."""
+    report = {
+        "blas": info.name, "blas_path": info.path, "threads": info.threads,
+        "cpus": cpu_shares.format_cpus(cpus or cpu_shares.available_cpus()), "pinned": cpus is not None,
+    }
+    if info.warning:
+        log_event(logger, "blas.fallback" if info.name == "bundled" else "blas.warning", logging.WARNING,
+                  model=key, requested=info.requested, blas=info.name, reason=info.warning)
+        report["blas_warning"] = info.warning
+    log_event(logger, "blas.selected", model=key, blas=info.name, path=info.path, threads=info.threads,
+              cpus=report["cpus"], **{k.lower(): v for k, v in info.env.items() if k != "OMP_NUM_THREADS"})
+    return report
 
 
 def load_engine(config: ModelConfig, key: str, state_dir: Path):
@@ -68,12 +91,20 @@ def serve(
     health_socket: Path | None = None,
     drain_timeout: float = 30.0,
     log_level: str = "info",
+    cpus: tuple[int, ...] | None = None,
 ) -> int:
-    """Load the model, then serve it until SIGTERM/SIGINT. Returns the exit code."""
+    """Load the model, then serve it until SIGTERM/SIGINT. Returns the exit code.
+
+    ``cpus`` is the share of cores the daemon gave this worker (already pinned); None: all.
+    """
+    active_blas = choose_blas(config, key, cpus)  # before anything imports mlx
+
     import uvicorn
 
+    from ..engine.blas_check import confirm
     from .app import create_app
 
+    runtime = runtime_report(confirm(active_blas), key, cpus)
     for option in config.tuning_ignored():
         log_event(logger, "option.ignored", logging.WARNING, model=key, option=option,
                   reason="this version serves requests one at a time")
@@ -92,7 +123,7 @@ def serve(
     sockets = [listen]
     if health_socket is not None:
         sockets.append(bind_unix(health_socket))
-    app = create_app(engine, config, key)
+    app = create_app(engine, config, key, runtime=runtime)
     uv_config = uvicorn.Config(
         app,
         log_config=None,
@@ -161,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir")
     parser.add_argument("--drain-timeout", type=float, default=30.0)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--cpus", type=cpu_shares.parse_cpus, help="the cores to run on (0-3,6): this worker's share")
     args = parser.parse_args(argv)
+    if args.cpus:  # before any thread starts, so every thread inherits it
+        cpu_shares.pin(args.cpus)
     setup_logging(args.log_level, model=args.name)
     # The config arrives on stdin so secrets never show in `ps`.
     line = _read_line(sys.stdin.fileno())
@@ -171,4 +205,5 @@ def main(argv: list[str] | None = None) -> int:
     return serve(
         config, args.name, state_dir=resolve_state_dir(args.state_dir), listen=listen,
         health_socket=args.health_socket, drain_timeout=args.drain_timeout, log_level=args.log_level,
+        cpus=args.cpus if args.cpus and cpu_shares.can_pin() else None,
     )

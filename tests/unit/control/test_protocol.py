@@ -50,6 +50,7 @@ def test_status_json_has_exactly_the_documented_keys():
         assert set(model) == {
             "name", "state", "pid", "host", "port", "restarts", "uptime_s",
             "last_exit_code", "served_model_name", "last_error",
+            "blas", "blas_path", "blas_warning", "threads", "cpus",
         }
     assert data["models"][1]["pid"] is None and data["models"][1]["uptime_s"] is None
 

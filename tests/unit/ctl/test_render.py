@@ -65,13 +65,29 @@ def test_status_table_and_footer():
         now=AT,
     )
     assert text == (
-        "MODEL  STATE     PID   PORT  UPTIME  RESTARTS\n"
-        "llama  ready     4200  8001  3m12s   0\n"
-        "qwen   starting  -     8002  -       2\n"
+        "MODEL  STATE     PID   PORT  UPTIME  RESTARTS  BLAS  THREADS  CPUS\n"
+        "llama  ready     4200  8001  3m12s   0         -     -        -\n"
+        "qwen   starting  -     8002  -       2         -     -        -\n"
         "\n"
         "daemon: pid 4121, up 1h01m, version 0.1.0, config /etc/v.yaml (abcdef012345)\n"
         "last reload: ok at 12:03:04"
     )
+
+
+def test_blas_columns_and_the_libraries_beneath():
+    mkl = dict(blas="mkl", blas_path="/venv/lib/libmkl_rt.so.3", threads=1)
+    fell_back = dict(blas="bundled", blas_path="/venv/mlx_cpu.libs/libblas.so", threads=1, cpus="1",
+                     blas_warning="/opt/x.so: no such file")
+    text = render_status(status(model("llama", cpus="0", **mkl), model("qwen", port=8002, **fell_back)), now=AT)
+    lines = text.splitlines()
+    assert lines[0].split()[-3:] == ["BLAS", "THREADS", "CPUS"]
+    assert lines[1].split()[-3:] == ["mkl", "1", "0"]
+    assert lines[2].split()[-3:] == ["bundled", "1", "1"]
+    assert lines[4:7] == [
+        "blas bundled: /venv/mlx_cpu.libs/libblas.so",
+        "blas mkl: /venv/lib/libmkl_rt.so.3",
+        "qwen: /opt/x.so: no such file",
+    ]
 
 
 def test_failed_models_show_their_last_lines_indented():

@@ -154,3 +154,15 @@ def test_from_env_leaves_the_environment_alone(listener):
     assert os.environ["NOTIFY_SOCKET"] == before
     assert Path(before).exists()
     receive(listener)
+
+
+def test_a_receiver_that_stops_reading_never_blocks_the_sender(tmp_path):
+    path = tmp_path / "n.sock"
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(str(path))
+    notifier = Notifier(str(path))
+    started = time.monotonic()
+    sent = [notifier.watchdog() for _ in range(2000)]  # far more than a datagram queue holds
+    assert time.monotonic() - started < 2
+    assert sent[0] is True and sent[-1] is False
+    receiver.close()

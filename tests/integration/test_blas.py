@@ -1,0 +1,84 @@
+"""The BLAS a worker runs on: a bad library falls back with a warning, `auto` finds a real one,
+and the engine's outputs do not depend on which library multiplies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.support.servers import start_serve
+from vllmmlxd.runtime.blas import find_mkl, find_openblas
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the BLAS choice applies on Linux")
+
+
+def runtime_of(server) -> dict:
+    return httpx.get(server.url + "/v1/status").json()["runtime"]
+
+
+def test_a_bogus_library_path_serves_on_bundled_with_a_warning(tmp_path):
+    bogus = tmp_path / "libnotablas.so"
+    server = start_serve("builtin:tiny", "--blas", str(bogus), "--threads", "2")
+    try:
+        runtime = runtime_of(server)
+        assert runtime["blas"] == "bundled" and runtime["threads"] == 1
+        assert runtime["blas_warning"] == f"{bogus}: no such file"
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        # The runtime is for the daemon's private socket and authenticated status, not public /health.
+        assert httpx.get(server.url + "/health").json() == {"status": "ok", "model": "builtin:tiny"}
+    finally:
+        assert server.stop() == 0
+    log = server.log()
+    assert "event=blas.fallback" in log and "level=warning" in log and f'reason="{bogus}: no such file"' in log
+
+
+@pytest.mark.skipif(find_mkl() is None and find_openblas() is None, reason="no optimised BLAS installed")
+def test_auto_serves_on_a_real_library_with_every_core():
+    server = start_serve("builtin:tiny")
+    try:
+        runtime = runtime_of(server)
+    finally:
+        server.stop()
+    assert runtime["blas"] == ("mkl" if find_mkl() else "openblas")
+    assert "blas_warning" not in runtime and runtime["pinned"] is False
+    assert runtime["threads"] == len(__import__("os").sched_getaffinity(0))
+    assert "event=blas.selected" in server.log() and f"blas={runtime['blas']}" in server.log()
+
+
+def greedy(blas: str, model: str, tokens: int) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "tests.support.greedy", blas, model, str(tokens)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def installed_choices() -> list[str]:
+    return ["bundled"] + [name for name, found in (("mkl", find_mkl()), ("openblas", find_openblas())) if found]
+
+
+def assert_same_outputs(model: str, tokens: int, tolerance: float) -> None:
+    choices = installed_choices()
+    if len(choices) < 2:
+        pytest.skip("only the bundled BLAS is installed")
+    runs = {choice: greedy(choice, model, tokens) for choice in choices}
+    assert [r["blas"] for r in runs.values()] == choices  # each really ran on its library
+    reference = runs["bundled"]
+    scale = max(abs(x) for x in reference["logits"])
+    for choice, run in runs.items():
+        assert run["tokens"] == reference["tokens"], (choice, run["text"], reference["text"])
+        worst = max(abs(a - b) for a, b in zip(run["logits"], reference["logits"]))
+        assert worst <= tolerance * scale, f"{choice}: logits differ by {worst} (scale {scale})"
+
+
+def test_tiny_gives_the_same_greedy_text_on_every_blas():
+    assert_same_outputs("builtin:tiny", 24, 1e-4)
+
+
+@pytest.mark.slow
+def test_smollm2_gives_the_same_greedy_text_on_every_blas():
+    assert_same_outputs("builtin:smollm2-135m-instruct", 24, 1e-4)
