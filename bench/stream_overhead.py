@@ -30,6 +30,10 @@ PROMPT = "Write a long story about a lighthouse keeper."
 
 
 def engine_alone(model: str, tokens: int, runs: int) -> float:
+    from vllmmlxd.runtime.blas import activate
+    from vllmmlxd.runtime.cpus import available_cpus
+
+    activate("auto", len(available_cpus()))  # the BLAS a worker would run on, before mlx loads
     from vllmmlxd.engine.loader import load_model
     from vllmmlxd.engine.mlx_engine import MLXEngine
     from vllmmlxd.engine.types import Finished, GenerationRequest, SamplingParams

@@ -28,7 +28,7 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--rate-limit", type=int, default=0, help="requests per minute per client (0: off)")
     p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics on /metrics")
     p.add_argument("--blas", default="auto",
-                   help="Linux: the BLAS for float32 products: auto, mkl, openblas, bundled or a library path")
+                   help="Linux: the BLAS for float32 products: auto, mkl, blis, openblas, bundled or a library path")
     p.add_argument("--threads", type=int, help="BLAS threads (default: every core this process may use)")
     # The rest of the reference server's flags: speed options are accepted (and noted in the
     # log), later features are refused by the config's validation.
@@ -43,8 +43,8 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
 
 _PASSED_THROUGH = (
     "host", "port", "owned_by", "api_key", "timeout", "max_tokens", "max_request_tokens", "default_temperature",
-    "default_top_p", "stream_interval", "max_queue", "rate_limit", "enable_metrics", "blas", "threads", "continuous_batching",
-    "use_paged_cache", "cache_memory_mb", "cache_memory_percent", "mcp_config", "reasoning_parser",
+    "default_top_p", "stream_interval", "max_queue", "rate_limit", "enable_metrics", "blas", "threads",
+    "continuous_batching", "use_paged_cache", "cache_memory_mb", "cache_memory_percent", "mcp_config", "reasoning_parser",
     "embedding_model", "enable_auto_tool_choice", "tool_call_parser",
 )
 

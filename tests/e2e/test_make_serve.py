@@ -4,8 +4,10 @@ embedded SmolLM2-135M-Instruct, answering a real question through the openai SDK
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -40,6 +42,15 @@ def test_make_serve_answers_health_and_names_paris():
         )
         answer = r.choices[0].message.content
         assert "Paris" in answer and len(answer.split()) >= 3, answer
+        # On Linux x86-64 the extra make serve installs (MKL) means a real BLAS, and status says which.
+        status = subprocess.run([str(REPO / ".venv" / "bin" / "vllmmlxctl"), "--socket", str(work / "ctl.sock"), "status"],
+                                capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stderr
+        header, row = status.stdout.splitlines()[:2]
+        blas = dict(zip(header.split(), row.split()))["BLAS"]
+        if sys.platform.startswith("linux") and platform.machine() == "x86_64":
+            assert blas in ("mkl", "blis", "openblas"), status.stdout
+            assert f"blas {blas}: /" in status.stdout
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)

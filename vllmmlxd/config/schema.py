@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-BLAS_NAMES = ("auto", "mkl", "openblas", "bundled")
+BLAS_NAMES = ("auto", "mkl", "blis", "openblas", "bundled")
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -44,7 +44,7 @@ class ModelConfig(_Strict):
     rate_limit: int = Field(0, ge=0, description="requests per minute per client (API key, else address); 0: off")
     enable_metrics: bool = False
     blas: str = Field(
-        "auto", description="Linux: auto, mkl, openblas, bundled or a path to a library exporting cblas_sgemm"
+        "auto", description="Linux: auto, mkl, blis, openblas, bundled or a path to a library exporting cblas_sgemm"
     )
     threads: int | None = Field(None, ge=1, le=1024, description="BLAS threads (and cores on Linux); default: an even share")
     # Accepted so reference-server configs carry over; requests are still served one at a time.

@@ -12,7 +12,9 @@ import dataclasses
 
 import mlx.core as mx
 
-from ..runtime.blas import ActiveBlas, BlasInfo, find_bundled, fingerprint_operands
+from ..runtime.blas import ActiveBlas, BlasInfo
+from ..runtime.blas_find import find_bundled
+from ..runtime.blas_probe import fingerprint_operands
 
 
 def mlx_sums_in_order() -> bool:

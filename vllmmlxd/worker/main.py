@@ -50,8 +50,10 @@ def runtime_report(info: BlasInfo, key: str, cpus: tuple[int, ...] | None) -> di
         log_event(logger, "blas.fallback" if info.name == "bundled" else "blas.warning", logging.WARNING,
                   model=key, requested=info.requested, blas=info.name, reason=info.warning)
         report["blas_warning"] = info.warning
+    tried = " ".join(f"{name}:{ms}ms" for name, ms in info.timings.items())  # auto's measurements
     log_event(logger, "blas.selected", model=key, blas=info.name, path=info.path, threads=info.threads,
-              cpus=report["cpus"], **{k.lower(): v for k, v in info.env.items() if k != "OMP_NUM_THREADS"})
+              cpus=report["cpus"], tried=tried or None,
+              **{k.lower(): v for k, v in info.env.items() if k != "OMP_NUM_THREADS"})
     return report
 
 

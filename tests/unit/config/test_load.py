@@ -221,8 +221,8 @@ def test_secrets_never_appear_in_errors(monkeypatch, tmp_path):
 
 
 def test_blas_takes_a_name_or_a_library_path():
-    for value in ("auto", "mkl", "openblas", "bundled", "/opt/lib/libblis.so.4", "~/lib/libopenblas.so"):
+    for value in ("auto", "mkl", "blis", "openblas", "bundled", "/opt/lib/libblis.so.4", "~/lib/libopenblas.so"):
         assert parse_config(f"models:\n  a:\n    model: builtin:tiny\n    blas: {value}\n").config.models["a"].blas == value
     msg = error_of("models:\n  a:\n    model: builtin:tiny\n    blas: fast\n")
-    assert msg.startswith("c.yaml:4:11: models.a.blas:") and "auto, mkl, openblas, bundled or a path" in msg
+    assert msg.startswith("c.yaml:4:11: models.a.blas:") and "auto, mkl, blis, openblas, bundled or a path" in msg
     assert "models.a.threads" in error_of("models:\n  a:\n    model: builtin:tiny\n    threads: 0\n")

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from vllmmlxd.runtime.blas import candidates, find_mkl, find_openblas, thread_env
+from vllmmlxd.runtime.blas import pick
+from vllmmlxd.runtime.blas_find import FINDERS, Candidate, candidates, find_mkl, find_openblas, thread_env
+from vllmmlxd.runtime.blas_probe import ProbeResult
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the BLAS choice applies on Linux")
 
@@ -96,13 +98,26 @@ def test_bundled_is_taken_as_asked():
     assert info["name"] == "bundled" and info["warning"] is None and info["threads"] == 1
 
 
+INSTALLED = [name for name, find in FINDERS.items() if find()]
+
+
 @linux_only
-@pytest.mark.skipif(find_mkl() is None and find_openblas() is None, reason="no optimised BLAS installed")
+@pytest.mark.skipif(not INSTALLED, reason="no optimised BLAS installed")
 def test_auto_picks_an_installed_library_and_mlx_calls_it():
     info = activate_in_child("auto", 2, confirm=True)
-    expected = "mkl" if find_mkl() else "openblas"
-    assert info["name"] == expected and info["warning"] is None and info["threads"] == 2
+    assert info["name"] in INSTALLED and info["warning"] is None and info["threads"] == 2
     assert Path(info["path"]).is_file()
+    assert set(info["timings"]) == set(INSTALLED)  # every installed library was measured
+
+
+def test_auto_takes_the_fastest_unless_the_first_is_within_the_margin():
+    def result(ms):
+        return ProbeResult(None, True, ms)
+
+    mkl, blis, openblas = (Candidate(n, Path(f"/lib/{n}.so")) for n in ("mkl", "blis", "openblas"))
+    assert pick([(mkl, result(10.0)), (blis, result(6.0)), (openblas, result(8.0))])[0] is blis
+    assert pick([(mkl, result(10.0)), (blis, result(9.5))])[0] is mkl  # a near tie keeps the order
+    assert pick([(mkl, result(None)), (blis, result(1.0))])[0] is mkl  # nothing to compare
 
 
 @linux_only
@@ -111,7 +126,7 @@ def test_the_fingerprint_tells_when_mlx_does_not_call_the_library():
     # OpenBLAS loaded privately (never promoted to the global scope): MLX keeps the bundled BLAS.
     code = (
         "import ctypes, os, json\nimport mlx.core\n"
-        "from vllmmlxd.runtime.blas import ActiveBlas, BlasInfo, find_openblas\n"
+        "from vllmmlxd.runtime.blas import ActiveBlas, BlasInfo\nfrom vllmmlxd.runtime.blas_find import find_openblas\n"
         "from vllmmlxd.engine.blas_check import confirm\n"
         "lib = ctypes.CDLL(str(find_openblas()), mode=os.RTLD_NOW | os.RTLD_LOCAL)\n"
         "info = confirm(ActiveBlas(BlasInfo('openblas', str(find_openblas()), 1, 'openblas'), lib, sums_differ=True))\n"
@@ -134,6 +149,7 @@ def test_candidates_name_what_is_missing(tmp_path):
     assert found == [] and why.endswith("libx.so: no such file")
     if find_mkl() is None:
         assert "vllmmlxd[linux-fast]" in candidates("mkl")[1]
+    assert candidates("/opt/x/libblis.so.4")[1].endswith("no such file")
 
 
 def test_macos_never_loads_anything():
