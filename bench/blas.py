@@ -22,14 +22,14 @@ import json
 import multiprocessing
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, cpu_name, ensure_venv, llama_params, write_section
+
 LLAMA_VENV = REPO / "bench" / ".venv-llamacpp"
 MODEL = "builtin:smollm2-135m-instruct"
 DECODE_TOKENS = 128
@@ -191,15 +191,6 @@ def run_child(choice: str) -> dict:
 # -- llama.cpp --------------------------------------------------------------
 
 
-def ensure_llama_venv() -> Path:
-    python = LLAMA_VENV / "bin" / "python"
-    if not python.exists():
-        print("building llama-cpp-python in bench/.venv-llamacpp (several minutes, once)", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", str(LLAMA_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "llama-cpp-python"], check=True)
-    return python
-
-
 def llama_child(gguf: str, work: str) -> dict:
     """Runs inside bench/.venv-llamacpp: rewrite the GGUF as F32/F16, then decode and prefill."""
     import ctypes
@@ -244,7 +235,7 @@ def llama_child(gguf: str, work: str) -> dict:
 
 
 def run_llama_cpp() -> dict:
-    python = ensure_llama_venv()
+    python = ensure_venv(LLAMA_VENV, ["llama-cpp-python"])
     sys.path.insert(0, str(REPO))
     from vllmmlxd.engine.builtin import extract_smollm2_gguf
     from vllmmlxd.paths import resolve_state_dir
@@ -271,12 +262,12 @@ def render(bw: tuple[float, float], runs: list[dict], llama: dict | None, comman
     lines = [
         SECTION, "",
         f"- Date: {time.strftime('%Y-%m-%d')}; command: `{command}`",
-        f"- Machine: {platform.system()} {platform.machine()}, {_cpu_name()}, {cores} cores, MLX {mx.__version__}",
+        f"- Machine: {platform.system()} {platform.machine()}, {cpu_name()}, {cores} cores, MLX {mx.__version__}",
         f"- Memory read bandwidth: {one:.1f} GB/s from one core, {allc:.1f} GB/s from all {cores}",
         f"- Decode model: `{MODEL}` in float32, {weight_gb * 1e3:.0f} MB of weights read per token: "
         f"the bandwidth limit is {limit:.0f} tok/s",
         f"- Prefill: a {PREFILL_TOKENS}-token prompt in {PREFILL_STEP}-token chunks; batched: mlx-lm's BatchGenerator, "
-        f"random {_params(RANDOM_LLAMA) / 1e6:.0f}M-parameter llama (float32), 32-token prompts, {BATCH_TOKENS} tokens each",
+        f"random {llama_params(RANDOM_LLAMA) / 1e6:.0f}M-parameter llama (float32), 32-token prompts, {BATCH_TOKENS} tokens each",
         "",
         "| BLAS (threads) | decode tok/s | of the limit | prefill tok/s | vs bundled | "
         + " | ".join(f"{n}-way tok/s" for n in BATCH_SIZES) + f" | {BATCH_SIZES[-1]}-way / 1-way |",
@@ -323,30 +314,6 @@ def render(bw: tuple[float, float], runs: list[dict], llama: dict | None, comman
     return "\n".join(lines) + "\n"
 
 
-def _params(cfg: dict) -> int:
-    h, i, layers, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-    kv = cfg["num_key_value_heads"] * h // cfg["num_attention_heads"]
-    return v * h + layers * (2 * h * h + 2 * h * kv + 3 * h * i)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def write_section(path: Path, text: str) -> None:
-    """Replace this benchmark's section of ``path`` (or append it)."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(SECTION) + r".*?(?=\n## |\Z)", re.S)
-    doc = pattern.sub(lambda _: text.rstrip("\n") + "\n", doc) if pattern.search(doc) else doc.rstrip("\n") + "\n\n" + text
-    path.write_text(doc)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help=f"comma-separated choices among {', '.join(CHOICES)}")
@@ -374,7 +341,7 @@ def main() -> None:
     text = render(bw, runs, llama, command)
     print(text)
     if args.write:
-        write_section(args.write, text)
+        write_section(args.write, SECTION, text)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,14 @@ import argparse
 import asyncio
 import os
 import platform
-import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, cpu_name, write_section
+
 sys.path.insert(0, str(REPO))
 
 from tests.support.servers import start_serve  # noqa: E402
@@ -36,10 +35,11 @@ def engine_alone(model: str, tokens: int, runs: int) -> float:
     activate("auto", len(available_cpus()))  # the BLAS a worker would run on, before mlx loads
     from vllmmlxd.engine.loader import load_model
     from vllmmlxd.engine.mlx_engine import MLXEngine
+    from vllmmlxd.engine.options import EngineOptions
     from vllmmlxd.engine.types import Finished, GenerationRequest, SamplingParams
     from vllmmlxd.paths import resolve_state_dir
 
-    engine = MLXEngine(load_model(model, resolve_state_dir()))
+    engine = MLXEngine(load_model(model, resolve_state_dir()), options=EngineOptions(cache_budget_bytes=0))
     prompt = engine.tokenize(PROMPT)
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
 
@@ -78,16 +78,9 @@ def through_server(model: str, tokens: int, runs: int) -> float:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        cpu = re.search(r"model name\s*:\s*(.*)", text).group(1)
-    except (OSError, AttributeError):
-        if sys.platform == "darwin":
-            cpu = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True).stdout.strip()
     import mlx.core as mx
 
-    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores, MLX {mx.__version__} on {mx.default_device()}"
+    return f"{platform.system()} {platform.machine()}, {cpu_name()}, {os.cpu_count()} cores, MLX {mx.__version__} on {mx.default_device()}"
 
 
 def main() -> None:
@@ -113,9 +106,7 @@ def main() -> None:
     )
     print(report)
     if args.write:
-        text = args.write.read_text() if args.write.exists() else "# Benchmarks\n\nMeasured with the scripts in `bench/`.\n\n"
-        text = re.sub(re.escape(heading) + r"\n.*?(?=\n## |\Z)", "", text, flags=re.S).rstrip() + "\n\n"
-        args.write.write_text(text + report)
+        write_section(args.write, heading, report, intro="# Benchmarks\n\nMeasured with the scripts in `bench/`.\n")
 
 
 if __name__ == "__main__":

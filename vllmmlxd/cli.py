@@ -30,12 +30,16 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--blas", default="auto",
                    help="Linux: the BLAS for float32 products: auto, mkl, blis, openblas, bundled or a library path")
     p.add_argument("--threads", type=int, help="BLAS threads (default: every core this process may use)")
-    # The rest of the reference server's flags: speed options are accepted (and noted in the
-    # log), later features are refused by the config's validation.
-    for flag in ("--continuous-batching", "--use-paged-cache", "--enable-auto-tool-choice"):
-        p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--cache-memory-mb", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--cache-memory-percent", type=float, default=0.20, help=argparse.SUPPRESS)
+    p.add_argument("--continuous-batching", action=argparse.BooleanOptionalAction, default=True,
+                   help="decode concurrent requests together (default); --no-continuous-batching: one at a time")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="requests decoded together at most")
+    p.add_argument("--prefill-step-size", type=int, default=512, help="prompt tokens prefilled per step at most")
+    p.add_argument("--cache-memory-mb", type=int, help="prefix cache budget in MB (0: no prefix cache)")
+    p.add_argument("--cache-memory-percent", type=float, default=0.20,
+                   help="prefix cache budget as a fraction of memory, when --cache-memory-mb is not given")
+    p.add_argument("--use-paged-cache", action="store_true", help="accepted for reference command lines: the prefix cache is always on")
+    # Later features: accepted as flags so the config's validation refuses them with a clear message.
+    p.add_argument("--enable-auto-tool-choice", action="store_true", help=argparse.SUPPRESS)
     for flag in ("--mcp-config", "--reasoning-parser", "--embedding-model", "--tool-call-parser"):
         p.add_argument(flag, help=argparse.SUPPRESS)
     return p
@@ -44,7 +48,7 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
 _PASSED_THROUGH = (
     "host", "port", "owned_by", "api_key", "timeout", "max_tokens", "max_request_tokens", "default_temperature",
     "default_top_p", "stream_interval", "max_queue", "rate_limit", "enable_metrics", "blas", "threads",
-    "continuous_batching", "use_paged_cache", "cache_memory_mb", "cache_memory_percent", "mcp_config", "reasoning_parser",
+    "continuous_batching", "max_num_seqs", "prefill_step_size", "use_paged_cache", "cache_memory_mb", "cache_memory_percent", "mcp_config", "reasoning_parser",
     "embedding_model", "enable_auto_tool_choice", "tool_call_parser",
 )
 

@@ -17,6 +17,7 @@ from .control.protocol import control_socket_path
 from .errors import ConfigError
 from .log import format_fields, log_event, setup_logging
 from .paths import resolve_state_dir
+from .supervisor.memory import load_memory_plan
 from .supervisor.notify import Notifier
 from .supervisor.slot import SlotSettings
 from .supervisor.supervisor import Supervisor
@@ -132,6 +133,20 @@ class _ControlFacade:
         return getattr(self._sup, name)
 
 
+def admit(loaded: LoadedConfig, state_dir: Path) -> bool:
+    """Log the memory plan; False (the config is refused) when its models do not fit in memory."""
+    plan = load_memory_plan(loaded.config, state_dir)
+    for name, fp in plan.entries.items():
+        log_event(logger, "memory.entry", model=name, total_mb=fp.total_mb,
+                  weights_mb=fp.weights_mb if fp.weights_known else "unknown", cache_mb=fp.cache_mb,
+                  worker_mb=fp.worker_mb, weights_from=fp.weights_note, cache_from=fp.cache_note)
+    if plan.fits:
+        log_event(logger, "memory.plan", **plan.fields())
+        return True
+    log_event(logger, "memory.refused", logging.ERROR, **plan.fields(), error=plan.refusal())
+    return False
+
+
 def run(config_path: str, state_dir: str | None = None) -> int:
     """Run the daemon until SIGTERM/SIGINT; returns its exit code."""
     try:
@@ -145,6 +160,8 @@ def run(config_path: str, state_dir: str | None = None) -> int:
     setup_logging(daemon_cfg.log_level)
     state = resolve_state_dir(state_dir or daemon_cfg.state_dir)
     state.mkdir(parents=True, exist_ok=True)
+    if not admit(loaded, state):
+        return EX_CONFIG
     try:
         return asyncio.run(Daemon(loaded, state).run())
     except OSError as exc:

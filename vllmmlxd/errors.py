@@ -80,10 +80,14 @@ class RateLimited(RequestError):
 
 
 class Overloaded(RequestError):
-    """The engine queue is full (503); the client may retry."""
+    """The engine queue is full (503); the client may retry after ``retry_after`` seconds."""
 
     status_code = 503
     error_type = "overloaded_error"
+
+    def __init__(self, message: str, *, retry_after: int = 1):
+        super().__init__(message, code="overloaded")
+        self.retry_after = retry_after
 
 
 class RequestTimeout(RequestError):

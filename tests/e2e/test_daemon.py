@@ -226,3 +226,23 @@ def test_check_validates_without_a_daemon(tmp_path):
 def test_ctl_reports_an_unreachable_daemon(tmp_path):
     r = subprocess.run([sys.executable, "-m", "vllmmlxd.ctl", "--socket", str(tmp_path / "none.sock"), "status"], capture_output=True, text=True)
     assert r.returncode == 4 and "cannot reach the daemon" in r.stderr
+
+
+def test_status_shows_each_models_load_and_cache(daemon):
+    port = free_port()
+    daemon.write({"a": model_entry(port, cache_memory_mb=64)})
+    daemon.start()
+    daemon.wait_ready({"a"})
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    assert httpx.post(url, json={"prompt": "Once upon a time " * 20, "max_tokens": 4}).status_code == 200
+    body = {"prompt": "x", "max_tokens": 1900, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url, json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(30):  # some tokens out, so the recent rate has something to measure
+            next(lines)
+        a = daemon.models()["a"]
+        assert (a["running"], a["waiting"]) == (1, 0)
+        assert a["tokens_per_s"] > 0
+        assert a["cache_budget_mb"] == 64.0 and 0 < a["cache_mb"] <= 64.0
+        row = dict(zip(*(line.split() for line in daemon.ctl("status").stdout.splitlines()[:2])))
+        assert row["RUN"] == "1" and row["CACHE"] == f"{a['cache_mb']:g}/64M"

@@ -85,6 +85,14 @@ def test_metrics_count_requests_tokens_and_the_queue(limited):
     assert value(m, "vllmmlxd_requests_waiting") == 0
     assert value(m, "vllmmlxd_requests_running") is not None
     assert value(m, "vllmmlxd_engine_steps_total") >= 8
+    # Latency histograms, the prefix cache and MLX's memory, each a family of its own.
+    assert value(m, "vllmmlxd_time_to_first_token_seconds_count") >= 2
+    assert value(m, "vllmmlxd_time_to_first_token_seconds_bucket", le="+Inf") >= 2
+    assert value(m, "vllmmlxd_inter_token_latency_seconds_count") >= 6
+    assert value(m, "vllmmlxd_prefix_cache_hits_total") + value(m, "vllmmlxd_prefix_cache_misses_total") >= 2
+    assert value(m, "vllmmlxd_prefix_cache_budget_bytes") > 0
+    assert value(m, "vllmmlxd_prefix_cache_bytes") >= 0 and value(m, "vllmmlxd_prefix_cache_entries") >= 0
+    assert value(m, "vllmmlxd_mlx_active_memory_bytes") > 0 and value(m, "vllmmlxd_mlx_peak_memory_bytes") > 0
     # Raw paths never become labels: an unknown path is counted as "other".
     assert httpx.get(limited.url + "/no/such/route/42").status_code == 404
     m = scrape(limited)

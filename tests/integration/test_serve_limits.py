@@ -18,7 +18,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def server():
-    s = start_serve("builtin:tiny", "--timeout", "2", "--max-queue", "1", "--stream-interval", "4", "--api-key", KEY)
+    s = start_serve("builtin:tiny", "--timeout", "2", "--max-num-seqs", "1", "--max-queue", "1",
+                    "--stream-interval", "4", "--api-key", KEY)
     yield s
     assert s.stop() == 0
     assert KEY not in s.log()
@@ -69,7 +70,7 @@ def test_stream_interval_groups_tokens(server):
 
 
 def test_full_queue_is_503_and_a_waiting_request_is_not_refused(server):
-    """One request runs, one waits (max-queue 1): the third is turned away with 503."""
+    """One request runs (max-num-seqs 1), one waits (max-queue 1): the third is turned away with 503."""
     with httpx.stream("POST", server.url + "/v1/completions", json=long_body(True), headers=AUTH, timeout=30) as running:
         lines = running.iter_lines()  # kept: dropping the iterator would close the stream
         next(lines)
@@ -87,6 +88,7 @@ def test_full_queue_is_503_and_a_waiting_request_is_not_refused(server):
             time.sleep(0.02)
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "z", "max_tokens": 3}, headers=AUTH)
         assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
+        assert 1 <= int(r.headers["Retry-After"]) <= 60
         active = httpx.get(server.url + "/v1/status", headers=AUTH).json()["requests"]
         assert [a["phase"] for a in active] == ["generation", "queued"]
         assert active[0]["generated_tokens"] > 0 and active[0]["ttft_s"] is not None and active[0]["max_tokens"] == 1900

@@ -50,6 +50,9 @@ class FakeTarget:
                               last_reload=self.last_reload, version="0.1.0")
         return StatusResponse(daemon=daemon, models=self.models)
 
+    async def refresh(self) -> None:
+        self.calls.append(("refresh",))
+
     async def reload(self, dry_run: bool = False) -> ReloadResponse:
         self.calls.append(("reload", dry_run))
         return self.reload_response.model_copy(update={"dry_run": dry_run})

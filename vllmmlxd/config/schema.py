@@ -47,11 +47,13 @@ class ModelConfig(_Strict):
         "auto", description="Linux: auto, mkl, blis, openblas, bundled or a path to a library exporting cblas_sgemm"
     )
     threads: int | None = Field(None, ge=1, le=1024, description="BLAS threads (and cores on Linux); default: an even share")
-    # Accepted so reference-server configs carry over; requests are still served one at a time.
-    continuous_batching: bool = False
-    use_paged_cache: bool = False
-    cache_memory_mb: int | None = Field(None, ge=1)
-    cache_memory_percent: float = Field(0.20, gt=0, le=1)
+    # The scheduler: requests decoded together, and the prefix cache's byte budget.
+    continuous_batching: bool = Field(True, description="decode many requests together; false: one at a time")
+    max_num_seqs: int = Field(16, ge=1, le=1024, description="requests decoded together at most (then they queue)")
+    prefill_step_size: int = Field(512, ge=16, le=65536, description="prompt tokens prefilled in one step at most")
+    use_paged_cache: bool = Field(False, description="accepted for reference configs: the prefix cache is always on")
+    cache_memory_mb: int | None = Field(None, ge=0, description="prefix cache budget in MB (0: no cache); unset: cache_memory_percent")
+    cache_memory_percent: float = Field(0.20, gt=0, le=1, description="prefix cache budget as a fraction of physical memory")
     # Features of later versions: a value other than the default is refused, never ignored.
     mcp_config: str | None = None
     reasoning_parser: str | None = None
@@ -73,10 +75,6 @@ class ModelConfig(_Strict):
         if v:
             raise ValueError(f"{info.field_name} is not available in this version of vllmmlxd")
         return v
-
-    def tuning_ignored(self) -> list[str]:
-        """Speed options this version accepts but does not act on (the worker says so at start)."""
-        return [k for k in TUNING_KEYS if getattr(self, k) != ModelConfig.model_fields[k].default]
 
     @field_validator("aliases", mode="before")
     @classmethod
@@ -103,15 +101,13 @@ class ModelConfig(_Strict):
         return self.served_model_name or key
 
 
-TUNING_KEYS = ("continuous_batching", "use_paged_cache", "cache_memory_mb", "cache_memory_percent")
-
-
 class DaemonConfig(_Strict):
     state_dir: Path | None = None
     control_socket: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     drain_timeout: float = Field(30.0, ge=0)
     watch: bool = True
+    memory_reserve_mb: int = Field(2048, ge=0, description="memory left to the system; the models must fit in the rest")
 
 
 class Config(_Strict):

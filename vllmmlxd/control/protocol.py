@@ -62,6 +62,11 @@ class ModelStatus(_Wire):
     blas_warning: str | None = None  # why it is not on the BLAS it was asked for
     threads: int | None = None
     cpus: str | None = None  # the cores it runs on, as 0-3,6
+    running: int | None = None  # requests being generated
+    waiting: int | None = None  # requests queued for the engine
+    tokens_per_s: float | None = None  # generated over the last few seconds, all requests together
+    cache_mb: float | None = None  # the prefix cache's use...
+    cache_budget_mb: float | None = None  # ...against its budget
 
 
 class StatusResponse(_Wire):
@@ -94,6 +99,10 @@ class ControlTarget(Protocol):
     """What the control server asks of the supervisor. Unknown names raise ``KeyError(name)``."""
 
     def status(self) -> StatusResponse: ...
+
+    async def refresh(self) -> None:
+        """Update the workers' live figures that ``status`` reports."""
+        ...
 
     async def reload(self, dry_run: bool = False) -> ReloadResponse: ...
 

@@ -45,6 +45,7 @@ def make_control_app(target: ControlTarget) -> FastAPI:
     # Routes are async so the target is only ever called on the daemon's event loop, never a thread.
     @app.get("/status")
     async def status() -> JSONResponse:
+        await target.refresh()
         return JSONResponse(target.status().model_dump(mode="json"))
 
     @app.post("/reload")

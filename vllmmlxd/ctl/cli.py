@@ -14,7 +14,14 @@ from pathlib import Path
 
 from vllmmlxd.ctl import exit_codes
 from vllmmlxd.ctl.client import ControlClient, ControlRequestError, DaemonUnreachable, resolve_socket
-from vllmmlxd.ctl.render import all_ready, render_action, render_check, render_reload, render_status
+from vllmmlxd.ctl.render import (
+    all_ready,
+    render_action,
+    render_check,
+    render_check_refused,
+    render_reload,
+    render_status,
+)
 from vllmmlxd.errors import VllmmlxdError
 
 PROG = "vllmmlxctl"
@@ -71,16 +78,23 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Validate a config file without a daemon: ``FILE: ok (...)`` or its FILE:LINE:COL errors."""
+    """Validate a config file without a daemon: ``FILE: ok (...)`` and its memory plan, or why it is refused."""
     from vllmmlxd.config.load import load_config
     from vllmmlxd.errors import ConfigError
+    from vllmmlxd.paths import resolve_state_dir
+    from vllmmlxd.supervisor.memory import load_memory_plan
 
     try:
         loaded = load_config(args.file)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return exit_codes.ERROR
-    print(render_check(args.file, list(loaded.config.models)))
+    # The plan on this machine, as the daemon would compute it at start (it reads the same files).
+    memory = load_memory_plan(loaded.config, resolve_state_dir(loaded.config.daemon.state_dir))
+    if not memory.fits:
+        print(render_check_refused(args.file, memory.refusal()), file=sys.stderr)
+        return exit_codes.ERROR
+    print(render_check(args.file, list(loaded.config.models), memory.render()))
     return exit_codes.OK
 
 

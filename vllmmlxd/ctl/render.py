@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 from vllmmlxd.control.protocol import ActionResponse, ModelStatus, ReloadResponse, StatusResponse
 
-STATUS_HEADERS = ("MODEL", "STATE", "PID", "PORT", "UPTIME", "RESTARTS", "BLAS", "THREADS", "CPUS")
+STATUS_HEADERS = (
+    "MODEL", "STATE", "PID", "PORT", "UPTIME", "RESTARTS", "RUN", "WAIT", "TOK/S", "CACHE", "BLAS", "THREADS", "CPUS",
+)
 # States worth explaining under the table with the worker's last stderr lines.
 _EXPLAINED = ("failed", "backoff")
 _INDENT = "    "
@@ -46,9 +48,20 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _row(m: ModelStatus) -> tuple[str, ...]:
     pid = "-" if m.pid is None else str(m.pid)
-    threads = "-" if m.threads is None else str(m.threads)
     return (m.name, m.state, pid, str(m.port), format_duration(m.uptime_s), str(m.restarts),
-            m.blas or "-", threads, m.cpus or "-")
+            _or_dash(m.running), _or_dash(m.waiting), _or_dash(m.tokens_per_s), _cache(m),
+            m.blas or "-", _or_dash(m.threads), m.cpus or "-")
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _cache(m: ModelStatus) -> str:
+    """The prefix cache's use against its budget: ``12/4821M``."""
+    if m.cache_mb is None or m.cache_budget_mb is None:
+        return "-"
+    return f"{m.cache_mb:g}/{m.cache_budget_mb:g}M"
 
 
 def _blas_lines(models: Sequence[ModelStatus]) -> list[str]:
@@ -107,7 +120,9 @@ def render_reload(result: ReloadResponse) -> str:
     plan = [_INDENT + line for line in result.plan.splitlines()]
     if result.ok:
         return "\n".join([("would apply:" if result.dry_run else "reloaded:")] + plan)
-    lines = ["reload failed; the daemon keeps its previous config:", *(result.error or "unknown error").splitlines()]
+    head = ("the reload would fail; nothing changed:" if result.dry_run
+            else "reload failed; the daemon keeps its previous config:")
+    lines = [head, *(result.error or "unknown error").splitlines()]
     if plan:
         lines += ["plan:"] + plan
     return "\n".join(lines)
@@ -120,7 +135,13 @@ def render_action(verb: str, result: ActionResponse) -> str:
     return f"{verb} {result.name} failed: {result.message or 'no reason given'}"
 
 
-def render_check(path: str, names: Sequence[str]) -> str:
-    """``FILE: ok (2 models: a, b)``."""
+def render_check(path: str, names: Sequence[str], memory: str = "") -> str:
+    """``FILE: ok (2 models: a, b)``, then the memory plan's lines."""
     count = f"{len(names)} model{'' if len(names) == 1 else 's'}"
-    return f"{path}: ok ({count}: {', '.join(names)})" if names else f"{path}: ok ({count})"
+    head = f"{path}: ok ({count}: {', '.join(names)})" if names else f"{path}: ok ({count})"
+    return "\n".join([head, *memory.splitlines()])
+
+
+def render_check_refused(path: str, refusal: str) -> str:
+    """``FILE: refused: not enough memory: ...``, the daemon would exit 78 on it."""
+    return f"{path}: refused: {refusal}"

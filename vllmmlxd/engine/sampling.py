@@ -42,7 +42,7 @@ def make_sampler(params: SamplingParams) -> Sampler:
     return sample
 
 
-def make_processors(params: SamplingParams, prompt_len: int) -> list[LogitsProcessor]:
+def make_processors(params: SamplingParams) -> list[LogitsProcessor]:
     """Logit bias and repetition penalty (mlx-lm's), presence/frequency over generated tokens only."""
     processors = make_logits_processors(
         logit_bias=dict(params.logit_bias) or None,
@@ -50,17 +50,31 @@ def make_processors(params: SamplingParams, prompt_len: int) -> list[LogitsProce
         repetition_context_size=64,
     )
     if params.presence_penalty or params.frequency_penalty:
-        processors.append(_output_penalty(prompt_len, params.presence_penalty, params.frequency_penalty))
+        processors.append(OutputPenalty(params.presence_penalty, params.frequency_penalty))
     return processors
 
 
-def _output_penalty(prompt_len: int, presence: float, frequency: float) -> LogitsProcessor:
-    # OpenAI's penalties count what the model wrote, not the prompt.
-    def process(tokens: mx.array, logits: mx.array) -> mx.array:
-        generated = tokens[prompt_len:]
-        if generated.size == 0:
-            return logits
-        counts = mx.zeros((logits.shape[-1],), dtype=logits.dtype).at[generated].add(1)
-        return logits - frequency * counts - presence * (counts > 0).astype(logits.dtype)
+class OutputPenalty:
+    """OpenAI's presence and frequency penalties: over what this request wrote, not its prompt.
 
-    return process
+    It counts tokens as they come instead of slicing the context at the prompt's length,
+    because the context a processor sees may start with a cached prefix or be a batch's
+    view. Called once per step; from the second call on, the context ends with the token
+    sampled at the previous step.
+    """
+
+    def __init__(self, presence: float, frequency: float):
+        self.presence = presence
+        self.frequency = frequency
+        self.counts: mx.array | None = None
+        self.calls = 0
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self.calls:
+            if self.counts is None:
+                self.counts = mx.zeros((logits.shape[-1],), dtype=logits.dtype)
+            self.counts = self.counts.at[tokens[-1:]].add(1)
+        self.calls += 1
+        if self.counts is None:
+            return logits
+        return logits - self.frequency * self.counts - self.presence * (self.counts > 0).astype(logits.dtype)

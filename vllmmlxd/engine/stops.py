@@ -26,19 +26,29 @@ class StopMatcher:
         if not self.stops:
             return piece
         buf = self._held + piece
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        cut = self._earliest_stop(buf)
+        # A longer stop string may still complete and start before the one found: wait for it.
+        undecided = len(buf) - self._partial_suffix(buf)
+        if cut >= 0 and undecided >= cut:
             self.stopped = True
             self._held = ""
             return buf[:cut]
-        keep = self._partial_suffix(buf)
-        self._held = buf[len(buf) - keep :] if keep else ""
-        return buf[: len(buf) - keep]
+        self._held = buf[undecided:]
+        return buf[:undecided]
 
     def flush(self) -> str:
-        """The held-back text, once generation ends without a stop."""
+        """The held-back text, once generation ends (cut at a stop string it holds)."""
         held, self._held = self._held, ""
-        return "" if self.stopped else held
+        if self.stopped:
+            return ""
+        cut = self._earliest_stop(held)
+        if cut >= 0:
+            self.stopped = True
+            return held[:cut]
+        return held
+
+    def _earliest_stop(self, buf: str) -> int:
+        return min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
 
     def _partial_suffix(self, buf: str) -> int:
         """Length of the longest suffix of ``buf`` that is a proper prefix of a stop string."""

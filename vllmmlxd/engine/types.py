@@ -99,7 +99,11 @@ class RequestProgress:
     queued_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     first_token_at: float | None = None
+    last_token_at: float | None = None
     generated_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache
+    prefilled_tokens: int = 0  # prompt tokens in the KV cache so far (cached ones included)
+    cache_hit_type: str = "none"  # exact, prefix, lcp (longest common prefix) or none
 
     @property
     def phase(self) -> Literal["queued", "prefill", "generation"]:
@@ -118,15 +122,62 @@ class RequestProgress:
             "ttft_s": round(ttft, 3) if ttft is not None else None,
             "tokens_per_second": round((self.generated_tokens - 1) / decoding, 1) if decoding > 0 else None,
             "prompt_tokens": self.prompt_tokens,
+            "cache_hit_type": self.cache_hit_type,
+            "cached_tokens": self.cached_tokens,
             "generated_tokens": self.generated_tokens,
             "max_tokens": self.max_tokens,
             "progress": round(self.generated_tokens / self.max_tokens, 3) if self.max_tokens else None,
         }
 
 
+# Seconds; time to first token spans a queue and a prefill, a gap between tokens one step.
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+@dataclass
+class LatencyHistogram:
+    """Cumulative bucket counts and a sum, as Prometheus histograms keep them; no prometheus here."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.bounds)
+
+    def observe(self, seconds: float) -> None:
+        for i, bound in enumerate(self.bounds):
+            if seconds <= bound:
+                self.counts[i] += 1
+        self.total += seconds
+        self.count += 1
+
+
+@dataclass
+class RecentRate:
+    """Tokens per second over the last ``window`` seconds, from (time, running total) samples."""
+
+    window: float = 10.0
+    samples: list[tuple[float, int]] = field(default_factory=list)
+
+    def note(self, now: float, total: int) -> None:
+        self.samples.append((now, total))
+        while len(self.samples) > 2 and self.samples[1][0] < now - self.window:
+            self.samples.pop(0)
+
+    def rate(self, now: float) -> float:
+        recent = [s for s in list(self.samples) if s[0] >= now - self.window]
+        if len(recent) < 2 or recent[-1][0] <= recent[0][0]:
+            return 0.0
+        (t0, n0), (t1, n1) = recent[0], recent[-1]
+        return (n1 - n0) / max(now - t0, t1 - t0)
+
+
 @dataclass
 class EngineStats:
-    """Counters for /v1/status; written by the engine thread, read anywhere."""
+    """Counters for /v1/status and /metrics; written by the engine thread, read anywhere."""
 
     started: float = field(default_factory=time.time)
     steps_executed: int = 0
@@ -136,10 +187,17 @@ class EngineStats:
     total_prompt_tokens: int = 0
     total_completion_tokens: int = 0
     requests: dict[str, RequestProgress] = field(default_factory=dict)
+    ttft: LatencyHistogram = field(default_factory=lambda: LatencyHistogram(TTFT_BUCKETS))
+    inter_token: LatencyHistogram = field(default_factory=lambda: LatencyHistogram(ITL_BUCKETS))
+    generated: RecentRate = field(default_factory=RecentRate)  # all tokens generated, for a recent rate
 
     def active_requests(self) -> list[dict]:
         """Snapshots of the requests queued or running, oldest first."""
         return [r.snapshot() for r in list(self.requests.values())]
+
+    def tokens_per_second(self, now: float | None = None) -> float:
+        """Generated tokens per second over the last few seconds, all requests together."""
+        return round(self.generated.rate(time.monotonic() if now is None else now), 1)
 
 
 class Engine(Protocol):
@@ -160,5 +218,9 @@ class Engine(Protocol):
         ...
 
     def memory(self) -> dict[str, float]: ...
+
+    def cache_status(self) -> dict:
+        """The prefix cache: type, entries, hit_rate, memory_mb, budget_mb and counters."""
+        ...
 
     def close(self) -> None: ...

@@ -7,7 +7,7 @@ one process, as in tests, do not clash. Every metric carries the served ``model`
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from typing import Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -19,11 +19,11 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..engine.types import EngineStats
+from ..engine.types import Engine
 
 # Generations run for minutes; the default buckets stop at 10 s.
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, float("inf"))
@@ -39,26 +39,55 @@ _GAUGES = (
     ("vllmmlxd_requests_running", "Generations running in the engine.", "num_running"),
     ("vllmmlxd_requests_waiting", "Generations waiting for the engine.", "num_waiting"),
 )
+_CACHE_COUNTERS = (
+    ("vllmmlxd_prefix_cache_hits_total", "Prompts that took a start from the prefix cache.", "hits"),
+    ("vllmmlxd_prefix_cache_misses_total", "Prompts that found nothing in the prefix cache.", "misses"),
+    ("vllmmlxd_prefix_cache_cached_tokens_total", "Prompt tokens taken from the prefix cache.", "cached_tokens"),
+    ("vllmmlxd_prefix_cache_evictions_total", "Entries evicted to keep the budget.", "evictions"),
+)
 
 
-class EngineStatsCollector:
-    """Reads ``EngineStats`` at scrape time, so the engine thread never touches prometheus_client."""
+class EngineCollector:
+    """Reads the engine's stats, prefix cache and memory at scrape time, so the engine thread
+    never touches prometheus_client."""
 
-    def __init__(self, stats: Callable[[], EngineStats], model: str):
-        self._stats = stats
+    def __init__(self, engine: Engine, model: str):
+        self._engine = engine
         self._model = model
 
+    def _family(self, kind, name: str, doc: str, value: float) -> Metric:
+        family = kind(name, doc, labels=["model"])
+        family.add_metric([self._model], value)
+        return family
+
     def collect(self) -> Iterator[Metric]:
-        """One family per EngineStats field, labelled with the model."""
-        stats = self._stats()
+        """Counters, gauges and the latency histograms, each labelled with the model."""
+        stats = self._engine.stats
         for name, doc, field in _COUNTERS:
-            family = CounterMetricFamily(name, doc, labels=["model"])
-            family.add_metric([self._model], getattr(stats, field))
-            yield family
+            yield self._family(CounterMetricFamily, name, doc, getattr(stats, field))
         for name, doc, field in _GAUGES:
-            family = GaugeMetricFamily(name, doc, labels=["model"])
-            family.add_metric([self._model], getattr(stats, field))
+            yield self._family(GaugeMetricFamily, name, doc, getattr(stats, field))
+        for name, doc, hist in (
+            ("vllmmlxd_time_to_first_token_seconds", "From arrival to the first generated token.", stats.ttft),
+            ("vllmmlxd_inter_token_latency_seconds", "Between two tokens of one generation.", stats.inter_token),
+        ):
+            family = HistogramMetricFamily(name, doc, labels=["model"])
+            buckets = [(str(b), c) for b, c in zip(hist.bounds, hist.counts)] + [("+Inf", hist.count)]
+            family.add_metric([self._model], buckets, hist.total)
             yield family
+        cache = self._engine.cache_status()
+        for name, doc, key in _CACHE_COUNTERS:
+            yield self._family(CounterMetricFamily, name, doc, cache[key])
+        yield self._family(GaugeMetricFamily, "vllmmlxd_prefix_cache_bytes", "Bytes of KV held by the prefix cache.",
+                           cache["memory_mb"] * 1024**2)
+        yield self._family(GaugeMetricFamily, "vllmmlxd_prefix_cache_budget_bytes", "The prefix cache's byte budget.",
+                           cache["budget_mb"] * 1024**2)
+        yield self._family(GaugeMetricFamily, "vllmmlxd_prefix_cache_entries", "Sequences in the prefix cache.",
+                           cache["entries"])
+        for key, value in self._engine.memory().items():  # active / peak / cache memory of MLX, in GB
+            name = "vllmmlxd_mlx_" + key.removesuffix("_gb") + "_bytes"
+            yield self._family(GaugeMetricFamily, name, f"MLX {key.removesuffix('_gb').replace('_', ' ')}.",
+                               value * 1024**3)
 
     def describe(self) -> Iterator[Metric]:
         """The same families, so the registry can refuse duplicate names."""
@@ -68,7 +97,7 @@ class EngineStatsCollector:
 class Metrics:
     """One app's registry with its HTTP instruments and the engine's collector."""
 
-    def __init__(self, stats: Callable[[], EngineStats], model: str):
+    def __init__(self, engine: Engine, model: str):
         self.model = model
         self.registry = CollectorRegistry()
         self._requests = Counter(
@@ -79,7 +108,7 @@ class Metrics:
             "vllmmlxd_request_duration_seconds", "Time from request to the last body byte, by route template.",
             ["model", "route"], buckets=DURATION_BUCKETS, registry=self.registry,
         )
-        self.registry.register(EngineStatsCollector(stats, model))
+        self.registry.register(EngineCollector(engine, model))
         # Cheap: /proc reads on Linux (nothing on macOS), gc and platform info.
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)

@@ -42,6 +42,7 @@ class WorkerProcess:
         self.started = time.time()
         self.exit_code: int | None = None
         self.runtime: dict = {}  # BLAS, threads and cores, as the worker reports them once ready
+        self.load: dict = {}  # requests, recent tokens/s and prefix cache use, as of the last refresh
         self._sink = sink
         self.recent: deque[str] = deque(maxlen=40)
         self._stderr_task = asyncio.create_task(self._forward_stderr())
@@ -102,10 +103,21 @@ class WorkerProcess:
         while time.monotonic() < deadline and self.proc.returncode is None:
             body = await self.health(timeout=2) if self.health_socket.exists() else None
             if body is not None:
-                self.runtime = body.get("runtime") or {}
+                self.note(body)
                 return True
             await asyncio.sleep(0.1)
         return False
+
+    def note(self, body: dict) -> None:
+        """Keep what a health answer says of the worker's process and load."""
+        self.runtime = body.get("runtime") or self.runtime
+        self.load = body.get("load") or {}
+
+    async def refresh(self, timeout: float = 1.0) -> None:
+        """Ask the worker for its current load (for `vllmmlxctl status`); keep the last on no answer."""
+        body = await self.health(timeout)
+        if body is not None:
+            self.note(body)
 
     async def health(self, timeout: float = 5) -> dict | None:
         """One health check: the body of a 200, else None. A worker busy generating still answers."""

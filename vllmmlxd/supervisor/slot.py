@@ -187,8 +187,15 @@ class Slot:
             self.worker = None
             await self._start_locked()
 
-    async def replace(self, config: ModelConfig, share: CpuShare | None = None) -> tuple[bool, str | None]:
-        """Swap in a worker for ``config`` (on the cores of ``share``) with no downtime; the old one keeps serving if it fails."""
+    async def replace(
+        self, config: ModelConfig, share: CpuShare | None = None, *, hold_both: bool = True,
+    ) -> tuple[bool, str | None]:
+        """Swap in a worker for ``config`` (on the cores of ``share``) with no downtime; the old one keeps serving if it fails.
+
+        ``hold_both=False`` (the two do not fit in memory together): stop the old worker, then start the new.
+        """
+        if not hold_both:
+            return await self._replace_cold(config, share)
         async with self._lock:
             old_worker, old_sock = self.worker, self._sock
             same_address = (config.host, config.port) == (self.config.host, self.config.port)
@@ -219,6 +226,23 @@ class Slot:
             old_sock.close()
         return True, None
 
+    async def _replace_cold(self, config: ModelConfig, share: CpuShare | None) -> tuple[bool, str | None]:
+        # The socket stays bound when the address does: clients wait in its queue instead of being refused.
+        async with self._lock:
+            self._gen += 1
+            self._fast_crashes = 0
+            old = self.worker
+            if old is not None and old.alive:
+                self._set(states.DRAINING, pid=old.pid, reason="not enough memory for both")
+                await self._drain(old, announce=False)
+            self.worker, self.ready_since = None, None
+            if (config.host, config.port) != (self.config.host, self.config.port) and self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            self.config, self.planned_share = config, share
+            ok = await self._start_locked()
+            return ok, None if ok else self.last_error
+
     async def _drain(self, worker: WorkerProcess, *, announce: bool = True) -> None:
         if announce:  # stop() announces it through the slot's state instead
             log_event(logger, "worker.draining", model=self.name, pid=worker.pid)
@@ -240,10 +264,10 @@ class Slot:
                 self._sock = None
             self._set(states.STOPPED)
 
-    async def restart(self) -> bool:
-        """Replace the worker by a fresh one of the same config (zero downtime when it runs)."""
+    async def restart(self, *, hold_both: bool = True) -> bool:
+        """Replace the worker by a fresh one of the same config (zero downtime when it runs and ``hold_both``)."""
         if self.worker is not None and self.worker.alive and self.state == states.READY:
-            ok, _ = await self.replace(self.config, self.planned_share)
+            ok, _ = await self.replace(self.config, self.planned_share, hold_both=hold_both)
             if ok:
                 self.restarts += 1
             return ok

@@ -1,7 +1,9 @@
 """The supervisor: one slot per model entry, reloads applied as a diff.
 
 Unchanged entries are never touched; added ones start; removed ones drain and stop;
-changed ones are swapped with no downtime. An invalid config changes nothing.
+changed ones are swapped with no downtime (or, where the old and new worker do not fit in
+memory together, stopped then started). An invalid config, or one whose models do not fit
+in memory, changes nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..errors import ConfigError
 from ..log import log_event
 from ..runtime import cpus
 from . import states
+from .memory import MemoryPlan, load_memory_plan
 from .slot import Slot, SlotSettings
 
 logger = logging.getLogger("vllmmlxd.supervisor")
@@ -96,20 +99,37 @@ class Supervisor:
                 return ReloadResponse(ok=False, dry_run=dry_run, plan="", error=str(exc))
             shares = self._plan_shares(new.config)
             plan = diff_models(self.running_config(), new.config)
+            # A changed entry's swap holds its running worker beside the new one.
+            replacing = {n: self.slots[n].config for n in plan.changed if self.slots[n].pid is not None}
+            memory = await asyncio.to_thread(load_memory_plan, new.config, self.settings.state_dir, replacing)
+            text = f"{plan.render()}\n{memory.render()}"
+            if not memory.fits:
+                return self._refuse(memory, text, dry_run)
             if dry_run:
-                return ReloadResponse(ok=True, dry_run=True, plan=plan.render(), error=None)
+                return ReloadResponse(ok=True, dry_run=True, plan=text, error=None)
             self._apply_daemon(plan, new.config)
             self._keep_shares(plan, shares)
-            errors = await self._apply(plan, new)
+            errors = await self._apply(plan, new, memory)
             self.loaded = new
             error = "\n".join(errors) or None
-            self.last_reload = ReloadResult(ok=not errors, at=time.time(), error=error, plan=plan.render())
+            self.last_reload = ReloadResult(ok=not errors, at=time.time(), error=error, plan=text)
             log_event(
                 logger, "reload.done" if not errors else "reload.failed", logging.INFO if not errors else logging.ERROR,
-                added=",".join(plan.added), changed=",".join(plan.changed), removed=",".join(plan.removed), error=error,
+                added=",".join(plan.added), changed=",".join(plan.changed), removed=",".join(plan.removed),
+                needed_mb=memory.needed_mb, usable_mb=memory.capacity.usable_mb, error=error,
             )
             self._on_change()
-            return ReloadResponse(ok=not errors, dry_run=False, plan=plan.render(), error=error)
+            return ReloadResponse(ok=not errors, dry_run=False, plan=text, error=error)
+
+    def _refuse(self, memory: MemoryPlan, text: str, dry_run: bool) -> ReloadResponse:
+        """A config whose models do not fit: nothing changes, and the error names each entry with its numbers."""
+        error = memory.refusal()
+        if not dry_run:
+            self.last_reload = ReloadResult(ok=False, at=time.time(), error=error, plan=text)
+            log_event(logger, "reload.refused", logging.ERROR, **memory.fields(),
+                      entries=",".join(f"{n}:{f.total_mb}" for n, f in memory.entries.items()), error=error)
+            self._on_change()
+        return ReloadResponse(ok=False, dry_run=dry_run, plan=text, error=error)
 
     def _apply_daemon(self, plan: ReloadPlan, new: Config) -> None:
         """Take the daemon keys that apply live; workers see a new log_level when they next start."""
@@ -137,7 +157,7 @@ class Supervisor:
                 self.slots[name].planned_share = planned
         self.shares = shares
 
-    async def _apply(self, plan: ReloadPlan, new: LoadedConfig) -> list[str]:
+    async def _apply(self, plan: ReloadPlan, new: LoadedConfig, memory: MemoryPlan) -> list[str]:
         errors: list[str] = []
         if plan.restart_required:
             errors.append(f"daemon.{', daemon.'.join(plan.restart_required)} changed: restart the daemon to apply")
@@ -147,9 +167,13 @@ class Supervisor:
             del self.slots[name]
 
         async def change(name: str) -> None:
-            ok, error = await self.slots[name].replace(new.config.models[name], self.shares.get(name))
-            if not ok:
+            swap = _swap_or_say_why(memory, name)
+            ok, error = await self.slots[name].replace(new.config.models[name], self.shares.get(name), hold_both=swap)
+            if not ok and swap:
                 errors.append(f"{name}: the new worker did not become ready; the old one keeps serving: {error}")
+            elif not ok:
+                errors.append(f"{name}: stopped to make room (not enough memory for both); "
+                              f"the new worker did not become ready: {error}")
 
         async def add(name: str) -> None:
             slot = Slot(name, new.config.models[name], self.settings, self._on_change, self.shares.get(name))
@@ -183,9 +207,21 @@ class Supervisor:
             ],
         )
 
+    async def refresh(self) -> None:
+        """Fresh load figures from every running worker, in parallel, before a status is read."""
+        workers = [s.worker for s in self.slots.values() if s.worker is not None and s.pid is not None]
+        await asyncio.gather(*(w.refresh() for w in workers), return_exceptions=True)
+
     async def restart(self, name: str) -> ActionResponse:
-        ok = await self._slot(name).restart()
-        return ActionResponse(ok=ok, name=name, message="restarted" if ok else "did not become ready")
+        slot = self._slot(name)
+        replacing = {name: slot.config} if slot.pid is not None else {}
+        memory = await asyncio.to_thread(load_memory_plan, self.running_config(), self.settings.state_dir, replacing)
+        swap = _swap_or_say_why(memory, name)
+        ok = await slot.restart(hold_both=swap)
+        if not ok:
+            return ActionResponse(ok=False, name=name, message="did not become ready")
+        message = "restarted" if swap else "restarted (stopped first: not enough memory for both)"
+        return ActionResponse(ok=True, name=name, message=message)
 
     async def stop(self, name: str) -> ActionResponse:
         await self._slot(name).stop(close_socket=True)
@@ -211,7 +247,18 @@ class Supervisor:
         return sum(s.state == states.READY for s in self.slots.values()), len(self.slots)
 
 
+def _swap_or_say_why(memory: MemoryPlan, name: str) -> bool:
+    """Whether ``name`` is swapped with no downtime; logs why not when it is stopped first."""
+    if memory.swap(name):
+        return True
+    log_event(logger, "memory.restart", logging.WARNING, model=name, reason="not enough memory for both",
+              peak_mb=memory.changes[name].peak_mb, usable_mb=memory.capacity.usable_mb)
+    return False
+
+
 def _runtime_fields(slot: Slot) -> dict:
-    """BLAS, threads and cores of the slot's running worker, as it reported them."""
-    runtime = slot.worker.runtime if slot.worker is not None and slot.pid is not None else {}
-    return {key: runtime.get(key) for key in ("blas", "blas_path", "blas_warning", "threads", "cpus")}
+    """BLAS, threads, cores and load of the slot's running worker, as it reported them."""
+    live = slot.worker is not None and slot.pid is not None
+    runtime, load = (slot.worker.runtime, slot.worker.load) if live else ({}, {})
+    fields = {key: runtime.get(key) for key in ("blas", "blas_path", "blas_warning", "threads", "cpus")}
+    return fields | {key: load.get(key) for key in ("running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb")}

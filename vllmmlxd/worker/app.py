@@ -27,7 +27,7 @@ def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | No
     app.include_router(make_openai_router(ctx), dependencies=api_deps)
 
     if config.enable_metrics:
-        metrics = Metrics(lambda: engine.stats, ctx.name)
+        metrics = Metrics(engine, ctx.name)
         app.add_middleware(MetricsMiddleware, metrics=metrics)
 
         @app.get("/metrics")
@@ -39,6 +39,7 @@ def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | No
         body = {"status": "ok", "model": ctx.name}
         if request.client is None:  # the daemon's private Unix socket: it shows these in `vllmmlxctl status`
             body["runtime"] = ctx.runtime
+            body["load"] = load(engine)
         return body
 
     @app.get("/v1/status", dependencies=api_deps)
@@ -53,13 +54,27 @@ def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | No
             "steps_executed": s.steps_executed,
             "num_running": s.num_running,
             "num_waiting": s.num_waiting,
+            "tokens_per_second": s.tokens_per_second(),
             "total_requests_processed": s.total_requests_processed,
             "total_prompt_tokens": s.total_prompt_tokens,
             "total_completion_tokens": s.total_completion_tokens,
             "context_length": engine.info.context_length,
             "metal": engine.memory(),
+            "cache": engine.cache_status(),
             "runtime": ctx.runtime,
             "requests": s.active_requests(),
         }
 
     return app
+
+
+def load(engine: Engine) -> dict:
+    """What the daemon shows of a worker's work: requests, recent speed, prefix cache against its budget."""
+    cache = engine.cache_status()
+    return {
+        "running": engine.stats.num_running,
+        "waiting": engine.stats.num_waiting,
+        "tokens_per_s": engine.stats.tokens_per_second(),
+        "cache_mb": cache["memory_mb"],
+        "cache_budget_mb": cache["budget_mb"],
+    }

@@ -26,6 +26,7 @@ from ..log import log_event, setup_logging
 from ..paths import resolve_state_dir
 from ..runtime import cpus as cpu_shares
 from ..runtime.blas import ActiveBlas, BlasInfo, activate
+from ..runtime.memory import read_machine_memory
 from ..sockets import bind_tcp, bind_unix, http_url
 
 logger = logging.getLogger("vllmmlxd.worker")
@@ -61,13 +62,17 @@ def load_engine(config: ModelConfig, key: str, state_dir: Path):
     """Load the model and start its engine thread (imports mlx: workers only)."""
     from ..engine.loader import load_model
     from ..engine.mlx_engine import MLXEngine
+    from ..engine.options import engine_options
 
     started = time.perf_counter()
     loaded = load_model(config.model, state_dir, trust_remote_code=config.trust_remote_code)
-    engine = MLXEngine(loaded, name=config.display_name(key), max_queue=config.max_queue)
+    options = engine_options(config, read_machine_memory(working_set=False).physical or 0)
+    engine = MLXEngine(loaded, name=config.display_name(key), options=options)
     log_event(
         logger, "model.loaded", model=key, source=config.model,
         context=engine.info.context_length, load_s=round(time.perf_counter() - started, 2),
+        batching=options.continuous_batching, max_num_seqs=options.max_running,
+        cache_budget_mb=round(options.cache_budget_bytes / 1024**2),
     )
     return engine
 
@@ -107,9 +112,6 @@ def serve(
     from .app import create_app
 
     runtime = runtime_report(confirm(active_blas), key, cpus)
-    for option in config.tuning_ignored():
-        log_event(logger, "option.ignored", logging.WARNING, model=key, option=option,
-                  reason="this version serves requests one at a time")
     try:
         engine = load_engine(config, key, state_dir)
     except Exception as exc:

@@ -51,6 +51,7 @@ def test_status_json_has_exactly_the_documented_keys():
             "name", "state", "pid", "host", "port", "restarts", "uptime_s",
             "last_exit_code", "served_model_name", "last_error",
             "blas", "blas_path", "blas_warning", "threads", "cpus",
+            "running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb",
         }
     assert data["models"][1]["pid"] is None and data["models"][1]["uptime_s"] is None
 

@@ -47,8 +47,9 @@ def test_status_all_ready_exits_0_with_table_and_footer(daemon, capsys):
     code, out, _ = ctl(daemon, capsys, "status")
     assert code == exit_codes.OK
     lines = out.splitlines()
-    assert lines[0].split() == ["MODEL", "STATE", "PID", "PORT", "UPTIME", "RESTARTS", "BLAS", "THREADS", "CPUS"]
-    assert lines[1].split() == ["a", "ready", "4200", "8001", "3m12s", "0", "-", "-", "-"]
+    assert lines[0].split() == ["MODEL", "STATE", "PID", "PORT", "UPTIME", "RESTARTS", "RUN", "WAIT", "TOK/S",
+                                "CACHE", "BLAS", "THREADS", "CPUS"]
+    assert lines[1].split() == ["a", "ready", "4200", "8001", "3m12s", "0", "-", "-", "-", "-", "-", "-", "-"]
     assert "last reload: ok at " in out
 
 
@@ -213,11 +214,32 @@ def test_an_unreadable_config_for_discovery_is_an_error(tmp_path, capsys):
     assert "missing.yaml: cannot read: No such file or directory" in capsys.readouterr().err
 
 
-def test_check_a_good_config(tmp_path, capsys):
+@pytest.fixture
+def sixteen_gib(monkeypatch):
+    from vllmmlxd.runtime import memory
+
+    monkeypatch.setattr(memory, "read_machine_memory", lambda: memory.MachineMemory(16 << 30, "MemTotal"))
+
+
+def test_check_a_good_config_prints_its_memory_plan(tmp_path, capsys, sixteen_gib):
     path = tmp_path / "good.yaml"
     path.write_text("models:\n  a:\n    model: builtin:tiny\n    port: 8001\n  b:\n    model: builtin:tiny\n    port: 8002\n")
     assert main(["check", str(path)]) == exit_codes.OK
-    assert capsys.readouterr().out == f"{path}: ok (2 models: a, b)\n"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{path}: ok (2 models: a, b)"
+    assert lines[1].startswith("memory: ") and lines[1].endswith(
+        "needed, 14,336 MB usable (16,384 MB physical (MemTotal) - 2,048 MB reserve): fits")
+    assert lines[2].startswith("  a: ") and "3,276 MB cache (20% of physical) + 200 MB worker" in lines[2]
+
+
+def test_check_refuses_a_config_whose_models_do_not_fit(tmp_path, capsys, sixteen_gib):
+    path = tmp_path / "big.yaml"
+    path.write_text("models:\n  a:\n    model: builtin:tiny\n    cache_memory_mb: 10000000\n")
+    assert main(["check", str(path)]) == exit_codes.ERROR
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"{path}: refused: not enough memory: the models need 10,000,")
+    assert "14,336 MB usable" in err and "  a: 10,000," in err and "10,000,000 MB cache (cache_memory_mb)" in err
 
 
 def test_check_a_bad_config_names_file_line_col(tmp_path, capsys):

@@ -20,6 +20,7 @@ from vllmmlxd.ctl.render import (
     format_duration,
     render_action,
     render_check,
+    render_check_refused,
     render_reload,
     render_status,
     render_table,
@@ -65,13 +66,20 @@ def test_status_table_and_footer():
         now=AT,
     )
     assert text == (
-        "MODEL  STATE     PID   PORT  UPTIME  RESTARTS  BLAS  THREADS  CPUS\n"
-        "llama  ready     4200  8001  3m12s   0         -     -        -\n"
-        "qwen   starting  -     8002  -       2         -     -        -\n"
+        "MODEL  STATE     PID   PORT  UPTIME  RESTARTS  RUN  WAIT  TOK/S  CACHE  BLAS  THREADS  CPUS\n"
+        "llama  ready     4200  8001  3m12s   0         -    -     -      -      -     -        -\n"
+        "qwen   starting  -     8002  -       2         -    -     -      -      -     -        -\n"
         "\n"
         "daemon: pid 4121, up 1h01m, version 0.1.0, config /etc/v.yaml (abcdef012345)\n"
         "last reload: ok at 12:03:04"
     )
+
+
+def test_load_columns():
+    busy = model("llama", running=3, waiting=1, tokens_per_s=41.5, cache_mb=12.3, cache_budget_mb=4821.0)
+    header, row = render_status(status(busy), now=AT).splitlines()[:2]
+    cells = dict(zip(header.split(), row.split()))
+    assert (cells["RUN"], cells["WAIT"], cells["TOK/S"], cells["CACHE"]) == ("3", "1", "41.5", "12.3/4821M")
 
 
 def test_blas_columns_and_the_libraries_beneath():
@@ -125,6 +133,10 @@ def test_render_reload():
     assert failed == "reload failed; the daemon keeps its previous config:\nc.yaml:3:11: models.a.port: bad"
     late = render_reload(ReloadResponse(ok=False, dry_run=False, plan="added: b", error="b: did not become ready"))
     assert late.endswith("b: did not become ready\nplan:\n    added: b")
+    refused = render_reload(ReloadResponse(ok=False, dry_run=True, plan="changed: a (port)\nmemory: 9 MB needed",
+                                           error="not enough memory: the models need 9 MB"))
+    assert refused == ("the reload would fail; nothing changed:\nnot enough memory: the models need 9 MB\n"
+                       "plan:\n    changed: a (port)\n    memory: 9 MB needed")
 
 
 def test_render_action_and_check():
@@ -135,3 +147,6 @@ def test_render_action_and_check():
     assert render_check("c.yaml", ["a", "b"]) == "c.yaml: ok (2 models: a, b)"
     assert render_check("c.yaml", ["a"]) == "c.yaml: ok (1 model: a)"
     assert render_check("c.yaml", []) == "c.yaml: ok (0 models)"
+    assert render_check("c.yaml", ["a"], "memory: 300 MB needed\n  a: 300 MB") == (
+        "c.yaml: ok (1 model: a)\nmemory: 300 MB needed\n  a: 300 MB")
+    assert render_check_refused("c.yaml", "not enough memory: ...") == "c.yaml: refused: not enough memory: ..."

@@ -77,3 +77,15 @@ def test_any_split_gives_the_same_result_as_the_whole_text(text, stops, cuts):
         assert expected.startswith(out)  # never emits anything it would have to take back
     out += m.flush()
     assert out == expected and m.stopped == bool(hits)
+
+
+def test_a_longer_stop_that_starts_earlier_is_waited_for():
+    # "b" is complete at 2, but "aba" (from 1) is still possible: nothing past 1 may go out yet.
+    m = StopMatcher(["b", "aba"])
+    assert m.feed("aab") == "a" and not m.stopped
+    assert m.feed("a") == "" and m.stopped
+    m = StopMatcher(["b", "aba"])
+    assert m.feed("aab") == "a"
+    assert m.feed("c") == "a" and m.stopped  # "aba" did not come: the cut is at "b"
+    m = StopMatcher(["b", "aba"])
+    assert m.feed("aab") == "a" and m.flush() == "a" and m.stopped  # generation ended meanwhile

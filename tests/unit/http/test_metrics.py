@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import StreamingResponse
@@ -15,6 +16,21 @@ from vllmmlxd.http.metrics import Metrics, MetricsMiddleware
 M = {"model": "m"}
 
 
+class FakeEngine:
+    """What the collector reads of an engine: stats, the prefix cache's block, MLX memory."""
+
+    def __init__(self, stats: EngineStats | None = None):
+        self.stats = stats or EngineStats()
+        self.cache = {"type": "prefix_lru", "entries": 2, "hit_rate": 0.5, "memory_mb": 1.5, "budget_mb": 64.0,
+                      "hits": 3, "misses": 3, "cached_tokens": 120, "evictions": 1}
+
+    def cache_status(self) -> dict:
+        return self.cache
+
+    def memory(self) -> dict:
+        return {"active_memory_gb": 0.5, "peak_memory_gb": 1.0, "cache_memory_gb": 0.25}
+
+
 def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, {**M, **labels})
 
@@ -22,7 +38,7 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
 def test_the_collector_reads_engine_stats_at_scrape_time():
     stats = EngineStats(steps_executed=9, num_running=1, num_waiting=2, total_requests_processed=3,
                         total_prompt_tokens=40, total_completion_tokens=50)
-    metrics = Metrics(lambda: stats, "m")
+    metrics = Metrics(FakeEngine(stats), "m")
     assert sample(metrics, "vllmmlxd_prompt_tokens_total") == 40
     assert sample(metrics, "vllmmlxd_completion_tokens_total") == 50
     assert sample(metrics, "vllmmlxd_requests_processed_total") == 3
@@ -36,7 +52,7 @@ def test_the_collector_reads_engine_stats_at_scrape_time():
 
 
 def test_each_app_has_its_own_registry():
-    a, b = Metrics(EngineStats, "m"), Metrics(EngineStats, "m")  # would clash in the global registry
+    a, b = Metrics(FakeEngine(), "m"), Metrics(FakeEngine(), "m")  # would clash in the global registry
     a.observe("/x", 200, 0.1)
     assert sample(a, "vllmmlxd_requests_total", route="/x", status="200") == 1
     assert sample(b, "vllmmlxd_requests_total", route="/x", status="200") is None
@@ -44,7 +60,7 @@ def test_each_app_has_its_own_registry():
 
 def make_app() -> tuple[FastAPI, Metrics]:
     app = FastAPI()
-    metrics = Metrics(EngineStats, "m")
+    metrics = Metrics(FakeEngine(), "m")
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     @app.get("/items/{item_id}")
@@ -100,3 +116,22 @@ def test_the_scrape_is_prometheus_text():
     assert r.status_code == 200 and r.headers["content-type"] == CONTENT_TYPE_LATEST
     assert 'vllmmlxd_requests_waiting{model="m"} 0.0' in r.text
     assert "# TYPE vllmmlxd_request_duration_seconds histogram" in r.text
+
+
+def test_latency_histograms_cache_and_memory_families():
+    stats = EngineStats()
+    for s in (0.03, 0.2, 4.0):
+        stats.ttft.observe(s)
+    for s in (0.004, 0.004, 0.03):
+        stats.inter_token.observe(s)
+    metrics = Metrics(FakeEngine(stats), "m")
+    assert sample(metrics, "vllmmlxd_time_to_first_token_seconds_count") == 3
+    assert sample(metrics, "vllmmlxd_time_to_first_token_seconds_bucket", le="0.25") == 2
+    assert sample(metrics, "vllmmlxd_time_to_first_token_seconds_bucket", le="+Inf") == 3
+    assert sample(metrics, "vllmmlxd_time_to_first_token_seconds_sum") == pytest.approx(4.23)
+    assert sample(metrics, "vllmmlxd_inter_token_latency_seconds_bucket", le="0.005") == 2
+    assert sample(metrics, "vllmmlxd_prefix_cache_hits_total") == 3
+    assert sample(metrics, "vllmmlxd_prefix_cache_misses_total") == 3
+    assert sample(metrics, "vllmmlxd_prefix_cache_bytes") == 1.5 * 1024**2
+    assert sample(metrics, "vllmmlxd_prefix_cache_budget_bytes") == 64 * 1024**2
+    assert sample(metrics, "vllmmlxd_mlx_peak_memory_bytes") == 1024**3

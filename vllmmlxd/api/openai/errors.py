@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ...errors import RateLimited, RequestError
+from ...errors import Overloaded, RateLimited, RequestError
 from ...log import log_event
 from ..body import ClientDisconnected
 from .protocol import error_body
@@ -24,7 +24,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError):
         # OpenAI's SDKs read Retry-After to pace their retries.
-        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RateLimited) else None
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, (RateLimited, Overloaded)) else None
         return JSONResponse(
             error_body(exc.message, exc.error_type, exc.param, exc.code), status_code=exc.status_code, headers=headers
         )

@@ -1,0 +1,35 @@
+"""How one engine schedules: built once from the model entry, read by the scheduler. No mlx."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config.schema import ModelConfig
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    continuous_batching: bool = True
+    max_num_seqs: int = 16  # decoded together at most (1 when not batching)
+    max_queue: int = 64  # admitted but not yet running; past that, 503
+    prefill_step_size: int = 512  # prompt tokens per sequence per step at most
+    cache_budget_bytes: int = 0  # the prefix cache's hard budget; 0: no cache
+
+    @property
+    def max_running(self) -> int:
+        return self.max_num_seqs if self.continuous_batching else 1
+
+
+def engine_options(config: ModelConfig, physical_memory_bytes: int) -> EngineOptions:
+    """The options of the entry ``config``; the cache budget in MB wins over the percent of memory."""
+    if config.cache_memory_mb is not None:
+        budget = config.cache_memory_mb * 1024 * 1024
+    else:
+        budget = int(config.cache_memory_percent * physical_memory_bytes)
+    return EngineOptions(
+        continuous_batching=config.continuous_batching,
+        max_num_seqs=config.max_num_seqs,
+        max_queue=config.max_queue,
+        prefill_step_size=config.prefill_step_size,
+        cache_budget_bytes=budget,
+    )

@@ -1,0 +1,180 @@
+"""The prefix cache: KV of earlier requests, reused by later ones, under a hard byte budget.
+
+Each entry is the KV cache of one whole token sequence (a finished request, or a prompt
+just prefilled), stored as a compact private copy. A lookup finds the entry that covers
+the longest start of the new prompt: an *exact* hit (the same tokens), a *prefix* hit (the
+entry is a start of the prompt: a resent chat history) or an *lcp* hit (the two share a
+longest common prefix, and the entry is trimmed back to it). The caller gets its own copy
+of just that prefix, so nothing a running request uses is ever evicted: stored entries
+are evicted least recently used first, until the real bytes of the stored arrays fit the
+budget.
+
+Pure bookkeeping: the KV operations (copy a prefix, bytes) come from ``engine.kv`` and
+can be replaced in unit tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+HitType = Literal["exact", "prefix", "lcp", "none"]
+
+
+class KVOps(Protocol):
+    def copy_prefix(self, cache: list[Any], n: int) -> list[Any]:
+        """A compact copy of the first ``n`` positions of a per-layer cache list."""
+        ...
+
+    def nbytes(self, cache: list[Any]) -> int: ...
+
+    def trimmable(self, cache: list[Any]) -> bool:
+        """Whether the cache can be cut back to a shorter prefix (attention KV can; SSM state cannot)."""
+        ...
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    cache: list[Any] | None  # a private copy to continue from, or None on a miss
+    cached_tokens: int
+    hit_type: HitType
+
+
+@dataclass
+class _Entry:
+    tokens: np.ndarray
+    cache: list[Any]
+    nbytes: int
+    trimmable: bool
+    used: int  # a tick of the LRU clock
+
+
+@dataclass
+class CacheStats:
+    lookups: int = 0
+    hits: int = 0
+    cached_tokens: int = 0
+    inserts: int = 0
+    evictions: int = 0
+    too_large: int = 0  # entries bigger than the whole budget, never stored
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+@dataclass
+class PrefixCache:
+    budget_bytes: int
+    ops: KVOps
+    stats: CacheStats = field(default_factory=CacheStats)
+
+    def __post_init__(self) -> None:
+        self._entries: dict[int, _Entry] = {}
+        self._ids = itertools.count()
+        self._clock = itertools.count()
+        self.nbytes = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget_bytes > 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, tokens: list[int]) -> CacheHit:
+        """The longest cached start of ``tokens`` (at most all but the last token, which must be fed)."""
+        if not self.enabled:
+            return CacheHit(None, 0, "none")
+        self.stats.lookups += 1
+        best: tuple[int, int, HitType] | None = None  # (usable, entry id, type)
+        query = np.asarray(tokens, dtype=np.int64)
+        for key, entry in self._entries.items():
+            shared = common_prefix(entry.tokens, query)
+            usable = min(shared, len(query) - 1)
+            if usable <= 0:
+                continue
+            if shared == len(entry.tokens) == len(query):
+                kind: HitType = "exact"
+            elif shared == len(entry.tokens):
+                kind = "prefix"
+            else:
+                kind = "lcp"
+            if usable < len(entry.tokens) and not entry.trimmable:
+                continue  # a recurrent state cannot be cut back
+            if best is None or usable > best[0]:
+                best = (usable, key, kind)
+        if best is None:
+            return CacheHit(None, 0, "none")
+        usable, key, kind = best
+        entry = self._entries[key]
+        entry.used = next(self._clock)
+        self.stats.hits += 1
+        self.stats.cached_tokens += usable
+        return CacheHit(self.ops.copy_prefix(entry.cache, usable), usable, kind)
+
+    def insert(self, tokens: list[int], cache: list[Any]) -> bool:
+        """Store the KV of ``tokens`` (copied); returns False when it is not kept."""
+        if not self.enabled or not tokens:
+            return False
+        trimmable = self.ops.trimmable(cache)
+        query = np.asarray(tokens, dtype=np.int64)
+        for entry in self._entries.values():
+            # Already covered: a stored entry that starts with these tokens serves them too.
+            longer_ok = entry.trimmable or len(entry.tokens) == len(query)
+            if len(entry.tokens) >= len(query) and longer_ok and common_prefix(entry.tokens, query) == len(query):
+                entry.used = next(self._clock)
+                return False
+        stored = self.ops.copy_prefix(cache, len(tokens))
+        size = self.ops.nbytes(stored)
+        if size > self.budget_bytes:
+            self.stats.too_large += 1
+            return False
+        if trimmable:  # entries that are starts of this one are now redundant
+            for key in [k for k, e in self._entries.items()
+                        if len(e.tokens) < len(query) and common_prefix(e.tokens, query) == len(e.tokens)]:
+                self._drop(key)
+        self._entries[next(self._ids)] = _Entry(query, stored, size, trimmable, next(self._clock))
+        self.nbytes += size
+        self.stats.inserts += 1
+        self._evict()
+        return True
+
+    def clear(self) -> None:
+        for key in list(self._entries):
+            self._drop(key)
+
+    def _evict(self) -> None:
+        while self.nbytes > self.budget_bytes and self._entries:
+            self._drop(min(self._entries, key=lambda k: self._entries[k].used))
+            self.stats.evictions += 1
+
+    def _drop(self, key: int) -> None:
+        self.nbytes -= self._entries.pop(key).nbytes
+
+    def describe(self) -> dict:
+        """The ``cache`` block of /v1/status."""
+        return {
+            "type": "prefix_lru",
+            "entries": len(self._entries),
+            "hit_rate": round(self.stats.hit_rate, 3),
+            "memory_mb": round(self.nbytes / 1024**2, 3),
+            "budget_mb": round(self.budget_bytes / 1024**2, 1),
+            "hits": self.stats.hits,
+            "misses": self.stats.lookups - self.stats.hits,
+            "cached_tokens": self.stats.cached_tokens,
+            "evictions": self.stats.evictions,
+        }
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens two sequences share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
+

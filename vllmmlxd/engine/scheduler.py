@@ -1,0 +1,300 @@
+"""The engine thread: continuous batching over mlx-lm's BatchGenerator, with a prefix cache.
+
+Requests arrive as :class:`Sequence` objects. Each step, sequences whose client went away
+leave the batch, waiting ones join it (up to ``max_running``; each first takes the longest
+start of its prompt from the prefix cache), and the batch advances by one decode step
+plus one chunk of every prompt still being prefilled. Finished sequences leave their KV in
+the prefix cache. The events of a step are posted to the asyncio loop in one call.
+
+mlx-lm's BatchGenerator brings what is hard to get right (per-sequence samplers and logits
+processors, batched KV caches with padding, insert/remove at any step); two things it lacks
+are written here: the prefill chunk is sized each step from measured speeds so a long
+prompt does not stall running streams (``StepTimer``), and a prompt that shares a long
+start with one being prefilled waits for it, so it reuses that prefill from the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections import deque
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.generate import BatchGenerator, StopSequences
+
+from ..log import log_event
+from .kv import MLXKVOps
+from .options import EngineOptions
+from .prefix_cache import PrefixCache, common_prefix
+from .sampling import make_processors, make_sampler
+from .sequence import Sequence
+from .types import EngineStats, FinishReason
+
+logger = logging.getLogger("vllmmlxd.engine")
+
+MIN_CHUNK = 16  # prompt tokens per step at least, so a prompt always advances
+PREFILL_SHARE = 1.5  # a prefill chunk may take this many decode steps' time
+SHARED_PREFIX_WAIT = 64  # tokens in common with a prompt being prefilled that make a request wait for it
+PREFILL_BATCH = 8  # prompts prefilled together at most
+
+
+class StepTimer:
+    """Measures decode-step time and per-token prefill time; sizes the next prefill chunk."""
+
+    def __init__(self, alpha: float = 0.3):
+        self.alpha = alpha
+        self.decode_s: float | None = None
+        self.prefill_token_s: float | None = None
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.alpha * (new - old)
+
+    def observe(self, seconds: float, *, decoded: bool, prefilled: int) -> None:
+        if prefilled == 0:
+            if decoded:
+                self.decode_s = self._ema(self.decode_s, seconds)
+            return
+        spent = seconds - ((self.decode_s or 0.0) if decoded else 0.0)
+        if spent > 0:
+            self.prefill_token_s = self._ema(self.prefill_token_s, spent / prefilled)
+
+    def chunk(self, max_chunk: int, *, decoding: bool, prompts: int) -> int:
+        """Prompt tokens per prefilling sequence this step: all it may take when nothing streams."""
+        if not decoding or self.decode_s is None:
+            return max_chunk
+        if self.prefill_token_s is None:
+            return min(max_chunk, MIN_CHUNK * 2)
+        per_prompt = PREFILL_SHARE * self.decode_s / self.prefill_token_s / max(prompts, 1)
+        return int(min(max(per_prompt, MIN_CHUNK), max_chunk))
+
+
+class Scheduler:
+    """Owns the model's batch; only its thread touches mlx."""
+
+    def __init__(self, model: Any, eos_ids: set[int], options: EngineOptions, stats: EngineStats):
+        self.model = model
+        self.eos_ids = eos_ids
+        self.options = options
+        self.stats = stats
+        self.cache = PrefixCache(options.cache_budget_bytes, MLXKVOps())
+        self.inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
+        self.waiting: deque[Sequence] = deque()
+        self.running: dict[int, Sequence] = {}
+        self.timer = StepTimer()
+        self.on_admit = lambda seq: None  # the engine's admission counter
+        self.gen = self._new_generator()
+        self._retired: list[Sequence] = []  # finished this step, events not posted yet
+        self._generated = 0  # tokens generated since start, for the recent rate
+
+    def _new_generator(self) -> BatchGenerator:
+        return BatchGenerator(
+            self.model,
+            completion_batch_size=self.options.max_running,
+            prefill_batch_size=min(self.options.max_running, PREFILL_BATCH),
+            prefill_step_size=self.options.prefill_step_size,
+        )
+
+    # -- the thread -------------------------------------------------------
+
+    def run(self) -> None:
+        stopping = False
+        while not stopping:
+            if not self.running and not self.waiting:
+                item = self.inbox.get()
+                if item is None:
+                    break
+                self.waiting.append(item)
+            stopping = self._drain_inbox()
+            self._drop_cancelled()
+            self._admit()
+            if self.running:
+                self._step()
+            self._post()
+        for seq in [*self.waiting, *self.running.values()]:
+            seq.finish("cancelled")
+        self._post()
+
+    def _drain_inbox(self) -> bool:
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return False
+            if item is None:
+                return True
+            self.waiting.append(item)
+
+    def _drop_cancelled(self) -> None:
+        for seq in [s for s in self.waiting if s.request.cancelled.is_set()]:
+            self.waiting.remove(seq)
+            self.on_admit(seq)
+            self._retire(seq, "cancelled")
+        for seq in [s for s in self.running.values() if s.request.cancelled.is_set()]:
+            self._leave(seq, "cancelled", keep_kv=seq.progress.first_token_at is not None)
+
+    def _admit(self) -> None:
+        """Move waiting sequences into the batch, oldest first, while there is room."""
+        prefilling = [s for s in self.running.values() if s.progress.first_token_at is None]
+        for seq in list(self.waiting):
+            if len(self.running) >= self.options.max_running:
+                return
+            if self.cache.enabled and _waits_for_shared_prefix(seq, prefilling):
+                continue
+            self.waiting.remove(seq)
+            self.on_admit(seq)
+            try:
+                self._insert(seq)
+            except Exception as exc:  # a bad request must not take the batch down
+                log_event(logger, "engine.error", logging.ERROR, request_id=seq.request.request_id, error=repr(exc))
+                self._retire(seq, "error", str(exc))
+                continue
+            prefilling.append(seq)
+
+    def _insert(self, seq: Sequence) -> None:
+        prompt, params = seq.prompt, seq.request.sampling
+        hit = self.cache.lookup(prompt)
+        cached = hit.cached_tokens
+        stops = StopSequences(None if params.ignore_eos else [[t] for t in sorted(self.eos_ids)])
+        (uid,) = self.gen.insert(
+            [prompt[cached:]],
+            max_tokens=[params.max_tokens],
+            caches=[hit.cache] if hit.cache is not None else None,
+            all_tokens=[list(prompt[:cached])],
+            samplers=[make_sampler(params)],
+            logits_processors=[make_processors(params)],
+            stop_sequences=[stops],
+        )
+        seq.start(uid, cached, hit.hit_type)
+        self.running[uid] = seq
+
+    def _step(self) -> None:
+        prompts = sum(1 for s in self.running.values() if s.progress.first_token_at is None)
+        decoding = len(self.running) > prompts
+        self.gen.prefill_step_size = self.timer.chunk(self.options.prefill_step_size, decoding=decoding, prompts=prompts)
+        started = time.perf_counter()
+        try:
+            prompt_responses, responses = self.gen.next()
+        except Exception as exc:  # e.g. out of memory: every sequence of the batch fails, the engine lives on
+            log_event(logger, "engine.error", logging.ERROR, running=len(self.running), error=repr(exc))
+            for seq in list(self.running.values()):
+                self._retire(seq, "error", str(exc))
+            self.running.clear()
+            self.gen = self._new_generator()
+            return
+        prefilled = self._note_prefill(prompt_responses)
+        self.timer.observe(time.perf_counter() - started, decoded=bool(responses), prefilled=prefilled)
+        self.stats.steps_executed += 1
+        self._generated += len(responses)
+        self.stats.generated.note(time.monotonic(), self._generated)
+        for response in responses:
+            seq = self.running.get(response.uid)
+            if seq is None:
+                continue
+            reason = self._feed(seq, response.token)
+            if response.finish_reason is not None:
+                reason = reason or ("length" if response.finish_reason == "length" else "stop")
+                self.running.pop(response.uid)
+                self._store(response.all_tokens, response.prompt_cache)
+                self._retire(seq, reason)
+            elif reason is not None:
+                self._leave(seq, reason, keep_kv=True)
+
+    def _feed(self, seq: Sequence, token: int) -> FinishReason | None:
+        """One token to ``seq``, timed for the TTFT and inter-token histograms."""
+        previous = seq.progress.last_token_at
+        reason = seq.feed(token)
+        progress = seq.progress
+        if previous is None:
+            self.stats.ttft.observe(progress.first_token_at - progress.queued_at)
+        else:
+            self.stats.inter_token.observe(progress.last_token_at - previous)
+        return reason
+
+    def _note_prefill(self, prompt_responses: list) -> int:
+        """Record prompt progress; cache each prompt as soon as it is prefilled. Returns tokens prefilled."""
+        total = 0
+        for response in prompt_responses:
+            seq = self.running.get(response.uid)
+            if seq is None:
+                continue
+            done = seq.progress.cached_tokens + response.progress[0]
+            total += max(done - seq.progress.prefilled_tokens, 0)
+            seq.progress.prefilled_tokens = done
+            if response.end_of_prompt and self.cache.enabled and len(seq.prompt) - seq.progress.cached_tokens > 1:
+                got = self.gen.extract_cache([seq.uid]).get(seq.uid)
+                if got is not None:
+                    self._store(got[1], got[0])
+        return total
+
+    def _leave(self, seq: Sequence, reason: FinishReason, *, keep_kv: bool) -> None:
+        """Take ``seq`` out of the batch now (its KV goes to the prefix cache when asked)."""
+        self.running.pop(seq.uid, None)
+        try:
+            got = self.gen.remove([seq.uid], return_prompt_caches=keep_kv and self.cache.enabled)
+        except Exception as exc:
+            log_event(logger, "engine.error", logging.ERROR, request_id=seq.request.request_id, error=repr(exc))
+            got = {}
+        if seq.uid in got:
+            cache, tokens = got[seq.uid]
+            self._store(tokens, cache)
+        self._retire(seq, reason)
+
+    def _store(self, tokens: list[int] | None, cache: list | None) -> None:
+        if not tokens or not cache or not self.cache.enabled:
+            return
+        try:
+            self.cache.insert(list(tokens), cache)
+        except Exception as exc:  # the cache is an optimisation: never fail a request over it
+            log_event(logger, "cache.error", logging.WARNING, error=repr(exc))
+
+    def _retire(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+        seq.finish(reason, error)
+        stats = self.stats
+        stats.total_requests_processed += 1
+        stats.total_prompt_tokens += len(seq.prompt)
+        stats.total_completion_tokens += seq.produced
+        stats.requests.pop(seq.request.request_id, None)
+        log_event(
+            logger, "request.done", logging.DEBUG, request_id=seq.request.request_id, reason=reason,
+            prompt_tokens=len(seq.prompt), cached_tokens=seq.progress.cached_tokens, completion_tokens=seq.produced,
+        )
+        self._retired.append(seq)
+
+    def _post(self) -> None:
+        """Hand this step's events to their event loops: one call per loop, not one per token."""
+        by_loop: dict[Any, list] = {}
+        for seq in [*self.running.values(), *self._retired]:
+            events = seq.take_events()
+            if events:
+                by_loop.setdefault(seq.loop, []).extend((seq.events, e) for e in events)
+        self._retired = []
+        self.stats.num_running = len(self.running)
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that loop is closed: nobody is listening
+                pass
+
+    def warm_up(self) -> float:
+        """Run two tokens through the batch once, so the first client does not pay for compilation."""
+        started = time.perf_counter()
+        (uid,) = self.gen.insert([[0]], max_tokens=[2])
+        while any(r.finish_reason is None for r in self.gen.next_generated()):
+            pass
+        self.gen.remove([uid])
+        mx.clear_cache()
+        return time.perf_counter() - started
+
+
+def _deliver(items: list) -> None:
+    for q, event in items:
+        q.put_nowait(event)
+
+
+def _waits_for_shared_prefix(seq: Sequence, prefilling: list[Sequence]) -> bool:
+    """True while a sequence sharing a long start with ``seq`` is still being prefilled."""
+    prompt = np.asarray(seq.prompt)
+    return any(common_prefix(np.asarray(other.prompt), prompt) >= SHARED_PREFIX_WAIT for other in prefilling)
