@@ -151,3 +151,31 @@ def test_a_disconnect_frees_its_slot_at_the_next_step():
         assert r.status_code == 200 and time.perf_counter() - started < 5
     finally:
         assert s.stop() == 0
+
+
+@pytest.mark.slow
+def test_a_real_model_gives_the_same_text_alone_and_in_a_batch_of_eight():
+    """SmolLM2's top tokens are well apart, so batched arithmetic must not change a single token."""
+    s = start_serve("builtin:smollm2-135m-instruct", "--max-num-seqs", "8", "--timeout", "600")
+    try:
+        topics = ["the sea", "a violin", "mountains", "bread", "the moon", "a library", "rain"]
+        bodies = [{"messages": [{"role": "user", "content": f"Write one sentence about {t}."}],
+                   "max_tokens": 20, "temperature": 0} for t in topics]
+        bodies.append({"messages": [{"role": "user", "content": "Name a colour and a fruit."}],
+                       "max_tokens": 20, "temperature": 0.8, "seed": 1234})
+        with httpx.Client(timeout=600) as client:
+            alone = [client.post(s.url + "/v1/chat/completions", json=b).json() for b in bodies]
+
+        async def together() -> list[dict]:
+            async with httpx.AsyncClient(timeout=600) as client:
+                rs = await asyncio.gather(*(client.post(s.url + "/v1/chat/completions", json=b) for b in bodies))
+            return [r.json() for r in rs]
+
+        before = status(s)["steps_executed"]
+        batched = asyncio.run(together())
+        steps = status(s)["steps_executed"] - before
+        for a, b in zip(alone, batched):
+            assert b["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
+        assert steps < sum(b["usage"]["completion_tokens"] for b in batched) / 2  # they really ran together
+    finally:
+        assert s.stop() == 0

@@ -17,6 +17,14 @@ class MLXKVOps:
         mx.eval([a for layer in out for a in _arrays(layer)])
         return out
 
+    def adopt(self, cache: list[Any], n: int) -> list[Any]:
+        # A batch's extraction is already a compact copy of exactly its positions: evaluate it
+        # (a lazy slice would keep the batch's whole buffer alive) instead of copying it again.
+        if all(type(layer) is KVCache and layer.keys is not None and layer.keys.shape[2] == n for layer in cache):
+            mx.eval([a for layer in cache for a in (layer.keys, layer.values)])
+            return cache
+        return self.copy_prefix(cache, n)
+
     def nbytes(self, cache: list[Any]) -> int:
         return sum(layer.nbytes for layer in cache)
 

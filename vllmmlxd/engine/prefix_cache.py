@@ -29,6 +29,10 @@ class KVOps(Protocol):
         """A compact copy of the first ``n`` positions of a per-layer cache list."""
         ...
 
+    def adopt(self, cache: list[Any], n: int) -> list[Any]:
+        """``cache`` itself when it is already a compact private copy of ``n`` positions, else a copy."""
+        ...
+
     def nbytes(self, cache: list[Any]) -> int: ...
 
     def trimmable(self, cache: list[Any]) -> bool:
@@ -116,8 +120,11 @@ class PrefixCache:
         self.stats.cached_tokens += usable
         return CacheHit(self.ops.copy_prefix(entry.cache, usable), usable, kind)
 
-    def insert(self, tokens: list[int], cache: list[Any]) -> bool:
-        """Store the KV of ``tokens`` (copied); returns False when it is not kept."""
+    def insert(self, tokens: list[int], cache: list[Any], *, owned: bool = False) -> bool:
+        """Store the KV of ``tokens``; returns False when it is not kept.
+
+        The cache is copied, unless ``owned`` says it is a fresh extraction nobody else holds.
+        """
         if not self.enabled or not tokens:
             return False
         trimmable = self.ops.trimmable(cache)
@@ -128,7 +135,7 @@ class PrefixCache:
             if len(entry.tokens) >= len(query) and longer_ok and common_prefix(entry.tokens, query) == len(query):
                 entry.used = next(self._clock)
                 return False
-        stored = self.ops.copy_prefix(cache, len(tokens))
+        stored = self.ops.adopt(cache, len(tokens)) if owned else self.ops.copy_prefix(cache, len(tokens))
         size = self.ops.nbytes(stored)
         if size > self.budget_bytes:
             self.stats.too_large += 1

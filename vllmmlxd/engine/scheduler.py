@@ -9,7 +9,7 @@ the prefix cache. The events of a step are posted to the asyncio loop in one cal
 mlx-lm's BatchGenerator brings what is hard to get right (per-sequence samplers and logits
 processors, batched KV caches with padding, insert/remove at any step); two things it lacks
 are written here: the prefill chunk is sized each step from measured speeds so a long
-prompt does not stall running streams (``StepTimer``), and a prompt that shares a long
+prompt does not stall running streams (``step_timer``), and a prompt that shares a long
 start with one being prefilled waits for it, so it reuses that prefill from the cache.
 """
 
@@ -31,44 +31,13 @@ from .options import EngineOptions
 from .prefix_cache import PrefixCache, common_prefix
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence
+from .step_timer import StepTimer
 from .types import EngineStats, FinishReason
 
 logger = logging.getLogger("vllmmlxd.engine")
 
-MIN_CHUNK = 16  # prompt tokens per step at least, so a prompt always advances
-PREFILL_SHARE = 1.5  # a prefill chunk may take this many decode steps' time
 SHARED_PREFIX_WAIT = 64  # tokens in common with a prompt being prefilled that make a request wait for it
 PREFILL_BATCH = 8  # prompts prefilled together at most
-
-
-class StepTimer:
-    """Measures decode-step time and per-token prefill time; sizes the next prefill chunk."""
-
-    def __init__(self, alpha: float = 0.3):
-        self.alpha = alpha
-        self.decode_s: float | None = None
-        self.prefill_token_s: float | None = None
-
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.alpha * (new - old)
-
-    def observe(self, seconds: float, *, decoded: bool, prefilled: int) -> None:
-        if prefilled == 0:
-            if decoded:
-                self.decode_s = self._ema(self.decode_s, seconds)
-            return
-        spent = seconds - ((self.decode_s or 0.0) if decoded else 0.0)
-        if spent > 0:
-            self.prefill_token_s = self._ema(self.prefill_token_s, spent / prefilled)
-
-    def chunk(self, max_chunk: int, *, decoding: bool, prompts: int) -> int:
-        """Prompt tokens per prefilling sequence this step: all it may take when nothing streams."""
-        if not decoding or self.decode_s is None:
-            return max_chunk
-        if self.prefill_token_s is None:
-            return min(max_chunk, MIN_CHUNK * 2)
-        per_prompt = PREFILL_SHARE * self.decode_s / self.prefill_token_s / max(prompts, 1)
-        return int(min(max(per_prompt, MIN_CHUNK), max_chunk))
 
 
 class Scheduler:
@@ -141,7 +110,9 @@ class Scheduler:
         for seq in list(self.waiting):
             if len(self.running) >= self.options.max_running:
                 return
-            if self.cache.enabled and _waits_for_shared_prefix(seq, prefilling):
+            leader = _shared_prefix_leader(seq, prefilling) if self.cache.enabled else None
+            if leader is not None:
+                leader.prompt_wanted = True  # cache its prompt as soon as it is prefilled
                 continue
             self.waiting.remove(seq)
             self.on_admit(seq)
@@ -223,7 +194,9 @@ class Scheduler:
             done = seq.progress.cached_tokens + response.progress[0]
             total += max(done - seq.progress.prefilled_tokens, 0)
             seq.progress.prefilled_tokens = done
-            if response.end_of_prompt and self.cache.enabled and len(seq.prompt) - seq.progress.cached_tokens > 1:
+            # Copying a long prompt's KV takes a while: only when a waiting request needs it now
+            # (otherwise the whole sequence is cached when it finishes).
+            if response.end_of_prompt and seq.prompt_wanted and self.cache.enabled:
                 got = self.gen.extract_cache([seq.uid]).get(seq.uid)
                 if got is not None:
                     self._store(got[1], got[0])
@@ -246,7 +219,7 @@ class Scheduler:
         if not tokens or not cache or not self.cache.enabled:
             return
         try:
-            self.cache.insert(list(tokens), cache)
+            self.cache.insert(list(tokens), cache, owned=True)  # extracted from the batch: fresh copies
         except Exception as exc:  # the cache is an optimisation: never fail a request over it
             log_event(logger, "cache.error", logging.WARNING, error=repr(exc))
 
@@ -294,7 +267,10 @@ def _deliver(items: list) -> None:
         q.put_nowait(event)
 
 
-def _waits_for_shared_prefix(seq: Sequence, prefilling: list[Sequence]) -> bool:
-    """True while a sequence sharing a long start with ``seq`` is still being prefilled."""
+def _shared_prefix_leader(seq: Sequence, prefilling: list[Sequence]) -> Sequence | None:
+    """A sequence being prefilled that shares a long start with ``seq``, which should wait for it."""
     prompt = np.asarray(seq.prompt)
-    return any(common_prefix(np.asarray(other.prompt), prompt) >= SHARED_PREFIX_WAIT for other in prefilling)
+    for other in prefilling:
+        if common_prefix(np.asarray(other.prompt), prompt) >= SHARED_PREFIX_WAIT:
+            return other
+    return None

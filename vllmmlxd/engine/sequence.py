@@ -32,6 +32,7 @@ class Sequence:
         self.progress = RequestProgress(request.request_id, len(request.prompt_tokens), request.sampling.max_tokens)
         self.uid: int | None = None  # its id in the batch, once it runs
         self.finished: FinishReason | None = None
+        self.prompt_wanted = False  # a waiting request shares its start: cache the prompt once prefilled
         self._detok = detokenizer
         self._eos = eos_ids
         self._special = special_ids

@@ -17,6 +17,7 @@ import ctypes
 import os
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from .blas_find import Candidate, candidates, find_bundled, thread_env
 from .blas_probe import ProbeResult, probe
@@ -64,11 +65,11 @@ def pick(passed: list[tuple[Candidate, ProbeResult]]) -> tuple[Candidate, ProbeR
     return first if first[1].gemv_ms <= fastest[1].gemv_ms * (1 + TIE_MARGIN) else fastest
 
 
-def activate(choice: str, threads: int, *, platform: str = sys.platform) -> ActiveBlas:
+def activate(choice: str, threads: int, *, platform: str = sys.platform, memo_dir: Path | None = None) -> ActiveBlas:
     """Make MLX's CPU backend use the library ``choice`` names, or fall back to the bundled one.
 
     Must run before mlx is imported. Never raises for a bad library: the reason comes back
-    as ``info.warning``.
+    as ``info.warning``. ``memo_dir`` remembers the libraries' self-checks between starts.
     """
     if not platform.startswith("linux"):
         warning = None if choice in ("auto", "bundled") else f"blas: {choice} applies on Linux only; MLX uses Accelerate here"
@@ -82,7 +83,7 @@ def activate(choice: str, threads: int, *, platform: str = sys.platform) -> Acti
     reasons = [why] if why else []
     passed: list[tuple[Candidate, ProbeResult]] = []
     for cand in found:
-        result = probe(str(cand.path), thread_env(cand.name, threads, cand.path))
+        result = probe(str(cand.path), thread_env(cand.name, threads, cand.path), memo_dir)
         if result.error:
             reasons.append(f"{cand.name} ({cand.path}): {result.error}")
         else:

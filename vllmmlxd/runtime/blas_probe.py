@@ -9,12 +9,15 @@ take the worker down. Stdlib only (ctypes), so it starts fast.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 TIMEOUT_S = 30.0
 
@@ -103,18 +106,53 @@ def self_check(path: str) -> ProbeResult:
     return ProbeResult(None, c[0] != 1.0, round(_gemv_ms(lib), 3))
 
 
-def probe(path: str, env: dict[str, str]) -> ProbeResult:
-    """Run :func:`self_check` in a child process with the library's threading ``env``."""
+def probe(path: str, env: dict[str, str], memo_dir: Path | None = None) -> ProbeResult:
+    """Run :func:`self_check` in a child process with the library's threading ``env``.
+
+    With ``memo_dir``, a finished check of the same file (size and mtime), environment and
+    CPU is remembered there: later workers start without re-running it, and ``auto``'s choice
+    stays the same from one start to the next instead of following timing noise.
+    """
+    memo = memo_dir / f"{_memo_key(path, env)}.json" if memo_dir is not None else None
+    if memo is not None:
+        try:
+            return ProbeResult(**json.loads(memo.read_text()))
+        except (OSError, ValueError, TypeError):
+            pass
     cmd = [sys.executable, "-m", "vllmmlxd.runtime.blas_probe", path]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **env})
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired:  # maybe a busy machine: not remembered
         return ProbeResult(f"its self-check did not finish in {TIMEOUT_S:.0f}s")
     try:
-        return ProbeResult(**json.loads(proc.stdout.strip().splitlines()[-1]))
+        result = ProbeResult(**json.loads(proc.stdout.strip().splitlines()[-1]))
     except (IndexError, ValueError, TypeError):
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no output"
-        return ProbeResult(f"its self-check exited with code {proc.returncode}: {tail}")
+        result = ProbeResult(f"its self-check exited with code {proc.returncode}: {tail}")
+    if memo is not None:
+        _remember(memo, result)
+    return result
+
+
+def _memo_key(path: str, env: dict[str, str]) -> str:
+    try:
+        st = os.stat(path)
+        stamp = [os.path.realpath(path), st.st_size, st.st_mtime_ns]
+    except OSError:
+        stamp = [path]
+    cpu = platform.processor() or platform.machine()
+    data = json.dumps([stamp, sorted(env.items()), cpu, os.cpu_count(), sys.executable])
+    return hashlib.sha256(data.encode()).hexdigest()[:24]
+
+
+def _remember(memo: Path, result: ProbeResult) -> None:
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(result)))
+        os.replace(tmp, memo)  # atomic: workers starting together never read half a file
+    except OSError:
+        pass  # a read-only state dir only costs the next worker a probe
 
 
 def main(argv: list[str]) -> int:

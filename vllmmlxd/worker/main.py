@@ -35,10 +35,10 @@ EXIT_LOAD_FAILED = 3
 EXIT_BIND_FAILED = 4
 
 
-def choose_blas(config: ModelConfig, key: str, cpus: tuple[int, ...] | None) -> ActiveBlas:
+def choose_blas(config: ModelConfig, cpus: tuple[int, ...] | None, state_dir: Path) -> ActiveBlas:
     """Load the BLAS MLX will use (before mlx is imported), with this worker's thread count."""
     threads = config.threads or len(cpus or cpu_shares.available_cpus())
-    return activate(config.blas, threads)
+    return activate(config.blas, threads, memo_dir=state_dir / "blas")
 
 
 def runtime_report(info: BlasInfo, key: str, cpus: tuple[int, ...] | None) -> dict:
@@ -104,7 +104,7 @@ def serve(
 
     ``cpus`` is the share of cores the daemon gave this worker (already pinned); None: all.
     """
-    active_blas = choose_blas(config, key, cpus)  # before anything imports mlx
+    active_blas = choose_blas(config, cpus, state_dir)  # before anything imports mlx
 
     import uvicorn
 

@@ -27,6 +27,9 @@ class FakeKV:
         self.copies += 1
         return [list(cache[0][:n])]
 
+    def adopt(self, cache, n):
+        return cache if len(cache[0]) == n else self.copy_prefix(cache, n)
+
     def nbytes(self, cache):
         return len(cache[0]) * BYTES_PER_TOKEN
 
@@ -123,6 +126,14 @@ def test_stored_entries_are_private_copies():
     assert hit.cache == [[1, 2, 3]]
     hit.cache[0].append(42)
     assert cache.lookup([1, 2, 3, 4]).cache == [[1, 2, 3]]
+
+
+def test_an_owned_cache_is_kept_without_a_copy():
+    cache, ops = make(), None
+    ops = cache.ops
+    source = kv([1, 2, 3])
+    cache.insert([1, 2, 3], source, owned=True)
+    assert ops.copies == 0 and cache._entries[next(iter(cache._entries))].cache is source
 
 
 def test_describe_reports_the_budget_and_hit_rate():

@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 
-from vllmmlxd.engine.scheduler import MIN_CHUNK, StepTimer
 from vllmmlxd.engine.sequence import Sequence
 from vllmmlxd.engine.types import Finished, GenerationRequest, SamplingParams, TextDelta
 
@@ -100,29 +99,3 @@ def test_progress_records_the_cache_hit_and_the_first_token():
     s.feed(2)
     snap = s.progress.snapshot()
     assert snap["phase"] == "generation" and snap["cache_hit_type"] == "prefix" and snap["cached_tokens"] == 2
-
-
-def test_step_timer_takes_everything_when_nothing_streams():
-    timer = StepTimer()
-    assert timer.chunk(512, decoding=False, prompts=1) == 512
-    assert timer.chunk(512, decoding=True, prompts=1) == 512  # nothing measured yet
-
-
-def test_step_timer_sizes_the_chunk_to_a_share_of_a_decode_step():
-    timer = StepTimer(alpha=1.0)
-    timer.observe(0.050, decoded=True, prefilled=0)  # a decode step: 50 ms
-    assert timer.chunk(512, decoding=True, prompts=1) == MIN_CHUNK * 2  # no prefill rate yet: small
-    timer.observe(0.050 + 0.100, decoded=True, prefilled=100)  # 1 ms a prompt token
-    assert timer.chunk(512, decoding=True, prompts=1) == 75  # 1.5 decode steps of prefill
-    assert timer.chunk(512, decoding=True, prompts=3) == 25
-    assert timer.chunk(512, decoding=True, prompts=100) == MIN_CHUNK
-    assert timer.chunk(40, decoding=True, prompts=1) == 40
-
-
-def test_step_timer_ignores_steps_that_say_nothing_and_counts_prefill_alone_whole():
-    timer = StepTimer(alpha=1.0)
-    timer.observe(0.5, decoded=False, prefilled=0)
-    assert timer.decode_s is None and timer.prefill_token_s is None
-    timer.observe(0.050, decoded=True, prefilled=0)
-    timer.observe(0.2, decoded=False, prefilled=100)  # no decode in this step: all of it was prefill
-    assert timer.prefill_token_s == pytest.approx(0.002)

@@ -159,3 +159,25 @@ def test_macos_never_loads_anything():
     assert active.lib is None and active.info.name == "accelerate"
     assert "applies on Linux only" in active.info.warning
     assert activate("auto", 8, platform="darwin").info.warning is None
+
+
+@linux_only
+def test_a_finished_self_check_is_remembered_per_file(tmp_path, monkeypatch):
+    from vllmmlxd.runtime import blas_probe
+
+    lib = tmp_path / "libjunk.so"
+    lib.write_bytes(b"not an ELF file" * 100)
+    first = blas_probe.probe(str(lib), {"OMP_NUM_THREADS": "1"}, tmp_path / "memo")
+    assert "invalid ELF header" in first.error and len(list((tmp_path / "memo").glob("*.json"))) == 1
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("the remembered result should have been used")
+
+    monkeypatch.setattr(blas_probe.subprocess, "run", no_child)
+    assert blas_probe.probe(str(lib), {"OMP_NUM_THREADS": "1"}, tmp_path / "memo") == first
+    # Another thread count, or a changed file, is a new check.
+    with pytest.raises(AssertionError):
+        blas_probe.probe(str(lib), {"OMP_NUM_THREADS": "2"}, tmp_path / "memo")
+    lib.write_bytes(b"another file" * 100)
+    with pytest.raises(AssertionError):
+        blas_probe.probe(str(lib), {"OMP_NUM_THREADS": "1"}, tmp_path / "memo")

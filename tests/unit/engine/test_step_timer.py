@@ -1,0 +1,60 @@
+"""step_timer.py: the prefill chunk that keeps a stream's gaps under 1 + share decode steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllmmlxd.engine.step_timer import MIN_CHUNK, StepTimer
+
+
+def machine(timer: StepTimer, decode: float, per_call: float, per_token: float, chunks) -> None:
+    """Feed the timer steps of a machine where a prefill call costs per_call + per_token * tokens."""
+    timer.observe(decode, decoded=True, prefilled=0)
+    for c in chunks:
+        timer.observe(decode + per_call + per_token * c, decoded=True, prefilled=c)
+
+
+def test_everything_at_once_when_nothing_streams_or_nothing_is_known():
+    timer = StepTimer()
+    assert timer.chunk(512, decoding=False, prompts=1) == 512
+    assert timer.chunk(512, decoding=True, prompts=1) == 512  # no decode step measured yet
+    timer.observe(0.05, decoded=True, prefilled=0)
+    assert timer.chunk(512, decoding=True, prompts=1) == MIN_CHUNK * 2  # no prefill measured: a small start
+
+
+def test_the_fit_recovers_the_cost_of_a_call_and_of_a_token():
+    timer = StepTimer(alpha=0.2)
+    machine(timer, 0.047, 0.060, 0.008, [8, 16, 4, 32, 8, 16])
+    per_call, per_token = timer.cost()
+    assert per_call == pytest.approx(0.060, rel=1e-6) and per_token == pytest.approx(0.008, rel=1e-6)
+
+
+def test_the_chunk_keeps_a_step_within_one_plus_share_decode_steps():
+    timer = StepTimer(alpha=0.2, share=2.0)
+    machine(timer, 0.050, 0.020, 0.004, [8, 16, 4, 32])
+    c = timer.chunk(512, decoding=True, prompts=1)
+    assert c == int((2.0 * 0.050 - 0.020) / 0.004)  # 20 tokens
+    assert 0.050 + 0.020 + 0.004 * c <= 3 * 0.050 + 1e-9
+    assert timer.chunk(512, decoding=True, prompts=4) == 5  # shared between the prompts
+    assert timer.chunk(10, decoding=True, prompts=1) == 10  # never above the configured step
+
+
+def test_a_call_that_alone_exceeds_the_budget_still_advances_by_the_minimum():
+    timer = StepTimer(alpha=0.2, share=2.0)
+    machine(timer, 0.047, 0.200, 0.008, [4, 8, 16])
+    assert timer.chunk(512, decoding=True, prompts=1) == MIN_CHUNK
+
+
+def test_one_chunk_size_seen_is_taken_as_proportional():
+    timer = StepTimer(alpha=0.2, share=2.0)
+    machine(timer, 0.050, 0.0, 0.005, [8, 8, 8])
+    assert timer.cost() == pytest.approx((0.0, 0.005))
+    assert timer.chunk(512, decoding=True, prompts=1) == 20
+
+
+def test_steps_that_say_nothing_are_ignored_and_prefill_alone_counts_whole():
+    timer = StepTimer(alpha=1.0)
+    timer.observe(0.5, decoded=False, prefilled=0)
+    assert timer.decode_s is None and timer.cost() is None
+    timer.observe(0.2, decoded=False, prefilled=100)  # no decode in this step: all of it was prefill
+    assert timer.cost() == pytest.approx((0.0, 0.002))

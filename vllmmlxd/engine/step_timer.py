@@ -1,0 +1,63 @@
+"""How many prompt tokens to prefill in a step while other requests stream. Pure; no mlx.
+
+A step runs one decode step of the batch, then a chunk of each prompt being prefilled. The
+chunk is sized so a running stream's gap between tokens grows to at most ``1 + share``
+decode steps while a prompt is admitted: measured, not guessed, because it depends on the
+model and the machine. A prefill call costs roughly ``a + b * tokens`` (``a``: reading the
+weights once, ``b``: the compute per token); both are fitted by exponentially weighted least
+squares over recent steps, so the chunk follows the machine as load changes.
+"""
+
+from __future__ import annotations
+
+MIN_CHUNK = 4  # prompt tokens per step at least, so a prompt always advances
+PREFILL_SHARE = 2.0  # a step's prefill may take this many decode steps: gaps stay under 3x
+
+
+class StepTimer:
+    """Measures decode steps and prefill calls; sizes the next prefill chunk."""
+
+    def __init__(self, alpha: float = 0.2, share: float = PREFILL_SHARE):
+        self.alpha = alpha
+        self.share = share
+        self.decode_s: float | None = None
+        # Decayed sums for the fit of prefill seconds against tokens: weight, x, x², y, xy.
+        self._sums = [0.0] * 5
+
+    def observe(self, seconds: float, *, decoded: bool, prefilled: int) -> None:
+        """One step: how long it took, whether it decoded, how many prompt tokens it prefilled."""
+        if prefilled == 0:
+            if decoded:
+                self.decode_s = seconds if self.decode_s is None else self.decode_s + self.alpha * (seconds - self.decode_s)
+            return
+        spent = seconds - ((self.decode_s or 0.0) if decoded else 0.0)
+        if spent <= 0:
+            return
+        keep = 1 - self.alpha
+        x, y = float(prefilled), spent
+        for i, term in enumerate((1.0, x, x * x, y, x * y)):
+            self._sums[i] = self._sums[i] * keep + term
+
+    def cost(self) -> tuple[float, float] | None:
+        """The fitted (seconds per call, seconds per token) of a prefill call, or None before any."""
+        w, sx, sxx, sy, sxy = self._sums
+        if w == 0 or sx == 0:
+            return None
+        det = w * sxx - sx * sx
+        if det > 1e-9 * w * sxx:
+            per_token = (w * sxy - sx * sy) / det
+            per_call = (sy - per_token * sx) / w
+            if per_token > 0 and per_call >= 0:
+                return per_call, per_token
+        return 0.0, sy / sx  # one chunk size seen so far (or a fit that makes no sense): proportional
+
+    def chunk(self, max_chunk: int, *, decoding: bool, prompts: int) -> int:
+        """Prompt tokens per prefilling sequence this step: all it may take when nothing streams."""
+        if not decoding or self.decode_s is None:
+            return max_chunk
+        cost = self.cost()
+        if cost is None:
+            return min(max_chunk, MIN_CHUNK * 2)
+        per_call, per_token = cost
+        tokens = (self.share * self.decode_s - per_call) / per_token
+        return int(min(max(tokens / max(prompts, 1), MIN_CHUNK), max_chunk))
