@@ -60,7 +60,15 @@ class Usage:
 
 @dataclass(frozen=True)
 class TextDelta:
-    """New visible text (stop strings already held back and cut)."""
+    """New answer text (stop strings already held back and cut)."""
+
+    text: str
+    token_count: int = 1
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """New reasoning text: what a reasoning model thinks before it answers (``<think>...</think>``)."""
 
     text: str
     token_count: int = 1
@@ -68,14 +76,15 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class Finished:
-    """The last event of every generation."""
+    """The last event of every generation; ``stop_sequence`` is the stop string that ended it, if one did."""
 
     reason: FinishReason
     usage: Usage
     error: str | None = None
+    stop_sequence: str | None = None
 
 
-EngineEvent = Union[TextDelta, Finished]
+EngineEvent = Union[TextDelta, ReasoningDelta, Finished]
 
 
 @dataclass(frozen=True)
