@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from .config.schema import REASONING_PARSERS
 from .log import setup_logging
 
 def _serve_parser(sub) -> argparse.ArgumentParser:
@@ -40,7 +41,11 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--use-paged-cache", action="store_true", help="accepted for reference command lines: the prefix cache is always on")
     # Later features: accepted as flags so the config's validation refuses them with a clear message.
     p.add_argument("--enable-auto-tool-choice", action="store_true", help=argparse.SUPPRESS)
-    for flag in ("--mcp-config", "--reasoning-parser", "--embedding-model", "--tool-call-parser"):
+    p.add_argument("--reasoning-parser", choices=REASONING_PARSERS,
+                   help="return a reasoning model's thinking apart from its answer")
+    p.add_argument("--strict-model-name", action="store_true",
+                   help="answer 404 to a request naming another model (default: answer it as this one)")
+    for flag in ("--mcp-config", "--embedding-model", "--tool-call-parser"):
         p.add_argument(flag, help=argparse.SUPPRESS)
     return p
 
@@ -49,7 +54,7 @@ _PASSED_THROUGH = (
     "host", "port", "owned_by", "api_key", "timeout", "max_tokens", "max_request_tokens", "default_temperature",
     "default_top_p", "stream_interval", "max_queue", "rate_limit", "enable_metrics", "blas", "threads",
     "continuous_batching", "max_num_seqs", "prefill_step_size", "use_paged_cache", "cache_memory_mb", "cache_memory_percent", "mcp_config", "reasoning_parser",
-    "embedding_model", "enable_auto_tool_choice", "tool_call_parser",
+    "embedding_model", "enable_auto_tool_choice", "tool_call_parser", "strict_model_name",
 )
 
 

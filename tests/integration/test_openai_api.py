@@ -33,7 +33,8 @@ def chat(client, content="Tell me a story", **kw):
     extra = {k: kw.pop(k) for k in ("ignore_eos", "top_k", "repetition_penalty") if k in kw}
     if extra:
         kw["extra_body"] = {**kw.get("extra_body", {}), **extra}
-    return client.chat.completions.create(model="default", messages=[{"role": "user", "content": content}], **kw)
+    kw.setdefault("model", "default")
+    return client.chat.completions.create(messages=[{"role": "user", "content": content}], **kw)
 
 
 def stream_text(stream, kind="chat"):
@@ -158,7 +159,7 @@ def test_model_field_is_optional_and_default_matches(server, model):
     if model:
         body["model"] = model
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
-    assert r.status_code == (404 if model == "builtin:tiny" else 200)
+    assert r.status_code == 200 and r.json()["model"] == NAME
 
 
 def assert_openai_error(r: httpx.Response, status: int, param=None):
@@ -179,7 +180,6 @@ def test_client_mistakes_get_4xx_in_openai_shape(server):
     assert_openai_error(httpx.post(url, json={"messages": msgs, "max_tokens": -5}), 400, "max_tokens")
     assert_openai_error(httpx.post(url, json={"messages": "hi"}), 400, "messages")
     assert_openai_error(httpx.post(url, json={"messages": msgs, "temperature": -1}), 400, "temperature")
-    assert_openai_error(httpx.post(url, json={"messages": msgs, "model": "gpt-4"}), 404, "model")
     assert_openai_error(httpx.post(server.url + "/v1/nope", json={}), 404)
     assert_openai_error(httpx.get(server.url + "/v1/chat/completions"), 405)
     long_prompt = "hello " * 3000  # tiny's context is 2048 tokens
@@ -244,3 +244,44 @@ def test_status_reports_counters(server):
     assert s["status"] == "running" and s["model"] == NAME
     assert s["total_requests_processed"] > 0 and s["total_completion_tokens"] > 0
     assert {"active_memory_gb", "peak_memory_gb", "cache_memory_gb"} <= set(s["metal"])
+
+
+def test_any_model_name_is_answered_by_this_model(client):
+    r = chat(client, model="gpt-4o")  # agents send their own names: one model per port
+    assert r.model == NAME and r.choices[0].message.content is not None
+
+
+def test_a_strict_model_name_refuses_other_names():
+    s = start_serve("builtin:tiny", "--strict-model-name", "--served-model-name", "tiny-strict")
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = httpx.post(s.url + "/v1/chat/completions", json={**body, "model": "gpt-4o"})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+        assert httpx.post(s.url + "/v1/chat/completions", json={**body, "model": "tiny-strict"}).status_code == 200
+        r = httpx.post(s.url + "/v1/messages", json={"model": "claude", "max_tokens": 2,
+                                                     "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    finally:
+        assert s.stop() == 0
+
+
+def test_max_tokens_far_above_the_limits_is_served_clamped(client):
+    r = chat(client, max_tokens=64000, extra_body={"ignore_eos": True})
+    # builtin:tiny's context is 2,048 tokens: the answer runs to its end, and says so.
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == 2048
+
+
+@pytest.mark.parametrize("field,value", [("best_of", 2), ("top_logprobs", 3), ("logprobs", True), ("n", 2)])
+def test_a_field_this_server_would_not_honour_is_refused_naming_it(server, field, value):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, field: value}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
+def test_every_response_carries_the_id_of_its_body(server):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.headers["x-request-id"] == r.json()["id"] and r.json()["id"].startswith("chatcmpl-")
+    r = httpx.get(server.url + "/v1/models", headers={"x-request-id": "trace-7"})
+    assert r.headers["x-request-id"] == "trace-7"
+    assert httpx.get(server.url + "/nope").headers["x-request-id"].startswith("req_")

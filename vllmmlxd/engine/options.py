@@ -14,6 +14,7 @@ class EngineOptions:
     max_queue: int = 64  # admitted but not yet running; past that, 503
     prefill_step_size: int = 512  # prompt tokens per sequence per step at most
     cache_budget_bytes: int = 0  # the prefix cache's hard budget; 0: no cache
+    reasoning_parser: str | None = None  # qwen3, deepseek_r1: reasoning apart from the answer
 
     @property
     def max_running(self) -> int:
@@ -32,4 +33,5 @@ def engine_options(config: ModelConfig, physical_memory_bytes: int) -> EngineOpt
         max_queue=config.max_queue,
         prefill_step_size=config.prefill_step_size,
         cache_budget_bytes=budget,
+        reasoning_parser=config.reasoning_parser,
     )

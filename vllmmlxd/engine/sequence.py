@@ -1,18 +1,55 @@
-"""One request inside the scheduler: its tokens become text events, and it knows when it is done.
+"""One request inside the scheduler: its tokens become typed events, and it knows when it is done.
 
-Everything that belongs to a single request lives here (detokenizer, stop strings, stream
-grouping, progress, finish reason); the scheduler only feeds tokens and collects events.
-No mlx: the engine thread drives it, and it can be tested with any tokenizer.
+Everything that belongs to a single request lives here; the scheduler only feeds tokens and
+collects events. A token goes through:
+
+    detokenizer → output parser (reasoning apart from the answer) → stop strings (answer only)
+                → stream grouping → TextDelta / ReasoningDelta, then Finished
+
+Special tokens are dropped unless the request's parser asks for their text (``<think>``
+where it is an added token). No mlx: the engine thread drives it, and it can be tested with
+any tokenizer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from .stops import StopMatcher
-from .types import EngineEvent, Finished, FinishReason, GenerationRequest, RequestProgress, TextDelta, Usage
+from .types import (
+    EngineEvent,
+    Finished,
+    FinishReason,
+    GenerationRequest,
+    ReasoningDelta,
+    RequestProgress,
+    TextDelta,
+    Usage,
+)
+
+
+class OutputParser(Protocol):
+    """Splits generated text into typed pieces; the reasoning parsers are the first kind."""
+
+    markers: frozenset[str]
+
+    def feed(self, text: str) -> list[tuple[str, str]]: ...
+
+    def finish(self) -> list[tuple[str, str]]: ...
+
+
+class AnswerOnly:
+    """No parser: everything generated is the answer."""
+
+    markers: frozenset[str] = frozenset()
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        return [("content", text)] if text else []
+
+    def finish(self) -> list[tuple[str, str]]:
+        return []
 
 
 class Sequence:
@@ -25,6 +62,9 @@ class Sequence:
         detokenizer: Any,
         eos_ids: set[int],
         special_ids: set[int],
+        *,
+        parser: OutputParser | None = None,
+        token_text: Callable[[int], str] = lambda token: "",
     ):
         self.request = request
         self.loop = loop
@@ -36,8 +76,10 @@ class Sequence:
         self._detok = detokenizer
         self._eos = eos_ids
         self._special = special_ids
+        self._parser = parser or AnswerOnly()
+        self._token_text = token_text
         self._stops = StopMatcher(request.sampling.stop)
-        self._pending = ""
+        self._pending: list[tuple[str, str]] = []  # (kind, text) not yet sent, same kinds merged
         self._pending_tokens = 0
         self._outbox: list[EngineEvent] = []
 
@@ -66,9 +108,9 @@ class Sequence:
             progress.first_token_at = progress.last_token_at
         if token in self._eos and not params.ignore_eos:
             return "stop"
-        if token not in self._special:
+        if token not in self._special or self._token_text(token) in self._parser.markers:
             self._detok.add_token(token)
-            self._pending += self._stops.feed(self._detok.last_segment)
+            self._take(self._parser.feed(self._detok.last_segment))
         self._pending_tokens += 1
         if self._stops.stopped:
             return "stop"
@@ -83,21 +125,39 @@ class Sequence:
         if reason not in ("cancelled", "error"):
             if not self._stops.stopped:
                 self._detok.finalize()
-                self._pending += self._stops.feed(self._detok.last_segment)
-                self._pending += self._stops.flush()
+                self._take(self._parser.feed(self._detok.last_segment))
+                self._take(self._parser.finish())
+                self._add("content", self._stops.flush())
                 if self._stops.stopped:  # a stop string completed in the text held back at the end
                     reason = "stop"
             self._emit()
         self.finished = reason
         usage = Usage(len(self.request.prompt_tokens), self.progress.generated_tokens)
-        self._outbox.append(Finished(reason, usage, error=error))
+        self._outbox.append(Finished(reason, usage, error=error, stop_sequence=self._stops.matched))
 
     def take_events(self) -> list[EngineEvent]:
         """The events produced since the last call (the scheduler posts a step's events at once)."""
         out, self._outbox = self._outbox, []
         return out
 
+    def _take(self, pieces: list[tuple[str, str]]) -> None:
+        """The parser's pieces: reasoning as it is, the answer through the stop strings."""
+        for kind, text in pieces:
+            if self._stops.stopped:
+                return  # nothing after a stop string, not even reasoning
+            self._add(kind, self._stops.feed(text) if kind == "content" else text)
+
+    def _add(self, kind: str, text: str) -> None:
+        if not text:
+            return
+        if self._pending and self._pending[-1][0] == kind:
+            self._pending[-1] = (kind, self._pending[-1][1] + text)
+        else:
+            self._pending.append((kind, text))
+
     def _emit(self) -> None:
-        if self._pending:
-            self._outbox.append(TextDelta(self._pending, self._pending_tokens))
-        self._pending, self._pending_tokens = "", 0
+        # The step's token count goes with the last piece: what matters is the sum.
+        for i, (kind, text) in enumerate(self._pending):
+            count = self._pending_tokens if i == len(self._pending) - 1 else 0
+            self._outbox.append(ReasoningDelta(text, count) if kind == "reasoning" else TextDelta(text, count))
+        self._pending, self._pending_tokens = [], 0

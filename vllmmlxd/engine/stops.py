@@ -14,6 +14,7 @@ class StopMatcher:
         self.stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, piece: str) -> str:
         """Add ``piece``; return the text that can be emitted now.
@@ -30,7 +31,7 @@ class StopMatcher:
         # A longer stop string may still complete and start before the one found: wait for it.
         undecided = len(buf) - self._partial_suffix(buf)
         if cut >= 0 and undecided >= cut:
-            self.stopped = True
+            self._stop_at(buf, cut)
             self._held = ""
             return buf[:cut]
         self._held = buf[undecided:]
@@ -43,9 +44,14 @@ class StopMatcher:
             return ""
         cut = self._earliest_stop(held)
         if cut >= 0:
-            self.stopped = True
+            self._stop_at(held, cut)
             return held[:cut]
         return held
+
+    def _stop_at(self, buf: str, cut: int) -> None:
+        self.stopped = True
+        # Of the stops found at the cut, the longest is the one the text really holds.
+        self.matched = max((s for s in self.stops if buf.startswith(s, cut)), key=len)
 
     def _earliest_stop(self, buf: str) -> int:
         return min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Literal, Protocol, Union
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]  # timeouts cancel, in the API layer
+FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]  # timeouts cancel, in the API layer
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,27 @@ class SamplingParams:
     ignore_eos: bool = False
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """Decoding held to a grammar (llguidance's Lark dialect): structured output, a forced tool call.
+
+    ``after_reasoning``: the model reasons freely first; the grammar holds from the end of its
+    reasoning section (the token of ``</think>``) on.
+    """
+
+    grammar: str
+    after_reasoning: bool = False
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """How a request's answer may hold tool calls: the tools offered (OpenAI's shape), and
+    whether calls are read out of the text (False: ``tool_choice: none``, the text stays text)."""
+
+    tools: tuple[dict, ...] = ()
+    parse_calls: bool = True
+
+
 _ids = itertools.count(1)
 
 
@@ -44,6 +65,9 @@ class GenerationRequest:
     sampling: SamplingParams
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     stream_interval: int = 1
+    reasoning: bool = False  # run the model's reasoning parser (chat requests; a raw completion is all answer)
+    tool_use: ToolUse | None = None  # tools were offered: run the model's tool-call parser
+    constraint: Constraint | None = None  # held to a grammar while decoding
     cancelled: threading.Event = field(default_factory=threading.Event)
     created: float = field(default_factory=time.monotonic)
 
@@ -75,6 +99,17 @@ class ReasoningDelta:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """One complete tool call in the answer: its position among the response's calls, the
+    function's name and its arguments (a JSON object's text)."""
+
+    index: int
+    name: str
+    arguments: str
+    token_count: int = 1
+
+
+@dataclass(frozen=True)
 class Finished:
     """The last event of every generation; ``stop_sequence`` is the stop string that ended it, if one did."""
 
@@ -84,7 +119,7 @@ class Finished:
     stop_sequence: str | None = None
 
 
-EngineEvent = Union[TextDelta, ReasoningDelta, Finished]
+EngineEvent = Union[TextDelta, ReasoningDelta, ToolCallDelta, Finished]
 
 
 @dataclass(frozen=True)

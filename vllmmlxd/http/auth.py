@@ -1,11 +1,16 @@
-"""API keys as clients present them: ``Authorization: Bearer KEY`` or ``x-api-key: KEY``."""
+"""API keys as clients present them (``Authorization: Bearer KEY`` or ``x-api-key: KEY``), and the
+check every API route gets as a router dependency, so a new route cannot forget it."""
 
 from __future__ import annotations
 
 import secrets
 
+from typing import Awaitable, Callable
+
 from pydantic import SecretStr
 from starlette.requests import Request
+
+from ..errors import Unauthorized
 
 
 def presented_key(request: Request) -> str | None:
@@ -18,3 +23,13 @@ def presented_key(request: Request) -> str | None:
 def key_matches(given: str | None, expected: SecretStr) -> bool:
     """Constant-time comparison, so response timing does not leak the key."""
     return given is not None and secrets.compare_digest(given.encode(), expected.get_secret_value().encode())
+
+
+def make_auth(api_key: SecretStr | None) -> Callable[[Request], Awaitable[None]]:
+    """A FastAPI dependency: 401 unless the request carries ``api_key``; a no-op without one."""
+
+    async def require_key(request: Request) -> None:
+        if api_key is not None and not key_matches(presented_key(request), api_key):
+            raise Unauthorized("missing or invalid API key", code="invalid_api_key")
+
+    return require_key

@@ -27,9 +27,9 @@ MAX_READ = 256 * MIB  # no header field is this long: a tokenizer's vocabulary i
 # for when a builtin is not converted yet. SmolLM2-135M: 30 layers of hidden 576, MLP 1536,
 # 9 heads (3 for k/v), vocab 49152 with tied embeddings: 134,515,008, stored as float16 (the
 # GGUF is dequantized to it). builtin:tiny, from TINY_CONFIG by hand: embeddings 49152*64 =
-# 3,145,728, per layer q,o 64*64, k,v 32*64, gate,up,down 128*64, norms 2*64 = 36,992 (two
-# layers), final norm 64: 3,219,776, stored as float32.
-BUILTIN_PARAMETERS = {"smollm2-135m-instruct": (134_515_008, 2), "tiny": (3_219_776, 4)}
+# 3,145,856 (49154 tokens: SmolLM2's and two thinking tokens), per layer q,o 64*64, k,v 32*64, gate,up,down 128*64, norms 2*64 = 36,992 (two
+# layers), final norm 64: 3,219,904, stored as float32.
+BUILTIN_PARAMETERS = {"smollm2-135m-instruct": (134_515_008, 2), "tiny": (3_219_904, 4)}
 
 
 # -- a model's weights ---------------------------------------------------------

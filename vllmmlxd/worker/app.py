@@ -7,13 +7,16 @@ import time
 from fastapi import Depends, FastAPI
 from starlette.requests import Request
 
+from ..api.anthropic.routes import make_router as make_anthropic_router
 from ..api.context import ServingContext
-from ..api.openai.errors import install_error_handlers
+from ..api.errors import install_error_handlers
 from ..api.openai.routes import make_router as make_openai_router
 from ..config.schema import ModelConfig
 from ..engine.types import Engine
+from ..http.auth import make_auth
 from ..http.metrics import Metrics, MetricsMiddleware
 from ..http.ratelimit import make_rate_limit
+from ..http.request_id import RequestIdMiddleware
 
 
 def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | None = None) -> FastAPI:
@@ -22,9 +25,11 @@ def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | No
     app = FastAPI(title=f"vllmmlxd: {ctx.name}", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     install_error_handlers(app)
-    # Every /v1 route counts against the client's rate limit; /health and /metrics never do.
-    api_deps = [Depends(make_rate_limit(config.rate_limit, config.api_key))]
+    # Every /v1 route is behind the rate limit, then the key, by construction; /health and
+    # /metrics are not. The limit comes first so that guessing keys spends a budget too.
+    api_deps = [Depends(make_rate_limit(config.rate_limit, config.api_key)), Depends(make_auth(config.api_key))]
     app.include_router(make_openai_router(ctx), dependencies=api_deps)
+    app.include_router(make_anthropic_router(ctx), dependencies=api_deps)
 
     if config.enable_metrics:
         metrics = Metrics(engine, ctx.name)
@@ -43,8 +48,7 @@ def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | No
         return body
 
     @app.get("/v1/status", dependencies=api_deps)
-    async def status(request: Request):
-        ctx.check_api_key(request)
+    async def status():
         s = engine.stats
         return {
             "status": "running",
@@ -65,6 +69,7 @@ def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | No
             "requests": s.active_requests(),
         }
 
+    app.add_middleware(RequestIdMiddleware)  # outermost: every response, errors included, gets its id
     return app
 
 

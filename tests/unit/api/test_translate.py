@@ -2,11 +2,16 @@
 
 import pytest
 
+import json
+
 from vllmmlxd.api.body import validate
+from vllmmlxd.api.openai import encode
 from vllmmlxd.api.openai import translate as tr
 from vllmmlxd.api.openai.protocol import ChatCompletionRequest, CompletionRequest
+from vllmmlxd.api.sampling import resolve_sampling
+from vllmmlxd.api.stream import Folded
 from vllmmlxd.config.schema import ModelConfig
-from vllmmlxd.engine.types import Finished, TextDelta, Usage
+from vllmmlxd.engine.types import Finished, ReasoningDelta, TextDelta, Usage
 from vllmmlxd.errors import ContextLengthExceeded, InvalidRequest, UnprocessableBody
 
 CFG = ModelConfig(model="builtin:tiny", max_tokens=100, max_request_tokens=500, default_temperature=0.3)
@@ -17,7 +22,7 @@ def chat(**kw):
 
 
 def resolve(req, prompt_len=10, ctx=1000, vocab=50):
-    return tr.resolve_sampling(req, CFG, prompt_len=prompt_len, context_length=ctx, vocab_size=vocab)
+    return resolve_sampling(tr.sampling_request(req), CFG, prompt_len=prompt_len, context_length=ctx, vocab_size=vocab)
 
 
 def test_defaults_come_from_the_model_config():
@@ -45,14 +50,13 @@ def test_prompt_over_the_context_is_a_400():
     assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
 
 
-def test_asking_more_than_the_room_left_is_a_400():
-    with pytest.raises(ContextLengthExceeded):
-        resolve(chat(max_tokens=200), prompt_len=900)
+def test_asking_more_than_the_room_left_is_clamped_to_it():
+    assert resolve(chat(max_tokens=200), prompt_len=900).max_tokens == 100
 
 
-def test_max_tokens_above_the_server_cap_is_a_400():
-    with pytest.raises(InvalidRequest, match="limit of 500"):
-        resolve(chat(max_tokens=501))
+def test_max_tokens_above_the_server_cap_is_clamped_to_it():
+    # Agents ask for 32k-64k by default; the finish reason tells them when the cap ended it.
+    assert resolve(chat(max_tokens=64000)).max_tokens == 500
 
 
 def test_logit_bias_outside_vocab_is_a_400():
@@ -104,10 +108,24 @@ def test_tool_call_arguments_are_parsed_for_the_template():
     assert out["tool_calls"][0]["function"]["arguments"] == {"a": 1} and out["content"] == ""
 
 
-def test_unsupported_features_are_refused_not_ignored():
-    with pytest.raises(InvalidRequest, match="response_format"):
-        tr.check_chat_supported(chat(response_format={"type": "json_object"}))
-    tr.check_chat_supported(chat(response_format={"type": "text"}))
+@pytest.mark.parametrize("field,value", [
+    ("best_of", 3), ("top_logprobs", 2), ("logprobs", True), ("n", 2), ("modalities", ["audio"]),
+    ("audio", {"voice": "x"}), ("response_format", {"type": "json_object"}),
+])
+def test_fields_this_server_would_not_honour_are_refused_naming_them(field, value):
+    req = ChatCompletionRequest.model_construct(messages=[], **{field: value}) if field == "n" else chat(**{field: value})
+    with pytest.raises(InvalidRequest) as e:
+        tr.refuse_unhonoured(req)
+    assert e.value.param == field
+
+
+def test_a_completion_asking_logprobs_0_still_asks_for_logprobs():
+    with pytest.raises(InvalidRequest) as e:
+        tr.refuse_unhonoured(CompletionRequest(prompt="a", logprobs=0))
+    assert e.value.param == "logprobs"
+    for ok in ({"logprobs": None}, {"best_of": 1}, {"echo": False}):
+        tr.refuse_unhonoured(CompletionRequest(prompt="a", **ok))
+    tr.refuse_unhonoured(chat(logprobs=False, response_format={"type": "text"}))
 
 
 def test_completion_prompt_forms():
@@ -120,12 +138,35 @@ def test_completion_prompt_forms():
         tr.completion_prompt(CompletionRequest(prompt=""))
 
 
-def test_fold_and_response_shapes_agree():
-    f = tr.Folded()
-    for ev in [TextDelta("Hel"), TextDelta("lo"), Finished("length", Usage(3, 2))]:
+def fold(events):
+    f = Folded()
+    for ev in events:
         f.add(ev)
-    body = tr.chat_response("id1", 1, "m", f)
+    return f
+
+
+def frames_json(frames):
+    return [json.loads(f[6:]) for f in frames if f.startswith("data: {")]
+
+
+def test_fold_and_response_shapes_agree():
+    f = fold([TextDelta("Hel"), TextDelta("lo"), Finished("length", Usage(3, 2))])
+    body = encode.chat_response("id1", 1, "m", f)
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-    assert tr.completion_response("id2", 1, "m", f)["choices"][0]["text"] == "Hello"
+    assert encode.completion_response("id2", 1, "m", f)["choices"][0]["text"] == "Hello"
+
+
+def test_reasoning_is_apart_from_the_answer_in_both_paths():
+    events = [ReasoningDelta("think "), ReasoningDelta("hard"), TextDelta("Paris"), Finished("stop", Usage(3, 5))]
+    message = encode.chat_response("id", 1, "m", fold(events))["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "Paris", "reasoning_content": "think hard", "reasoning": "think hard"}
+    enc = encode.ChatStreamEncoder("id", 1, "m", include_usage=True)
+    chunks = frames_json(enc.start() + [f for e in events for f in enc.event(e)])
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    assert "".join(d.get("content", "") for d in deltas) == message["content"]
+    assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert enc.end() == ["data: [DONE]\n\n"]

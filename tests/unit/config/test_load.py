@@ -226,3 +226,12 @@ def test_blas_takes_a_name_or_a_library_path():
     msg = error_of("models:\n  a:\n    model: builtin:tiny\n    blas: fast\n")
     assert msg.startswith("c.yaml:4:11: models.a.blas:") and "auto, mkl, blis, openblas, bundled or a path" in msg
     assert "models.a.threads" in error_of("models:\n  a:\n    model: builtin:tiny\n    threads: 0\n")
+
+
+def test_the_config_knows_every_reasoning_parser_and_no_other():
+    from vllmmlxd.config.schema import REASONING_PARSERS
+    from vllmmlxd.parsers.reasoning import REASONING_PARSERS as IMPLEMENTED
+
+    assert set(REASONING_PARSERS) == set(IMPLEMENTED)
+    assert parse_config("models:\n  a:\n    model: builtin:tiny\n    reasoning_parser: qwen3\n").config.models["a"].reasoning_parser == "qwen3"
+    assert "qwen3, deepseek_r1" in error_of("models:\n  a:\n    model: builtin:tiny\n    reasoning_parser: gpt\n")

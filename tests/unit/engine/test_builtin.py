@@ -38,25 +38,28 @@ def test_tiny_weights_are_pinned():
     weights = builtin.make_tiny_weights()
     again = builtin.make_tiny_weights()
     assert all(np.array_equal(weights[k], again[k]) for k in weights)
-    assert weights["model.embed_tokens.weight"].shape == (49152, 64)
+    assert weights["model.embed_tokens.weight"].shape == (49154, 64)  # SmolLM2's vocabulary and the two thinking tokens
     assert weights["model.layers.0.self_attn.k_proj.weight"].shape == (32, 64)
     assert all(v.dtype == np.float32 for v in weights.values())
     # Pinned values: default_rng(0) is platform-independent, so these hold everywhere.
     np.testing.assert_allclose(weights["model.embed_tokens.weight"][0, :3], [0.0025146045, -0.0026420972, 0.0128084533], rtol=1e-6)
-    np.testing.assert_allclose(weights["model.layers.1.mlp.down_proj.weight"][0, 0], -0.035672374, rtol=1e-6)
+    np.testing.assert_allclose(weights["model.layers.1.mlp.down_proj.weight"][0, 0], -0.0143534318, rtol=1e-6)
 
 
 def test_tiny_folder_layout(tiny_folder):
     config = json.loads((tiny_folder / "config.json").read_text())
     assert config == builtin.TINY_CONFIG
     assert (tiny_folder / gguf.MARKER).exists()
-    assert tiny_folder.name == "builtin-tiny-v1"
+    assert tiny_folder.name == "builtin-tiny-v2"
     assert not (tiny_folder / "_source.gguf").exists()
 
 
-def test_tiny_tokenizer_is_smollm2s(tiny_tokenizer):
-    assert tiny_tokenizer.vocab_size == 49152
+def test_tiny_tokenizer_is_smollm2s_with_thinking_tokens(tiny_tokenizer):
+    assert tiny_tokenizer.vocab_size == 49152 and len(tiny_tokenizer) == 49154
     assert tiny_tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"]) == [1, 2]
+    # Whole tokens, and text (not special): as Qwen3's tokenizer has them.
+    assert tiny_tokenizer.encode("<think>x</think>", add_special_tokens=False)[::2] == [49152, 49153]
+    assert tiny_tokenizer.decode([49152, 49153], skip_special_tokens=True) == "<think></think>"
     assert tiny_tokenizer.has_tool_calling and tiny_tokenizer.tool_call_start == "<tool_call>"
 
 
@@ -108,7 +111,7 @@ def test_second_use_only_loads(state_dir, tiny_folder, monkeypatch):
     def no_build(folder, state):
         raise AssertionError("rebuilt a cached builtin")
 
-    monkeypatch.setitem(builtin.BUILTINS, "tiny", builtin.Builtin("tiny", 1, "", no_build))
+    monkeypatch.setitem(builtin.BUILTINS, "tiny", builtin.Builtin("tiny", builtin.BUILTINS["tiny"].version, "", no_build))
     assert builtin.ensure_builtin("tiny", state_dir) == tiny_folder
     assert marker.stat().st_mtime_ns == before
 
@@ -133,8 +136,8 @@ def test_concurrent_first_builds_leave_one_valid_folder(state_dir, tmp_path, tin
     for p in procs:
         p.join(timeout=120)
     assert [p.exitcode for p in procs] == [0, 0]
-    assert sorted(p.name for p in (fresh / "models").iterdir()) == ["builtin-tiny-v1"]
-    built = fresh / "models" / "builtin-tiny-v1"
+    assert sorted(p.name for p in (fresh / "models").iterdir()) == ["builtin-tiny-v2"]
+    built = fresh / "models" / "builtin-tiny-v2"
     assert sorted(p.name for p in built.iterdir()) == sorted(p.name for p in tiny_folder.iterdir())
     assert (built / "model.safetensors").read_bytes() == (tiny_folder / "model.safetensors").read_bytes()
 

@@ -85,7 +85,7 @@ def test_tiny_loads_and_generates_deterministically(state_dir):
 def test_a_folder_spec_loads_directly(state_dir):
     folder = builtin.ensure_builtin("tiny", state_dir)
     loaded = load_model(str(folder), state_dir)
-    assert (loaded.path, loaded.name, loaded.context_length) == (folder, "builtin-tiny-v1", 2048)
+    assert (loaded.path, loaded.name, loaded.context_length) == (folder, "builtin-tiny-v2", 2048)
 
 
 @pytest.mark.slow

@@ -89,3 +89,12 @@ def test_a_longer_stop_that_starts_earlier_is_waited_for():
     assert m.feed("c") == "a" and m.stopped  # "aba" did not come: the cut is at "b"
     m = StopMatcher(["b", "aba"])
     assert m.feed("aab") == "a" and m.flush() == "a" and m.stopped  # generation ended meanwhile
+
+
+def test_the_matched_stop_is_remembered():
+    m = StopMatcher(["END", "x"])
+    assert m.feed("abc EN") == "abc " and m.matched is None
+    assert m.feed("D more") == "" and m.stopped and m.matched == "END"
+    m = StopMatcher(["ab", "abc"])
+    m.feed("zzabcd")
+    assert m.matched == "abc"

@@ -11,7 +11,7 @@ from pydantic import SecretStr
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
-from vllmmlxd.api.openai.errors import install_error_handlers
+from vllmmlxd.api.errors import install_error_handlers
 from vllmmlxd.http.ratelimit import RateLimiter, client_identity, make_rate_limit
 
 KEY = "sk-unit-secret"

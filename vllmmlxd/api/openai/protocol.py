@@ -81,8 +81,3 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = None
-
-
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
-    """OpenAI's error shape."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -1,0 +1,1 @@
+"""Anthropic's Messages API: wire models, translation to the chat template, and the event encoder."""

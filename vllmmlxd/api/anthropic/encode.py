@@ -1,0 +1,120 @@
+"""Anthropic's wire format for engine events: the Messages SSE stream (one stateful encoder per
+response) and the whole message built from the fold of the same events. Pure.
+
+A stream's content blocks are what the whole message holds, in the same order: reasoning in a
+``thinking`` block, then the answer in a ``text`` block; an answer with neither gets one empty
+text block, so ``content[0]`` is always there for clients that read it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta
+from ..sse import sse_event
+from .protocol import error_body
+from .translate import stop_reason
+
+if TYPE_CHECKING:  # only its attributes are read; api.stream itself imports starlette
+    from ..stream import Folded
+
+# Anthropic signs thinking blocks so that it can trust them when they are sent back; nothing here
+# signs, and blocks sent back are never checked. A fixed marker says so, and a non-empty one keeps
+# clients that drop unsigned thinking blocks from dropping ours.
+LOCAL_SIGNATURE = "vllmmlxd-local-unsigned"
+
+# Mid-stream failures, by kind: Anthropic's types for the same failures answered before the stream.
+_ERROR_TYPES = {"timeout": "timeout_error", "overloaded": "overloaded_error"}
+
+
+def message_response(message_id: str, model: str, folded: Folded) -> dict:
+    """The non-streaming ``message`` body: the fold of the same events the stream sends."""
+    assert folded.finish is not None
+    content: list[dict] = []
+    if folded.reasoning:
+        content.append({"type": "thinking", "thinking": folded.reasoning, "signature": LOCAL_SIGNATURE})
+    if folded.text or not content:
+        content.append({"type": "text", "text": folded.text})
+    reason, sequence = stop_reason(folded.finish)
+    return {
+        "id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
+        "stop_reason": reason, "stop_sequence": sequence,
+        "usage": {"input_tokens": folded.finish.usage.prompt_tokens,
+                  "output_tokens": folded.finish.usage.completion_tokens},
+    }
+
+
+class MessagesStreamEncoder:
+    """Anthropic's ``message_start`` ... ``message_stop`` frames for one response.
+
+    A content block opens when the kind of delta changes (``thinking`` or ``text``) and closes
+    when the next opens or the message ends; blocks are numbered from 0. Empty deltas send nothing.
+    """
+
+    def __init__(self, message_id: str, model: str, input_tokens: int):
+        self.message_id, self.model, self.input_tokens = message_id, model, input_tokens
+        self._open: str | None = None  # the kind of the open block
+        self._blocks = 0  # blocks opened so far; the open one is number _blocks - 1
+
+    def start(self) -> list[str]:
+        """``message_start`` with the message skeleton, then one ``ping``."""
+        message = {
+            "id": self.message_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+            "stop_reason": None, "stop_sequence": None,
+            # Nothing is generated yet when this is sent; message_delta carries the real count.
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
+        }
+        return [_frame({"type": "message_start", "message": message}), _frame({"type": "ping"})]
+
+    def event(self, event: EngineEvent) -> list[str]:
+        """Frames for one engine event; ``Finished`` closes the open block and the message."""
+        if isinstance(event, ReasoningDelta) and event.text:
+            return self._delta("thinking", {"type": "thinking_delta", "thinking": event.text})
+        if isinstance(event, TextDelta) and event.text:
+            return self._delta("text", {"type": "text_delta", "text": event.text})
+        if isinstance(event, Finished):
+            frames = self._close()
+            if self._blocks == 0:
+                frames += self._open_block("text") + self._close()
+            reason, sequence = stop_reason(event)
+            frames.append(_frame({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                  "usage": {"output_tokens": event.usage.completion_tokens}}))
+            frames.append(_frame({"type": "message_stop"}))
+            return frames
+        return []
+
+    def error(self, message: str, kind: str) -> list[str]:
+        """An ``error`` event, as Anthropic's stream sends one; the SDKs raise it as an APIStatusError."""
+        return [_frame(error_body(_ERROR_TYPES.get(kind, "api_error"), message))]
+
+    def end(self) -> list[str]:
+        """Nothing: Anthropic's stream ends at ``message_stop`` (there is no ``[DONE]``)."""
+        return []
+
+    def _delta(self, kind: str, delta: dict) -> list[str]:
+        frames = [] if self._open == kind else self._close() + self._open_block(kind)
+        frames.append(_frame({"type": "content_block_delta", "index": self._blocks - 1, "delta": delta}))
+        return frames
+
+    def _open_block(self, kind: str) -> list[str]:
+        empty = {"thinking": "", "signature": ""} if kind == "thinking" else {"text": ""}
+        block = {"type": kind, **empty}
+        self._open, self._blocks = kind, self._blocks + 1
+        return [_frame({"type": "content_block_start", "index": self._blocks - 1, "content_block": block})]
+
+    def _close(self) -> list[str]:
+        if self._open is None:
+            return []
+        index, frames = self._blocks - 1, []
+        if self._open == "thinking":
+            # Anthropic sends a thinking block's signature last, just before its stop.
+            frames.append(_frame({"type": "content_block_delta", "index": index,
+                                  "delta": {"type": "signature_delta", "signature": LOCAL_SIGNATURE}}))
+        self._open = None
+        frames.append(_frame({"type": "content_block_stop", "index": index}))
+        return frames
+
+
+def _frame(data: dict) -> str:
+    # Every frame is named by its type: the SDKs drop frames without an ``event:`` line.
+    return sse_event(data["type"], data)

@@ -1,0 +1,48 @@
+"""Anthropic Messages routes: ``POST /v1/messages`` (streamed or not) and ``/v1/messages/count_tokens``.
+
+Auth (``x-api-key`` or ``Authorization: Bearer``) and rate limits are the router's
+dependencies; errors are shaped as Anthropic's by ``api.errors``. The stream and the whole
+response read the same engine events (``encode.py``, ``api.stream``).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.requests import Request
+
+from ..body import read_json, validate
+from ..context import ServingContext
+from ..prompt import make_generation, render_template
+from ..stream import fold, stream
+from . import translate as tr
+from .encode import MessagesStreamEncoder, message_response
+from .protocol import CountTokensRequest, MessagesRequest
+
+
+def make_router(ctx: ServingContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/messages")
+    async def messages(request: Request):
+        req = validate(MessagesRequest, await read_json(request, ctx.max_body_bytes))
+        ctx.check_model(req.model)
+        prompt = _render(ctx, req)
+        rid = ctx.request_id(request, "msg_")
+        gen = make_generation(ctx, tr.sampling_request(req), prompt, rid, reasoning=True)
+        if req.stream:
+            return stream(ctx, gen, MessagesStreamEncoder(rid, ctx.name, len(prompt)))
+        return message_response(rid, ctx.name, await fold(ctx, request, gen))
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        req = validate(CountTokensRequest, await read_json(request, ctx.max_body_bytes))
+        ctx.check_model(req.model)
+        # Rendered exactly as /v1/messages renders it, so the count equals usage.input_tokens.
+        return {"input_tokens": len(_render(ctx, req))}
+
+    return router
+
+
+def _render(ctx: ServingContext, req) -> list[int]:
+    messages, tools = tr.to_template_messages(req)
+    return render_template(ctx, messages, tools, tr.thinking_switch(req))

@@ -1,0 +1,136 @@
+"""Pure translation of Anthropic requests into what the engine takes: OpenAI-style messages and
+tools for the chat template (the shape templates are written for), the thinking switch, neutral
+sampling; and of the engine's finish back into Anthropic's stop reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...engine.types import Finished
+from ...errors import InvalidRequest
+from ..sampling import SamplingRequest
+from .protocol import (
+    CountTokensRequest, DocumentBlock, ImageBlock, MessagesRequest, RedactedThinkingBlock, TextBlock,
+    ThinkingBlock, Tool, ToolResultBlock, ToolUseBlock,
+)
+
+# Blocks are separate segments (a system reminder, then the prompt); a blank line keeps them
+# apart where gluing them would join the last word of one to the first of the next.
+BLOCK_SEPARATOR = "\n\n"
+_ASSISTANT_ONLY = (ToolUseBlock, ThinkingBlock, RedactedThinkingBlock)
+
+
+def to_template_messages(req: CountTokensRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The conversation as chat-template messages, and the tools as OpenAI-style functions.
+
+    The system prompt comes first; an assistant's ``tool_use`` blocks become its ``tool_calls``
+    (arguments as objects: templates render them so) and its ``thinking`` its ``reasoning_content``;
+    a user's ``tool_result`` blocks become ``tool`` messages, before any text of the same turn
+    (Anthropic puts results first, and templates expect them right after the calls). Images and
+    documents are a 400 naming the block: these models take text only.
+    """
+    out: list[dict[str, Any]] = []
+    system = _joined(req.system or [])
+    if system:
+        out.append({"role": "system", "content": system})
+    names: dict[str, str] = {}  # tool_use id -> tool name, for templates that label results
+    for i, msg in enumerate(req.messages):
+        where = f"messages[{i}].content"
+        for j, block in enumerate(msg.content):
+            _check_block(block, msg.role, f"{where}[{j}]")
+        if msg.role == "assistant":
+            out.append(_assistant(msg.content, names))
+            continue
+        for j, block in enumerate(msg.content):
+            if isinstance(block, ToolResultBlock):
+                out.append(_tool_message(block, names, f"{where}[{j}]"))
+        texts = [b for b in msg.content if isinstance(b, TextBlock)]
+        if texts or not msg.content:
+            out.append({"role": "user", "content": _joined(texts)})
+    return out, to_template_tools(req.tools)
+
+
+def to_template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
+    """Anthropic's ``{name, description, input_schema}`` as OpenAI-style functions; None for no tools."""
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.type not in (None, "custom") or tool.input_schema is None:
+            # Server tools (web search, code execution) run at Anthropic; nothing here runs them.
+            raise InvalidRequest(f"tools[{i}]: {tool.name!r} (type {tool.type!r}) has no input_schema; "
+                                 "this server runs no server tools, only tools the client runs", param=f"tools[{i}]")
+        function = {"name": tool.name, "description": tool.description or "", "parameters": tool.input_schema}
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def thinking_switch(req: CountTokensRequest) -> dict[str, bool]:
+    """Chat-template kwargs for ``thinking``: on, off, or (absent, adaptive) the template's default."""
+    kind = req.thinking.type if req.thinking else None
+    if kind == "enabled":
+        return {"enable_thinking": True}
+    if kind == "disabled":
+        return {"enable_thinking": False}
+    return {}
+
+
+def sampling_request(req: MessagesRequest) -> SamplingRequest:
+    """The request's sampling fields, in no family's words."""
+    return SamplingRequest(
+        max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+        stop=tuple(req.stop_sequences or ()), seed=req.seed, logit_bias=dict(req.logit_bias or {}),
+        min_p=req.min_p, repetition_penalty=req.repetition_penalty,
+    )
+
+
+def stop_reason(finished: Finished) -> tuple[str, str | None]:
+    """Anthropic's ``(stop_reason, stop_sequence)`` for how the generation ended."""
+    if finished.stop_sequence is not None:
+        return "stop_sequence", finished.stop_sequence
+    if finished.reason == "length":
+        return "max_tokens", None
+    if finished.reason == "tool_calls":
+        return "tool_use", None
+    return "end_turn", None  # EOS; a cancelled or failed generation is never encoded as a message
+
+
+def _check_block(block, role: str, param: str) -> None:
+    if isinstance(block, (ImageBlock, DocumentBlock)):
+        raise InvalidRequest(f"{param}: this model takes text only; {block.type} blocks are not supported", param=param)
+    if role == "user" and isinstance(block, _ASSISTANT_ONLY):
+        raise InvalidRequest(f"{param}: {block.type} blocks belong in assistant turns", param=param)
+    if role == "assistant" and isinstance(block, ToolResultBlock):
+        raise InvalidRequest(f"{param}: tool_result blocks belong in user turns", param=param)
+
+
+def _assistant(blocks: list, names: dict[str, str]) -> dict[str, Any]:
+    item: dict[str, Any] = {"role": "assistant", "content": _joined([b for b in blocks if isinstance(b, TextBlock)])}
+    thinking = [b.thinking for b in blocks if isinstance(b, ThinkingBlock)]
+    if thinking:
+        item["reasoning_content"] = BLOCK_SEPARATOR.join(thinking)  # redacted_thinking is opaque: dropped
+    calls = [b for b in blocks if isinstance(b, ToolUseBlock)]
+    if calls:
+        item["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.input}}
+                              for c in calls]
+        names.update((c.id, c.name) for c in calls)
+    return item
+
+
+def _tool_message(block: ToolResultBlock, names: dict[str, str], param: str) -> dict[str, Any]:
+    for k, part in enumerate(block.content):
+        if not isinstance(part, TextBlock):
+            raise InvalidRequest(f"{param}.content[{k}]: this model takes text only; {part.type} blocks are not "
+                                 "supported", param=f"{param}.content[{k}]")
+    text = _joined(block.content)
+    if block.is_error and not text.lower().startswith("error"):
+        # Templates have no error flag; the text is all the model sees, so it must say it failed.
+        text = f"Error: {text}" if text else "Error"
+    item = {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}
+    if block.tool_use_id in names:
+        item["name"] = names[block.tool_use_id]
+    return item
+
+
+def _joined(blocks: list[TextBlock]) -> str:
+    return BLOCK_SEPARATOR.join(b.text for b in blocks)

@@ -1,0 +1,112 @@
+"""OpenAI's wire format for engine events: streamed chunks (one stateful encoder per response)
+and whole responses built from the fold of the same events. Pure."""
+
+from __future__ import annotations
+
+from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, Usage
+from ..errors import openai_error
+from ..sse import DONE, sse_data
+from ..stream import Folded
+
+
+def finish_reason(reason: str) -> str:
+    return reason if reason in ("length", "tool_calls") else "stop"
+
+
+def usage_dict(usage: Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def envelope(rid: str, obj: str, created: int, model: str, choices: list[dict], usage: Usage | None = None) -> dict:
+    """What every OpenAI response and chunk shares; ``usage`` last, when there is one."""
+    body = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices}
+    if usage is not None:
+        body["usage"] = usage_dict(usage)
+    return body
+
+
+def chat_response(rid: str, created: int, model: str, folded: Folded) -> dict:
+    assert folded.finish is not None
+    message = {"role": "assistant", "content": folded.text}
+    if folded.reasoning:
+        # reasoning_content is what most clients read; newer ones read reasoning.
+        message["reasoning_content"] = message["reasoning"] = folded.reasoning
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(folded.finish.reason)}
+    return envelope(rid, "chat.completion", created, model, [choice], folded.finish.usage)
+
+
+def completion_response(rid: str, created: int, model: str, folded: Folded) -> dict:
+    assert folded.finish is not None
+    choice = {"index": 0, "text": folded.text, "logprobs": None, "finish_reason": finish_reason(folded.finish.reason)}
+    return envelope(rid, "text_completion", created, model, [choice], folded.finish.usage)
+
+
+class _Encoder:
+    """Shared by chat and text completions: the envelope, the usage chunk, errors and [DONE]."""
+
+    object_name = ""
+
+    def __init__(self, rid: str, created: int, model: str, include_usage: bool):
+        self.rid, self.created, self.model, self.include_usage = rid, created, model, include_usage
+
+    def _chunk(self, choice: dict) -> str:
+        return sse_data(envelope(self.rid, self.object_name, self.created, self.model, [choice]))
+
+    def _finished(self, event: Finished, last_choice: dict) -> list[str]:
+        frames = [self._chunk(last_choice)]
+        if self.include_usage:
+            frames.append(sse_data(envelope(self.rid, self.object_name, self.created, self.model, [], event.usage)))
+        return frames
+
+    def error(self, message: str, kind: str) -> list[str]:
+        if kind == "timeout":
+            return [sse_data(openai_error(message, "timeout_error", code="timeout"))]
+        return [sse_data(openai_error(message, "server_error"))]
+
+    def end(self) -> list[str]:
+        return [DONE]
+
+
+class ChatStreamEncoder(_Encoder):
+    """``chat.completion.chunk`` frames: the role first, reasoning deltas, then content deltas."""
+
+    object_name = "chat.completion.chunk"
+
+    def _delta(self, delta: dict, finish: str | None = None) -> str:
+        return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish})
+
+    def start(self) -> list[str]:
+        return [self._delta({"role": "assistant", "content": ""})]
+
+    def event(self, event: EngineEvent) -> list[str]:
+        if isinstance(event, TextDelta):
+            return [self._delta({"content": event.text})]
+        if isinstance(event, ReasoningDelta):
+            return [self._delta({"reasoning_content": event.text, "reasoning": event.text})]
+        if isinstance(event, Finished):
+            return self._finished(event, {"index": 0, "delta": {}, "logprobs": None,
+                                          "finish_reason": finish_reason(event.reason)})
+        return []
+
+
+class CompletionStreamEncoder(_Encoder):
+    """``text_completion`` frames; a raw completion has no reasoning to send apart."""
+
+    object_name = "text_completion"
+
+    def _text(self, text: str, finish: str | None = None) -> dict:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+    def start(self) -> list[str]:
+        return []
+
+    def event(self, event: EngineEvent) -> list[str]:
+        if isinstance(event, (TextDelta, ReasoningDelta)):
+            return [self._chunk(self._text(event.text))]
+        if isinstance(event, Finished):
+            return self._finished(event, self._text("", finish_reason(event.reason)))
+        return []

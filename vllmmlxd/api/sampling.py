@@ -1,0 +1,70 @@
+"""Sampling asked by a request, in no API family's words, and how it meets the model's limits. Pure.
+
+Each family maps its request onto :class:`SamplingRequest`; :func:`resolve_sampling` merges it
+with the model entry's defaults. A ``max_tokens`` above the entry's ``max_request_tokens`` or
+above the room left in the context is clamped, not refused: agents ask for 32k-64k by
+default, and the response's finish reason tells the truth when the clamp is what ended it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config.schema import ModelConfig
+from ..engine.types import SamplingParams
+from ..errors import ContextLengthExceeded, InvalidRequest
+
+FALLBACK_TEMPERATURE = 0.7
+FALLBACK_TOP_P = 1.0
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    """What a request asked for; None: not said (the model's default applies)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logit_bias: dict[str, float] = field(default_factory=dict)
+    ignore_eos: bool = False
+
+
+def resolve_sampling(
+    req: SamplingRequest, cfg: ModelConfig, *, prompt_len: int, context_length: int, vocab_size: int,
+) -> SamplingParams:
+    """Merge ``req`` with the model's defaults; clamp max_tokens to the limits; check the prompt fits."""
+    room = context_length - prompt_len
+    if room <= 0:
+        raise ContextLengthExceeded(f"the prompt is {prompt_len} tokens; this model's context is {context_length} tokens")
+    asked = req.max_tokens if req.max_tokens is not None else cfg.max_tokens
+    bias = []
+    for key, value in req.logit_bias.items():
+        token = int(key)
+        if not 0 <= token < vocab_size:
+            raise InvalidRequest(f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})", param="logit_bias")
+        bias.append((token, float(value)))
+    return SamplingParams(
+        max_tokens=max(1, min(asked, cfg.max_request_tokens, room)),
+        temperature=_first(req.temperature, cfg.default_temperature, FALLBACK_TEMPERATURE),
+        top_p=_first(req.top_p, cfg.default_top_p, FALLBACK_TOP_P),
+        top_k=max(req.top_k or 0, 0),
+        min_p=req.min_p or 0.0,
+        repetition_penalty=req.repetition_penalty or 1.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        seed=req.seed,
+        stop=tuple(s for s in req.stop if s),
+        logit_bias=tuple(bias),
+        ignore_eos=req.ignore_eos,
+    )
+
+
+def _first(*values):
+    return next(v for v in values if v is not None)

@@ -1,0 +1,119 @@
+"""Every API family's two ways of answering, run the same way: a stream of SSE frames from an
+encoder, or the fold of the same events into one response.
+
+A family supplies a :class:`StreamEncoder` (its wire format) and builds its response body
+from a :class:`Folded`; timeouts, client disconnects, engine errors and cancellation are
+handled here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Protocol
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from ..engine.types import EngineEvent, Finished, GenerationRequest, ReasoningDelta, TextDelta
+from ..errors import EngineFailure, RequestTimeout
+from ..log import log_event
+from .body import ClientDisconnected, unless_disconnected
+from .context import ServingContext
+
+logger = logging.getLogger("vllmmlxd.api")
+
+
+class StreamEncoder(Protocol):
+    """One response's SSE frames, in a family's wire format. Stateful: one per response."""
+
+    def start(self) -> list[str]:
+        """Frames before the first event (OpenAI's role chunk; Anthropic's message_start)."""
+        ...
+
+    def event(self, event: EngineEvent) -> list[str]:
+        """Frames for one engine event; ``Finished`` (never with reason ``error``) closes the message."""
+        ...
+
+    def error(self, message: str, kind: str) -> list[str]:
+        """Frames for a failure mid-stream; ``kind`` is ``timeout`` or ``server``."""
+        ...
+
+    def end(self) -> list[str]:
+        """Frames after everything else (OpenAI's ``[DONE]``)."""
+        ...
+
+
+@dataclass
+class Folded:
+    """A whole response: the fold of its event stream."""
+
+    text: str = ""
+    reasoning: str = ""
+    finish: Finished | None = None
+    _text: list[str] = field(default_factory=list)
+    _reasoning: list[str] = field(default_factory=list)
+
+    def add(self, event: EngineEvent) -> None:
+        if isinstance(event, TextDelta):
+            self._text.append(event.text)
+        elif isinstance(event, ReasoningDelta):
+            self._reasoning.append(event.text)
+        elif isinstance(event, Finished):
+            self.finish = event
+            self.text, self.reasoning = "".join(self._text), "".join(self._reasoning)
+
+
+async def fold(ctx: ServingContext, request: Request, gen: GenerationRequest) -> Folded:
+    """Run ``gen`` to its end; 504 past the timeout, nothing left running if the client goes."""
+    events = ctx.engine.generate(gen)
+
+    async def run() -> Folded:
+        folded = Folded()
+        try:
+            async with asyncio.timeout(ctx.config.timeout):
+                async for event in events:
+                    folded.add(event)
+        finally:
+            gen.cancelled.set()  # also when cancelled before the first event
+        return folded
+
+    try:
+        folded = await unless_disconnected(request, run())
+    except TimeoutError:
+        raise RequestTimeout(f"the request took longer than {ctx.config.timeout:g} s", code="timeout") from None
+    except ClientDisconnected:
+        log_event(logger, "request.disconnected", request_id=gen.request_id)
+        raise
+    if folded.finish is None or folded.finish.reason == "error":
+        raise EngineFailure(folded.finish.error if folded.finish else "generation ended without a result")
+    return folded
+
+
+def stream(ctx: ServingContext, gen: GenerationRequest, encoder: StreamEncoder) -> StreamingResponse:
+    """Admit ``gen`` now (a full queue is a 503 before any byte is sent), then stream its frames."""
+    events = ctx.engine.generate(gen)
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            for frame in encoder.start():
+                yield frame
+            async with asyncio.timeout(ctx.config.timeout):
+                async for event in events:
+                    if isinstance(event, Finished) and event.reason == "error":
+                        for frame in encoder.error(event.error or "generation failed", "server"):
+                            yield frame
+                        break
+                    for frame in encoder.event(event):
+                        yield frame
+        except TimeoutError:
+            for frame in encoder.error(f"the request took longer than {ctx.config.timeout:g} s", "timeout"):
+                yield frame
+        finally:
+            gen.cancelled.set()  # a disconnect may come before the stream was ever read
+            await events.aclose()
+        for frame in encoder.end():
+            yield frame
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
