@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from .config.schema import REASONING_PARSERS
+from .config.schema import REASONING_PARSERS, TOOL_PARSERS
 from .log import setup_logging
 
 def _serve_parser(sub) -> argparse.ArgumentParser:
@@ -40,12 +40,15 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
                    help="prefix cache budget as a fraction of memory, when --cache-memory-mb is not given")
     p.add_argument("--use-paged-cache", action="store_true", help="accepted for reference command lines: the prefix cache is always on")
     # Later features: accepted as flags so the config's validation refuses them with a clear message.
-    p.add_argument("--enable-auto-tool-choice", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=True,
+                   help="read the model's own tool calls out of its answers (default: on)")
+    p.add_argument("--tool-call-parser", choices=TOOL_PARSERS, default="auto",
+                   help="the model's tool-call format (default: auto, from its chat template)")
     p.add_argument("--reasoning-parser", choices=REASONING_PARSERS,
                    help="return a reasoning model's thinking apart from its answer")
     p.add_argument("--strict-model-name", action="store_true",
                    help="answer 404 to a request naming another model (default: answer it as this one)")
-    for flag in ("--mcp-config", "--embedding-model", "--tool-call-parser"):
+    for flag in ("--mcp-config", "--embedding-model"):
         p.add_argument(flag, help=argparse.SUPPRESS)
     return p
 

@@ -88,3 +88,29 @@ def test_a_raw_completion_is_all_answer(server):
     r = httpx.post(server.url + "/v1/completions",
                    json={"prompt": "<think>", "max_tokens": 10, **SAMPLING}).json()
     assert "reasoning_content" not in json.dumps(r) and r["choices"][0]["text"]
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string", "maxLength": 6}}, "required": ["zone"],
+    "additionalProperties": False}}}]
+
+
+def test_reasoning_then_a_forced_call_streamed_and_not(server):
+    """The model thinks freely, then the grammar holds its call: both paths parse both."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="m", messages=MESSAGES, max_tokens=80, tools=TOOLS, tool_choice="required",
+              parallel_tool_calls=False, extra_body=SAMPLING)
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert whole.message.reasoning_content and whole.finish_reason == "tool_calls"
+    [call] = whole.message.tool_calls
+    assert call.function.name == "get_time" and set(json.loads(call.function.arguments)) == {"zone"}
+    reasoning, calls = "", {}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        reasoning += (delta and getattr(delta, "reasoning_content", None)) or ""
+        for d in (delta and delta.tool_calls) or []:
+            calls.setdefault(d.index, {"name": None, "arguments": ""})
+            calls[d.index]["name"] = (d.function and d.function.name) or calls[d.index]["name"]
+            calls[d.index]["arguments"] += (d.function and d.function.arguments) or ""
+    assert reasoning == whole.message.reasoning_content
+    assert list(calls.values()) == [{"name": "get_time", "arguments": call.function.arguments}]

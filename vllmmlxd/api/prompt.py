@@ -3,10 +3,14 @@ conversation and the engine request with its sampling resolved."""
 
 from __future__ import annotations
 
-from ..engine.types import GenerationRequest
+import asyncio
+
+from ..engine.types import Constraint, GenerationRequest, ToolUse
 from ..errors import InvalidRequest
 from .context import ServingContext
 from .sampling import SamplingRequest, resolve_sampling
+from .structured import OutputFormat
+from .tooling import ToolChoice, ToolPlan, plan_tools
 
 
 def render_template(ctx: ServingContext, messages: list[dict], tools: list[dict] | None, kwargs: dict | None) -> list[int]:
@@ -21,13 +25,45 @@ def render_template(ctx: ServingContext, messages: list[dict], tools: list[dict]
         raise InvalidRequest(f"the chat template rejected these messages: {exc}", param="messages") from None
 
 
-def make_generation(
+def thinking_on(ctx: ServingContext, template_kwargs: dict | None) -> bool:
+    """Will the model reason first? (A reasoning parser, and thinking not switched off by the request.)"""
+    return bool(ctx.config.reasoning_parser) and (template_kwargs or {}).get("enable_thinking", True) is not False
+
+
+def tool_plan(ctx: ServingContext, tools: list[dict] | None, choice: ToolChoice, template_kwargs: dict | None) -> ToolPlan:
+    """How this model serves the request's tools (see ``api.tooling``)."""
+    return plan_tools(tools, choice, parser=ctx.engine.info.tool_parser, auto_enabled=ctx.config.enable_auto_tool_choice,
+                      after_reasoning=thinking_on(ctx, template_kwargs))
+
+
+async def make_generation(
     ctx: ServingContext, sampling: SamplingRequest, prompt: list[int], rid: str, *, reasoning: bool,
+    tools: ToolPlan | None = None, output: OutputFormat | None = None, after_reasoning: bool = False,
 ) -> GenerationRequest:
-    """The engine request for ``prompt``: sampling merged with the model's defaults, the request's id."""
+    """The engine request for ``prompt``: sampling merged with the model's defaults, the request's id,
+    its tools, and the grammar it is held to (a forced tool call wins over an output format)."""
     params = resolve_sampling(
         sampling, ctx.config, prompt_len=len(prompt),
         context_length=ctx.engine.info.context_length, vocab_size=ctx.engine.info.vocab_size,
     )
+    tools = tools or ToolPlan()
+    constraint, param, use = tools.constraint, "tool_choice", tools.use
+    if constraint is None and output is not None:
+        constraint, param = output.constraint(after_reasoning=after_reasoning), output.param
+        if use is not None:  # the answer is held to JSON: nothing in it is a call (a bare-JSON family would misread it)
+            use = ToolUse(use.tools, parse_calls=False)
+    if constraint is not None:
+        if params.ignore_eos:
+            raise InvalidRequest("ignore_eos cannot be combined with a constrained output", param="ignore_eos")
+        await _check(ctx, constraint, param)
     return GenerationRequest(prompt_tokens=prompt, sampling=params, request_id=rid,
-                             stream_interval=ctx.config.stream_interval, reasoning=reasoning)
+                             stream_interval=ctx.config.stream_interval, reasoning=reasoning,
+                             tool_use=use, constraint=constraint)
+
+
+async def _check(ctx: ServingContext, constraint: Constraint, param: str) -> None:
+    """A grammar the engine cannot compile (an unsupported schema feature) is the client's 400.
+    Compiling may take a moment: off the event loop, so other streams keep flowing."""
+    problem = await asyncio.to_thread(ctx.engine.check_constraint, constraint)
+    if problem:
+        raise InvalidRequest(f"this schema cannot be enforced: {problem}", param=param)

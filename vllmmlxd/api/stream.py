@@ -16,7 +16,7 @@ from typing import AsyncIterator, Protocol
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from ..engine.types import EngineEvent, Finished, GenerationRequest, ReasoningDelta, TextDelta
+from ..engine.types import EngineEvent, Finished, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
 from ..errors import EngineFailure, RequestTimeout
 from ..log import log_event
 from .body import ClientDisconnected, unless_disconnected
@@ -47,22 +47,36 @@ class StreamEncoder(Protocol):
 
 @dataclass
 class Folded:
-    """A whole response: the fold of its event stream."""
+    """A whole response: the fold of its event stream. ``parts`` keeps the order the model wrote
+    things in (``("reasoning" | "text", str)`` runs and ``("tool_call", ToolCallDelta)``), for
+    families whose messages are ordered blocks."""
 
     text: str = ""
     reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    parts: list[tuple[str, object]] = field(default_factory=list)
     finish: Finished | None = None
-    _text: list[str] = field(default_factory=list)
-    _reasoning: list[str] = field(default_factory=list)
 
     def add(self, event: EngineEvent) -> None:
         if isinstance(event, TextDelta):
-            self._text.append(event.text)
+            self._part("text", event.text)
         elif isinstance(event, ReasoningDelta):
-            self._reasoning.append(event.text)
+            self._part("reasoning", event.text)
+        elif isinstance(event, ToolCallDelta):
+            self.tool_calls.append(event)
+            self.parts.append(("tool_call", event))
         elif isinstance(event, Finished):
             self.finish = event
-            self.text, self.reasoning = "".join(self._text), "".join(self._reasoning)
+            self.text = "".join(v for k, v in self.parts if k == "text")
+            self.reasoning = "".join(v for k, v in self.parts if k == "reasoning")
+
+    def _part(self, kind: str, text: str) -> None:
+        if not text:
+            return
+        if self.parts and self.parts[-1][0] == kind:
+            self.parts[-1] = (kind, self.parts[-1][1] + text)
+        else:
+            self.parts.append((kind, text))
 
 
 async def fold(ctx: ServingContext, request: Request, gen: GenerationRequest) -> Folded:

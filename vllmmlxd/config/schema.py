@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 BLAS_NAMES = ("auto", "mkl", "blis", "openblas", "bundled")
 REASONING_PARSERS = ("qwen3", "deepseek_r1")  # as vllmmlxd/parsers/reasoning has them (a test keeps them equal)
+TOOL_PARSERS = (  # as vllmmlxd/parsers/tools has them (a test keeps them equal)
+    "auto", "deepseek", "functionary", "glm47", "granite", "hermes", "kimi", "llama", "mistral", "nemotron", "qwen", "xlam",
+)
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -57,11 +60,11 @@ class ModelConfig(_Strict):
     cache_memory_percent: float = Field(0.20, gt=0, le=1, description="prefix cache budget as a fraction of physical memory")
     reasoning_parser: str | None = Field(None, description="qwen3 or deepseek_r1: return reasoning apart from the answer")
     strict_model_name: bool = Field(False, description="404 for a request naming another model; default: answer it")
+    tool_call_parser: str = Field("auto", description="the model's tool-call format: auto (from its chat template, else hermes) or a family")
+    enable_auto_tool_choice: bool = Field(True, description="read the model's own tool calls (tool_choice auto); false: only forced calls")
     # Features of later versions: a value other than the default is refused, never ignored.
     mcp_config: str | None = None
     embedding_model: str | None = None
-    enable_auto_tool_choice: bool = False
-    tool_call_parser: str | None = None
 
     @field_validator("blas")
     @classmethod
@@ -78,7 +81,14 @@ class ModelConfig(_Strict):
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, not {v!r}")
         return v
 
-    @field_validator("mcp_config", "embedding_model", "tool_call_parser", "enable_auto_tool_choice")
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_parser(cls, v):
+        if v not in TOOL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_PARSERS)}, not {v!r}")
+        return v
+
+    @field_validator("mcp_config", "embedding_model")
     @classmethod
     def _not_yet(cls, v, info):
         if v:

@@ -20,11 +20,15 @@ import mlx.core as mx
 from ..errors import Overloaded
 from ..log import log_event
 from ..parsers.reasoning import make_reasoning_parser
+from ..parsers.tools import tool_parser_class
+from ..parsers.tools.instructions import calls_as_text, with_tool_instructions
+from .constraint import Grammars
 from .detokenize import IncrementalDetokenizer
 from .options import EngineOptions
 from .scheduler import Scheduler
-from .sequence import Sequence
-from .types import EngineEvent, EngineStats, Finished, GenerationRequest, ModelInfo
+from .sequence import Chain, Sequence
+from .tool_setup import resolve_tool_parser, template_renders_tools
+from .types import Constraint, EngineEvent, EngineStats, Finished, GenerationRequest, ModelInfo
 
 if TYPE_CHECKING:
     from .loader import LoadedModel
@@ -42,13 +46,22 @@ class MLXEngine:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.options = options or EngineOptions()
+        has_template = bool(getattr(self.tokenizer, "has_chat_template", False))
+        tool_parser, chosen = resolve_tool_parser(
+            self.options.tool_call_parser, getattr(self.tokenizer, "chat_template", None), set(self.tokenizer.get_vocab()))
+        self._tool_parser = tool_parser_class(tool_parser)
         self.info = ModelInfo(
             name=name or loaded.name,
             context_length=loaded.context_length,
             vocab_size=len(self.tokenizer),
             source=str(loaded.path),
-            has_chat_template=bool(getattr(self.tokenizer, "has_chat_template", False)),
+            has_chat_template=has_template,
+            tool_parser=tool_parser,
         )
+        # A template that ignores tools gets them (and the call format) in the system message.
+        self._template_has_tools = has_template and template_renders_tools(self._render_text)
+        log_event(logger, "engine.tools", parser=tool_parser, chosen=chosen,
+                  tools_in=("template" if self._template_has_tools else "system prompt, added by vllmmlxd"))
         self.stats = EngineStats()
         self.max_queue = self.options.max_queue
         self._eos = set(self.tokenizer.eos_token_ids)
@@ -59,6 +72,7 @@ class MLXEngine:
         self._lock = threading.Lock()
         self._scheduler = Scheduler(self.model, self._eos, self.options, self.stats)
         self._scheduler.on_admit = self._admitted
+        self._grammars = self._scheduler.grammars = Grammars(self.tokenizer, self.model, self._eos)  # built on first use
         log_event(logger, "engine.warm", seconds=round(self._scheduler.warm_up(), 2))
         self._thread = threading.Thread(target=self._scheduler.run, name="mlx-engine", daemon=True)
         self._thread.start()
@@ -74,9 +88,15 @@ class MLXEngine:
         # mlx-lm would default enable_thinking to "the vocabulary has a <think> token"; a template
         # that reads the flag should see thinking allowed unless the request turns it off.
         kwargs = {"enable_thinking": True, **(template_kwargs or {})}
-        if tools:
+        if tools and not self._template_has_tools:
+            messages = with_tool_instructions(calls_as_text(messages, self._tool_parser), tools, self._tool_parser)
+        elif tools:
             kwargs["tools"] = tools
         return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs))
+
+    def _render_text(self, messages: list[dict], tools: list[dict] | None) -> str:
+        kwargs = {"tools": tools} if tools else {}
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
         """Queue ``request`` (or raise :class:`Overloaded` at once) and return its event stream.
@@ -104,12 +124,16 @@ class MLXEngine:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def _parser_for(self, request: GenerationRequest):
-        """The request's reasoning parser, told how the prompt ends (a template may open <think>)."""
-        if not (request.reasoning and self.options.reasoning_parser):
-            return None
-        tail = self._decode(request.prompt_tokens[-PROMPT_TAIL_TOKENS:])[-PROMPT_TAIL_CHARS:]
-        return make_reasoning_parser(self.options.reasoning_parser, tail)
+    def _parser_for(self, request: GenerationRequest) -> Chain | None:
+        """The request's output parser: reasoning (told how the prompt ends: a template may open
+        <think>), then tool calls out of the answer when tools were offered and calls are read."""
+        reasoning = None
+        if request.reasoning and self.options.reasoning_parser:
+            tail = self._decode(request.prompt_tokens[-PROMPT_TAIL_TOKENS:])[-PROMPT_TAIL_CHARS:]
+            reasoning = make_reasoning_parser(self.options.reasoning_parser, tail)
+        use = request.tool_use
+        tools = self._tool_parser(list(use.tools)) if use is not None and use.parse_calls else None
+        return Chain(reasoning, tools) if reasoning or tools else None
 
     def _admitted(self, seq: Sequence) -> None:
         """Called by the scheduler thread when a sequence leaves the queue (to run, or cancelled)."""
@@ -144,6 +168,14 @@ class MLXEngine:
             "peak_memory_gb": round(mx.get_peak_memory() / gb, 3),
             "cache_memory_gb": round(mx.get_cache_memory() / gb, 3),
         }
+
+    def check_constraint(self, constraint: Constraint) -> str | None:
+        """Why ``constraint``'s grammar cannot be used (the API answers 400), or None when it compiles.
+
+        Compiles it once (cached, so the engine thread does not compile it again); this can
+        take up to a few hundred milliseconds for a very large grammar.
+        """
+        return self._grammars.check(constraint.grammar)
 
     def cache_status(self) -> dict:
         """The prefix cache's ``cache`` block of /v1/status."""

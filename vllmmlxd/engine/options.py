@@ -15,6 +15,7 @@ class EngineOptions:
     prefill_step_size: int = 512  # prompt tokens per sequence per step at most
     cache_budget_bytes: int = 0  # the prefix cache's hard budget; 0: no cache
     reasoning_parser: str | None = None  # qwen3, deepseek_r1: reasoning apart from the answer
+    tool_call_parser: str = "auto"  # the tool-call family; auto: from the chat template, else hermes
 
     @property
     def max_running(self) -> int:
@@ -34,4 +35,5 @@ def engine_options(config: ModelConfig, physical_memory_bytes: int) -> EngineOpt
         prefill_step_size=config.prefill_step_size,
         cache_budget_bytes=budget,
         reasoning_parser=config.reasoning_parser,
+        tool_call_parser=config.tool_call_parser,
     )

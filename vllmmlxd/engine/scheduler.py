@@ -26,6 +26,7 @@ import numpy as np
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ..log import log_event
+from .constraint import Grammars
 from .kv import MLXKVOps
 from .options import EngineOptions
 from .prefix_cache import PrefixCache, common_prefix
@@ -42,6 +43,8 @@ PREFILL_BATCH = 8  # prompts prefilled together at most
 
 class Scheduler:
     """Owns the model's batch; only its thread touches mlx."""
+
+    grammars: Grammars | None = None  # set by the engine: makes a constrained request's processor
 
     def __init__(self, model: Any, eos_ids: set[int], options: EngineOptions, stats: EngineStats):
         self.model = model
@@ -129,13 +132,19 @@ class Scheduler:
         hit = self.cache.lookup(prompt)
         cached = hit.cached_tokens
         stops = StopSequences(None if params.ignore_eos else [[t] for t in sorted(self.eos_ids)])
+        processors = make_processors(params)
+        if seq.request.constraint is not None:
+            if self.grammars is None:
+                raise ValueError("constrained decoding is not available")
+            # Last: a logit bias after the grammar's mask could re-enable a forbidden token.
+            processors.append(self.grammars.processor(seq.request.constraint, seq.request.request_id, prompt))
         (uid,) = self.gen.insert(
             [prompt[cached:]],
             max_tokens=[params.max_tokens],
             caches=[hit.cache] if hit.cache is not None else None,
             all_tokens=[list(prompt[:cached])],
             samplers=[make_sampler(params)],
-            logits_processors=[make_processors(params)],
+            logits_processors=[processors],
             stop_sequences=[stops],
         )
         seq.start(uid, cached, hit.hit_type)

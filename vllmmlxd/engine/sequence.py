@@ -3,8 +3,9 @@
 Everything that belongs to a single request lives here; the scheduler only feeds tokens and
 collects events. A token goes through:
 
-    detokenizer → output parser (reasoning apart from the answer) → stop strings (answer only)
-                → stream grouping → TextDelta / ReasoningDelta, then Finished
+    detokenizer → output parser (reasoning apart from the answer, then tool calls out of the
+                answer) → stop strings (answer only) → stream grouping
+                → TextDelta / ReasoningDelta / ToolCallDelta, then Finished
 
 Special tokens are dropped unless the request's parser asks for their text (``<think>``
 where it is an added token). No mlx: the engine thread drives it, and it can be tested with
@@ -26,6 +27,7 @@ from .types import (
     ReasoningDelta,
     RequestProgress,
     TextDelta,
+    ToolCallDelta,
     Usage,
 )
 
@@ -50,6 +52,33 @@ class AnswerOnly:
 
     def finish(self) -> list[tuple[str, str]]:
         return []
+
+
+class Chain:
+    """The reasoning parser, then the tool-call parser over what it calls the answer.
+
+    By construction every path (streamed or not) sees tool calls after a reasoning section.
+    """
+
+    def __init__(self, reasoning: OutputParser | None, tools: OutputParser | None):
+        self._reasoning = reasoning
+        self._tools = tools
+        self.markers = (reasoning.markers if reasoning else frozenset()) | (tools.markers if tools else frozenset())
+
+    def feed(self, text: str) -> list[tuple[str, Any]]:
+        return self._answer(self._reasoning.feed(text) if self._reasoning else [("content", text)])
+
+    def finish(self) -> list[tuple[str, Any]]:
+        out = self._answer(self._reasoning.finish()) if self._reasoning else []
+        return out + (self._tools.finish() if self._tools else [])
+
+    def _answer(self, pieces: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        if self._tools is None:
+            return pieces
+        out: list[tuple[str, Any]] = []
+        for kind, value in pieces:
+            out += self._tools.feed(value) if kind == "content" else [(kind, value)]
+        return out
 
 
 class Sequence:
@@ -79,7 +108,8 @@ class Sequence:
         self._parser = parser or AnswerOnly()
         self._token_text = token_text
         self._stops = StopMatcher(request.sampling.stop)
-        self._pending: list[tuple[str, str]] = []  # (kind, text) not yet sent, same kinds merged
+        self._pending: list[tuple[str, Any]] = []  # (kind, text or call) not yet sent, same kinds merged
+        self._calls = 0  # tool calls found in the answer
         self._pending_tokens = 0
         self._outbox: list[EngineEvent] = []
 
@@ -131,6 +161,8 @@ class Sequence:
                 if self._stops.stopped:  # a stop string completed in the text held back at the end
                     reason = "stop"
             self._emit()
+        if reason == "stop" and self._calls:
+            reason = "tool_calls"  # the model ended its turn to have its calls run
         self.finished = reason
         usage = Usage(len(self.request.prompt_tokens), self.progress.generated_tokens)
         self._outbox.append(Finished(reason, usage, error=error, stop_sequence=self._stops.matched))
@@ -140,24 +172,32 @@ class Sequence:
         out, self._outbox = self._outbox, []
         return out
 
-    def _take(self, pieces: list[tuple[str, str]]) -> None:
-        """The parser's pieces: reasoning as it is, the answer through the stop strings."""
-        for kind, text in pieces:
+    def _take(self, pieces: list[tuple[str, Any]]) -> None:
+        """The parser's pieces: reasoning as it is, the answer through the stop strings, calls whole."""
+        for kind, value in pieces:
             if self._stops.stopped:
                 return  # nothing after a stop string, not even reasoning
-            self._add(kind, self._stops.feed(text) if kind == "content" else text)
+            if kind == "tool_call":
+                self._add("content", self._stops.flush())  # the answer held back comes before the call
+                self._pending.append((kind, ToolCallDelta(self._calls, value.name, value.arguments)))
+                self._calls += 1
+            else:
+                self._add(kind, self._stops.feed(value) if kind == "content" else value)
 
     def _add(self, kind: str, text: str) -> None:
         if not text:
             return
-        if self._pending and self._pending[-1][0] == kind:
+        if self._pending and self._pending[-1][0] == kind and kind != "tool_call":
             self._pending[-1] = (kind, self._pending[-1][1] + text)
         else:
             self._pending.append((kind, text))
 
     def _emit(self) -> None:
         # The step's token count goes with the last piece: what matters is the sum.
-        for i, (kind, text) in enumerate(self._pending):
+        for i, (kind, value) in enumerate(self._pending):
             count = self._pending_tokens if i == len(self._pending) - 1 else 0
-            self._outbox.append(ReasoningDelta(text, count) if kind == "reasoning" else TextDelta(text, count))
+            if kind == "tool_call":
+                self._outbox.append(ToolCallDelta(value.index, value.name, value.arguments, count))
+            else:
+                self._outbox.append(ReasoningDelta(value, count) if kind == "reasoning" else TextDelta(value, count))
         self._pending, self._pending_tokens = [], 0

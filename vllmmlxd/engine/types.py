@@ -131,6 +131,7 @@ class ModelInfo:
     vocab_size: int
     source: str
     has_chat_template: bool = True
+    tool_parser: str | None = None  # the tool-call family, resolved at load (never "auto")
 
 
 @dataclass
@@ -259,6 +260,12 @@ class Engine(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
         """Admit the request (raising ``Overloaded`` when the queue is full) and return
         its event stream; closing the stream early cancels the request."""
+        ...
+
+    def check_constraint(self, constraint: Constraint) -> str | None:
+        """Why ``constraint``'s grammar cannot be used with this model (not llguidance's Lark, an
+        invalid or too large schema: the API answers 400 with it), or None when it is fine.
+        Call it before ``generate``: a request whose grammar fails later ends with ``error``."""
         ...
 
     def memory(self) -> dict[str, float]: ...

@@ -34,7 +34,7 @@ def convo(*messages, **kw):
     ({"top_k": -1}, "top_k"),
     ({"stop_sequences": ["x"] * 17}, "stop_sequences"),
     ({"messages": []}, "messages"),
-    ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": 3}]}, "messages.0.content"),
     ({"messages": [{"role": "user", "content": [{"type": "audio", "data": "x"}]}]}, "messages.0.content.0"),
     ({"thinking": {"type": "sometimes"}}, "thinking.type"),
@@ -244,3 +244,19 @@ def test_unsaid_sampling_takes_the_models_defaults():
 ])
 def test_stop_reason(finished, expected):
     assert tr.stop_reason(finished) == expected
+
+
+def test_a_system_message_inside_messages_joins_the_user_turn_beside_it():
+    # Claude Code sends mid-conversation instructions as {"role": "system"} messages.
+    r = validate(CountTokensRequest, {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Say hi"}]},
+        {"role": "system", "content": "Agents: Explore, Plan"},
+        {"role": "assistant", "content": "hi"},
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "again"},
+    ]})
+    assert tr.to_template_messages(r)[0] == [
+        {"role": "user", "content": "Say hi\n\nAgents: Explore, Plan"},
+        {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": "Be brief.\n\nagain"},
+    ]

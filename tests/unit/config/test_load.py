@@ -235,3 +235,14 @@ def test_the_config_knows_every_reasoning_parser_and_no_other():
     assert set(REASONING_PARSERS) == set(IMPLEMENTED)
     assert parse_config("models:\n  a:\n    model: builtin:tiny\n    reasoning_parser: qwen3\n").config.models["a"].reasoning_parser == "qwen3"
     assert "qwen3, deepseek_r1" in error_of("models:\n  a:\n    model: builtin:tiny\n    reasoning_parser: gpt\n")
+
+
+def test_the_config_knows_every_tool_call_parser_and_no_other():
+    from vllmmlxd.config.schema import TOOL_PARSERS
+    from vllmmlxd.parsers.tools import TOOL_PARSERS as IMPLEMENTED
+
+    assert set(TOOL_PARSERS) == set(IMPLEMENTED)
+    entry = parse_config("models:\n  a:\n    model: builtin:tiny\n").config.models["a"]
+    assert entry.tool_call_parser == "auto" and entry.enable_auto_tool_choice is True
+    assert parse_config("models:\n  a:\n    model: builtin:tiny\n    tool_call_parser: mistral\n").config.models["a"].tool_call_parser == "mistral"
+    assert "auto, deepseek" in error_of("models:\n  a:\n    model: builtin:tiny\n    tool_call_parser: gpt\n")

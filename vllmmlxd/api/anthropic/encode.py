@@ -8,10 +8,12 @@ text block, so ``content[0]`` is always there for clients that read it.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
-from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta
+from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta
 from ..sse import sse_event
+from ..tooling import call_id
 from .protocol import error_body
 from .translate import stop_reason
 
@@ -25,16 +27,27 @@ LOCAL_SIGNATURE = "vllmmlxd-local-unsigned"
 
 # Mid-stream failures, by kind: Anthropic's types for the same failures answered before the stream.
 _ERROR_TYPES = {"timeout": "timeout_error", "overloaded": "overloaded_error"}
+CALL_PREFIX = "toolu_"
+
+
+def tool_use_block(message_id: str, call: ToolCallDelta) -> dict:
+    return {"type": "tool_use", "id": call_id(CALL_PREFIX, message_id, call.index), "name": call.name,
+            "input": json.loads(call.arguments)}
 
 
 def message_response(message_id: str, model: str, folded: Folded) -> dict:
     """The non-streaming ``message`` body: the fold of the same events the stream sends."""
     assert folded.finish is not None
     content: list[dict] = []
-    if folded.reasoning:
-        content.append({"type": "thinking", "thinking": folded.reasoning, "signature": LOCAL_SIGNATURE})
-    if folded.text or not content:
-        content.append({"type": "text", "text": folded.text})
+    for kind, value in folded.parts:  # blocks in the order the model wrote them, as the stream sends them
+        if kind == "reasoning":
+            content.append({"type": "thinking", "thinking": value, "signature": LOCAL_SIGNATURE})
+        elif kind == "text":
+            content.append({"type": "text", "text": value})
+        else:
+            content.append(tool_use_block(message_id, value))
+    if not content:
+        content.append({"type": "text", "text": ""})
     reason, sequence = stop_reason(folded.finish)
     return {
         "id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
@@ -72,6 +85,15 @@ class MessagesStreamEncoder:
             return self._delta("thinking", {"type": "thinking_delta", "thinking": event.text})
         if isinstance(event, TextDelta) and event.text:
             return self._delta("text", {"type": "text_delta", "text": event.text})
+        if isinstance(event, ToolCallDelta):
+            # A tool_use block starts with an empty input; its JSON follows as input_json_delta.
+            block = {**tool_use_block(self.message_id, event), "input": {}}
+            frames = self._close()
+            self._open, self._blocks = "tool_use", self._blocks + 1
+            frames.append(_frame({"type": "content_block_start", "index": self._blocks - 1, "content_block": block}))
+            frames.append(_frame({"type": "content_block_delta", "index": self._blocks - 1,
+                                  "delta": {"type": "input_json_delta", "partial_json": event.arguments}}))
+            return frames + self._close()
         if isinstance(event, Finished):
             frames = self._close()
             if self._blocks == 0:

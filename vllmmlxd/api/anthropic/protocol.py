@@ -80,7 +80,8 @@ ContentBlock = Annotated[
 
 
 class Message(_Lenient):
-    role: Literal["user", "assistant"]
+    # "system" inside messages: agents (Claude Code) send mid-conversation instructions so.
+    role: Literal["user", "assistant", "system"]
     content: list[ContentBlock]
 
     _blocks = field_validator("content", mode="before")(_as_blocks)
@@ -97,7 +98,7 @@ class Tool(_Lenient):
 
 
 class ToolChoice(_Lenient):
-    """Accepted; not enforced in this version (constraints come with the tool-call parser)."""
+    """``any`` and ``tool`` are enforced while decoding; ``none`` keeps the tools in the prompt."""
 
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
@@ -135,6 +136,8 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = Field(None, ge=0)
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    # Anthropic's structured outputs: {"type": "json_schema", "schema": {...}}, enforced while decoding.
+    output_format: dict[str, Any] | None = None
     # vllmmlxd's own extensions (the OpenAI fields of the same name), for reproducible runs.
     seed: int | None = None
     logit_bias: dict[str, float] | None = None

@@ -12,8 +12,10 @@ from starlette.requests import Request
 
 from ..body import read_json, validate
 from ..context import ServingContext
-from ..prompt import make_generation, render_template
+from ..prompt import make_generation, render_template, thinking_on, tool_plan
+from ..structured import anthropic_output_format, ensure_valid
 from ..stream import fold, stream
+from ..tooling import anthropic_tool_choice
 from . import translate as tr
 from .encode import MessagesStreamEncoder, message_response
 from .protocol import CountTokensRequest, MessagesRequest
@@ -26,12 +28,21 @@ def make_router(ctx: ServingContext) -> APIRouter:
     async def messages(request: Request):
         req = validate(MessagesRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
+        choice = req.tool_choice
+        tools = tool_plan(ctx, tr.to_template_tools(req.tools), anthropic_tool_choice(
+            choice and choice.type, choice and choice.name, choice and choice.disable_parallel_tool_use),
+            tr.thinking_switch(req))
         prompt = _render(ctx, req)
         rid = ctx.request_id(request, "msg_")
-        gen = make_generation(ctx, tr.sampling_request(req), prompt, rid, reasoning=True)
+        output = anthropic_output_format(req.output_format)
+        gen = await make_generation(ctx, tr.sampling_request(req), prompt, rid, reasoning=True, tools=tools,
+                              output=output,
+                              after_reasoning=thinking_on(ctx, tr.thinking_switch(req)))
         if req.stream:
             return stream(ctx, gen, MessagesStreamEncoder(rid, ctx.name, len(prompt)))
-        return message_response(rid, ctx.name, await fold(ctx, request, gen))
+        folded = await fold(ctx, request, gen)
+        ensure_valid(output, folded.text, folded.finish.reason)
+        return message_response(rid, ctx.name, folded)
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):

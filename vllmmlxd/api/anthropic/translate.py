@@ -41,12 +41,17 @@ def to_template_messages(req: CountTokensRequest) -> tuple[list[dict[str, Any]],
         if msg.role == "assistant":
             out.append(_assistant(msg.content, names))
             continue
+        if msg.role == "system":
+            # Most templates accept a system turn only first; moving it there would change the
+            # prompt's start at every turn (no prefix cache hit), so it joins the user turn beside it.
+            _add_user_text(out, _joined([b for b in msg.content if isinstance(b, TextBlock)]))
+            continue
         for j, block in enumerate(msg.content):
             if isinstance(block, ToolResultBlock):
                 out.append(_tool_message(block, names, f"{where}[{j}]"))
         texts = [b for b in msg.content if isinstance(b, TextBlock)]
         if texts or not msg.content:
-            out.append({"role": "user", "content": _joined(texts)})
+            _add_user_text(out, _joined(texts))
     return out, to_template_tools(req.tools)
 
 
@@ -130,6 +135,15 @@ def _tool_message(block: ToolResultBlock, names: dict[str, str], param: str) -> 
     if block.tool_use_id in names:
         item["name"] = names[block.tool_use_id]
     return item
+
+
+def _add_user_text(out: list[dict[str, Any]], text: str) -> None:
+    """A user turn's text, joined to the user turn just before when there is one (templates expect
+    turns to alternate)."""
+    if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], str):
+        out[-1] = {**out[-1], "content": BLOCK_SEPARATOR.join(filter(None, [out[-1]["content"], text]))}
+    else:
+        out.append({"role": "user", "content": text})
 
 
 def _joined(blocks: list[TextBlock]) -> str:

@@ -3,10 +3,18 @@ and whole responses built from the fold of the same events. Pure."""
 
 from __future__ import annotations
 
-from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, Usage
+from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from ..errors import openai_error
 from ..sse import DONE, sse_data
 from ..stream import Folded
+from ..tooling import call_id
+
+CALL_PREFIX = "call_"
+
+
+def tool_call(rid: str, call: ToolCallDelta) -> dict:
+    return {"id": call_id(CALL_PREFIX, rid, call.index), "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def finish_reason(reason: str) -> str:
@@ -32,6 +40,9 @@ def envelope(rid: str, obj: str, created: int, model: str, choices: list[dict], 
 def chat_response(rid: str, created: int, model: str, folded: Folded) -> dict:
     assert folded.finish is not None
     message = {"role": "assistant", "content": folded.text}
+    if folded.tool_calls:
+        message["content"] = folded.text or None  # as OpenAI answers a turn that only calls tools
+        message["tool_calls"] = [tool_call(rid, c) for c in folded.tool_calls]
     if folded.reasoning:
         # reasoning_content is what most clients read; newer ones read reasoning.
         message["reasoning_content"] = message["reasoning"] = folded.reasoning
@@ -87,6 +98,11 @@ class ChatStreamEncoder(_Encoder):
             return [self._delta({"content": event.text})]
         if isinstance(event, ReasoningDelta):
             return [self._delta({"reasoning_content": event.text, "reasoning": event.text})]
+        if isinstance(event, ToolCallDelta):
+            # The call's id and name first, then its arguments: clients concatenate the fragments.
+            head = {**tool_call(self.rid, event), "function": {"name": event.name, "arguments": ""}}
+            return [self._delta({"tool_calls": [{"index": event.index, **head}]}),
+                    self._delta({"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]})]
         if isinstance(event, Finished):
             return self._finished(event, {"index": 0, "delta": {}, "logprobs": None,
                                           "finish_reason": finish_reason(event.reason)})

@@ -15,8 +15,10 @@ from starlette.requests import Request
 from ...errors import InvalidRequest, ModelNotFound
 from ..body import read_json, validate
 from ..context import ServingContext
-from ..prompt import make_generation, render_template
+from ..prompt import make_generation, render_template, thinking_on, tool_plan
 from ..stream import fold, stream
+from ..structured import ensure_valid, openai_output_format
+from ..tooling import openai_tool_choice
 from . import encode
 from . import translate as tr
 from .protocol import ChatCompletionRequest, CompletionRequest
@@ -40,14 +42,20 @@ def make_router(ctx: ServingContext) -> APIRouter:
         req = validate(ChatCompletionRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
         tr.refuse_unhonoured(req)
+        tools = tool_plan(ctx, req.tools, openai_tool_choice(req.tool_choice, req.parallel_tool_calls),
+                          req.chat_template_kwargs)
+        output = openai_output_format(req.response_format)
         prompt = _render_chat(ctx, req)
         rid = ctx.request_id(request, "chatcmpl-")
-        gen = make_generation(ctx, tr.sampling_request(req), prompt, rid, reasoning=True)
+        gen = await make_generation(ctx, tr.sampling_request(req), prompt, rid, reasoning=True, tools=tools, output=output,
+                              after_reasoning=thinking_on(ctx, req.chat_template_kwargs))
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return stream(ctx, gen, encode.ChatStreamEncoder(rid, created, ctx.name, include_usage))
-        return encode.chat_response(rid, created, ctx.name, await fold(ctx, request, gen))
+        folded = await fold(ctx, request, gen)
+        ensure_valid(output, folded.text, folded.finish.reason)
+        return encode.chat_response(rid, created, ctx.name, folded)
 
     @router.post("/v1/completions")
     async def completions(request: Request):
@@ -59,7 +67,7 @@ def make_router(ctx: ServingContext) -> APIRouter:
         if any(not 0 <= t < ctx.engine.info.vocab_size for t in tokens):
             raise InvalidRequest("prompt token ids must be inside the vocabulary", param="prompt")
         rid = ctx.request_id(request, "cmpl-")
-        gen = make_generation(ctx, tr.sampling_request(req), tokens, rid, reasoning=False)
+        gen = await make_generation(ctx, tr.sampling_request(req), tokens, rid, reasoning=False)
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)

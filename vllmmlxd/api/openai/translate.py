@@ -41,9 +41,6 @@ def refuse_unhonoured(req: _SamplingFields) -> None:
     for name, honoured in UNHONOURED.items():
         if name in data and not honoured(data[name]):
             raise InvalidRequest(f"{name} is not supported by this server (got {data[name]!r})", param=name)
-    fmt = (getattr(req, "response_format", None) or {}).get("type", "text")
-    if fmt != "text":
-        raise InvalidRequest(f"response_format type {fmt!r} is not supported by this server yet", param="response_format")
 
 
 def to_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:

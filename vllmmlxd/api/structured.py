@@ -1,0 +1,106 @@
+"""Structured output: a request's ``response_format`` as a grammar the engine enforces while
+decoding, and the check of the result against its schema. Pure.
+
+The grammar is llguidance's Lark with the schema inlined, laid out as ``json.dumps`` writes
+it (``parsers.grammar``: a model free to choose its whitespace can fill its budget with
+spaces). A schema is checked here first (a valid JSON Schema, bounded in size
+and depth), then compiled by the engine before the request is queued, so a bad one is a 400.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from ..engine.types import Constraint
+from ..errors import EngineFailure, InvalidRequest
+from ..parsers.grammar import json_grammar
+
+MAX_SCHEMA_BYTES = 64 * 1024
+MAX_SCHEMA_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """What the answer must be: any JSON object, or JSON valid against ``schema``."""
+
+    schema: dict[str, Any]
+    param: str  # where the request said so, for errors
+
+    def constraint(self, *, after_reasoning: bool) -> Constraint:
+        return Constraint(json_grammar(self.schema), after_reasoning=after_reasoning)
+
+    def problem(self, text: str) -> str | None:
+        """Why ``text`` is not what was asked for, or None when it is."""
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return f"the output is not JSON: {exc}"
+        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(self.schema).iter_errors(value))
+        return None if error is None else f"the output does not match the schema: {error.message}"
+
+
+def ensure_valid(output: OutputFormat | None, text: str, reason: str) -> None:
+    """The whole answer is checked against its schema before it is returned. A grammar-held
+    answer that ended by itself and still fails is the server's fault: a 500, never bad data."""
+    if output is None or reason != "stop":  # cut by max_tokens: the finish reason tells the truth
+        return
+    problem = output.problem(text)
+    if problem:
+        raise EngineFailure(f"the structured output failed its check: {problem}")
+
+
+def openai_output_format(response_format: dict[str, Any] | None) -> OutputFormat | None:
+    """OpenAI's ``response_format``: ``text`` (None), ``json_object`` or ``json_schema``."""
+    if not response_format:
+        return None
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputFormat({"type": "object"}, "response_format")
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise InvalidRequest("response_format.json_schema must be an object with a schema", param="response_format.json_schema")
+        schema = spec.get("schema") or {"type": "object"}
+        if spec.get("strict") and schema.get("type") == "object" and "additionalProperties" not in schema:
+            schema = {**schema, "additionalProperties": False}  # strict: no keys beyond the schema's
+        return OutputFormat(checked_schema(schema, "response_format.json_schema.schema"), "response_format.json_schema.schema")
+    raise InvalidRequest(f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
+                         param="response_format.type")
+
+
+def anthropic_output_format(output_format: dict[str, Any] | None) -> OutputFormat | None:
+    """Anthropic's ``output_format``: ``{"type": "json_schema", "schema": {...}}``."""
+    if not output_format:
+        return None
+    if output_format.get("type") != "json_schema":
+        raise InvalidRequest("output_format type must be json_schema", param="output_format.type")
+    return OutputFormat(checked_schema(output_format.get("schema"), "output_format.schema"), "output_format.schema")
+
+
+def checked_schema(schema: Any, param: str) -> dict[str, Any]:
+    """``schema`` if it is a JSON Schema this server will compile: valid, and bounded."""
+    if not isinstance(schema, dict):
+        raise InvalidRequest("a schema must be a JSON object", param=param)
+    if len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
+        raise InvalidRequest(f"the schema is larger than {MAX_SCHEMA_BYTES // 1024} KiB", param=param)
+    if _depth(schema) > MAX_SCHEMA_DEPTH:
+        raise InvalidRequest(f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels", param=param)
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise InvalidRequest(f"the schema is not valid JSON Schema: {exc.message}", param=param) from None
+    return schema
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
