@@ -67,6 +67,8 @@ class Folded:
             self.parts.append(("tool_call", event))
         elif isinstance(event, Finished):
             self.finish = event
+            if self.tool_calls:  # the blank lines around calls are no answer of their own
+                self.parts = [(k, v) for k, v in self.parts if k != "text" or v.strip()]
             self.text = "".join(v for k, v in self.parts if k == "text")
             self.reasoning = "".join(v for k, v in self.parts if k == "reasoning")
 

@@ -62,8 +62,13 @@ def plan_tools(tools: list[dict] | None, choice: ToolChoice, *, parser: str | No
 
 
 def openai_tool_choice(value, parallel: bool | None) -> ToolChoice:
-    """OpenAI's ``tool_choice``: "auto" | "none" | "required" | {"type": "function", "function": {"name"}}."""
-    par = parallel is not False
+    """OpenAI's ``tool_choice``: "auto" | "none" | "required" | {"type": "function", "function": {"name"}}.
+
+    A forced turn holds one call unless the client asks for several in so many words
+    (``parallel_tool_calls: true``): held to the call format, a small model that would rather
+    go on writes call after call until ``max_tokens`` (seen with SmolLM2 at temperature 0).
+    """
+    par = parallel is True
     if value is None or value in ("auto", "none", "required"):
         return ToolChoice(value or "auto", parallel=par)
     if isinstance(value, dict):
@@ -75,8 +80,9 @@ def openai_tool_choice(value, parallel: bool | None) -> ToolChoice:
 
 
 def anthropic_tool_choice(kind: str | None, name: str | None, disable_parallel: bool | None) -> ToolChoice:
-    """Anthropic's ``tool_choice``: auto | any | tool (with name) | none."""
-    par = not disable_parallel
+    """Anthropic's ``tool_choice``: auto | any | tool (with name) | none. A forced turn holds one
+    call unless ``disable_parallel_tool_use`` is sent as false (see ``openai_tool_choice``)."""
+    par = disable_parallel is False
     if kind in (None, "auto", "none"):
         return ToolChoice(kind or "auto", parallel=par)
     if kind == "any":

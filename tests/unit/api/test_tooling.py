@@ -48,12 +48,15 @@ def test_impossible_choices_are_400s(choice, tools):
 
 
 def test_the_families_words_for_tool_choice():
-    assert openai_tool_choice(None, None) == ToolChoice("auto")
-    assert openai_tool_choice("required", False) == ToolChoice("required", parallel=False)
+    assert openai_tool_choice(None, None) == ToolChoice("auto", parallel=False)
+    assert openai_tool_choice("required", None) == ToolChoice("required", parallel=False)  # one call, unless asked
+    assert openai_tool_choice("required", True) == ToolChoice("required", parallel=True)
     assert openai_tool_choice({"type": "function", "function": {"name": "a"}}, None) == ToolChoice("named", "a", parallel=False)
     with pytest.raises(InvalidRequest):
         openai_tool_choice("sometimes", None)
     assert anthropic_tool_choice("any", None, True) == ToolChoice("required", parallel=False)
+    assert anthropic_tool_choice("any", None, None) == ToolChoice("required", parallel=False)
+    assert anthropic_tool_choice("any", None, False) == ToolChoice("required", parallel=True)
     assert anthropic_tool_choice("tool", "a", None) == ToolChoice("named", "a", parallel=False)
     with pytest.raises(InvalidRequest):
         anthropic_tool_choice("tool", None, None)

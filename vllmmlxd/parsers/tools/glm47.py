@@ -96,9 +96,8 @@ class Glm47ToolParser(ToolParser):
     def grammar(cls, tools: list[dict], *, parallel: bool = True) -> str:
         # Per tool, its parameters in declared order (required ones present); values as the format
         # writes them: strings raw (up to "</arg_value>"), string enums literal, the rest JSON by schema.
-        repeat = "+" if parallel else ""
         lines = [
-            f"start: (call nl){repeat}",
+            "start: call (nl call)*" if parallel else "start: call",
             "call: " + " | ".join(f"call{i}" for i in range(len(tools))),
             'nl: "\\n"?',
             f"RAW_VALUE: {_RAW_VALUE}",

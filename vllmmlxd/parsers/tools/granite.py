@@ -42,12 +42,11 @@ class GraniteToolParser(ToolParser):
     @classmethod
     def grammar(cls, tools: list[dict], *, parallel: bool = True) -> str:
         # Either generation's form; a model takes the one it was trained on.
-        repeat = "+" if parallel else ""
         return "\n".join([
             "start: three | four",
             'three: "<|tool_call|>" calls',
             f"calls: {json_rule(calls_array_schema(tools, parallel))}",
-            f"four: (call ws){repeat}",
+            'four: call ("\\n" call)*' if parallel else "four: call",
             'call: "<tool_call>" ws body ws "</tool_call>"',
             f"body: {json_rule(call_schema(tools))}",
             "ws: /[ \\n]{0,2}/",

@@ -33,9 +33,10 @@ class HermesToolParser(ToolParser):
 
     @classmethod
     def grammar(cls, tools: list[dict], *, parallel: bool = True) -> str:
-        repeat = "+" if parallel else ""
+        # Nothing after the last call but the end of the turn: trailing whitespace would be an
+        # empty answer beside the calls.
         return "\n".join([
-            f"start: (call ws){repeat}",
+            'start: call ("\\n" call)*' if parallel else "start: call",
             f'call: "{cls.start}" ws body ws "{cls.end}"',
             f"body: {json_rule(call_schema(tools))}",
             'ws: /[ \\n]{0,2}/',
