@@ -48,6 +48,8 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
                    help="return a reasoning model's thinking apart from its answer")
     p.add_argument("--strict-model-name", action="store_true",
                    help="answer 404 to a request naming another model (default: answer it as this one)")
+    p.add_argument("--health-socket", metavar="PATH",
+                   help="also serve the daemon's private API (health with load, settings pushes) on this Unix socket")
     for flag in ("--mcp-config", "--embedding-model"):
         p.add_argument(flag, help=argparse.SUPPRESS)
     return p
@@ -76,7 +78,11 @@ def _run_serve(args, parser: argparse.ArgumentParser) -> int:
     except ValidationError as exc:
         parser.error("; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}" for e in exc.errors()))
     setup_logging(args.log_level)
-    return serve(config, "default", state_dir=resolve_state_dir(args.state_dir), log_level=args.log_level)
+    from pathlib import Path
+
+    health_socket = Path(args.health_socket) if args.health_socket else None
+    return serve(config, "default", state_dir=resolve_state_dir(args.state_dir), log_level=args.log_level,
+                 health_socket=health_socket)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,21 +13,37 @@ import sys
 from pathlib import Path
 
 from .config.load import LoadedConfig, load_config
+from .config.schema import DaemonConfig
+from .control import mapping
+from .control.lock import DaemonLock, DaemonRunning
 from .control.protocol import control_socket_path
 from .errors import ConfigError
 from .log import format_fields, log_event, setup_logging
-from .paths import resolve_state_dir
+from .paths import ensure_private_dir, resolve_state_dir
 from .supervisor.memory import load_memory_plan
 from .supervisor.notify import Notifier
 from .supervisor.slot import SlotSettings
 from .supervisor.supervisor import Supervisor
+from .supervisor.tuning import Tuning
 from .supervisor.watcher import watch_config
 
 logger = logging.getLogger("vllmmlxd.daemon")
 
 EX_OK = 0
+EX_UNAVAILABLE = 69  # another daemon already runs on this state directory or control socket
 EX_SOFTWARE = 70
 EX_CONFIG = 78  # systemd's RestartPreventExitStatus=78 stops a restart loop on a bad config
+
+SHUTDOWN_MARGIN_S = 10.0  # past drain_timeout, whatever is left is killed and the daemon exits
+
+
+def _live_settings_pusher():
+    """How a live change reaches a running worker (supervisor/live.py), when that module is there."""
+    try:
+        from .supervisor.live import push_settings
+    except ImportError:
+        return None
+    return push_settings
 
 
 class Daemon:
@@ -37,10 +53,12 @@ class Daemon:
         self.notifier = Notifier.from_env()
         self.stop_event = asyncio.Event()
         daemon_cfg = loaded.config.daemon
-        settings = SlotSettings(state_dir=state_dir, drain_timeout=daemon_cfg.drain_timeout, log_level=daemon_cfg.log_level)
-        self.supervisor = Supervisor(loaded, settings, on_change=self._report)
+        settings = SlotSettings(state_dir=state_dir, drain_timeout=daemon_cfg.drain_timeout,
+                                log_level=daemon_cfg.log_level, tuning=Tuning.from_env())
+        self.supervisor = Supervisor(loaded, settings, on_change=self._report, push_settings=_live_settings_pusher())
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
+        self._watchdog_task: asyncio.Task | None = None
 
     def _report(self) -> None:
         ready, total = self.supervisor.ready_count()
@@ -52,19 +70,23 @@ class Daemon:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def reload(self, dry_run: bool = False):
+    async def reload(self, dry_run: bool = False, file: str | None = None):
         if not dry_run:
             self.notifier.reloading()
         try:
-            result = await self.supervisor.reload(dry_run=dry_run)
-            applied = self.supervisor.daemon_config
-            logging.getLogger().setLevel(applied.log_level.upper())
-            self._set_watching(applied.watch)
+            result = await self.supervisor.reload(dry_run=dry_run, file=file)
+            self._apply_daemon(self.supervisor.daemon_config)
             return result
         finally:
             if not dry_run:
                 self.notifier.ready()
                 self._report()
+
+    def _apply_daemon(self, applied: DaemonConfig) -> None:
+        """The daemon section in force, applied in this one place: log level, watching, worker settings."""
+        logging.getLogger().setLevel(applied.log_level.upper())
+        self.supervisor.use_daemon_config(applied)
+        self._set_watching(applied.watch)
 
     async def run(self) -> int:
         from .control.server import make_control_app, serve_control
@@ -79,36 +101,62 @@ class Daemon:
         control = await serve_control(make_control_app(_ControlFacade(self)), sock_path)
         log_event(logger, "daemon.started", pid=os.getpid(), config=str(self.loaded.path), control_socket=str(sock_path),
                   models=len(self.loaded.config.models))
-        self._spawn(self.supervisor.start_all())
-        self._set_watching(self.loaded.config.daemon.watch)
         interval = self.notifier.watchdog_interval()
-        if interval:
-            self._spawn(self._watchdog(interval))
+        if interval:  # its own task, outside _tasks: it goes on through the drain
+            self._watchdog_task = asyncio.create_task(self._watchdog(interval))
+        self._spawn(self.supervisor.start_all())
+        self._apply_daemon(self.supervisor.daemon_config)
         self.notifier.ready()
         self._report()
 
         await self.stop_event.wait()
+        await self._shutdown()
+        await control.stop()
+        if self._watchdog_task is not None:
+            self._watchdog_task.cancel()
+        log_event(logger, "daemon.stopped", pid=os.getpid())
+        return EX_OK
+
+    async def _shutdown(self) -> None:
+        """Cancel starts and reloads in flight, then shut every slot down, within drain_timeout + a margin.
+
+        Cancelling a caller never leaves a worker behind: the slots carry on with what was
+        asked, and their shutdown (queued after it) kills a half-started worker at once.
+        """
         log_event(logger, "daemon.stopping", pid=os.getpid())
         self.notifier.stopping()
-        # Starts and reloads in flight hold slot locks: cancel them first, then drain.
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.supervisor.stop_all()
-        await control.stop()
-        log_event(logger, "daemon.stopped", pid=os.getpid())
-        return EX_OK
+        limit = self.supervisor.settings.drain_timeout + SHUTDOWN_MARGIN_S
+        try:
+            await asyncio.wait_for(self.supervisor.stop_all(), limit)
+        except asyncio.TimeoutError:
+            log_event(logger, "daemon.shutdown_timeout", logging.ERROR, after_s=limit)
+        killed = self.supervisor.kill_all()  # nothing outlives the daemon
+        if killed:
+            log_event(logger, "daemon.killed_workers", logging.WARNING, pids=",".join(map(str, killed)))
 
     def _set_watching(self, on: bool) -> None:
         """Start or stop the config watcher (``daemon.watch`` applies on reload too)."""
         if on and self._watcher is None:
             path = Path(self.loaded.path)
             # Its own event: watchfiles sets the event it is given when the watch ends.
-            watch = watch_config(path, lambda: self.supervisor.loaded.text_hash, self.reload, asyncio.Event())
+            watch = watch_config(path, self._settled, self.reload, asyncio.Event(), on_missing=self._config_missing)
             self._watcher = self._spawn(watch)
         elif not on and self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
+
+    def _settled(self, digest: str) -> bool:
+        """Whether a file with this content needs no reload: it is what runs, and the last reload did not fail."""
+        last = self.supervisor.last_reload
+        return digest == self.supervisor.loaded.text_hash and (last is None or last.ok)
+
+    def _config_missing(self, missing: bool) -> None:
+        self.supervisor.config_missing = missing
+        log_event(logger, "config.missing" if missing else "config.back", logging.WARNING if missing else logging.INFO,
+                  path=str(self.loaded.path), running=self.supervisor.loaded.short_hash)
 
     async def _watchdog(self, interval: float) -> None:
         while True:
@@ -124,13 +172,28 @@ class _ControlFacade:
         self._sup = daemon.supervisor
 
     def status(self):
-        return self._sup.status()
+        return mapping.status_response(self._sup.status())
 
-    async def reload(self, dry_run: bool = False):
-        return await self._daemon.reload(dry_run=dry_run)
+    async def refresh(self) -> None:
+        await self._sup.refresh()
 
-    def __getattr__(self, name):
-        return getattr(self._sup, name)
+    async def reload(self, dry_run: bool = False, file: str | None = None):
+        return mapping.reload_response(await self._daemon.reload(dry_run=dry_run, file=file))
+
+    async def restart(self, name: str):
+        return mapping.action_response(await self._sup.restart(name))
+
+    async def stop(self, name: str):
+        return mapping.action_response(await self._sup.stop(name))
+
+    async def start(self, name: str):
+        return mapping.action_response(await self._sup.start(name))
+
+    def logs(self, name: str, lines: int) -> list[str]:
+        return self._sup.logs(name, lines)
+
+    def follow(self, name: str):
+        return self._sup.follow(name)
 
 
 def admit(loaded: LoadedConfig, state_dir: Path) -> bool:
@@ -158,12 +221,18 @@ def run(config_path: str, state_dir: str | None = None) -> int:
         return EX_CONFIG
     daemon_cfg = loaded.config.daemon
     setup_logging(daemon_cfg.log_level)
-    state = resolve_state_dir(state_dir or daemon_cfg.state_dir)
-    state.mkdir(parents=True, exist_ok=True)
-    if not admit(loaded, state):
-        return EX_CONFIG
+    state = ensure_private_dir(resolve_state_dir(state_dir or daemon_cfg.state_dir))
     try:
+        lock = DaemonLock.acquire(state, control_socket_path(daemon_cfg.control_socket, state))
+    except DaemonRunning as exc:
+        log_event(logger, "daemon.already_running", logging.ERROR, error=str(exc))
+        return EX_UNAVAILABLE
+    try:
+        if not admit(loaded, state):
+            return EX_CONFIG
         return asyncio.run(Daemon(loaded, state).run())
     except OSError as exc:
         log_event(logger, "daemon.failed", logging.ERROR, error=str(exc))
         return EX_SOFTWARE
+    finally:
+        lock.release()

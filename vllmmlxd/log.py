@@ -16,12 +16,39 @@ from typing import Any
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
 
 
+# Control characters never reach the log raw: a value with a newline or an escape sequence
+# (from a client's request id, a model's name, an exception) must not forge or repaint lines.
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(c: str) -> str:
+    if c in _ESCAPES:
+        return _ESCAPES[c]
+    if c.isprintable():
+        return c
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"  # C0/C1 controls, U+2028...
+
+
 def format_value(value: Any) -> str:
-    """Render one logfmt value, quoting when it holds spaces, quotes or '='."""
+    """Render one logfmt value, quoted (and escaped) when it holds spaces, quotes, '=' or control characters."""
     text = str(value)
-    if text == "" or any(c in text for c in ' "=\n\t'):
-        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if text == "" or any(c in ' "=' or not c.isprintable() for c in text):
+        text = '"' + "".join(_escape(c) for c in text) + '"'
     return text
+
+
+def event_name(record: logging.LogRecord) -> str:
+    """A record's event: the one it was logged with, else its logger's name.
+
+    uvicorn says everything through a logger named ``uvicorn.error``; its routine lines
+    (started, shutting down) are not errors, so below WARNING they are ``server``.
+    """
+    event = getattr(record, "event", None)
+    if event:
+        return event
+    if record.name == "uvicorn.error" and record.levelno < logging.WARNING:
+        return "server"
+    return record.name
 
 
 def format_fields(fields: dict[str, Any]) -> str:
@@ -50,7 +77,7 @@ class LogfmtFormatter(logging.Formatter):
             fields["ts"] = "%s.%03d" % (stamp, record.msecs)
         fields["level"] = record.levelname.lower()
         event = getattr(record, "event", None)
-        fields["event"] = event or record.name
+        fields["event"] = event_name(record)
         fields.update(self.static)
         fields.update(getattr(record, "fields", {}) or {})
         if not event:

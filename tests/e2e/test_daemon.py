@@ -1,5 +1,8 @@
 """The real daemon supervising real workers on builtin:tiny: hot reload, crash
-recovery, shutdown, and vllmmlxctl against it."""
+recovery, shutdown, and vllmmlxctl against it.
+
+A change that must swap in a new worker edits ``prefill_step_size`` (read when a worker
+starts); ``default_temperature`` and the other live keys are pushed to the running worker."""
 
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ def test_edits_add_change_and_remove_entries_and_vllmmlxctl_drives_it(daemon):
 
     # change a, remove b: applied within 5 s
     a_pid = daemon.models()["a"]["pid"]
-    daemon.write({"a": model_entry(pa, served_model_name="Alpha", default_temperature=0.1)})
+    daemon.write({"a": model_entry(pa, served_model_name="Alpha", prefill_step_size=128)})
     took = daemon.wait_for(lambda ms: set(ms) == {"a"} and ms["a"]["pid"] != a_pid and ms["a"]["state"] == "ready", 30, "swap")
     assert took < 5, f"change+remove took {took:.1f}s"
     with pytest.raises(httpx.ConnectError):
@@ -87,14 +90,14 @@ def test_edits_add_change_and_remove_entries_and_vllmmlxctl_drives_it(daemon):
 
 def test_unaffected_model_serves_through_ten_reloads_and_changed_model_swaps_without_failures(daemon):
     pa, pb = free_port(), free_port()
-    daemon.write({"a": model_entry(pa), "b": model_entry(pb, default_temperature=0.5)})
+    daemon.write({"a": model_entry(pa), "b": model_entry(pb, prefill_step_size=256)})
     daemon.start()
     daemon.wait_ready({"a", "b"})
     # b, the swapped model, is called over pooled keep-alive connections, as SDKs do
     with SteadyLoad(pa) as load_a, SteadyLoad(pb, keepalive=True) as load_b:
         for i in range(10):
             before = daemon.models()["b"]["pid"]
-            daemon.write({"a": model_entry(pa), "b": model_entry(pb, default_temperature=0.1 + i / 20)})
+            daemon.write({"a": model_entry(pa), "b": model_entry(pb, prefill_step_size=300 + i)})
             daemon.wait_for(lambda ms: ms["b"]["pid"] != before and ms["b"]["state"] == "ready", 60, f"reload {i}")
         time.sleep(0.5)
     assert load_a.failures == [] and load_a.ok > 20, load_a.failures[:5]
@@ -129,7 +132,7 @@ def test_a_burst_of_saves_is_one_reload(daemon):
     daemon.wait_ready({"a"})
     pid = daemon.models()["a"]["pid"]
     for i in range(5):
-        daemon.write({"a": model_entry(pa, default_temperature=0.1 * (i + 1))})
+        daemon.write({"a": model_entry(pa, prefill_step_size=100 * (i + 1))})
         time.sleep(0.01)
     daemon.wait_for(lambda ms: ms["a"]["pid"] != pid and ms["a"]["state"] == "ready", 30, "reload")
     time.sleep(1.5)
@@ -143,16 +146,16 @@ def test_dry_run_then_reload_by_ctl_and_by_sighup_when_not_watching(daemon):
     daemon.start()
     daemon.wait_ready({"a"})
     pid = daemon.models()["a"]["pid"]
-    daemon.write({"a": model_entry(pa, default_temperature=0.2), "b": model_entry(free_port())}, daemon={"watch": False})
+    daemon.write({"a": model_entry(pa, prefill_step_size=200), "b": model_entry(free_port())}, daemon={"watch": False})
     dry = daemon.ctl("reload", "--dry-run")
-    assert dry.returncode == 0 and "added: b" in dry.stdout and "changed: a (default_temperature)" in dry.stdout
+    assert dry.returncode == 0 and "added: b" in dry.stdout and "changed: a (prefill_step_size)" in dry.stdout
     time.sleep(1)
     assert set(daemon.models()) == {"a"} and daemon.models()["a"]["pid"] == pid  # nothing applied
     r = daemon.ctl("reload")
     assert r.returncode == 0, r.stdout + r.stderr
     assert daemon.models()["a"]["pid"] != pid and daemon.models()["b"]["state"] == "ready"
     # SIGHUP applies the file too
-    daemon.write({"a": model_entry(pa, default_temperature=0.2)}, daemon={"watch": False})
+    daemon.write({"a": model_entry(pa, prefill_step_size=200)}, daemon={"watch": False})
     os.kill(daemon.proc.pid, signal.SIGHUP)
     daemon.wait_for(lambda ms: set(ms) == {"a"}, 30, "sighup reload")
 
@@ -163,13 +166,13 @@ def test_turning_watch_off_applies_on_reload(daemon):
     daemon.start()
     daemon.wait_ready({"a"})
     pid = daemon.models()["a"]["pid"]
-    daemon.write({"a": model_entry(pa, default_temperature=0.3)}, daemon={"watch": False, "log_level": "debug"})
+    daemon.write({"a": model_entry(pa, prefill_step_size=300)}, daemon={"watch": False, "log_level": "debug"})
     daemon.wait_for(lambda ms: ms["a"]["pid"] != pid and ms["a"]["state"] == "ready", 30, "watched reload")
     pid = daemon.models()["a"]["pid"]
-    daemon.write({"a": model_entry(pa, default_temperature=0.4)}, daemon={"watch": False, "log_level": "debug"})
+    daemon.write({"a": model_entry(pa, prefill_step_size=400)}, daemon={"watch": False, "log_level": "debug"})
     time.sleep(1.5)
     assert daemon.models()["a"]["pid"] == pid  # no longer watching
-    assert "changed: a (default_temperature)" in daemon.ctl("reload", "--dry-run").stdout
+    assert "changed: a (prefill_step_size)" in daemon.ctl("reload", "--dry-run").stdout
 
 
 def test_killed_worker_comes_back(daemon):

@@ -117,7 +117,7 @@ def test_a_changed_entry_whose_old_and_new_worker_do_not_fit_together_is_stopped
     daemon.wait_ready({"a"})
     pid = daemon.models()["a"]["pid"]
 
-    daemon.write({"a": {**entry, "default_temperature": 0.3}}, daemon=tight)
+    daemon.write({"a": {**entry, "prefill_step_size": 300}}, daemon=tight)
     dry = daemon.ctl("reload", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert re.search(r"    a, changed: restart: not enough memory for both \(old and new worker at once would need "
@@ -138,6 +138,6 @@ def test_a_changed_entry_whose_old_and_new_worker_do_not_fit_together_is_stopped
 
     # With room for both again, a change is a swap.
     roomy = {"watch": False, "memory_reserve_mb": 0}
-    daemon.write({"a": {**entry, "default_temperature": 0.4}}, daemon=roomy)
+    daemon.write({"a": {**entry, "prefill_step_size": 400}}, daemon=roomy)
     dry = daemon.ctl("reload", "--dry-run")
     assert "    a, changed: swap (old and new worker at once: " in dry.stdout, dry.stdout

@@ -53,7 +53,8 @@ class FakeTarget:
     async def refresh(self) -> None:
         self.calls.append(("refresh",))
 
-    async def reload(self, dry_run: bool = False) -> ReloadResponse:
+    async def reload(self, dry_run: bool = False, file: str | None = None) -> ReloadResponse:
+        # ``file`` is ignored: it answers for its own config, as a daemon that cannot preview does.
         self.calls.append(("reload", dry_run))
         return self.reload_response.model_copy(update={"dry_run": dry_run})
 

@@ -28,10 +28,14 @@ class Daemon:
     socket: Path
     proc: subprocess.Popen | None = None
     log_path: Path = field(default=None)  # type: ignore[assignment]
+    state_dir: Path = field(default=None)  # type: ignore[assignment]
 
     def write(self, models: dict, daemon: dict | None = None) -> None:
         """Replace the config file the way editors do: write a temp file, rename it over."""
-        body = {"daemon": {"control_socket": str(self.socket), "drain_timeout": 10, **(daemon or {})}, "models": models}
+        own = {"control_socket": str(self.socket), "drain_timeout": 10}
+        if self.state_dir is not None:
+            own["state_dir"] = str(self.state_dir)
+        body = {"daemon": {**own, **(daemon or {})}, "models": models}
         tmp = self.config_path.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(body, sort_keys=False))
         os.replace(tmp, self.config_path)
@@ -43,9 +47,13 @@ class Daemon:
 
     def start(self, env: dict | None = None) -> None:
         self.log_path = self.dir / "daemon.log"
-        self.proc = subprocess.Popen(
+        self.proc = self.spawn(env, self.log_path)
+
+    def spawn(self, env: dict | None, log_path: Path) -> subprocess.Popen:
+        """Another `vllmmlxd run` on this config (a second daemon, in a test that wants one)."""
+        return subprocess.Popen(
             [sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(self.config_path)],
-            stdout=subprocess.DEVNULL, stderr=self.log_path.open("wb"), env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL, stderr=log_path.open("wb"), env={**os.environ, **(env or {})},
         )
 
     def log(self) -> str:
@@ -100,8 +108,17 @@ class Daemon:
 
 
 def make_daemon() -> Daemon:
+    """A daemon with a state directory of its own (one daemon per state directory: it is locked),
+    sharing the suite's converted models, downloads and BLAS measurements through links."""
     d = Path(tempfile.mkdtemp(prefix="vd-"))
-    return Daemon(dir=d, config_path=d / "config.yaml", socket=d / "ctl.sock")
+    state = d / "state"
+    state.mkdir(mode=0o700)
+    shared = Path(os.environ.get("VLLMMLXD_STATE_DIR", ""))
+    if shared.is_dir():
+        for name in ("models", "downloads", "blas"):
+            (shared / name).mkdir(exist_ok=True)
+            (state / name).symlink_to(shared / name)
+    return Daemon(dir=d, config_path=d / "config.yaml", socket=d / "ctl.sock", state_dir=state)
 
 
 def pid_alive(pid: int) -> bool:

@@ -39,6 +39,10 @@ def test_only_the_engine_imports_mlx():
         ("vllmmlxd.api.openai.routes", ["mlx"]),
         ("vllmmlxd.ctl.cli", ["mlx", "fastapi", "uvicorn", "starlette"]),
         ("vllmmlxd.config.load", ["mlx", "fastapi", "vllmmlxd.engine.types", "vllmmlxd.supervisor"]),
+        # The supervisor answers plain data and control maps it: no cycle between the two.
+        ("vllmmlxd.supervisor.supervisor", ["vllmmlxd.control", "fastapi"]),
+        ("vllmmlxd.control.server", ["vllmmlxd.supervisor"]),
+        ("vllmmlxd.supervisor.transitions", ["asyncio", "vllmmlxd.config", "pydantic"]),
     ],
 )
 def test_import_arrows(module, forbidden):

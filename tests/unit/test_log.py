@@ -39,3 +39,19 @@ def test_event_line_matches_the_formatter(monkeypatch):
     assert " level=warning event=worker.backoff model=a retry_in_s=0.5" in event_line("worker.backoff", "warning", model="a", retry_in_s=0.5)
     monkeypatch.setenv("JOURNAL_STREAM", "8:123")
     assert event_line("worker.failed", "error", model="a") == "<3>level=error event=worker.failed model=a"
+
+
+def test_control_characters_in_values_are_escaped_never_raw():
+    line = format_fields({"id": "a\nlevel=error event=forged", "t": "x\x1b[31mred\r\x07", "sep": "p\u2028q", "c1": "\x9b"})
+    assert "\n" not in line and "\x1b" not in line and "\r" not in line and "\x07" not in line
+    assert "\u2028" not in line and "\x9b" not in line
+    assert 'id="a\\nlevel=error event=forged"' in line
+    assert 't="x\\x1b[31mred\\r\\x07"' in line and 'sep="p\\u2028q"' in line and 'c1="\\x9b"' in line
+
+
+def test_uvicorns_routine_lines_are_server_events_and_its_warnings_keep_their_name():
+    def uvicorn_record(level):
+        return logging.LogRecord("uvicorn.error", level, __file__, 1, "Started server process [1]", None, None)
+
+    assert "event=server " in LogfmtFormatter().format(uvicorn_record(logging.INFO))
+    assert "event=uvicorn.error " in LogfmtFormatter().format(uvicorn_record(logging.WARNING))

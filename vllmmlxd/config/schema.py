@@ -7,6 +7,7 @@ Option names mirror the reference server's flags in snake_case.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -114,6 +115,12 @@ class ModelConfig(_Strict):
         if self.api_key is not None:
             data["api_key"] = self.api_key.get_secret_value()
         return json.dumps(data)
+
+    def config_hash(self) -> str:
+        """A short digest of this entry, secrets included (never shown): the daemon compares the
+        hash a worker reports with the one it expects, to know which settings it runs."""
+        canonical = json.dumps(json.loads(self.to_worker_json()), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def display_name(self, key: str) -> str:
         """The name clients see: served_model_name, else the entry's key."""

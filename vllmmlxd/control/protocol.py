@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from vllmmlxd.paths import resolve_state_dir
-from vllmmlxd.supervisor.states import State
+
+# A model's state as the supervisor reports it (supervisor/states.py; a test keeps the two equal).
+State = Literal["starting", "ready", "draining", "backoff", "failed", "stopped"]
 
 ENV_SOCKET = "VLLMMLXD_SOCKET"
 SOCKET_NAME = "control.sock"
@@ -41,6 +43,7 @@ class DaemonStatus(_Wire):
     config_hash: str
     last_reload: ReloadResult | None = None
     version: str
+    config_missing: bool = False  # the config file was deleted: the running config stays until it is back
 
 
 class ModelStatus(_Wire):
@@ -79,6 +82,8 @@ class ReloadResponse(_Wire):
     dry_run: bool
     plan: str
     error: str | None = None  # a config error names FILE:LINE:COL
+    config_path: str | None = None  # the file previewed (``file``); None: the daemon's own config
+    entries: list[dict] = []  # per entry: {name, kind (added, apply live, new worker...), keys, forcing}
 
 
 class ActionResponse(_Wire):
@@ -104,7 +109,9 @@ class ControlTarget(Protocol):
         """Update the workers' live figures that ``status`` reports."""
         ...
 
-    async def reload(self, dry_run: bool = False) -> ReloadResponse: ...
+    async def reload(self, dry_run: bool = False, file: str | None = None) -> ReloadResponse:
+        """Apply the config file (or only show what would change); ``file``: preview another file (dry runs)."""
+        ...
 
     async def restart(self, name: str) -> ActionResponse: ...
 

@@ -49,8 +49,10 @@ def make_control_app(target: ControlTarget) -> FastAPI:
         return JSONResponse(target.status().model_dump(mode="json"))
 
     @app.post("/reload")
-    async def reload(dry_run: bool = False) -> JSONResponse:
-        result = await target.reload(dry_run=dry_run)
+    async def reload(dry_run: bool = False, file: str | None = None) -> JSONResponse:
+        if file is not None and not dry_run:
+            return _error(422, "file: only a dry run can read another file")
+        result = await target.reload(dry_run=dry_run, file=file)
         return JSONResponse(result.model_dump(mode="json"), status_code=200 if result.ok else 409)
 
     @app.post("/models/{name}/{action}")

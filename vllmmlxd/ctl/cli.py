@@ -13,7 +13,14 @@ import sys
 from pathlib import Path
 
 from vllmmlxd.ctl import exit_codes
-from vllmmlxd.ctl.client import ControlClient, ControlRequestError, DaemonUnreachable, resolve_socket
+from vllmmlxd.ctl.client import (
+    ControlClient,
+    ControlRequestError,
+    DaemonUnreachable,
+    resolve_socket,
+    socket_origin,
+    unreachable_hint,
+)
 from vllmmlxd.ctl.render import (
     all_ready,
     render_action,
@@ -47,9 +54,26 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    """Re-read the config (or, with ``--dry-run``, only show what would change)."""
+    """Re-read the config (or, with ``--dry-run [FILE]``, only show what it, or FILE, would change)."""
+    file = getattr(args, "file", None)
+    if file and not args.dry_run:
+        _err("FILE needs --dry-run: a reload always reads the daemon's own config file "
+             "(edit that file, or restart the daemon with --config FILE)")
+        return exit_codes.USAGE
+    if file:
+        file = str(Path(file).expanduser().resolve())  # the daemon's working directory is not ours
+        if not Path(file).is_file():
+            _err(f"{file}: no such file")
+            return exit_codes.ERROR
     with _client(args) as client:
-        result = client.reload(dry_run=args.dry_run)
+        result = client.reload(dry_run=args.dry_run, file=file)
+    read = getattr(result, "config_path", None)
+    about_file = read == file or (not result.ok and bool(file) and file in (result.error or ""))  # FILE:LINE:COL errors name it
+    if file and not about_file:
+        # A daemon that does not know the file parameter previews its own config instead.
+        _err(f"this daemon cannot preview another file (it read {read or 'its own config'}); "
+             f"copy {file} over its config and run `vllmmlxctl reload --dry-run`")
+        return exit_codes.ERROR
     print(render_reload(result), file=sys.stdout if result.ok else sys.stderr)
     return exit_codes.OK if result.ok else exit_codes.ERROR
 
@@ -98,20 +122,45 @@ def cmd_check(args: argparse.Namespace) -> int:
     return exit_codes.OK
 
 
+def service_config(args: argparse.Namespace, kind: str) -> tuple[Path, str]:
+    """The config the service will run and why that one: ``--config``, else the running
+    daemon's, else the default for a user (or a system) service."""
+    from vllmmlxd import service_files as sf
+
+    given = getattr(args, "config", None)
+    if given:
+        return Path(given).expanduser().resolve(), "given with --config"
+    running = _running_config(args)
+    if running:
+        return Path(running), "the running daemon's"
+    if args.user:
+        base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+        return base / "vllmmlxd" / "config.yaml", "the default for a user service"
+    template = sf.TEMPLATE_SYSTEMD if kind == "systemd" else sf.TEMPLATE_LAUNCHD
+    return Path(template["config"]), "the default for a system service"
+
+
+def _running_config(args: argparse.Namespace) -> str | None:
+    """The config file of the daemon answering on this user's socket, if one answers quickly."""
+    try:
+        with ControlClient(resolve_socket(getattr(args, "socket", None)), connect_timeout=0.5) as client:
+            return client.status().daemon.config_path
+    except (DaemonUnreachable, ControlRequestError, VllmmlxdError, ValueError):
+        return None
+
+
 def cmd_install_service(args: argparse.Namespace) -> int:
     """Write a systemd unit or launchd plist for this install (or ``--print`` it), then say how to enable it."""
     from vllmmlxd import service_files as sf
 
     kind = args.kind or sf.default_kind()
-    templates = {"systemd": sf.TEMPLATE_SYSTEMD, "launchd": sf.TEMPLATE_LAUNCHD}
-    # A per-user service reads the user's own config; a system one, the system's.
-    user_config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "vllmmlxd" / "config.yaml"
-    config = Path(getattr(args, "config", None) or (user_config if args.user else templates[kind]["config"]))
+    config, why = service_config(args, kind)
     service = sf.make_service_file(kind, args.user, config)
     if not config.expanduser().exists():
         _err(f"note: {config} does not exist yet; write it before starting the service")
     if args.print:
         sys.stdout.write(service.content.decode())
+        print(f"# it runs the config {config} ({why})", file=sys.stderr)
         print(f"# save as {service.path}, then run:", file=sys.stderr)
         for command in service.commands:
             print(f"#   {command}", file=sys.stderr)
@@ -123,6 +172,7 @@ def cmd_install_service(args: argparse.Namespace) -> int:
         _err(f"cannot write {service.path}: {e.strerror or e}{hint}")
         return exit_codes.ERROR
     print(f"wrote {path}")
+    print(f"it runs the config {config} ({why})")
     print("to start it now and at every boot, run:")
     for command in service.commands:
         print(f"  {command}")
@@ -144,8 +194,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the daemon's JSON answer")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("reload", parents=[common], help="re-read the config; restart only what changed")
-    p.add_argument("--dry-run", action="store_true", help="show what would change; change nothing")
+    p = sub.add_parser("reload", parents=[common], help="re-read the config; apply only what changed")
+    p.add_argument("--dry-run", action="store_true",
+                   help="show, per model, what would change (applied live or a new worker) and change nothing")
+    p.add_argument("file", metavar="FILE", nargs="?",
+                   help="with --dry-run: preview this file against the running config instead of the daemon's own")
     p.set_defaults(func=cmd_reload)
 
     p = sub.add_parser("check", help="validate a config file (no daemon needed)")
@@ -183,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except DaemonUnreachable as e:
         _err(str(e))
+        origin = socket_origin(getattr(args, "socket", None), getattr(args, "config", None))
+        _err(f"(that socket is {origin}) {unreachable_hint(origin)}")
         return exit_codes.UNREACHABLE
     except (ControlRequestError, VllmmlxdError) as e:
         _err(str(e))

@@ -62,6 +62,30 @@ def resolve_socket(
     return control_socket_path()
 
 
+def socket_origin(socket: str | None = None, config: str | None = None, environ: Mapping[str, str] = os.environ) -> str:
+    """Where ``resolve_socket`` took the path from, in words: ``--socket``, ``$VLLMMLXD_SOCKET``,
+    ``the daemon section of FILE`` or ``the default``."""
+    if socket:
+        return "--socket"
+    if environ.get(ENV_SOCKET):
+        return f"${ENV_SOCKET}"
+    if config:
+        return f"the daemon section of {config}"
+    return "the default"
+
+
+def unreachable_hint(origin: str) -> str:
+    """What to try when nothing answered on the socket taken from ``origin``."""
+    if origin == "--socket":
+        return "check the path, or pass --config FILE (the daemon's config) to find its socket"
+    if origin.startswith("the daemon section"):
+        return "is the daemon running with this config? Else pass its own --config FILE or --socket PATH"
+    # A daemon run with a config that sets daemon.control_socket or daemon.state_dir (as a
+    # system service usually is) listens elsewhere than this user's default.
+    return ("if the daemon runs with a config that sets daemon.control_socket or daemon.state_dir "
+            "(a system service, another user), pass --config FILE or --socket PATH")
+
+
 def _daemon_section(config: str) -> dict:
     # Only the daemon section is read, and not validated: the daemon's ${env:..} secrets
     # need not be set in this shell just to find its socket.
@@ -101,9 +125,15 @@ class ControlClient:
         """``GET /status``."""
         return StatusResponse.model_validate(self._call("GET", "/status", STATUS_TIMEOUT_S))
 
-    def reload(self, dry_run: bool = False) -> ReloadResponse:
-        """``POST /reload``; a failed reload comes back with ``ok=False`` and its error."""
+    def reload(self, dry_run: bool = False, file: str | None = None) -> ReloadResponse:
+        """``POST /reload``; a failed reload comes back with ``ok=False`` and its error.
+
+        ``file`` (dry runs only): preview that file against the running config instead of the
+        daemon's own config file; sent as the ``file`` query parameter, an absolute path.
+        """
         params = {"dry_run": "true" if dry_run else "false"}
+        if file is not None:
+            params["file"] = file
         return ReloadResponse.model_validate(self._call("POST", "/reload", SLOW_TIMEOUT_S, params, ok=(409,)))
 
     def action(self, name: str, verb: str) -> ActionResponse:

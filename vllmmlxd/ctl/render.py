@@ -100,6 +100,8 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
         f"daemon: pid {d.pid}, up {format_duration(d.uptime_s)}, version {d.version}, "
         f"config {d.config_path} ({d.config_hash[:12]})",
     ]
+    if getattr(d, "config_missing", False):
+        lines.append(f"config file MISSING: {d.config_path} was deleted; the running config stays until it is back")
     r = d.last_reload
     if r is None:
         lines.append("last reload: none")
@@ -115,11 +117,47 @@ def all_ready(status: StatusResponse) -> bool:
     return all(m.state == "ready" for m in status.models)
 
 
+# How each entry's change reads, and the order entries are listed in.
+_ENTRY_ORDER = ("new worker", "apply live", "added", "removed", "unchanged")
+
+
+def render_entries(entries: Sequence[dict]) -> list[str]:
+    """Per entry, what the reload does to it: ``llama  apply live  timeout, rate_limit`` or
+    ``qwen  new worker  port (also timeout)``; unchanged entries on one line at the end."""
+    rows, unchanged = [], []
+    for e in sorted(entries, key=lambda e: (_ENTRY_ORDER.index(e.get("kind")) if e.get("kind") in _ENTRY_ORDER
+                                            else len(_ENTRY_ORDER), e.get("name", ""))):
+        kind, keys, forcing = e.get("kind", "?"), list(e.get("keys") or []), list(e.get("forcing") or [])
+        if kind == "unchanged":
+            unchanged.append(e.get("name", "?"))
+            continue
+        if kind == "new worker" and forcing:
+            rest = [k for k in keys if k not in forcing]
+            detail = ", ".join(forcing) + (f" (also {', '.join(rest)})" if rest else "")
+        else:
+            detail = ", ".join(keys)
+        rows.append((e.get("name", "?"), kind, detail))
+    lines = render_table(("MODEL", "CHANGE", "KEYS"), rows).splitlines() if rows else []
+    if unchanged:
+        lines.append(f"unchanged: {', '.join(unchanged)}")
+    return lines
+
+
 def render_reload(result: ReloadResponse) -> str:
-    """The plan, under a line saying whether it was applied; or the error, FILE:LINE:COL first."""
+    """The plan, under a line saying whether it was applied; or the error, FILE:LINE:COL first.
+
+    A daemon that sends ``entries`` (per entry: ``name``, ``kind``, ``keys``, ``forcing``) gets
+    them as a table above its plan text; ``config_path`` names the file that was read.
+    """
     plan = [_INDENT + line for line in result.plan.splitlines()]
+    entries = getattr(result, "entries", None)  # an extra field: older daemons do not send it
     if result.ok:
-        return "\n".join([("would apply:" if result.dry_run else "reloaded:")] + plan)
+        head = "would apply:" if result.dry_run else "reloaded:"
+        path = getattr(result, "config_path", None)
+        if path and result.dry_run:
+            head = f"would apply {path}:"
+        table = [_INDENT + line for line in render_entries(entries)] if entries else []
+        return "\n".join([head] + table + plan)
     head = ("the reload would fail; nothing changed:" if result.dry_run
             else "reload failed; the daemon keeps its previous config:")
     lines = [head, *(result.error or "unknown error").splitlines()]

@@ -27,6 +27,10 @@ from vllmmlxd.log import log_event
 logger = logging.getLogger(__name__)
 
 MARKER = ".vllmmlxd-complete"
+DIGESTS = ".gguf-digests"  # under the models dir: a file's sha256 by (path, size, mtime)
+TMP_PREFIX = ".tmp-"  # a build in progress: .tmp-<target>-<pid>-<random>
+STALE_PREFIX = ".stale-"
+LEGACY_TMP_AGE_S = 3600  # a temp folder with no pid in its name is someone's only after this long
 GROUP_SIZE = 32  # every GGUF block type mx.load understands packs 32 weights per block
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 # llama.cpp permutes q/k rows for its interleaved rope in these architectures only.
@@ -236,7 +240,7 @@ def convert_gguf(gguf_path: Path, folder: Path) -> None:
 
 def convert_gguf_cached(gguf_path: Path, models_dir: Path) -> Path:
     """The converted folder of ``gguf_path`` under ``models_dir``, converting it on first use."""
-    digest = file_sha256(gguf_path)[:16]
+    digest = remembered_sha256(gguf_path, models_dir / DIGESTS)[:16]
 
     def build(folder: Path) -> None:
         started = time.monotonic()
@@ -253,9 +257,10 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
     Safe across processes: each builder fills its own temporary sibling, writes the
     marker last and renames into place; a loser of the rename race keeps the winner's.
     """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned_builds(target)
     if (target / MARKER).exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists() and not (target / MARKER).exists():
         # Left by something that bypassed this function: move it aside rather than trust it.
         stale = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".stale-{target.name}-"))
@@ -264,7 +269,8 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
         except OSError:
             pass  # another process moved it first
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".tmp-{target.name}-"))
+    # The builder's pid in the name tells a later start whether this folder is still being filled.
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f"{TMP_PREFIX}{target.name}-{os.getpid()}-"))
     try:
         build(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp's 0700 would make the cache folder unlike its siblings
@@ -278,6 +284,71 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def remove_abandoned_builds(target: Path, now: float | None = None) -> list[Path]:
+    """Delete the temporary folders of ``target``'s builds whose builder died (a conversion
+    killed halfway leaves gigabytes behind); returns what was removed.
+
+    A folder named with a live pid is another process's build in progress and stays.
+    """
+    now = time.time() if now is None else now
+    removed = []
+    for prefix in (TMP_PREFIX, STALE_PREFIX):
+        for folder in target.parent.glob(f"{prefix}{target.name}-*"):
+            if _abandoned(folder, folder.name[len(prefix) + len(target.name) + 1:], now):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+    if removed:
+        log_event(logger, "model.cache.cleaned", target=str(target), removed=len(removed))
+    return removed
+
+
+def _abandoned(folder: Path, rest: str, now: float) -> bool:
+    pid_text = rest.split("-", 1)[0]
+    if pid_text.isdigit() and "-" in rest:
+        return not _alive(int(pid_text))
+    try:  # an older name without a pid: only when nobody has touched it for a long time
+        return now - folder.stat().st_mtime > LEGACY_TMP_AGE_S
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def remembered_sha256(path: Path, memo_dir: Path) -> str:
+    """``file_sha256(path)``, hashed once per file version: remembered under ``memo_dir`` by the
+    resolved path, size and mtime_ns, so a multi-gigabyte GGUF is not read whole at every start.
+
+    An edited or replaced file changes size or mtime and is hashed again.
+    """
+    resolved = path.resolve()
+    info = resolved.stat()
+    version = f"{resolved}\0{info.st_size}\0{info.st_mtime_ns}"
+    memo = memo_dir / (hashlib.sha256(version.encode()).hexdigest()[:32] + ".json")
+    try:
+        known = json.loads(memo.read_text(encoding="utf-8"))
+        if known.get("version") == version and isinstance(known.get("sha256"), str):
+            return known["sha256"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    digest = file_sha256(resolved)
+    memo_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=memo_dir, prefix=".tmp-", suffix=".json")  # written whole, then renamed
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump({"version": version, "path": str(resolved), "sha256": digest}, f)
+    os.replace(tmp, memo)
+    return digest
 
 
 def file_sha256(path: Path) -> str:

@@ -78,6 +78,7 @@ class Scheduler:
                 item = self.inbox.get()
                 if item is None:
                     break
+                self.stats.last_step_at = time.monotonic()  # idle until now: not a stalled step
                 self.waiting.append(item)
             stopping = self._drain_inbox()
             self._drop_cancelled()
@@ -167,6 +168,7 @@ class Scheduler:
         prefilled = self._note_prefill(prompt_responses)
         self.timer.observe(time.perf_counter() - started, decoded=bool(responses), prefilled=prefilled)
         self.stats.steps_executed += 1
+        self.stats.last_step_at = time.monotonic()  # read by /health's liveness check
         self._generated += len(responses)
         self.stats.generated.note(time.monotonic(), self._generated)
         for response in responses:

@@ -235,6 +235,9 @@ class EngineStats:
     ttft: LatencyHistogram = field(default_factory=lambda: LatencyHistogram(TTFT_BUCKETS))
     inter_token: LatencyHistogram = field(default_factory=lambda: LatencyHistogram(ITL_BUCKETS))
     generated: RecentRate = field(default_factory=RecentRate)  # all tokens generated, for a recent rate
+    # time.monotonic() when the engine thread last completed a step or woke up to new work:
+    # /health says "degraded" when work waits and this grows old (worker/liveness.py).
+    last_step_at: float = field(default_factory=time.monotonic)
 
     def active_requests(self) -> list[dict]:
         """Snapshots of the requests queued or running, oldest first."""

@@ -25,11 +25,16 @@ def key_matches(given: str | None, expected: SecretStr) -> bool:
     return given is not None and secrets.compare_digest(given.encode(), expected.get_secret_value().encode())
 
 
+def require_key(request: Request, api_key: SecretStr | None) -> None:
+    """Raise 401 unless the request carries ``api_key``; nothing to check without one."""
+    if api_key is not None and not key_matches(presented_key(request), api_key):
+        raise Unauthorized("missing or invalid API key", code="invalid_api_key")
+
+
 def make_auth(api_key: SecretStr | None) -> Callable[[Request], Awaitable[None]]:
-    """A FastAPI dependency: 401 unless the request carries ``api_key``; a no-op without one."""
+    """A FastAPI dependency over a fixed key: 401 unless the request carries ``api_key``."""
 
-    async def require_key(request: Request) -> None:
-        if api_key is not None and not key_matches(presented_key(request), api_key):
-            raise Unauthorized("missing or invalid API key", code="invalid_api_key")
+    async def check(request: Request) -> None:
+        require_key(request, api_key)
 
-    return require_key
+    return check

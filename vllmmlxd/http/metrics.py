@@ -7,7 +7,7 @@ one process, as in tests, do not clash. Every metric carries the served ``model`
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -131,12 +131,13 @@ class MetricsMiddleware:
     else ``other``, so raw paths never become labels.
     """
 
-    def __init__(self, app: ASGIApp, *, metrics: Metrics):
+    def __init__(self, app: ASGIApp, *, metrics: Metrics, enabled: Callable[[], bool] = lambda: True):
         self.app = app
         self.metrics = metrics
+        self.enabled = enabled  # read per request: metrics can be switched on and off live
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not self.enabled():
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()

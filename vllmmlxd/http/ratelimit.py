@@ -39,6 +39,15 @@ class RateLimiter:
         reset, _remaining = self._limiter.get_window_stats(self._item, identity)
         return max(1, math.ceil(reset - time.time()))
 
+    def enforce(self, request: Request, api_key: SecretStr | None) -> None:
+        """Spend one request of this client, or raise ``RateLimited`` with its Retry-After."""
+        retry_after = self.hit(client_identity(request, api_key))
+        if retry_after:
+            raise RateLimited(
+                f"rate limit of {self.per_minute} requests per minute reached; retry in {retry_after} s",
+                retry_after=retry_after,
+            )
+
 
 def client_identity(request: Request, api_key: SecretStr | None) -> str:
     """``key:SHA256`` for a valid API key, else ``addr:HOST``.
@@ -58,13 +67,7 @@ def make_rate_limit(per_minute: int, api_key: SecretStr | None) -> Callable[[Req
     limiter = RateLimiter(per_minute) if per_minute > 0 else None
 
     async def rate_limit(request: Request) -> None:
-        if limiter is None:
-            return
-        retry_after = limiter.hit(client_identity(request, api_key))
-        if retry_after:
-            raise RateLimited(
-                f"rate limit of {per_minute} requests per minute reached; retry in {retry_after} s",
-                retry_after=retry_after,
-            )
+        if limiter is not None:
+            limiter.enforce(request, api_key)
 
     return rate_limit

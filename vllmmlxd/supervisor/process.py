@@ -29,6 +29,13 @@ logger = logging.getLogger("vllmmlxd.supervisor")
 _seq = itertools.count(1)
 LogSink = Callable[[str], None]
 
+MAX_LINE = 64 * 1024  # a longer stderr line is cut here (and marked): one log line stays readable
+_CHUNK = 64 * 1024
+
+
+class SpawnError(OSError):
+    """The worker could not be started: exec failed, or it died before taking its config."""
+
 
 class WorkerProcess:
     """A running (or exited) worker for one model entry."""
@@ -45,6 +52,10 @@ class WorkerProcess:
         self.load: dict = {}  # requests, recent tokens/s and prefix cache use, as of the last refresh
         self._sink = sink
         self.recent: deque[str] = deque(maxlen=40)
+        self.share = None  # the CpuShare it was started on (set by its slot)
+        self.ready_at: float | None = None  # monotonic time it became ready (set by its slot)
+        self.listening = False  # its health socket exists: it is about to accept, or accepts
+        self.failure: str | None = None  # why its supervisor gave up on it (a start timeout), for status
         self._stderr_task = asyncio.create_task(self._forward_stderr())
 
     @classmethod
@@ -64,30 +75,53 @@ class WorkerProcess:
         health = state_dir / "run" / f"w{os.getpid()}-{next(_seq)}.sock"
         health.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         share = ("--cpus", cpus) if cpus else ()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "vllmmlxd.worker",
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "vllmmlxd.worker",
             "--name", name, "--fd", str(listen_fd), "--health-socket", str(health),
-            "--state-dir", str(state_dir), "--drain-timeout", str(drain_timeout), "--log-level", log_level, *share,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            pass_fds=(listen_fd,), env=strip_notify_env(dict(os.environ)), start_new_session=True,
-        )
-        assert proc.stdin is not None
-        # The config travels on stdin so that secrets never show in the process list.
-        proc.stdin.write(config.to_worker_json().encode() + b"\n")
-        await proc.stdin.drain()
+                "--state-dir", str(state_dir), "--drain-timeout", str(drain_timeout), "--log-level", log_level, *share,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+                pass_fds=(listen_fd,), env=strip_notify_env(dict(os.environ)), start_new_session=True,
+            )
+        except (OSError, ValueError) as exc:  # no interpreter, no fds left, a closed socket...
+            raise SpawnError(f"cannot start a worker: {exc}") from exc
         worker = cls(name, config, proc, health, sink)
+        assert proc.stdin is not None
+        try:
+            # The config travels on stdin so that secrets never show in the process list.
+            proc.stdin.write(config.to_worker_json().encode() + b"\n")
+            await proc.stdin.drain()
+        except (OSError, RuntimeError) as exc:  # it died at once: a broken pipe
+            worker.kill()
+            await worker.wait()
+            raise SpawnError(f"the worker died before reading its config: {exc}; {worker.last_lines(3)}") from exc
         log_event(logger, "worker.spawned", model=name, pid=proc.pid)
         return worker
 
     async def _forward_stderr(self) -> None:
+        # Chunks split by hand: StreamReader.readline raises on a line over its limit (a huge traceback).
         assert self.proc.stderr is not None
-        while True:
-            raw = await self.proc.stderr.readline()
-            if not raw:
-                return
-            line = raw.decode(errors="replace").rstrip("\n")
-            if not line:
-                continue
+        pending, skipping = b"", False  # skipping: the rest of a line already emitted cut
+        while chunk := await self.proc.stderr.read(_CHUNK):
+            if skipping:
+                if b"\n" not in chunk:
+                    continue
+                chunk, skipping = chunk.split(b"\n", 1)[1], False
+            *lines, pending = (pending + chunk).split(b"\n")
+            for raw in lines:
+                self._emit(raw)
+            if len(pending) > MAX_LINE:
+                self._emit(pending)
+                pending, skipping = b"", True
+        if pending:
+            self._emit(pending)
+
+    def _emit(self, raw: bytes) -> None:
+        cut = len(raw) > MAX_LINE
+        line = raw[:MAX_LINE].decode(errors="replace").rstrip("\r")
+        if cut:
+            line += " [cut]"
+        if line:
             if not _is_logfmt(line):  # tracebacks and stray prints get wrapped as events
                 line = _wrap_raw(self.name, self.pid, line)
             self.recent.append(line)
@@ -97,15 +131,22 @@ class WorkerProcess:
         """Its last ``n`` stderr lines: what status shows when it dies."""
         return "\n".join(list(self.recent)[-n:])
 
-    async def wait_ready(self, timeout: float) -> bool:
-        """True once /health answers on the private socket; False if the worker exits or time runs out."""
+    async def wait_ready(self, timeout: float, on_listening: Callable[[], None] = lambda: None) -> bool:
+        """True once /health answers on the private socket; False if the worker exits or time runs out.
+
+        ``on_listening`` is called as soon as the health socket appears: the worker has loaded
+        and is about to accept on its TCP socket, so whoever answered there in its stead stops.
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.returncode is None:
-            body = await self.health(timeout=2) if self.health_socket.exists() else None
-            if body is not None:
+            if not self.listening and self.health_socket.exists():
+                self.listening = True
+                on_listening()
+            body = await self.health(timeout=2) if self.listening else None
+            if body is not None and body.get("status") != "degraded":
                 self.note(body)
                 return True
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1 if self.listening else 0.02)
         return False
 
     def note(self, body: dict) -> None:
@@ -120,7 +161,8 @@ class WorkerProcess:
             self.note(body)
 
     async def health(self, timeout: float = 5) -> dict | None:
-        """One health check: the body of a 200, else None. A worker busy generating still answers."""
+        """One health check: the body of a 200, else None. A worker busy generating still answers;
+        one whose engine is stuck answers 503 ``degraded`` (None here)."""
         transport = httpx.AsyncHTTPTransport(uds=str(self.health_socket))
         try:
             async with httpx.AsyncClient(transport=transport, base_url="http://worker", timeout=timeout) as client:
@@ -130,7 +172,9 @@ class WorkerProcess:
             return None
 
     async def healthy(self, timeout: float = 5) -> bool:
-        return await self.health(timeout) is not None
+        """Answers, and not ``"status": "degraded"`` (waiting requests, no engine step for a while)."""
+        body = await self.health(timeout)
+        return body is not None and body.get("status") != "degraded"
 
     async def wait(self) -> int:
         """Wait for the exit; returns the exit code (negative: killed by that signal)."""

@@ -1,34 +1,46 @@
-"""One model entry under supervision: its socket, its current worker, its state.
+"""One model entry under supervision: its socket, its workers, its phase.
 
-All changes to a slot happen under its lock, so a crash restart, a reload and a
-`vllmmlxctl restart` never race. The daemon owns the listening socket: a new worker
-inherits it and starts accepting while the old one drains, so a swap drops nothing.
+One task, the slot's actor, owns all of it. Commands (start, stop, restart, a reload's
+replace or live settings, shutdown) and events about its workers (ready, exited, unhealthy,
+start timeout, backoff elapsed) arrive on one queue; each goes through the pure
+``transitions.decide`` and the actor carries out the actions it returns. The actor never
+waits on a worker: a worker's readiness, health and exit are watched by a task of its own
+that posts events, so a stop interrupts a start or a backoff at once. Callers get their
+result through a future attached to their command.
+
+The daemon owns the listening socket: a new worker inherits it and starts accepting while
+the old one drains, so a swap drops nothing. While no worker serves it, the slot's
+``Responder`` answers 503 there instead of leaving clients in the accept queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Awaitable, Callable, Literal
 
 from ..config.schema import ModelConfig
 from ..log import event_line, log_event
 from ..runtime.cpus import CpuShare
 from ..sockets import bind_tcp, http_url
 from . import states
-from .backoff import BackoffPolicy
 from .process import WorkerProcess
+from .responder import Responder, Unavailable
+from .transitions import SWAPPING, Counters, Decision, Event, Phase, decide, public_state
+from .tuning import Tuning
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
-HEALTH_INTERVAL_S = 10.0
-HEALTH_FAILURES = 3
+Result = tuple[bool, "str | None"]  # ok, and why not
+# supervisor/live.py's push_settings: (True, config hash) once the worker runs the config, else (False, why).
+PushSettings = Callable[[Path, ModelConfig], Awaitable["tuple[bool, str | None]"]]
 
 
 @dataclass(frozen=True)
@@ -36,36 +48,59 @@ class SlotSettings:
     state_dir: Path
     drain_timeout: float
     log_level: str
-    ready_timeout: float = 900.0  # a first use may fetch and convert a model
-    policy: BackoffPolicy = BackoffPolicy()
+    tuning: Tuning = field(default_factory=Tuning)
+
+
+@dataclass
+class _Msg:
+    """One item on a slot's queue: a command (with its caller's future) or an event about a worker."""
+
+    kind: str  # an EventKind, or "listening" / "release_socket" (the actor's own business)
+    event: Event | None = None
+    worker: WorkerProcess | None = None
+    future: asyncio.Future | None = None
+    waits: Literal["serving", "stopped"] | None = None
+    config: ModelConfig | None = None
+    share: CpuShare | None = None
+    sock: socket.socket | None = None
+    token: int = 0
 
 
 class Slot:
-    """Supervises the worker of one model entry."""
+    """Supervises the workers of one model entry; see the module's docstring."""
 
     def __init__(
         self, name: str, config: ModelConfig, settings: SlotSettings, on_change: Callable[[], None],
-        share: CpuShare | None = None,
+        share: CpuShare | None = None, *, sock: socket.socket | None = None, push_settings: PushSettings | None = None,
     ):
         self.name = name
-        self.config = config
+        self.config = config  # the target: what the next worker runs (a failed swap restores the old)
         self.share = share  # the cores its worker is pinned to (None: not pinned)
         self.planned_share = share  # where a reload's plan puts it when it next restarts
         self.settings = settings
-        self.state: states.State = states.STOPPED
-        self.worker: WorkerProcess | None = None
-        self.restarts = 0
+        self.phase: Phase = states.STOPPED
+        self.counters = Counters()
+        self.worker: WorkerProcess | None = None  # the current one: starting, or serving
+        self.held: WorkerProcess | None = None  # swapping: the previous one, serving until the new is ready
         self.last_exit_code: int | None = None
         self.last_error: str | None = None
+        self.fail_reason: str | None = None
         self.ready_since: float | None = None
         self.lines: deque[str] = deque(maxlen=1000)
+        self.sock = sock
         self._followers: set[asyncio.Queue[str]] = set()
-        self._sock: socket.socket | None = None
-        self._lock = asyncio.Lock()
-        self._gen = 0  # bumped by every deliberate change; a stale monitor sees it and steps aside
-        self._fast_crashes = 0
-        self._tasks: set[asyncio.Task] = set()
         self._on_change = on_change
+        self._push_settings = push_settings
+        self._queue: asyncio.Queue[_Msg] = asyncio.Queue()
+        self._waiters: list[tuple[asyncio.Future, str]] = []
+        self._backoff: asyncio.Task | None = None
+        self._backoff_token = 0
+        self._tasks: set[asyncio.Task] = set()  # worker watches, drains, pushes
+        self._retiring: set[asyncio.Task] = set()  # workers draining after a swap
+        self._alive: set[WorkerProcess] = set()  # every worker of this slot not yet reaped
+        self._responder: Responder | None = None
+        self._closed = False
+        self._actor = asyncio.create_task(self._run(), name=f"slot-{name}")
 
     # -- log lines ------------------------------------------------------
 
@@ -89,190 +124,382 @@ class Slot:
         finally:
             self._followers.discard(q)
 
-    # -- lifecycle ------------------------------------------------------
-
-    def _set(self, state: states.State, **fields) -> None:
-        self.state = state
-        log_event(logger, f"worker.{state}", model=self.name, **fields)
-        # `vllmmlxctl logs MODEL` shows the daemon's view of the model beside the worker's own lines.
-        self._keep(event_line(f"worker.{state}", model=self.name, **fields))
-        self._on_change()
-
-    def _bind(self, config: ModelConfig) -> socket.socket | None:
-        try:
-            return bind_tcp(config.host, config.port)
-        except OSError as exc:
-            self.last_error = f"cannot listen on {config.host}:{config.port}: {exc.strerror}"
-            log_event(logger, "worker.bind_failed", logging.ERROR, model=self.name, error=self.last_error)
-            return None
+    # -- commands: each waits on its future, never on a lock --------------
 
     async def start(self) -> bool:
-        """Bind the socket if needed and start a worker; True once it is ready."""
-        async with self._lock:
-            self._gen += 1
-            self._fast_crashes = 0
-            return await self._start_locked()
+        """Start a worker (if none runs); True once it is ready."""
+        return (await self._command("start", "serving"))[0]
 
-    async def _start_locked(self) -> bool:
-        if self.worker is not None and self.worker.alive:
-            return self.state == states.READY
-        if self._sock is None:
-            self._sock = self._bind(self.config)
-            if self._sock is None:
-                self._set(states.FAILED, error=self.last_error)
-                return False
-        self.share = self.planned_share  # a (re)start is when a reload's new plan takes effect
-        worker = await self._spawn(self.config, self._sock, self.share)
-        self.worker = worker
-        self._set(states.STARTING, pid=worker.pid)
-        if await worker.wait_ready(self.settings.ready_timeout):
-            self.ready_since = time.time()
-            self._set(states.READY, pid=worker.pid, url=self.url)
-            self._watch(worker, self._gen)
-            return True
-        await self._reap_failed_start(worker)
-        self._watch(worker, self._gen)
-        return False
+    async def stop(self) -> bool:
+        """Stop the worker (a starting one is killed at once); the socket stays, answering 503."""
+        return (await self._command("stop", "stopped"))[0]
 
-    async def _spawn(self, config: ModelConfig, sock: socket.socket, share: CpuShare | None) -> WorkerProcess:
-        s = self.settings
-        return await WorkerProcess.spawn(
-            self.name, config, listen_fd=sock.fileno(), state_dir=s.state_dir,
-            drain_timeout=s.drain_timeout, log_level=s.log_level, sink=self.sink,
-            cpus=share.render() if share else None,
-        )
-
-    async def _reap_failed_start(self, worker: WorkerProcess) -> None:
-        if worker.alive:  # never became ready in time
-            worker.kill()
-        code = await worker.wait()
-        self.last_exit_code = code
-        self.last_error = worker.last_lines() or f"exited with code {code}"
-
-    def _watch(self, worker: WorkerProcess, gen: int) -> None:
-        task = asyncio.create_task(self._monitor(worker, gen))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _monitor(self, worker: WorkerProcess, gen: int) -> None:
-        """Wait for the worker to die (or stop answering), then restart it with backoff."""
-        failures = 0
-        while worker.alive:
-            try:
-                await asyncio.wait_for(asyncio.shield(worker.proc.wait()), HEALTH_INTERVAL_S)
-            except asyncio.TimeoutError:
-                failures = 0 if await worker.healthy() else failures + 1
-                if failures >= HEALTH_FAILURES and gen == self._gen:
-                    log_event(logger, "worker.unhealthy", logging.WARNING, model=self.name, pid=worker.pid)
-                    worker.kill()
-        code = await worker.wait()
-        async with self._lock:
-            if gen != self._gen or self.worker is not worker:
-                return  # replaced or stopped on purpose
-            self.last_exit_code = code
-            self.last_error = worker.last_lines() or None
-            ran = time.time() - worker.started
-            self._fast_crashes = self.settings.policy.next_fast_crashes(self._fast_crashes, ran)
-            self.ready_since = None
-            if self.settings.policy.gives_up(self._fast_crashes):
-                self._set(states.FAILED, exit_code=code, crashes=self._fast_crashes)
-                return
-            delay = self.settings.policy.delay(self._fast_crashes)
-            self._set(states.BACKOFF, exit_code=code, retry_in_s=delay)
-        await asyncio.sleep(delay)
-        async with self._lock:
-            if gen != self._gen:
-                return
-            self.restarts += 1
-            self.worker = None
-            await self._start_locked()
+    async def restart(self, *, hold_both: bool = True) -> bool:
+        """A fresh worker of the same config (zero downtime when one is ready and ``hold_both``)."""
+        return (await self._command("restart", "serving", hold_both=hold_both))[0]
 
     async def replace(
         self, config: ModelConfig, share: CpuShare | None = None, *, hold_both: bool = True,
-    ) -> tuple[bool, str | None]:
-        """Swap in a worker for ``config`` (on the cores of ``share``) with no downtime; the old one keeps serving if it fails.
+        sock: socket.socket | None = None,
+    ) -> Result:
+        """Swap in a worker for ``config`` (on ``share``'s cores). With ``hold_both`` the old one serves until
+        the new one is ready, and keeps serving if it fails; without, it is stopped first. ``sock``: the
+        listening socket for a new address, handed over by the supervisor."""
+        return await self._command("replace", "serving", hold_both=hold_both, config=config, share=share, sock=sock)
 
-        ``hold_both=False`` (the two do not fit in memory together): stop the old worker, then start the new.
-        """
-        if not hold_both:
-            return await self._replace_cold(config, share)
-        async with self._lock:
-            old_worker, old_sock = self.worker, self._sock
-            same_address = (config.host, config.port) == (self.config.host, self.config.port)
-            sock = old_sock if same_address and old_sock is not None else self._bind(config)
-            if sock is None:
-                return False, self.last_error
-            new = await self._spawn(config, sock, share)
-            log_event(logger, "worker.replacing", model=self.name, old_pid=old_worker and old_worker.pid, pid=new.pid)
-            if not await new.wait_ready(self.settings.ready_timeout):
-                if new.alive:
-                    new.kill()
-                code = await new.wait()
-                if sock is not old_sock:
-                    sock.close()
-                error = new.last_lines() or f"the new worker exited with code {code}"
-                log_event(logger, "worker.replace_failed", logging.ERROR, model=self.name, exit_code=code)
-                return False, error
-            self._gen += 1
-            self._fast_crashes = 0
-            self.config, self.worker, self._sock = config, new, sock
-            self.share = self.planned_share = share
-            self.ready_since = time.time()
-            self._set(states.READY, pid=new.pid, url=self.url)
-            self._watch(new, self._gen)
-        if old_worker is not None and old_worker.alive:
-            await self._drain(old_worker)
-        if old_sock is not None and old_sock is not sock:
-            old_sock.close()
-        return True, None
+    async def apply_settings(self, config: ModelConfig) -> Result:
+        """Take ``config``'s live settings without a new worker (pushed to the running one)."""
+        return await self._command("apply_settings", None, config=config)
 
-    async def _replace_cold(self, config: ModelConfig, share: CpuShare | None) -> tuple[bool, str | None]:
-        # The socket stays bound when the address does: clients wait in its queue instead of being refused.
-        async with self._lock:
-            self._gen += 1
-            self._fast_crashes = 0
-            old = self.worker
-            if old is not None and old.alive:
-                self._set(states.DRAINING, pid=old.pid, reason="not enough memory for both")
-                await self._drain(old, announce=False)
-            self.worker, self.ready_since = None, None
-            if (config.host, config.port) != (self.config.host, self.config.port) and self._sock is not None:
-                self._sock.close()
-                self._sock = None
-            self.config, self.planned_share = config, share
-            ok = await self._start_locked()
-            return ok, None if ok else self.last_error
+    async def release_socket(self) -> socket.socket | None:
+        """Hand the listening socket over (to another slot); the slot must be stopped."""
+        future = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Msg("release_socket", future=future))
+        return await future
 
-    async def _drain(self, worker: WorkerProcess, *, announce: bool = True) -> None:
-        if announce:  # stop() announces it through the slot's state instead
-            log_event(logger, "worker.draining", model=self.name, pid=worker.pid)
-        code = await worker.stop(self.settings.drain_timeout)
-        log_event(logger, "worker.exited", model=self.name, pid=worker.pid, exit_code=code)
+    async def shutdown(self, *, keep_socket: bool = False) -> socket.socket | None:
+        """Stop for good: kill a starting worker, drain a ready one, end the actor. Returns the socket
+        when ``keep_socket`` (for another slot to take), else closes it."""
+        await self._command("shutdown", "stopped")
+        # asyncio.wait, not gather: a caller cancelled here must not cancel the drains or the actor.
+        if self._retiring:
+            await asyncio.wait(set(self._retiring))
+        sock = await self.release_socket()
+        self._closed = True
+        self._queue.put_nowait(_Msg("close"))
+        await asyncio.wait({self._actor})
+        if sock is not None and not keep_socket:
+            sock.close()
+            return None
+        return sock
 
-    async def stop(self, *, close_socket: bool = True) -> None:
-        """Drain and stop the worker; the slot stays (state ``stopped``) unless removed."""
-        async with self._lock:
-            self._gen += 1
-            worker = self.worker
-            if worker is not None and worker.alive:
-                self._set(states.DRAINING, pid=worker.pid)
-                await self._drain(worker, announce=False)
+    async def _command(self, kind: str, waits, *, hold_both: bool = True, **payload) -> Result:
+        if self._actor.done():
+            return False, f"model {self.name} is shut down"
+        future = asyncio.get_running_loop().create_future()
+        event = Event(kind, hold_both=hold_both)  # type: ignore[arg-type]
+        self._queue.put_nowait(_Msg(kind, event=event, future=future, waits=waits, **payload))
+        return await future
+
+    def _post(self, kind: str, worker: WorkerProcess | None = None, **fields) -> None:
+        self._queue.put_nowait(_Msg(kind, worker=worker, **fields))
+
+    # -- the actor ------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            msg = await self._queue.get()
+            if msg.kind == "close":
+                self._stop_responder()
+                return
+            try:
+                await self._handle(msg)
+            except Exception as exc:  # a bug here must not leave the slot without its actor
+                log_event(logger, "slot.error", logging.ERROR, model=self.name, kind=msg.kind,
+                          error=f"{type(exc).__name__}: {exc}")
+                _resolve(msg.future, (False, f"internal error: {exc}"))
+
+    async def _handle(self, msg: _Msg) -> None:
+        if msg.kind == "listening":  # a starting worker is about to accept: the stand-in steps aside
+            if msg.worker is self.worker:
+                await self._sync_responder()
+            return
+        if msg.kind == "release_socket":
+            if self.phase != states.STOPPED:
+                msg.future.set_exception(RuntimeError(f"release_socket while {self.phase}"))
+                return
+            self._stop_responder()
+            sock, self.sock = self.sock, None
+            _resolve(msg.future, sock)
+            return
+        event = self._event_for(msg)
+        if event is None:
+            return
+        if msg.future is not None and msg.waits is not None:
+            self._waiters.append((msg.future, msg.waits))
+        decision = decide(self.phase, event, self.counters, self.settings.tuning.policy)
+        if decision.error:
+            log_event(logger, "slot.illegal_transition", logging.WARNING, model=self.name, error=decision.error)
+            self._waiters = [(f, w) for f, w in self._waiters if f is not msg.future]
+            _resolve(msg.future, (False, decision.error))
+            return
+        await self._apply(decision, msg, event)
+
+    def _event_for(self, msg: _Msg) -> Event | None:
+        """The event to decide on, or None for news about a worker that is no longer this slot's."""
+        if msg.event is not None:
+            return msg.event
+        worker = msg.worker
+        if msg.kind == "backoff_elapsed":
+            return Event("backoff_elapsed") if msg.token == self._backoff_token else None
+        if msg.kind == "worker_exited":
+            if worker is self.held:
+                self.held = None
+                log_event(logger, "worker.exited", logging.WARNING, model=self.name, pid=worker.pid,
+                          exit_code=worker.exit_code, reason="it was serving while its replacement loaded")
+                return Event("held_exited", code=worker.exit_code)
+            if worker is not self.worker:
+                return None  # a retired worker, drained after a swap
             self.worker = None
             self.ready_since = None
-            if close_socket and self._sock is not None:
-                self._sock.close()
-                self._sock = None
-            self._set(states.STOPPED)
+            if self.phase != states.DRAINING:  # a stop is not a crash
+                self.last_exit_code = worker.exit_code
+                said = "\n".join(x for x in (worker.failure, worker.last_lines()) if x)
+                self.last_error = said or f"exited with code {worker.exit_code}"
+            ready_for = time.monotonic() - worker.ready_at if worker.ready_at is not None else None
+            return Event("worker_exited", code=worker.exit_code, ready_for_s=ready_for)
+        if worker is not self.worker:
+            return None
+        if msg.kind == "start_timeout":  # kept for when its exit (the kill) is reported
+            worker.failure = f"did not become ready within {self.settings.tuning.ready_timeout_s:g}s"
+        return Event(msg.kind)  # type: ignore[arg-type]
 
-    async def restart(self, *, hold_both: bool = True) -> bool:
-        """Replace the worker by a fresh one of the same config (zero downtime when it runs and ``hold_both``)."""
-        if self.worker is not None and self.worker.alive and self.state == states.READY:
-            ok, _ = await self.replace(self.config, self.planned_share, hold_both=hold_both)
-            if ok:
-                self.restarts += 1
-            return ok
-        await self.stop(close_socket=False)
-        return await self.start()
+    async def _apply(self, d: Decision, msg: _Msg, event: Event) -> None:
+        before = (public_state(self.phase), self.pid)
+        self.phase, self.counters = d.phase, d.counters
+        follow_up: Event | None = None
+        for action in d.actions:
+            follow_up = await self._do(action, msg, d) or follow_up
+        if event.kind == "worker_ready" and self.worker is not None:
+            self.worker.ready_at = time.monotonic()
+            self.ready_since = time.time()
+        if d.phase == states.FAILED:
+            self.fail_reason = d.reason or self.fail_reason
+        if msg.kind == "apply_settings" and "push_settings" not in d.actions:
+            _resolve(msg.future, (True, None))
+        self._announce(before, d, event)
+        if d.outcome == "restored":
+            log_event(logger, "worker.replace_failed", logging.ERROR, model=self.name, exit_code=self.last_exit_code,
+                      error=self.last_error)
+        if d.outcome is not None:
+            self._settle(d.outcome)
+        await self._sync_responder()
+        if follow_up is not None:  # a spawn that failed: a crash, decided like any other
+            await self._handle(_Msg(follow_up.kind, event=follow_up))
+
+    async def _do(self, action: str, msg: _Msg, d: Decision) -> Event | None:
+        if action == "adopt":
+            self._adopt(msg)
+        elif action == "spawn":
+            return await self._spawn()
+        elif action == "hold_and_spawn":
+            self.held, self.worker = self.worker, None
+            return await self._spawn()
+        elif action == "kill" and self.worker is not None:
+            self.worker.kill()
+        elif action == "drain" and self.worker is not None:
+            self._drain(self.worker)
+        elif action == "release_held" and self.held is not None:
+            held, self.held = self.held, None
+            self._retire(held)
+        elif action == "restore_held" and self.held is not None:
+            self.worker, self.held = self.held, None
+            self.config, self.share, self.planned_share = self.worker.config, self.worker.share, self.worker.share
+            self.ready_since = time.time() - (time.monotonic() - (self.worker.ready_at or time.monotonic()))
+        elif action == "push_settings" and self.worker is not None:
+            self._track(self._push(self.worker, self.config, msg.future))
+        elif action == "schedule_backoff":
+            self._backoff_token += 1
+            self._backoff = self._track(self._backoff_timer(d.delay or 0.0, self._backoff_token))
+        elif action == "cancel_backoff":
+            self._backoff_token += 1
+            if self._backoff is not None:
+                self._backoff.cancel()
+        return None
+
+    def _adopt(self, msg: _Msg) -> None:
+        new = msg.config or self.config
+        if msg.kind == "replace":
+            self.planned_share = msg.share
+        if msg.sock is not None and msg.sock is not self.sock:
+            self._stop_responder()
+            if self.sock is not None:
+                self.sock.close()
+            self.sock = msg.sock
+        elif (new.host, new.port) != (self.config.host, self.config.port) and self.sock is not None:
+            self._stop_responder()  # a new address: bound at the next spawn
+            self.sock.close()
+            self.sock = None
+        self.config = new
+
+    async def _spawn(self) -> Event | None:
+        """Start a worker for the target; a failure is a crash (returned as its exit event), never an exception."""
+        s = self.settings
+        try:
+            if self.sock is None:
+                self.sock = bind_tcp(self.config.host, self.config.port)
+            self._stop_responder()  # the worker inherits the socket; the stand-in restarts if it must
+            worker = await WorkerProcess.spawn(
+                self.name, self.config, listen_fd=self.sock.fileno(), state_dir=s.state_dir,
+                drain_timeout=s.drain_timeout, log_level=s.log_level, sink=self.sink,
+                cpus=self.planned_share.render() if self.planned_share else None,
+            )
+        except OSError as exc:
+            where = f"{self.config.host}:{self.config.port}"
+            self.last_error = f"cannot listen on {where}: {exc.strerror}" if self.sock is None else str(exc)
+            self.last_exit_code = None
+            log_event(logger, "worker.spawn_failed", logging.ERROR, model=self.name, error=self.last_error)
+            return Event("worker_exited", code=None, ready_for_s=None)
+        worker.share = self.share = self.planned_share
+        self.worker = worker
+        self._alive.add(worker)
+        self._track(self._watch(worker))
+        return None
+
+    async def _watch(self, worker: WorkerProcess) -> None:
+        """Readiness, then periodic health, then the exit of one worker, posted as events."""
+        t = self.settings.tuning
+        try:
+            ready = await worker.wait_ready(t.ready_timeout_s, on_listening=lambda: self._post("listening", worker))
+            if ready:
+                self._post("worker_ready", worker)
+            elif worker.alive:
+                self._post("start_timeout", worker)
+            failures = 0
+            while ready and worker.alive:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(worker.proc.wait()), t.health_interval_s)
+                    break
+                failures = 0 if await worker.healthy(t.health_timeout_s) else failures + 1
+                if failures >= t.health_failures and worker.alive:
+                    log_event(logger, "worker.unhealthy", logging.WARNING, model=self.name, pid=worker.pid,
+                              failed_checks=failures)
+                    self._post("health_failed", worker)
+                    failures = 0
+        finally:
+            await worker.wait()
+            self._alive.discard(worker)
+            self._post("worker_exited", worker)
+
+    def _drain(self, worker: WorkerProcess) -> None:
+        """SIGTERM now; SIGKILL if it is still there after the drain timeout (its exit is watched)."""
+        self._track(worker.stop(self.settings.drain_timeout))
+
+    def _retire(self, worker: WorkerProcess) -> None:
+        async def drain() -> None:
+            log_event(logger, "worker.draining", model=self.name, pid=worker.pid)
+            code = await worker.stop(self.settings.drain_timeout)
+            log_event(logger, "worker.exited", model=self.name, pid=worker.pid, exit_code=code)
+
+        task = self._track(drain())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _push(self, worker: WorkerProcess, config: ModelConfig, future: asyncio.Future | None) -> None:
+        ok, why = False, "no way to push settings"
+        if self._push_settings is not None:
+            try:
+                ok, why = await self._push_settings(worker.health_socket, config)
+            except Exception as exc:  # a push must never take the slot down
+                why = f"{type(exc).__name__}: {exc}"
+        if ok:
+            worker.config = config  # what it runs now: a failed swap later restores this, not its start config
+        else:
+            log_event(logger, "worker.settings_failed", logging.WARNING, model=self.name, pid=worker.pid, error=why)
+        _resolve(future, (ok, None if ok else why))
+
+    async def _backoff_timer(self, delay: float, token: int) -> None:
+        await asyncio.sleep(delay)
+        self._post("backoff_elapsed", token=token)
+
+    def _track(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def kill_all(self) -> list[int]:
+        """SIGKILL every worker still alive (the daemon's last resort at exit); their pids."""
+        pids = []
+        for worker in list(self._alive):
+            if worker.alive:
+                worker.kill()
+                pids.append(worker.pid)
+        return pids
+
+    # -- what callers and clients see -------------------------------------
+
+    def _announce(self, before: tuple, d: Decision, event: Event) -> None:
+        state = public_state(self.phase)
+        if (state, self.pid) == before and not (d.phase == SWAPPING and event.kind != "held_exited"):
+            return
+        fields: dict = {"model": self.name}
+        level = logging.INFO
+        if d.phase == SWAPPING:
+            name, fields = "worker.replacing", fields | {"old_pid": self.held and self.held.pid,
+                                                       "pid": self.worker and self.worker.pid}
+        else:
+            name = f"worker.{state}"
+            if state in (states.STARTING, states.DRAINING):
+                fields["pid"] = self.worker and self.worker.pid
+            elif state == states.READY:
+                fields |= {"pid": self.pid, "url": self.url}
+            elif state == states.BACKOFF:
+                fields |= {"exit_code": self.last_exit_code, "retry_in_s": d.delay}
+                level = logging.WARNING
+            elif state == states.FAILED:
+                fields |= {"exit_code": self.last_exit_code, "reason": self.fail_reason}
+                level = logging.ERROR
+        log_event(logger, name, level, **fields)
+        # `vllmmlxctl logs MODEL` shows the daemon's view of the model beside the worker's own lines.
+        self._keep(event_line(name, logging.getLevelName(level).lower(), **fields))
+        self._on_change()
+
+    def _settle(self, outcome: str) -> None:
+        """Resolve the callers waiting for this outcome."""
+        error = None if outcome in ("ready", "stopped", "gone") else self._why_not(outcome)
+        keep = []
+        for future, waits in self._waiters:
+            if waits == "serving" and outcome != "gone":
+                _resolve(future, (outcome == "ready", error if outcome != "stopped" else "stopped before it was ready"))
+            elif waits == "stopped" and outcome in ("stopped", "gone"):
+                _resolve(future, (True, None))
+            else:
+                keep.append((future, waits))
+        self._waiters = keep
+
+    def _why_not(self, outcome: str) -> str:
+        if outcome == "failed":
+            return f"{self.fail_reason}: {self.last_error}" if self.last_error else str(self.fail_reason)
+        return self.last_error or outcome
+
+    def unavailable(self) -> Unavailable:
+        """What the stand-in answers on the port, and why."""
+        if self.phase == states.FAILED:
+            detail = (self.last_error or "").strip().splitlines()[-1:] or [""]
+            reason = "; ".join(x for x in (self.fail_reason, detail[0][:500]) if x)
+            return Unavailable("failed", f"model {self.name} failed: {reason}", 30)
+        if self.phase == states.STOPPED:
+            return Unavailable("stopped", f"model {self.name} is stopped", 30)
+        return Unavailable("loading", f"model {self.name} is loading", 5)
+
+    async def _sync_responder(self) -> None:
+        """Run the stand-in exactly while no worker serves, or is about to, on the slot's socket."""
+        idle = self.phase in (states.STARTING, states.BACKOFF, states.FAILED, states.STOPPED)
+        worker_accepts = self.worker is not None and self.worker.listening
+        if self.sock is not None and idle and not worker_accepts and not self._closed:
+            if self._responder is None:
+                self._responder = Responder(self.sock, self.unavailable)
+                try:
+                    await self._responder.start()
+                except OSError as exc:
+                    log_event(logger, "slot.responder_failed", logging.WARNING, model=self.name, error=str(exc))
+                    self._responder = None
+        else:
+            self._stop_responder()
+
+    def _stop_responder(self) -> None:
+        if self._responder is not None:
+            self._responder.stop()
+            self._responder = None
+
+    @property
+    def state(self) -> states.State:
+        return public_state(self.phase)
+
+    @property
+    def restarts(self) -> int:
+        return self.counters.restarts
 
     @property
     def url(self) -> str:
@@ -280,4 +507,16 @@ class Slot:
 
     @property
     def pid(self) -> int | None:
-        return self.worker.pid if self.worker is not None and self.worker.alive else None
+        """The serving worker's pid: the held one during a swap, else the current one."""
+        worker = self.held if self.phase == SWAPPING and self.held is not None else self.worker
+        return worker.pid if worker is not None and worker.alive else None
+
+    @property
+    def serving(self) -> WorkerProcess | None:
+        worker = self.held if self.phase == SWAPPING and self.held is not None else self.worker
+        return worker if worker is not None and worker.alive else None
+
+
+def _resolve(future: asyncio.Future | None, value) -> None:
+    if future is not None and not future.done():
+        future.set_result(value)

@@ -1,4 +1,4 @@
-"""Worker states, as ``vllmmlxctl status`` shows them. Dependency-free."""
+"""Worker states, as ``vllmmlxctl status`` shows them, and the exit codes the daemon reads. Dependency-free."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ STARTING: State = "starting"  # spawned, loading its model, not yet answering /h
 READY: State = "ready"  # answered its health check; serving
 DRAINING: State = "draining"  # told to stop; finishing in-flight requests
 BACKOFF: State = "backoff"  # crashed; waiting before the next start
-FAILED: State = "failed"  # crashed too often too fast; waits for a reload, start or restart
+FAILED: State = "failed"  # crashed too often too fast, or could not load; waits for a reload, start or restart
 STOPPED: State = "stopped"  # stopped on purpose
 
 ALL: tuple[State, ...] = (STARTING, READY, DRAINING, BACKOFF, FAILED, STOPPED)
+
+# The worker's exit code when its model cannot be loaded (vllmmlxd/worker/main.py's EXIT_LOAD_FAILED;
+# a unit test keeps the two equal). Retrying cannot help, so the model is failed at once.
+EXIT_LOAD_FAILED = 3

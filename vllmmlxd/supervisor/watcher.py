@@ -1,8 +1,12 @@
-"""Watch the config file and ask for a reload when its content changes.
+"""Watch the config file and ask for a reload once per settled new content.
 
 Editors save by writing a new file and renaming it over the old one, so the parent
-directory is watched, not the file. Changes within the debounce window are one
-reload, and a save that leaves the content as it was triggers none.
+directory is watched, not the file; a config that is a symlink is watched at both ends,
+and watched anew when the link is pointed elsewhere. A burst of saves is one reload: changes
+are yielded only after ``settle_ms`` without another. A save that leaves the content as it
+was triggers none, and the content is compared with what was last acted on, so fixing a
+broken file back to the running config clears the failure it caused. A deleted file is
+reported (``on_missing``) and changes nothing. Nothing a reload raises stops the watch.
 """
 
 from __future__ import annotations
@@ -29,25 +33,46 @@ def file_hash(path: Path) -> str | None:
 
 async def watch_config(
     path: Path,
-    current_hash: Callable[[], str],
+    settled: Callable[[str], bool],
     reload: Callable[[], Awaitable[object]],
     stop: asyncio.Event,
-    debounce_ms: int = 300,
+    on_missing: Callable[[bool], None] = lambda missing: None,
+    settle_ms: int = 400,
+    max_wait_ms: int = 3000,
 ) -> None:
-    """Call ``reload`` whenever ``path``'s content differs from the running config's."""
+    """Call ``reload`` when ``path``'s content is new and not ``settled`` (already running, no failure)."""
     path = path.absolute()
-    target = path.resolve()
-    names = {path.name, target.name}
-    last_tried: str | None = None
+    last_seen = file_hash(path)
+    missing = False
+    while not stop.is_set():
+        target = path.resolve()
+        names = {path.name, target.name}
+        dirs = sorted({str(path.parent), str(target.parent)})
+        try:
+            async for _ in awatch(*dirs, watch_filter=lambda _c, changed: Path(changed).name in names,
+                                  debounce=max_wait_ms, step=settle_ms, stop_event=stop, recursive=False):
+                digest = file_hash(path)
+                if (digest is None) != missing:
+                    missing = digest is None
+                    on_missing(missing)
+                if digest is not None and digest != last_seen:
+                    last_seen = digest
+                    if not settled(digest):
+                        log_event(logger, "config.changed", path=str(path))
+                        await _reload(reload)
+                if path.resolve() != target:
+                    break  # the link points elsewhere now: watch the new target's directory
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a directory that went away, an inotify limit: retry, never give up
+            log_event(logger, "watcher.error", logging.WARNING, path=str(path), error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(1.0)
 
-    def relevant(_change, changed: str) -> bool:
-        return Path(changed).name in names
 
-    dirs = {str(path.parent)} | {str(target.parent)}
-    async for _ in awatch(*dirs, watch_filter=relevant, debounce=debounce_ms, step=50, stop_event=stop, recursive=False):
-        digest = file_hash(path)
-        if digest is None or digest == current_hash() or digest == last_tried:
-            continue
-        last_tried = digest
-        log_event(logger, "config.changed", path=str(path))
+async def _reload(reload: Callable[[], Awaitable[object]]) -> None:
+    try:
         await reload()
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the reload reports its own failures; this is a bug, and the watch goes on
+        log_event(logger, "reload.crashed", logging.ERROR, error=f"{type(exc).__name__}: {exc}")

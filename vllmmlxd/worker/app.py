@@ -1,54 +1,77 @@
-"""The worker's HTTP app: health, status, metrics and the API families over one engine."""
+"""The worker's HTTP apps over one engine: the public one (API families, health, status,
+metrics) and the private one the daemon reaches over its Unix socket (health with load and
+config hash, settings pushes).
+
+Two apps, not one with a guard: a route that exists only on the private app cannot be
+reached from the public port whatever a request claims to be.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from fastapi import Depends, FastAPI
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from ..api.anthropic.routes import make_router as make_anthropic_router
-from ..api.context import ServingContext
+from ..api.context import LiveContext
 from ..api.errors import install_error_handlers
 from ..api.openai.routes import make_router as make_openai_router
 from ..config.schema import ModelConfig
 from ..engine.types import Engine
-from ..http.auth import make_auth
+from ..http.auth import require_key
 from ..http.metrics import Metrics, MetricsMiddleware
-from ..http.ratelimit import make_rate_limit
 from ..http.request_id import RequestIdMiddleware
+from ..log import log_event
+from .liveness import DEGRADED, engine_health, stuck_after_s
+from .settings import SettingsRefused, judge_update
+
+logger = logging.getLogger("vllmmlxd.worker")
 
 
 def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | None = None) -> FastAPI:
-    """A FastAPI app serving ``engine`` as the model entry ``key``; ``runtime``: its BLAS, threads and cores."""
-    ctx = ServingContext(engine=engine, config=config, key=key, runtime=runtime or {})
-    app = FastAPI(title=f"vllmmlxd: {ctx.name}", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.ctx = ctx
+    """The public app serving ``engine`` as the model entry ``key``; ``runtime``: its BLAS, threads and cores.
+
+    ``app.state.live`` holds its settings, which ``create_private_app`` can replace.
+    """
+    live = LiveContext(engine, config, key, runtime)
+    stuck_after = stuck_after_s()
+    app = FastAPI(title=f"vllmmlxd: {live.current.name}", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.live = live
     install_error_handlers(app)
-    # Every /v1 route is behind the rate limit, then the key, by construction; /health and
-    # /metrics are not. The limit comes first so that guessing keys spends a budget too.
-    api_deps = [Depends(make_rate_limit(config.rate_limit, config.api_key)), Depends(make_auth(config.api_key))]
-    app.include_router(make_openai_router(ctx), dependencies=api_deps)
-    app.include_router(make_anthropic_router(ctx), dependencies=api_deps)
 
-    if config.enable_metrics:
-        metrics = Metrics(engine, ctx.name)
-        app.add_middleware(MetricsMiddleware, metrics=metrics)
+    async def guard(request: Request) -> None:
+        # Every /v1 route: take this request's settings once, then the rate limit, then the key
+        # (the limit first, so guessing keys spends a budget too).
+        ctx = live.capture(request)
+        if ctx.limiter is not None:
+            ctx.limiter.enforce(request, ctx.config.api_key)
+        require_key(request, ctx.config.api_key)
 
-        @app.get("/metrics")
-        async def prometheus_metrics():
-            return metrics.response()  # unauthenticated, as the reference server's
+    api_deps = [Depends(guard)]
+    app.include_router(make_openai_router(live), dependencies=api_deps)
+    app.include_router(make_anthropic_router(live), dependencies=api_deps)
+
+    # Always built, counted only while enable_metrics is on: the switch is a live setting.
+    metrics = Metrics(engine, live.current.name)
+    app.add_middleware(MetricsMiddleware, metrics=metrics, enabled=lambda: live.current.config.enable_metrics)
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        if not live.current.config.enable_metrics:
+            raise HTTPException(404, "Not Found")  # as if the route did not exist
+        return metrics.response()  # unauthenticated, as the reference server's
 
     @app.get("/health")
-    async def health(request: Request):
-        body = {"status": "ok", "model": ctx.name}
-        if request.client is None:  # the daemon's private Unix socket: it shows these in `vllmmlxctl status`
-            body["runtime"] = ctx.runtime
-            body["load"] = load(engine)
-        return body
+    async def health():
+        return health_response(engine, stuck_after, {"model": live.current.name})
 
     @app.get("/v1/status", dependencies=api_deps)
-    async def status():
+    async def status(request: Request):
+        ctx = live.capture(request)
         s = engine.stats
         return {
             "status": "running",
@@ -71,6 +94,57 @@ def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | No
 
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, errors included, gets its id
     return app
+
+
+def create_private_app(public: FastAPI, engine: Engine) -> FastAPI:
+    """The daemon's app on the private Unix socket: ``GET /health`` and ``POST /internal/settings``."""
+    live: LiveContext = public.state.live
+    stuck_after = stuck_after_s()
+    app = FastAPI(title="vllmmlxd worker (private)", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/health")
+    async def health():
+        ctx = live.current
+        return health_response(engine, stuck_after, {
+            "model": ctx.name, "config_hash": ctx.config.config_hash(), "runtime": ctx.runtime, "load": load(engine),
+        })
+
+    @app.post("/internal/settings")
+    async def settings(request: Request):
+        try:
+            data = await request.json()
+        except ValueError:
+            data = None
+        try:
+            new, keys = judge_update(live.current.config, data)
+        except SettingsRefused as refused:
+            log_event(logger, "settings.refused", logging.WARNING, model=live.current.key, status=refused.status,
+                      forcing=",".join(refused.forcing) or None)
+            return JSONResponse({"ok": False, "error": refused.message, "forcing": list(refused.forcing)},
+                                status_code=refused.status)
+        apply_settings(live, engine, new)
+        config_hash = new.config_hash()
+        log_event(logger, "settings.applied", model=live.current.key, keys=",".join(keys) or "none",
+                  config_hash=config_hash)
+        return {"ok": True, "config_hash": config_hash, "changed": list(keys)}
+
+    return app
+
+
+def apply_settings(live: LiveContext, engine: Engine, config: ModelConfig) -> None:
+    """New requests run under ``config``; the engine's admission takes its queue bound."""
+    live.swap(config)
+    if hasattr(engine, "max_queue"):  # read at each admission by the engine
+        engine.max_queue = config.max_queue
+
+
+def health_response(engine: Engine, stuck_after: float, extra: dict) -> JSONResponse:
+    """``{"status": "ok"}`` (200), or ``degraded`` (503) while work waits on a silent engine thread."""
+    state, silent = engine_health(engine.stats, time.monotonic(), stuck_after)
+    body = {"status": state, **extra}
+    if state == DEGRADED:
+        body["stalled_s"] = silent
+    return JSONResponse(body, status_code=503 if state == DEGRADED else 200)
 
 
 def load(engine: Engine) -> dict:

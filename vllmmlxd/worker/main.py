@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from pathlib import Path
 from ..config.schema import ModelConfig
 from ..http.drain import CloseWhenDraining
 from ..log import log_event, setup_logging
-from ..paths import resolve_state_dir
+from ..paths import ensure_private_dir, resolve_state_dir
 from ..runtime import cpus as cpu_shares
 from ..runtime.blas import ActiveBlas, BlasInfo, activate
 from ..runtime.memory import read_machine_memory
@@ -104,12 +105,14 @@ def serve(
 
     ``cpus`` is the share of cores the daemon gave this worker (already pinned); None: all.
     """
+    state_dir = ensure_private_dir(state_dir)  # sockets and converted models: this user's only
     active_blas = choose_blas(config, cpus, state_dir)  # before anything imports mlx
 
     import uvicorn
 
     from ..engine.blas_check import confirm
-    from .app import create_app
+    from .app import create_app, create_private_app
+    from .testing import install_test_hooks
 
     runtime = runtime_report(confirm(active_blas), key, cpus)
     try:
@@ -124,9 +127,8 @@ def serve(
             log_event(logger, "worker.bind_failed", logging.ERROR, host=config.host, port=config.port, error=exc.strerror)
             engine.close()
             return EXIT_BIND_FAILED
-    sockets = [listen]
-    if health_socket is not None:
-        sockets.append(bind_unix(health_socket))
+    private_socket = bind_unix(health_socket) if health_socket is not None else None
+    install_test_hooks(engine)
     app = create_app(engine, config, key, runtime=runtime)
     uv_config = uvicorn.Config(
         app,
@@ -138,16 +140,71 @@ def serve(
     )
     server = _make_server_class()(uv_config)
     app.add_middleware(CloseWhenDraining, draining=lambda: server.draining)
+    private = None
+    if private_socket is not None:
+        logging.getLogger("uvicorn.error").addFilter(_not_private_routine)
+        private = _private_server(uvicorn.Config(
+            create_private_app(app, engine), lifespan="off", log_config=None, access_log=False,
+            timeout_graceful_shutdown=2, log_level=log_level,
+        ))
     host, port = listen.getsockname()[:2]
-    log_event(logger, "worker.listening", model=key, pid=os.getpid(), url=http_url(host, port))
+    log_event(logger, "worker.listening", model=key, pid=os.getpid(), url=http_url(host, port),
+              health_socket=str(health_socket) if health_socket else None)
     try:
-        asyncio.run(server.serve(sockets=sockets))
+        asyncio.run(_serve_both(server, listen, private, private_socket))
     finally:
         engine.close()
         if health_socket is not None:
             health_socket.unlink(missing_ok=True)
     log_event(logger, "worker.shutdown", model=key, pid=os.getpid())
     return 0
+
+
+async def _serve_both(server, listen: socket.socket, private, private_socket: socket.socket | None) -> None:
+    """The public server until it stops; the private one beside it, answering only once the
+    public one is up (the daemon takes a health answer as "ready") and stopping after it."""
+    public = asyncio.create_task(server.serve(sockets=[listen]))
+    if private is None:
+        await public
+        return
+    while not server.started and not public.done():
+        await asyncio.sleep(0.02)
+    inner = asyncio.create_task(_quietly(private.serve(sockets=[private_socket])))
+    try:
+        await public
+    finally:
+        private.should_exit = True
+        await asyncio.gather(inner, return_exceptions=True)
+
+
+# Set inside the private server's task: its start and stop lines would repeat the public
+# server's ("Started server process"), so they are dropped; its warnings are kept.
+_PRIVATE = contextvars.ContextVar("vllmmlxd_private_server", default=False)
+
+
+async def _quietly(coro):
+    _PRIVATE.set(True)  # a task runs in its own copy of the context: only this server is quiet
+    return await coro
+
+
+def _not_private_routine(record: logging.LogRecord) -> bool:
+    return not (_PRIVATE.get() and record.levelno < logging.WARNING)
+
+
+def _private_server(config):
+    """uvicorn for the daemon's socket, leaving signals to the public server."""
+    import contextlib
+
+    import uvicorn
+
+    class PrivateServer(uvicorn.Server):
+        def capture_signals(self):  # uvicorn >= 0.29
+            return contextlib.nullcontext()
+
+        def install_signal_handlers(self) -> None:  # older uvicorn
+            pass
+
+    return PrivateServer(config)
 
 
 def _make_server_class():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from vllmmlxd.config.diff import ReloadPlan, diff_models
-from vllmmlxd.config.schema import Config
+from vllmmlxd.config.diff import LIVE_FIELDS, ReloadPlan, classify, diff_models, needs_new_worker
+from vllmmlxd.config.schema import Config, ModelConfig
 
 
 def make_config(daemon: dict | None = None, **models: dict) -> Config:
@@ -74,6 +74,8 @@ def test_render_lists_each_nonempty_category():
     assert plan.render().splitlines() == [
         "added: x",
         "changed: y (default_temperature, port), w (host)",
+        "  y: new worker (port; also default_temperature)",
+        "  w: new worker (host)",
         "removed: z",
         "unchanged: a, b",
         "daemon changed: state_dir",
@@ -83,3 +85,36 @@ def test_render_lists_each_nonempty_category():
 
 def test_render_of_an_empty_config():
     assert diff_models(Config(), Config()).render() == "no changes"
+
+
+def test_live_keys_only_are_applied_live_and_say_which():
+    old = make_config(a={}, b={}, c={})
+    new = make_config(a={"timeout": 5, "api_key": "k"}, b={"max_num_seqs": 2, "rate_limit": 10}, c={})
+    plan = diff_models(old, new)
+    assert plan.live == ("a",) and plan.new_worker == ("b",)
+    assert plan.changes["a"].kind == "apply live" and plan.changes["a"].forcing == ()
+    assert plan.changes["b"].kind == "new worker" and plan.changes["b"].forcing == ("max_num_seqs",)
+    assert plan.changed == {"a": ("api_key", "timeout"), "b": ("max_num_seqs", "rate_limit")}  # unchanged contract
+    assert "  a: apply live (api_key, timeout)" in plan.render().splitlines()
+    assert "  b: new worker (max_num_seqs; also rate_limit)" in plan.render().splitlines()
+    assert {"name": "b", "kind": "new worker", "keys": ["max_num_seqs", "rate_limit"], "forcing": ["max_num_seqs"]} in plan.entries()
+    assert {"name": "c", "kind": "unchanged", "keys": [], "forcing": []} in plan.entries()
+
+
+def test_needs_new_worker_names_the_keys_that_force_it():
+    base = ModelConfig(model="builtin:tiny")
+    assert needs_new_worker(base, base.model_copy(update={"max_queue": 3, "aliases": ("x",)})) == (False, [])
+    assert needs_new_worker(base, base.model_copy(update={"port": 9000, "timeout": 3})) == (True, ["port"])
+    assert needs_new_worker(base, base.model_copy(update={"model": "builtin:smollm2-135m-instruct"})) == (True, ["model"])
+
+
+def test_every_live_key_is_a_model_key_and_engine_keys_are_not_live():
+    assert LIVE_FIELDS <= set(ModelConfig.model_fields)
+    for key in ("model", "host", "port", "blas", "threads", "continuous_batching", "max_num_seqs", "prefill_step_size",
+                "cache_memory_mb", "cache_memory_percent", "reasoning_parser", "tool_call_parser", "trust_remote_code"):
+        assert not classify((key,)).live, key
+
+
+def test_a_plan_built_by_hand_classifies_its_changes():
+    plan = ReloadPlan(changed={"x": ("timeout",), "y": ("port",)})
+    assert plan.live == ("x",) and plan.new_worker == ("y",)

@@ -65,3 +65,13 @@ def test_default_config_serves_one_model_on_8000():
     assert list(config.models) == ["default"]
     entry = config.models["default"]
     assert (entry.model, entry.host, entry.port) == ("builtin:smollm2-135m-instruct", "127.0.0.1", 8000)
+
+
+def test_example_marks_each_model_key_live_or_new_worker_as_the_reload_plan_does():
+    from vllmmlxd.config.diff import LIVE_FIELDS
+
+    text = EXAMPLE.read_text()
+    for name in ModelConfig.model_fields:
+        above = re.search(rf"^\s*#([^\n]*)\n\s*(?:#\s*)?{name}:", text, re.MULTILINE)[1]
+        expected = "(live)" if name in LIVE_FIELDS else "(new worker)"
+        assert above.rstrip().endswith(expected), f"{name}: its comment should end with {expected}"

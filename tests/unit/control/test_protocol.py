@@ -44,7 +44,7 @@ def test_status_round_trips_through_json():
 def test_status_json_has_exactly_the_documented_keys():
     data = json.loads(make_status().model_dump_json())
     assert set(data) == {"daemon", "models"}
-    assert set(data["daemon"]) == {"pid", "uptime_s", "config_path", "config_hash", "last_reload", "version"}
+    assert set(data["daemon"]) == {"pid", "uptime_s", "config_path", "config_hash", "last_reload", "version", "config_missing"}
     assert set(data["daemon"]["last_reload"]) == {"ok", "at", "error", "plan"}
     for model in data["models"]:
         assert set(model) == {
@@ -99,3 +99,12 @@ def test_control_socket_path_defaults_to_the_resolved_state_dir(tmp_path, monkey
 
 def test_control_socket_path_expands_the_home_dir():
     assert control_socket_path("~/x.sock") == Path.home() / "x.sock"
+
+
+def test_the_wire_states_are_the_supervisors():
+    from typing import get_args
+
+    from vllmmlxd.control.protocol import State
+    from vllmmlxd.supervisor import states
+
+    assert get_args(State) == states.ALL

@@ -44,7 +44,7 @@ def test_a_failed_reload_is_409_with_the_reload_body(http, target):
     target.reload_response = ReloadResponse(ok=False, dry_run=False, plan="", error="c.yaml:1:1: bad")
     r = http.post("/reload", params={"dry_run": "true"})
     assert r.status_code == 409
-    assert r.json() == {"ok": False, "dry_run": True, "plan": "", "error": "c.yaml:1:1: bad"}
+    assert r.json() == {"ok": False, "dry_run": True, "plan": "", "error": "c.yaml:1:1: bad", "config_path": None, "entries": []}
     assert target.calls == [("reload", True)]
 
 
@@ -136,3 +136,8 @@ def test_stop_does_not_wait_forever_for_a_follower(target, sock_dir):
             assert time.monotonic() - started < 5
         client.close()
     assert target.follow_closed.wait(5)
+
+
+def test_a_file_is_read_only_for_a_dry_run(http, target):
+    r = http.post("/reload", params={"file": "/tmp/other.yaml"})
+    assert r.status_code == 422 and "dry run" in r.json()["error"] and target.calls == []

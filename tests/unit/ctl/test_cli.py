@@ -182,7 +182,21 @@ def test_unreachable_daemon_exits_4(sock_dir, capsys):
     assert code == exit_codes.UNREACHABLE
     assert err == (
         f"vllmmlxctl: cannot reach the daemon at {missing}: No such file or directory (is vllmmlxd running?)\n"
+        "vllmmlxctl: (that socket is --socket) check the path, or pass --config FILE (the daemon's config) to find its socket\n"
     )
+
+
+def test_unreachable_by_default_says_so_and_suggests_config_or_socket(sock_dir, capsys, monkeypatch):
+    monkeypatch.delenv("VLLMMLXD_SOCKET", raising=False)
+    monkeypatch.setenv("VLLMMLXD_STATE_DIR", str(sock_dir / "state"))
+    assert main(["status"]) == exit_codes.UNREACHABLE
+    err = capsys.readouterr().err
+    assert f"cannot reach the daemon at {sock_dir / 'state' / 'control.sock'}" in err
+    assert "(that socket is the default)" in err and "--config FILE or --socket PATH" in err
+    config = sock_dir / "c.yaml"
+    config.write_text(f"daemon:\n  control_socket: {sock_dir}/d.sock\n")
+    assert main(["--config", str(config), "status"]) == exit_codes.UNREACHABLE
+    assert f"(that socket is the daemon section of {config})" in capsys.readouterr().err
 
 
 def test_a_stale_socket_file_is_unreachable_too(sock_dir, capsys):
@@ -280,12 +294,64 @@ def test_install_service_print_writes_nothing(tmp_path, capsys, monkeypatch):
 
 
 def test_a_user_service_defaults_to_the_users_config(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VLLMMLXD_SOCKET", str(tmp_path / "no-daemon.sock"))
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     assert main(["install-service", "--systemd", "--user", "--print"]) == exit_codes.OK
     out, err = capsys.readouterr()
     assert f"run --config {tmp_path / 'cfg' / 'vllmmlxd' / 'config.yaml'}" in out
     assert "does not exist yet" in err
+    assert "(the default for a user service)" in err
+
+
+def test_install_service_takes_the_running_daemons_config_and_says_so(daemon, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("VLLMMLXD_SOCKET", str(daemon.path))
+    assert main(["install-service", "--systemd", "--user", "--print"]) == exit_codes.OK
+    out, err = capsys.readouterr()
+    assert "run --config /etc/v.yaml" in out  # the fake daemon's config_path
+    lines = err.splitlines()
+    said = lines.index("# it runs the config /etc/v.yaml (the running daemon's)")
+    assert said < next(i for i, line in enumerate(lines) if "systemctl" in line)
+
+
+def test_reload_dry_run_of_a_file_sends_its_absolute_path(daemon, target, capsys, tmp_path, monkeypatch):
+    edited = tmp_path / "edited.yaml"
+    edited.write_text("models: {}\n")
+    monkeypatch.chdir(tmp_path)
+    seen = []
+    real = ControlClient.reload
+
+    def reload(self, dry_run=False, file=None):
+        seen.append(file)
+        return real(self, dry_run=dry_run, file=file)
+
+    monkeypatch.setattr(ControlClient, "reload", reload)
+    # The fake daemon does not know the parameter: it answers for its own file, and ctl says so.
+    code, out, err = ctl(daemon, capsys, "reload", "--dry-run", "edited.yaml")
+    assert seen == [str(edited)] and code == exit_codes.ERROR
+    assert "cannot preview another file" in err and out == ""
+    # A daemon that reads the file says which one it read, and per entry what applies how.
+    target.reload_response = ReloadResponse(
+        ok=True, dry_run=True, plan="memory: ok", config_path=str(edited),
+        entries=[{"name": "a", "kind": "apply live", "keys": ["rate_limit", "timeout"], "forcing": []},
+                 {"name": "b", "kind": "new worker", "keys": ["port", "timeout"], "forcing": ["port"]},
+                 {"name": "c", "kind": "unchanged", "keys": [], "forcing": []}])
+    code, out, _ = ctl(daemon, capsys, "reload", "--dry-run", str(edited))
+    assert code == exit_codes.OK
+    assert out.splitlines() == [
+        f"would apply {edited}:",
+        "    MODEL  CHANGE      KEYS",
+        "    b      new worker  port (also timeout)",
+        "    a      apply live  rate_limit, timeout",
+        "    unchanged: c",
+        "    memory: ok",
+    ]
+
+
+def test_reload_of_a_file_needs_dry_run(daemon, target, capsys, tmp_path):
+    code, _, err = ctl(daemon, capsys, "reload", str(tmp_path / "x.yaml"))
+    assert code == exit_codes.USAGE and "FILE needs --dry-run" in err and target.calls == []
 
 
 def test_install_service_writes_the_unit_and_says_how_to_enable_it(tmp_path, capsys, monkeypatch):
@@ -299,7 +365,7 @@ def test_install_service_writes_the_unit_and_says_how_to_enable_it(tmp_path, cap
     assert code == exit_codes.OK
     assert unit.read_text().startswith("# vllmmlxd")
     assert out.splitlines() == [
-        f"wrote {unit}", "to start it now and at every boot, run:",
+        f"wrote {unit}", f"it runs the config {config} (given with --config)", "to start it now and at every boot, run:",
         "  systemctl --user daemon-reload", "  systemctl --user enable --now vllmmlxd",
     ]
 

@@ -150,3 +150,10 @@ def test_render_action_and_check():
     assert render_check("c.yaml", ["a"], "memory: 300 MB needed\n  a: 300 MB") == (
         "c.yaml: ok (1 model: a)\nmemory: 300 MB needed\n  a: 300 MB")
     assert render_check_refused("c.yaml", "not enough memory: ...") == "c.yaml: refused: not enough memory: ..."
+
+
+def test_a_deleted_config_file_is_said_in_the_footer():
+    s = status(model("llama"))
+    assert "MISSING" not in render_status(s, now=AT)
+    missing = s.model_copy(update={"daemon": s.daemon.model_copy(update={"config_missing": True})})
+    assert "config file MISSING: /etc/v.yaml was deleted" in render_status(missing, now=AT)

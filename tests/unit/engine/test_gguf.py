@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -176,3 +177,40 @@ def test_build_once_loser_of_the_race_keeps_the_winners_folder(tmp_path):
     assert gguf.build_once(target, build) == target
     assert sorted(p.name for p in target.iterdir()) == sorted([gguf.MARKER, "theirs"])
     assert [p.name for p in tmp_path.iterdir()] == ["thing"]
+
+
+def test_a_gguf_is_hashed_once_per_version(tmp_path, monkeypatch):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"weights-1")
+    memo = tmp_path / "models" / gguf.DIGESTS
+    reads = []
+    real = gguf.file_sha256
+    monkeypatch.setattr(gguf, "file_sha256", lambda p: reads.append(p) or real(p))
+    first = gguf.remembered_sha256(model, memo)
+    assert first == real(model)
+    assert gguf.remembered_sha256(tmp_path / "." / "m.gguf", memo) == first  # same resolved file: no read
+    assert len(reads) == 1
+    model.write_bytes(b"weights-2, longer")  # a new version: new size and mtime
+    assert gguf.remembered_sha256(model, memo) == real(model) != first
+    assert len(reads) == 2
+
+
+def test_abandoned_temp_folders_are_removed_and_live_builds_kept(tmp_path):
+    import subprocess
+    import sys
+
+    target = tmp_path / "gguf-abc"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    abandoned = tmp_path / f".tmp-gguf-abc-{dead_pid}-x1"
+    live = tmp_path / f".tmp-gguf-abc-{os.getppid()}-x2"
+    legacy_old, legacy_new = tmp_path / ".tmp-gguf-abc-q1zz", tmp_path / ".stale-gguf-abc-qq"  # names without a pid
+    other = tmp_path / f".tmp-gguf-other-{dead_pid}-x3"
+    for folder in (abandoned, live, legacy_old, legacy_new, other):
+        folder.mkdir()
+    os.utime(legacy_old, (0, 0))  # untouched for ages
+    removed = gguf.remove_abandoned_builds(target)
+    assert sorted(removed) == sorted([abandoned, legacy_old])
+    assert live.exists() and legacy_new.exists() and other.exists()
+    gguf.build_once(target, lambda folder: None)  # also at every start of a build
+    assert (target / gguf.MARKER).exists()

@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 
 from ..body import read_json, validate
-from ..context import ServingContext
+from ..context import LiveContext
 from ..prompt import make_generation, render_template, thinking_on, tool_plan
 from ..structured import anthropic_output_format, ensure_valid
 from ..stream import fold, stream
@@ -21,11 +21,13 @@ from .encode import MessagesStreamEncoder, message_response
 from .protocol import CountTokensRequest, MessagesRequest
 
 
-def make_router(ctx: ServingContext) -> APIRouter:
+def make_router(live: LiveContext) -> APIRouter:
+    """The routes, each reading the settings its request started under (``live.capture``)."""
     router = APIRouter()
 
     @router.post("/v1/messages")
     async def messages(request: Request):
+        ctx = live.capture(request)
         req = validate(MessagesRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
         choice = req.tool_choice
@@ -46,6 +48,7 @@ def make_router(ctx: ServingContext) -> APIRouter:
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
+        ctx = live.capture(request)
         req = validate(CountTokensRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
         # Rendered exactly as /v1/messages renders it, so the count equals usage.input_tokens.

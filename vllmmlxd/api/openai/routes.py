@@ -14,7 +14,7 @@ from starlette.requests import Request
 
 from ...errors import InvalidRequest, ModelNotFound
 from ..body import read_json, validate
-from ..context import ServingContext
+from ..context import LiveContext, ServingContext
 from ..prompt import make_generation, render_template, thinking_on, tool_plan
 from ..stream import fold, stream
 from ..structured import ensure_valid, openai_output_format
@@ -24,21 +24,24 @@ from . import translate as tr
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 
-def make_router(ctx: ServingContext) -> APIRouter:
+def make_router(live: LiveContext) -> APIRouter:
+    """The routes, each reading the settings its request started under (``live.capture``)."""
     router = APIRouter()
 
     @router.get("/v1/models")
-    async def list_models():
-        return {"object": "list", "data": [_model_card(ctx)]}
+    async def list_models(request: Request):
+        return {"object": "list", "data": [_model_card(live.capture(request))]}
 
     @router.get("/v1/models/{model_id:path}")
-    async def get_model(model_id: str):
+    async def get_model(model_id: str, request: Request):
+        ctx = live.capture(request)
         if model_id not in ctx.names():
             raise ModelNotFound(f"model {model_id!r} is not served here; this server serves {ctx.name!r}")
         return _model_card(ctx)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
+        ctx = live.capture(request)
         req = validate(ChatCompletionRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
         tr.refuse_unhonoured(req)
@@ -59,6 +62,7 @@ def make_router(ctx: ServingContext) -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions(request: Request):
+        ctx = live.capture(request)
         req = validate(CompletionRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
         tr.refuse_unhonoured(req)

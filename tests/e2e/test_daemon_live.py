@@ -1,0 +1,84 @@
+"""Live settings through the real daemon: an edit that changes only live keys is pushed to
+the running worker (same pid, nothing reloaded) while clients stream, and none of them fails."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.support.daemon import free_port, make_daemon, model_entry, wait_gone
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def daemon():
+    d = make_daemon()
+    yield d
+    pids = d.worker_pids()
+    d.stop()
+    assert wait_gone(pids, 20)
+
+
+def test_a_rate_limit_change_applies_live_with_the_same_worker_and_no_failed_request(daemon):
+    port = free_port()
+    daemon.write({"tiny": model_entry(port, rate_limit=0)})
+    daemon.start()
+    daemon.wait_ready(["tiny"])
+    [pid] = daemon.worker_pids()
+    url = f"http://127.0.0.1:{port}"
+    failures: list[str] = []
+    done = threading.Event()
+    served = [0]
+
+    def client(n: int) -> None:
+        # Each client stays under any limit set below: 4 clients, a request every ~0.5 s or slower.
+        with httpx.Client(timeout=60, headers={"authorization": f"Bearer client-{n}"}) as http:
+            while not done.is_set():
+                try:
+                    with http.stream("POST", url + "/v1/completions",
+                                     json={"prompt": "Once", "max_tokens": 8, "stream": True}) as r:
+                        body = r.read().decode()
+                        if r.status_code != 200 or "[DONE]" not in body:
+                            failures.append(f"{r.status_code}: {body[:200]}")
+                        served[0] += 1
+                except httpx.HTTPError as exc:
+                    failures.append(repr(exc))
+                time.sleep(0.5)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(2)
+        reloaded_after(daemon, lambda: daemon.write({"tiny": model_entry(port, rate_limit=1000)}))
+        time.sleep(2)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(60)
+    assert not failures, failures[:5]
+    assert served[0] >= 8
+    assert daemon.worker_pids() == [pid], "a live key must not start a new worker"
+    # The limit is really in force on that same worker: tightened, a burst is cut at 2.
+    reloaded_after(daemon, lambda: daemon.write({"tiny": model_entry(port, rate_limit=2)}))
+    codes = [httpx.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}, timeout=60).status_code
+             for _ in range(3)]
+    assert codes == [200, 200, 429]
+    assert daemon.worker_pids() == [pid] and daemon.log().count("event=worker.spawned") == 1
+    assert daemon.models()["tiny"]["state"] == "ready"
+
+
+def reloaded_after(daemon, edit) -> None:
+    """Make ``edit`` and wait until the daemon has applied a reload after it."""
+    started = time.time()
+    edit()
+
+    def applied(_models) -> bool:
+        last = (daemon.status() or {}).get("daemon", {}).get("last_reload")
+        return bool(last) and last["at"] >= started and last["ok"]
+
+    daemon.wait_for(applied, 60, "the reload")

@@ -1,0 +1,56 @@
+"""watcher.py: one reload per settled new content, a deleted file reported, a failing reload survived."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from vllmmlxd.supervisor.watcher import file_hash, watch_config
+
+
+def test_reloads_survive_failures_and_a_deletion_is_reported(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("one\n")
+    running = {file_hash(path)}
+    reloads: list[str] = []
+    missing: list[bool] = []
+
+    async def reload():
+        reloads.append(path.read_text())
+        if len(reloads) == 1:
+            raise RuntimeError("a bug in the reload")
+
+    def save(text: str) -> None:
+        tmp = tmp_path / "config.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+    async def until(predicate, timeout=10.0):
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not predicate():
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.02)
+
+    async def main():
+        stop = asyncio.Event()
+        task = asyncio.create_task(watch_config(path, lambda d: d in running, reload, stop,
+                                                on_missing=missing.append, settle_ms=100))
+        await asyncio.sleep(0.3)
+        save("two\n")
+        await until(lambda: reloads == ["two\n"])
+        for i in range(10):  # a burst: one reload, of the last content
+            save(f"three {i}\n")
+            await asyncio.sleep(0.01)
+        await until(lambda: len(reloads) == 2)
+        await asyncio.sleep(0.4)
+        assert reloads[1:] == ["three 9\n"]
+        path.unlink()
+        await until(lambda: missing == [True])
+        save("three 9\n")  # back as it was: no reload
+        await until(lambda: missing == [True, False])
+        await asyncio.sleep(0.3)
+        assert len(reloads) == 2
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(main())

@@ -1,0 +1,114 @@
+"""Settings pushes: judged (pure), then applied by the private app, never reachable publicly."""
+
+from __future__ import annotations
+
+
+import pytest
+from pydantic import SecretStr
+from starlette.requests import Request
+from starlette.testclient import TestClient
+
+from vllmmlxd.api.context import LiveContext
+from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.engine.types import EngineStats, ModelInfo
+from vllmmlxd.worker.app import create_app, create_private_app
+from vllmmlxd.worker.settings import SettingsRefused, judge_update
+
+SECRET = "unit-s3cret"
+BASE = ModelConfig(model="builtin:tiny", api_key=SECRET, rate_limit=5)
+
+
+class FakeEngine:
+    """Enough of an engine for the apps' health, status and metrics."""
+
+    def __init__(self):
+        self.info = ModelInfo(name="m", context_length=128, vocab_size=100, source="builtin:tiny")
+        self.stats = EngineStats()
+        self.max_queue = 64
+
+    def cache_status(self) -> dict:
+        return {"type": "prefix_lru", "entries": 0, "hit_rate": 0.0, "memory_mb": 0.0, "budget_mb": 8.0,
+                "hits": 0, "misses": 0, "cached_tokens": 0, "evictions": 0}
+
+    def memory(self) -> dict:
+        return {"active_memory_gb": 0.0, "peak_memory_gb": 0.0, "cache_memory_gb": 0.0}
+
+
+def entry(**changes) -> dict:
+    data = {**BASE.model_dump(mode="json"), "api_key": SECRET}
+    return {**data, **changes}
+
+
+def test_only_live_keys_may_change():
+    new, keys = judge_update(BASE, entry(timeout=3, max_queue=2, api_key="other"))
+    assert keys == ("api_key", "max_queue", "timeout") and new.timeout == 3
+    assert judge_update(BASE, entry()) == (BASE, ())
+    with pytest.raises(SettingsRefused) as refused:
+        judge_update(BASE, entry(model="builtin:smollm2-135m-instruct", timeout=3))
+    assert refused.value.status == 409 and refused.value.forcing == ("model",)
+
+
+def test_an_invalid_entry_is_422_naming_the_key_not_the_value():
+    with pytest.raises(SettingsRefused) as refused:
+        judge_update(BASE, entry(api_key=SECRET, timeout=-4, nonsense=SECRET))
+    assert refused.value.status == 422
+    assert "timeout" in refused.value.message and "nonsense" in refused.value.message
+    assert SECRET not in refused.value.message
+    with pytest.raises(SettingsRefused):
+        judge_update(BASE, ["not", "an", "entry"])
+
+
+def request() -> Request:
+    return Request({"type": "http", "method": "GET", "path": "/", "headers": [], "client": ("1.2.3.4", 1), "state": {}})
+
+
+def test_a_request_keeps_the_settings_it_started_with():
+    live = LiveContext(FakeEngine(), BASE, "k")
+    r = request()
+    started = live.capture(r)
+    live.swap(BASE.model_copy(update={"timeout": 1.0}))
+    assert live.capture(r) is started and started.config.timeout == 300
+    assert live.capture(request()).config.timeout == 1.0
+
+
+def test_an_unchanged_rate_limit_keeps_its_budget_and_a_new_one_starts_fresh():
+    live = LiveContext(FakeEngine(), BASE, "k")
+    limiter = live.current.limiter
+    assert live.swap(BASE.model_copy(update={"timeout": 9.0})).limiter is limiter
+    assert live.swap(BASE.model_copy(update={"rate_limit": 7})).limiter.per_minute == 7
+    assert live.swap(BASE.model_copy(update={"rate_limit": 0})).limiter is None
+
+
+def apps(config: ModelConfig = BASE):
+    engine = FakeEngine()
+    public = create_app(engine, config, "k")
+    return engine, TestClient(public), TestClient(create_private_app(public, engine))
+
+
+def test_the_private_app_applies_a_push_and_the_public_app_sees_it():
+    engine, public, private = apps()
+    auth = {"x-api-key": SECRET}
+    assert private.get("/health").json()["config_hash"] == BASE.config_hash()
+    assert public.get("/metrics").status_code == 404  # enable_metrics is off
+    r = private.post("/internal/settings", json=entry(max_queue=3, owned_by="me", enable_metrics=True))
+    new = BASE.model_copy(update={"max_queue": 3, "owned_by": "me", "enable_metrics": True})
+    assert r.status_code == 200 and r.json() == {"ok": True, "config_hash": new.config_hash(),
+                                                  "changed": ["enable_metrics", "max_queue", "owned_by"]}
+    assert engine.max_queue == 3
+    assert public.get("/v1/models", headers=auth).json()["data"][0]["owned_by"] == "me"
+    assert public.get("/metrics").status_code == 200
+    assert private.get("/health").json()["config_hash"] == new.config_hash()
+    r = private.post("/internal/settings", json=entry(port=9999))
+    assert r.status_code == 409 and r.json()["forcing"] == ["port"]
+    assert public.post("/internal/settings", json=entry(), headers=auth).status_code == 404
+
+
+def test_health_is_degraded_503_while_work_waits_on_a_silent_engine(monkeypatch):
+    monkeypatch.setenv("VLLMMLXD_STUCK_AFTER_S", "5")
+    engine, public, private = apps()
+    assert public.get("/health").json() == {"status": "ok", "model": "k"}
+    engine.stats.num_waiting = 1
+    engine.stats.last_step_at -= 60
+    for client in (public, private):
+        r = client.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "degraded" and r.json()["stalled_s"] >= 60

@@ -1,0 +1,46 @@
+"""The supervisor's plain answers as the control API's wire models.
+
+The supervisor returns dataclasses and knows nothing of the wire; this is the one place
+that shapes them for ``vllmmlxctl`` (read by attribute, so nothing here imports the supervisor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vllmmlxd.control.protocol import (
+    ActionResponse,
+    DaemonStatus,
+    ModelStatus,
+    ReloadResponse,
+    ReloadResult,
+    StatusResponse,
+)
+
+
+def _fields(view: Any) -> dict:
+    return dataclasses.asdict(view) if dataclasses.is_dataclass(view) else dict(vars(view))
+
+
+def status_response(view: Any) -> StatusResponse:
+    """A ``StatusView``: the daemon, and each model with its worker's runtime figures flattened in."""
+    daemon = _fields(view.daemon)
+    models = []
+    for model in view.models:
+        fields = _fields(model)
+        runtime = fields.pop("runtime", None) or {}
+        models.append(ModelStatus(**fields, **runtime))
+    return StatusResponse(daemon=DaemonStatus(**daemon), models=models)
+
+
+def reload_result(record: Any | None) -> ReloadResult | None:
+    return None if record is None else ReloadResult(**_fields(record))
+
+
+def reload_response(reply: Any) -> ReloadResponse:
+    return ReloadResponse(**_fields(reply))
+
+
+def action_response(reply: Any) -> ActionResponse:
+    return ActionResponse(**_fields(reply))

@@ -1,0 +1,102 @@
+"""The daemon's stand-in on a model's port while no worker serves it.
+
+The daemon holds each model's listening socket for the slot's life, so connections to a
+model that is loading, failed or stopped would sit in the kernel's queue with nobody to
+answer. While no worker is ready (and none is about to accept), the slot runs this tiny
+responder on the socket: it reads the request head and answers 503 with ``Retry-After`` and
+an error body in the OpenAI/Anthropic shape, then closes. The slot stops it before a worker
+accepts: the two never serve the socket together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Callable
+
+_HEAD_LIMIT = 64 * 1024
+_BODY_LIMIT = 1024 * 1024  # a larger body is not read: the close may then reset the connection
+_READ_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """Why nobody serves: ``status`` is loading, failed or stopped."""
+
+    status: str
+    message: str
+    retry_after_s: int
+
+
+def answer(why: Unavailable, path: str) -> bytes:
+    """The whole HTTP response for a request to ``path``. Pure."""
+    if path.split("?", 1)[0] == "/health":
+        body = {"status": why.status, "message": why.message}
+    else:
+        body = {"type": "error", "error": {"message": why.message, "type": "overloaded_error", "code": why.status}}
+    data = json.dumps(body).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(data)}\r\n"
+        f"retry-after: {why.retry_after_s}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode() + data
+
+
+def _request_line(head: bytes) -> tuple[str, int]:
+    """The path and content length of a request head (``/``, 0 when unreadable)."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length" and value.strip().isdigit():
+            length = int(value.strip())
+    return (parts[1] if len(parts) >= 2 else "/"), length
+
+
+class Responder:
+    """Answers 503 on a slot's listening socket until ``stop()``; the socket itself stays open."""
+
+    def __init__(self, sock: socket.socket, why: Callable[[], Unavailable]):
+        self._sock = sock
+        self._why = why
+        self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    async def start(self) -> None:
+        if self._server is not None:
+            return
+        # A duplicate descriptor: closing the server closes only it, never the slot's socket.
+        dup = socket.socket(fileno=os.dup(self._sock.fileno()))
+        self._server = await asyncio.start_server(self._handle, sock=dup, backlog=2048)  # listen() again: keep the backlog
+
+    def stop(self) -> None:
+        """Stop accepting now (connections already accepted still get their answer)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
+            path, length = _request_line(head[:_HEAD_LIMIT])
+            if 0 < length <= _BODY_LIMIT:  # read the body, so closing does not reset the connection
+                await asyncio.wait_for(reader.readexactly(length), _READ_TIMEOUT_S)
+            writer.write(answer(self._why(), path))
+            await writer.drain()
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
