@@ -10,15 +10,20 @@ from ..errors import InvalidRequest
 from .context import ServingContext
 from .sampling import SamplingRequest, resolve_sampling
 from .structured import OutputFormat
+from .template_kwargs import checked_template_kwargs
 from .tooling import ToolChoice, ToolPlan, plan_tools
 
 
-def render_template(ctx: ServingContext, messages: list[dict], tools: list[dict] | None, kwargs: dict | None) -> list[int]:
-    """The conversation as prompt tokens; a template's refusal is the client's 400."""
+async def render_template(
+    ctx: ServingContext, messages: list[dict], tools: list[dict] | None, kwargs: dict | None,
+) -> list[int]:
+    """The conversation as prompt tokens; a template's refusal is the client's 400. Rendered off
+    the event loop: a long conversation must not stall /health or other requests' streams."""
     if not ctx.engine.info.has_chat_template:
         raise InvalidRequest("this model has no chat template; use /v1/completions", param="messages")
+    kwargs = checked_template_kwargs(kwargs, ctx.engine.info.template_switches)
     try:
-        return ctx.engine.apply_chat_template(messages, tools=tools, template_kwargs=kwargs)
+        return await asyncio.to_thread(ctx.engine.apply_chat_template, messages, tools=tools, template_kwargs=kwargs)
     except InvalidRequest:
         raise
     except Exception as exc:  # jinja raises on conversations the template refuses

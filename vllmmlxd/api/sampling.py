@@ -8,6 +8,8 @@ default, and the response's finish reason tells the truth when the clamp is what
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 
 from ..config.schema import ModelConfig
@@ -16,6 +18,9 @@ from ..errors import ContextLengthExceeded, InvalidRequest
 
 FALLBACK_TEMPERATURE = 0.7
 FALLBACK_TOP_P = 1.0
+MAX_STOP_CHARS = 512  # a stop string is a few words; a megabyte one is an attack on the matcher
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what a 64-bit key can take; negative seeds wrap
+TOKEN_ID = re.compile(r"-?[0-9]+", re.ASCII)  # str.isdigit() would take "²" and int() then fail
 
 
 @dataclass(frozen=True)
@@ -46,20 +51,28 @@ def resolve_sampling(
     asked = req.max_tokens if req.max_tokens is not None else cfg.max_tokens
     bias = []
     for key, value in req.logit_bias.items():
+        if not isinstance(key, str) or not TOKEN_ID.fullmatch(key):
+            raise InvalidRequest(f"logit_bias keys must be token ids, got {str(key)[:20]!r}", param="logit_bias")
         token = int(key)
         if not 0 <= token < vocab_size:
             raise InvalidRequest(f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})", param="logit_bias")
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or not -100 <= value <= 100:
+            raise InvalidRequest("logit_bias values must be numbers between -100 and 100", param="logit_bias")
         bias.append((token, float(value)))
+    if req.seed is not None and not SEED_RANGE[0] <= req.seed <= SEED_RANGE[1]:
+        raise InvalidRequest("seed must fit in 64 bits", param="seed")
+    if any(len(s) > MAX_STOP_CHARS for s in req.stop):
+        raise InvalidRequest(f"stop strings are at most {MAX_STOP_CHARS} characters", param="stop")
     return SamplingParams(
         max_tokens=max(1, min(asked, cfg.max_request_tokens, room)),
         temperature=_first(req.temperature, cfg.default_temperature, FALLBACK_TEMPERATURE),
         top_p=_first(req.top_p, cfg.default_top_p, FALLBACK_TOP_P),
-        top_k=max(req.top_k or 0, 0),
+        top_k=max(req.top_k or 0, 0) if (req.top_k or 0) < vocab_size else 0,  # all of them: no filter
         min_p=req.min_p or 0.0,
         repetition_penalty=req.repetition_penalty or 1.0,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
-        seed=req.seed,
+        seed=req.seed % 2**64 if req.seed is not None else None,
         stop=tuple(s for s in req.stop if s),
         logit_bias=tuple(bias),
         ignore_eos=req.ignore_eos,

@@ -27,6 +27,7 @@ from .detokenize import IncrementalDetokenizer
 from .options import EngineOptions
 from .scheduler import Scheduler
 from .sequence import Chain, Sequence
+from .template_vars import template_switches
 from .tool_setup import resolve_tool_parser, template_renders_tools
 from .types import Constraint, EngineEvent, EngineStats, Finished, GenerationRequest, ModelInfo
 
@@ -57,6 +58,7 @@ class MLXEngine:
             source=str(loaded.path),
             has_chat_template=has_template,
             tool_parser=tool_parser,
+            template_switches=template_switches(getattr(self.tokenizer, "chat_template", None)),
         )
         # A template that ignores tools gets them (and the call format) in the system message.
         self._template_has_tools = has_template and template_renders_tools(self._render_text)

@@ -132,6 +132,8 @@ class ModelInfo:
     source: str
     has_chat_template: bool = True
     tool_parser: str | None = None  # the tool-call family, resolved at load (never "auto")
+    # The chat template's switches a request may set (chat_template_kwargs), read at load.
+    template_switches: frozenset[str] = frozenset({"enable_thinking"})
 
 
 @dataclass

@@ -34,7 +34,7 @@ def make_router(live: LiveContext) -> APIRouter:
         tools = tool_plan(ctx, tr.to_template_tools(req.tools), anthropic_tool_choice(
             choice and choice.type, choice and choice.name, choice and choice.disable_parallel_tool_use),
             tr.thinking_switch(req))
-        prompt = _render(ctx, req)
+        prompt = await _render(ctx, req)
         rid = ctx.request_id(request, "msg_")
         output = anthropic_output_format(req.output_format)
         gen = await make_generation(ctx, tr.sampling_request(req), prompt, rid, reasoning=True, tools=tools,
@@ -52,11 +52,11 @@ def make_router(live: LiveContext) -> APIRouter:
         req = validate(CountTokensRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
         # Rendered exactly as /v1/messages renders it, so the count equals usage.input_tokens.
-        return {"input_tokens": len(_render(ctx, req))}
+        return {"input_tokens": len(await _render(ctx, req))}
 
     return router
 
 
-def _render(ctx: ServingContext, req) -> list[int]:
+async def _render(ctx: ServingContext, req) -> list[int]:
     messages, tools = tr.to_template_messages(req)
-    return render_template(ctx, messages, tools, tr.thinking_switch(req))
+    return await render_template(ctx, messages, tools, tr.thinking_switch(req))

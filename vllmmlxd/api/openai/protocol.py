@@ -3,6 +3,7 @@ values are range-checked here so bad parameters become 400s with the field named
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -59,7 +60,7 @@ class _SamplingFields(_Lenient):
     @classmethod
     def _bias_range(cls, v):
         for key, bias in (v or {}).items():
-            if not key.lstrip("-").isdigit():
+            if not re.fullmatch(r"-?[0-9]+", key, re.ASCII):
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be between -100 and 100, got {bias}")

@@ -7,6 +7,8 @@ them. Both response kinds read the same engine events: a stream encodes them
 
 from __future__ import annotations
 
+import asyncio
+
 import time
 
 from fastapi import APIRouter
@@ -48,7 +50,7 @@ def make_router(live: LiveContext) -> APIRouter:
         tools = tool_plan(ctx, req.tools, openai_tool_choice(req.tool_choice, req.parallel_tool_calls),
                           req.chat_template_kwargs)
         output = openai_output_format(req.response_format)
-        prompt = _render_chat(ctx, req)
+        prompt = await _render_chat(ctx, req)
         rid = ctx.request_id(request, "chatcmpl-")
         gen = await make_generation(ctx, tr.sampling_request(req), prompt, rid, reasoning=True, tools=tools, output=output,
                               after_reasoning=thinking_on(ctx, req.chat_template_kwargs))
@@ -67,7 +69,7 @@ def make_router(live: LiveContext) -> APIRouter:
         ctx.check_model(req.model)
         tr.refuse_unhonoured(req)
         prompt = tr.completion_prompt(req)
-        tokens = ctx.engine.tokenize(prompt) if isinstance(prompt, str) else prompt
+        tokens = await asyncio.to_thread(ctx.engine.tokenize, prompt) if isinstance(prompt, str) else prompt
         if any(not 0 <= t < ctx.engine.info.vocab_size for t in tokens):
             raise InvalidRequest("prompt token ids must be inside the vocabulary", param="prompt")
         rid = ctx.request_id(request, "cmpl-")
@@ -91,5 +93,5 @@ def _model_card(ctx: ServingContext) -> dict:
     }
 
 
-def _render_chat(ctx: ServingContext, req: ChatCompletionRequest) -> list[int]:
-    return render_template(ctx, tr.to_template_messages(req.messages), req.tools, req.chat_template_kwargs)
+async def _render_chat(ctx: ServingContext, req: ChatCompletionRequest) -> list[int]:
+    return await render_template(ctx, tr.to_template_messages(req.messages), req.tools, req.chat_template_kwargs)
