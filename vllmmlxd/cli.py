@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from .config.schema import REASONING_PARSERS, TOOL_PARSERS
 from .log import setup_logging
@@ -16,7 +17,9 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", help="the name clients see (default: the model spec)")
     p.add_argument("--owned-by", default="vllmmlxd")
-    p.add_argument("--api-key", help="require this key as a Bearer token or x-api-key")
+    p.add_argument("--api-key", help="require this key as a Bearer token or x-api-key (visible in ps: prefer "
+                                     "--api-key-file or $VLLMMLXD_API_KEY)")
+    p.add_argument("--api-key-file", help="read the key from this file (its first line)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a request is ended")
     p.add_argument("--max-tokens", type=int, default=32768, help="max_tokens when a request gives none")
     p.add_argument("--max-request-tokens", type=int, default=32768, help="the largest max_tokens a client may ask")
@@ -63,6 +66,23 @@ _PASSED_THROUGH = (
 )
 
 
+def _api_key(args, parser: argparse.ArgumentParser) -> str | None:
+    """The key from --api-key, --api-key-file or $VLLMMLXD_API_KEY (one of them at most)."""
+    given = [name for name, value in (("--api-key", args.api_key), ("--api-key-file", args.api_key_file),
+                                      ("$VLLMMLXD_API_KEY", os.environ.get("VLLMMLXD_API_KEY"))) if value]
+    if len(given) > 1:
+        parser.error(f"give the API key one way, not {' and '.join(given)}")
+    if args.api_key_file:
+        try:
+            key = Path(args.api_key_file).expanduser().read_text().strip().splitlines()[0:1]
+        except OSError as exc:
+            parser.error(f"--api-key-file: cannot read {args.api_key_file}: {exc.strerror}")
+        if not key or not key[0].strip():
+            parser.error(f"--api-key-file: {args.api_key_file} is empty")
+        return key[0].strip()
+    return args.api_key or os.environ.get("VLLMMLXD_API_KEY") or None
+
+
 def _run_serve(args, parser: argparse.ArgumentParser) -> int:
     from pydantic import ValidationError
 
@@ -70,6 +90,7 @@ def _run_serve(args, parser: argparse.ArgumentParser) -> int:
     from .paths import resolve_state_dir
     from .worker.main import serve
 
+    args.api_key = _api_key(args, parser)
     try:
         config = ModelConfig(
             model=args.model, served_model_name=args.served_model_name or args.model,

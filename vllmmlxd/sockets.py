@@ -3,6 +3,7 @@ worker run by hand. Stdlib only."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from pathlib import Path
@@ -11,6 +12,16 @@ from pathlib import Path
 def http_url(host: str, port: int, path: str = "/v1") -> str:
     """``http://host:port/v1``, with an IPv6 host in brackets."""
     return f"http://{f'[{host}]' if ':' in host else host}:{port}{path}"
+
+
+def is_loopback(host: str) -> bool:
+    """Does binding ``host`` keep a port to this machine? (A name other than localhost: assume not.)"""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def bind_tcp(host: str, port: int) -> socket.socket:

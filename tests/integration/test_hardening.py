@@ -4,6 +4,7 @@ answering (the first points of the hardening work; the rest come with named keys
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import time
 
 import httpx
@@ -62,3 +63,76 @@ def test_a_large_conversation_renders_without_stalling_health(server):
         r = fut.result()
     assert r.status_code in (400, 413), r.text  # longer than the context (or the body cap): a 4xx either way
     assert worst < 2.0, worst
+
+
+KEY = "sk-hardening-test-key"
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    key_file = tmp_path_factory.mktemp("key") / "key"
+    key_file.write_text(KEY + "\n")
+    s = start_serve("builtin:tiny", "--api-key-file", str(key_file), "--enable-metrics", "--host", "0.0.0.0")
+    yield s
+    assert s.stop() == 0, s.log()[-3000:]
+
+
+def test_a_key_from_a_file_works_and_never_shows_in_ps_or_logs(keyed):
+    url = keyed.url + "/v1/models"
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"authorization": f"Bearer {KEY}"}).status_code == 200
+    cmdline = open(f"/proc/{keyed.proc.pid}/cmdline", "rb").read() if os.path.exists(f"/proc/{keyed.proc.pid}") else b""
+    assert KEY.encode() not in cmdline and KEY not in keyed.log()
+    # Bound beyond loopback with a key: no warning about an open model.
+    assert "worker.open_to_network" not in keyed.log()
+
+
+def test_an_open_model_bound_beyond_loopback_is_warned_about():
+    s = start_serve("builtin:tiny", "--host", "0.0.0.0", env={"VLLMMLXD_API_KEY": ""})
+    try:
+        assert "event=worker.open_to_network" in s.log() and "level=warning" in s.log()
+    finally:
+        assert s.stop() == 0
+
+
+def test_the_environment_variable_gives_the_key():
+    s = start_serve("builtin:tiny", env={"VLLMMLXD_API_KEY": KEY})
+    try:
+        assert httpx.get(s.url + "/v1/models").status_code == 401
+        assert httpx.get(s.url + "/v1/models", headers={"x-api-key": KEY}).status_code == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_every_route_but_health_and_metrics_needs_the_key(keyed):
+    """Routes enumerated from the app itself: a new route cannot be left open by mistake."""
+    from vllmmlxd.config.schema import ModelConfig
+    from vllmmlxd.worker.app import create_app
+    from tests.unit.http.test_metrics import FakeEngine  # a stand-in engine: only the routes are read
+
+    app = create_app(FakeEngine(), ModelConfig(model="x", api_key=KEY, enable_metrics=True), "m")
+    # The OpenAPI view lists every route, those of included routers too.
+    routes = [(path, method.upper()) for path, ops in app.openapi()["paths"].items() for method in ops]
+    assert ("/v1/messages", "POST") in routes and ("/v1/chat/completions", "POST") in routes
+    for path, method in routes:
+        concrete = path.replace("{model_id}", "anything")
+        r = httpx.request(method, keyed.url + concrete, json={})
+        if path in ("/health", "/metrics"):
+            assert r.status_code == 200, (path, r.status_code)
+        else:
+            assert r.status_code == 401, (method, path, r.status_code, r.text[:200])
+
+
+@pytest.mark.parametrize("method,path", [
+    ("POST", "//v1/chat/completions"), ("GET", "/v1/../v1/models"), ("GET", "/v1/models/"),
+    ("GET", "/v1%2Fmodels"), ("HEAD", "/v1/models"), ("OPTIONS", "/v1/chat/completions"),
+    ("GET", "/V1/models"), ("POST", "/v1/messages/"),
+])
+def test_path_tricks_do_not_get_past_the_key(keyed, method, path):
+    r = httpx.request(method, keyed.url + path, json={"messages": MSGS} if method == "POST" else None)
+    assert r.status_code in (401, 404, 405, 307), (method, path, r.status_code)
+    if r.status_code == 307:  # a trailing slash: sent to the route itself, which asks for the key
+        assert r.headers["location"].endswith(path.rstrip("/"))
+        assert httpx.request(method, keyed.url + path, json={"messages": MSGS}, follow_redirects=True).status_code == 401
+    if r.status_code != 401:  # not served
+        assert "choices" not in r.text and '"data"' not in r.text

@@ -28,7 +28,7 @@ from ..paths import ensure_private_dir, resolve_state_dir
 from ..runtime import cpus as cpu_shares
 from ..runtime.blas import ActiveBlas, BlasInfo, activate
 from ..runtime.memory import read_machine_memory
-from ..sockets import bind_tcp, bind_unix, http_url
+from ..sockets import bind_tcp, bind_unix, http_url, is_loopback
 
 logger = logging.getLogger("vllmmlxd.worker")
 
@@ -148,6 +148,9 @@ def serve(
             timeout_graceful_shutdown=2, log_level=log_level,
         ))
     host, port = listen.getsockname()[:2]
+    if config.api_key is None and not is_loopback(str(host)):
+        log_event(logger, "worker.open_to_network", logging.WARNING, model=key, url=http_url(host, port),
+                  hint="anyone who can reach this address can use the model: set api_key, or bind 127.0.0.1")
     log_event(logger, "worker.listening", model=key, pid=os.getpid(), url=http_url(host, port),
               health_socket=str(health_socket) if health_socket else None)
     try:
