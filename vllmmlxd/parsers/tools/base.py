@@ -92,6 +92,17 @@ def bracket_end(text: str, start: int = 0, *, quotes: str = '"', opens: str = "{
     return None
 
 
+def per_tool_rules(tools: list[dict], body) -> tuple[str, list[str]]:
+    """One Lark rule per tool, ``call_I: body(name, parameters_schema)``, for grammars whose
+    calls differ by tool; returns the alternation of the rules' names and the rule lines."""
+    names = [f"call_{i}" for i in range(len(tools))]
+    lines = []
+    for rule, tool in zip(names, tools):
+        fn = function_of(tool)
+        lines.append(f"{rule}: {body(fn['name'], fn.get('parameters') or {'type': 'object'})}")
+    return "(" + " | ".join(names) + ")", lines
+
+
 class ToolParser:
     """Splits one request's answer text into content and tool calls.
 

@@ -22,7 +22,7 @@ import json
 import re
 
 from vllmmlxd.parsers.grammar import json_rule
-from vllmmlxd.parsers.tools.base import MalformedCall, ToolCall, ToolParser, arguments_text, function_of
+from vllmmlxd.parsers.tools.base import MalformedCall, ToolCall, ToolParser, arguments_text, per_tool_rules
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -68,16 +68,16 @@ class DeepSeekToolParser(ToolParser):
     def grammar(cls, tools: list[dict], *, parallel: bool = True) -> str:
         # The markers are special tokens; written here as their text, which matches where
         # llguidance's tokenizer maps that text to the token (and as plain text in tests).
-        names = [f"call_{i}" for i in range(len(tools))]
+        def rule(name: str, schema: dict) -> str:
+            head = json.dumps(name + "\n```json\n", ensure_ascii=False)
+            return f"{head} {json_rule(schema)}"
+
+        calls, rules = per_tool_rules(tools, rule)
         lines = [
             f'start: "{CALLS_BEGIN}" call{"+" if parallel else ""} "{CALLS_END}"',
-            f'call: "{CALL_BEGIN}function{SEP}" ({" | ".join(names)}) "\\n```{CALL_END}"',
+            f'call: "{CALL_BEGIN}function{SEP}" {calls} "\\n```{CALL_END}"',
+            *rules,
         ]
-        for rule, tool in zip(names, tools):
-            fn = function_of(tool)
-            schema = fn.get("parameters") or {"type": "object"}
-            head = json.dumps(f"{fn['name']}\n```json\n", ensure_ascii=False)
-            lines.append(f"{rule}: {head} {json_rule(schema)}")
         return "\n".join(lines)
 
 

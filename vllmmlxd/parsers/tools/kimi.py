@@ -15,7 +15,7 @@ import json
 import re
 
 from vllmmlxd.parsers.grammar import json_rule
-from vllmmlxd.parsers.tools.base import MalformedCall, ToolCall, ToolParser, arguments_text, function_of
+from vllmmlxd.parsers.tools.base import MalformedCall, ToolCall, ToolParser, arguments_text, per_tool_rules
 
 SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 SECTION_BEGIN_1, SECTION_END_1 = "<|tool_call_section_begin|>", "<|tool_call_section_end|>"
@@ -61,15 +61,13 @@ class KimiToolParser(ToolParser):
     def grammar(cls, tools: list[dict], *, parallel: bool = True) -> str:
         # The markers are special tokens; written here as their text, which matches where
         # llguidance's tokenizer maps that text to the token (and as plain text in tests).
-        names = [f"call_{i}" for i in range(len(tools))]
+        calls, rules = per_tool_rules(tools, lambda name, schema: (
+            f'{json.dumps(name, ensure_ascii=False)} ":" /[0-9]+/ "{ARGUMENT_BEGIN}" {json_rule(schema)}'))
         lines = [
             f'start: "{SECTION_BEGIN}" call{"+" if parallel else ""} "{SECTION_END}"',
-            f'call: "{CALL_BEGIN}functions." ({" | ".join(names)}) "{CALL_END}"',
+            f'call: "{CALL_BEGIN}functions." {calls} "{CALL_END}"',
+            *rules,
         ]
-        for rule, tool in zip(names, tools):
-            fn = function_of(tool)
-            schema = fn.get("parameters") or {"type": "object"}
-            lines.append(f'{rule}: {json.dumps(fn["name"], ensure_ascii=False)} ":" /[0-9]+/ "{ARGUMENT_BEGIN}" {json_rule(schema)}')
         return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ import json
 import re
 
 from vllmmlxd.parsers.grammar import json_rule
-from vllmmlxd.parsers.tools.base import MalformedCall, ToolCall, ToolParser, arguments_text, function_of, json_value_end
+from vllmmlxd.parsers.tools.base import MalformedCall, ToolCall, ToolParser, arguments_text, json_value_end, per_tool_rules
 
 ARGS, CALL_ID = "[ARGS]", "[CALL_ID]"
 # name, then an optional [CALL_ID]id, then [ARGS] (which a decoder that drops special tokens loses).
@@ -66,12 +66,9 @@ class MistralToolParser(ToolParser):
     def grammar(cls, tools: list[dict], *, parallel: bool = True) -> str:
         # The markers are special tokens; written here as their text, which matches where
         # llguidance's tokenizer maps that text to the token (and as plain text in tests).
-        names = [f"call_{i}" for i in range(len(tools))]
-        lines = [f"start: call{'+' if parallel else ''}", f'call: "{cls.start}" ({" | ".join(names)})']
-        for rule, tool in zip(names, tools):
-            fn = function_of(tool)
-            schema = fn.get("parameters") or {"type": "object"}
-            lines.append(f'{rule}: {json.dumps(fn["name"], ensure_ascii=False)} "{ARGS}" {json_rule(schema)}')
+        calls, rules = per_tool_rules(
+            tools, lambda name, schema: f'{json.dumps(name, ensure_ascii=False)} "{ARGS}" {json_rule(schema)}')
+        lines = [f"start: call{'+' if parallel else ''}", f'call: "{cls.start}" {calls}', *rules]
         return "\n".join(lines)
 
 
