@@ -19,18 +19,17 @@ import asyncio
 import contextlib
 import logging
 import socket
-import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable, Literal
+from typing import Awaitable, Callable, Literal
 
 from ..config.schema import ModelConfig
 from ..log import event_line, log_event
 from ..runtime.cpus import CpuShare
 from ..sockets import bind_tcp, http_url
 from . import states
+from .log_lines import LogLines
 from .process import WorkerProcess
 from .responder import Responder, Unavailable
 from .transitions import SWAPPING, Counters, Decision, Event, Phase, decide, public_state
@@ -86,9 +85,8 @@ class Slot:
         self.last_error: str | None = None
         self.fail_reason: str | None = None
         self.ready_since: float | None = None
-        self.lines: deque[str] = deque(maxlen=1000)
+        self.log = LogLines()  # its workers' lines and the daemon's about it, for `logs`
         self.sock = sock
-        self._followers: set[asyncio.Queue[str]] = set()
         self._on_change = on_change
         self._push_settings = push_settings
         self._queue: asyncio.Queue[_Msg] = asyncio.Queue()
@@ -101,28 +99,6 @@ class Slot:
         self._responder: Responder | None = None
         self._closed = False
         self._actor = asyncio.create_task(self._run(), name=f"slot-{name}")
-
-    # -- log lines ------------------------------------------------------
-
-    def sink(self, line: str) -> None:
-        """A worker's stderr line: forwarded to the daemon's stderr and kept for `logs`."""
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-        self._keep(line)
-
-    def _keep(self, line: str) -> None:
-        self.lines.append(line)
-        for q in self._followers:
-            q.put_nowait(line)
-
-    async def follow(self) -> AsyncIterator[str]:
-        q: asyncio.Queue[str] = asyncio.Queue()
-        self._followers.add(q)
-        try:
-            while True:
-                yield await q.get()
-        finally:
-            self._followers.discard(q)
 
     # -- commands: each waits on its future, never on a lock --------------
 
@@ -331,7 +307,7 @@ class Slot:
             self._stop_responder()  # the worker inherits the socket; the stand-in restarts if it must
             worker = await WorkerProcess.spawn(
                 self.name, self.config, listen_fd=self.sock.fileno(), state_dir=s.state_dir,
-                drain_timeout=s.drain_timeout, log_level=s.log_level, sink=self.sink,
+                drain_timeout=s.drain_timeout, log_level=s.log_level, sink=self.log.forward,
                 cpus=self.planned_share.render() if self.planned_share else None,
             )
         except OSError as exc:
@@ -442,7 +418,7 @@ class Slot:
                 level = logging.ERROR
         log_event(logger, name, level, **fields)
         # `vllmmlxctl logs MODEL` shows the daemon's view of the model beside the worker's own lines.
-        self._keep(event_line(name, logging.getLevelName(level).lower(), **fields))
+        self.log.keep(event_line(name, logging.getLevelName(level).lower(), **fields))
         self._on_change()
 
     def _settle(self, outcome: str) -> None:

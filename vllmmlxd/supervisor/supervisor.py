@@ -345,10 +345,10 @@ class Supervisor:
         return ActionReply(ok=ok, name=name, message="ready" if ok else f"did not become ready: {slot.last_error}")
 
     def logs(self, name: str, lines: int) -> list[str]:
-        return list(self._slot(name).lines)[-lines:] if lines > 0 else []
+        return self._slot(name).log.tail(lines)
 
     def follow(self, name: str) -> AsyncIterator[str]:
-        return self._slot(name).follow()
+        return self._slot(name).log.follow()
 
     # -- shutdown -------------------------------------------------------
 
