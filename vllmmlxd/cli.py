@@ -10,6 +10,11 @@ from pathlib import Path
 from .config.schema import REASONING_PARSERS, TOOL_PARSERS
 from .log import setup_logging
 
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated flag value as a tuple of names."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def _serve_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve one model in the foreground (no daemon)")
     p.add_argument("model", help="builtin:NAME, a .gguf path, an MLX folder or a Hugging Face repo id")
@@ -27,6 +32,11 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--default-top-p", type=float)
     p.add_argument("--stream-interval", type=int, default=1, help="tokens per streamed chunk")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait before 503")
+    p.add_argument("--max-connections", type=int, default=256, help="open connections at most; more get 503")
+    p.add_argument("--allowed-hosts", type=_names, default=(), metavar="NAME,...",
+                   help="Host names to answer under besides the bind address and localhost (DNS rebinding guard)")
+    p.add_argument("--cors-origins", type=_names, default=(), metavar="ORIGIN,...",
+                   help="web origins (https://app.example) allowed to call the API from a browser; default none")
     p.add_argument("--state-dir", help="caches and converted models (default: $VLLMMLXD_STATE_DIR or the platform's)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--rate-limit", type=int, default=0, help="requests per minute per client (0: off)")
@@ -53,8 +63,12 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
                    help="answer 404 to a request naming another model (default: answer it as this one)")
     p.add_argument("--health-socket", metavar="PATH",
                    help="also serve the daemon's private API (health with load, settings pushes) on this Unix socket")
-    for flag in ("--mcp-config", "--embedding-model"):
-        p.add_argument(flag, help=argparse.SUPPRESS)
+    p.add_argument("--embedding-model", metavar="SPEC",
+                   help="also serve POST /v1/embeddings with this model, preloaded at start: "
+                        "builtin:all-minilm-l6-v2 or a local BERT sentence-transformers folder")
+    p.add_argument("--mcp-config", metavar="FILE",
+                   help="connect the MCP servers of this Claude-Desktop-style mcpServers JSON file (all of them); "
+                        "their tools are served on /v1/mcp/tools and /v1/mcp/execute")
     return p
 
 
@@ -63,6 +77,7 @@ _PASSED_THROUGH = (
     "default_top_p", "stream_interval", "max_queue", "rate_limit", "enable_metrics", "blas", "threads",
     "continuous_batching", "max_num_seqs", "prefill_step_size", "use_paged_cache", "cache_memory_mb", "cache_memory_percent", "mcp_config", "reasoning_parser",
     "embedding_model", "enable_auto_tool_choice", "tool_call_parser", "strict_model_name",
+    "max_connections", "allowed_hosts", "cors_origins",
 )
 
 

@@ -68,15 +68,23 @@ class Unauthorized(RequestError):
     error_type = "authentication_error"
 
 
+class Forbidden(RequestError):
+    """A valid key that may not use this model (403)."""
+
+    status_code = 403
+    error_type = "permission_error"
+
+
 class RateLimited(RequestError):
-    """The client sent more than its ``rate_limit`` per minute (429)."""
+    """The client is over one of its request or token limits (429); ``headers`` say which and until when."""
 
     status_code = 429
     error_type = "rate_limit_error"
 
-    def __init__(self, message: str, *, retry_after: int):
+    def __init__(self, message: str, *, retry_after: int, headers: dict[str, str] | None = None):
         super().__init__(message, code="rate_limit_exceeded")
         self.retry_after = retry_after
+        self.headers = headers or {"Retry-After": str(retry_after)}
 
 
 class Overloaded(RequestError):

@@ -5,12 +5,15 @@ This module is the single source of truth: ``service/vllmmlxd.service`` and
 (``TEMPLATE_SYSTEMD``, ``TEMPLATE_LAUNCHD``), regenerated with
 ``python -m vllmmlxd.service_files service/`` and held equal by a test. Rendering is
 pure; ``make_service_file`` picks the defaults and ``write_service_file`` writes. Stdlib only.
+A system service never runs as root: systemd's gets ``DynamicUser=`` (or a ``User=``), a
+LaunchDaemon a ``UserName``.
 """
 
 from __future__ import annotations
 
 import os
 import plistlib
+import pwd
 import re
 import shlex
 import shutil
@@ -37,6 +40,10 @@ TEMPLATE_LAUNCHD = dict(
     state_dir=Path("/opt/homebrew/var/vllmmlxd"), log_dir=Path("/opt/homebrew/var/log"),
 )
 
+SERVICE_ACCOUNT = "vllmmlxd"  # the system unit's User= when DynamicUser= cannot be used
+# Where systemd puts a system unit's LoadCredential= files: its $CREDENTIALS_DIRECTORY.
+CREDENTIALS_DIR = f"/run/credentials/{UNIT_NAME}"
+
 _SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 _VAR_LIB = Path("/var/lib")
 
@@ -44,6 +51,9 @@ _VAR_LIB = Path("/var/lib")
 def _absolute(value: str | Path, what: str) -> str:
     if not os.path.isabs(value):
         raise ValueError(f"{what} must be an absolute path, got {str(value)!r}")
+    if any(c in str(value) for c in "\n\r\0"):
+        # A line break would end the unit line and start a directive of the path's choosing.
+        raise ValueError(f"{what} must not contain a line break or NUL, got {str(value)!r}")
     return str(value)
 
 
@@ -62,7 +72,7 @@ def render_systemd_unit(exe: str, config: Path, state_dir: Path, user: bool) -> 
     # systemd expands $VARS in the arguments but not in the executable's path.
     exec_start = " ".join([_quote(_absolute(exe, "exe"), exec_line=False)]
                           + [_quote(w) for w in ("run", "--config", _absolute(config, "config"))])
-    state = _absolute(state_dir, "state_dir")
+    state = os.path.normpath(_absolute(state_dir, "state_dir"))
     lines = [
         "# vllmmlxd: serves local LLMs with MLX, one supervised worker process per model.",
         "# Rendered by vllmmlxd/service_files.py; `vllmmlxctl install-service` writes one for your",
@@ -110,24 +120,40 @@ def render_systemd_unit(exe: str, config: Path, state_dir: Path, user: bool) -> 
     return "\n".join(lines) + "\n"
 
 
+def _under_var_lib(state: Path) -> bool:
+    # StateDirectory= names a folder below /var/lib, and only there can systemd own it for us.
+    state = Path(os.path.normpath(state))  # /var/lib/../etc is not below /var/lib
+    return state != _VAR_LIB and state.is_relative_to(_VAR_LIB)
+
+
 def _system_sandbox(state: Path) -> list[str]:
-    if state.parent == _VAR_LIB:
-        writable = [
-            "# Creates the state dir, owned by User=, and keeps it writable under ProtectSystem=strict.",
-            f"StateDirectory={_quote(state.name, exec_line=False)}",
+    if _under_var_lib(state):
+        account = [
+            "# Never root: a uid allocated at each start, which owns the state dir and nothing else.",
+            "# systemd creates the state dir (really /var/lib/private/...) and re-owns it when the uid",
+            "# changes, so the model cache survives. The control socket in it is reachable by root",
+            f"# only: sudo vllmmlxctl --socket {shlex.quote(str(state / 'control.sock'))} status",
+            "DynamicUser=yes",
+            f"StateDirectory={_quote(os.path.relpath(state, _VAR_LIB), exec_line=False)}",
         ]
     else:
-        writable = [
-            "# The state dir is outside /var/lib: it must exist, and stays writable under ProtectSystem=strict.",
+        account = [
+            "# The state dir is outside /var/lib, where DynamicUser= cannot own it: run as an account",
+            f"# made for it first: useradd --system --home-dir {state} vllmmlxd; chown vllmmlxd: {state}",
+            f"User={SERVICE_ACCOUNT}",
+            f"Group={SERVICE_ACCOUNT}",
+            "# It must exist, and stays writable under ProtectSystem=strict.",
             f"ReadWritePaths={_quote(str(state), exec_line=False)}",
         ]
     hf_home = f"HF_HOME={state / 'huggingface'}"
-    return writable + [
+    return account + [
+        "# The config must be readable by this account (mode 0644); secrets stay root-only and come",
+        "# in as credentials: uncomment, and write in the config",
+        f"#   api_key: ${{file:{CREDENTIALS_DIR}/api_key}}",
+        "# (this unit's $CREDENTIALS_DIRECTORY). Re-read at restart, not at reload.",
+        "#LoadCredential=api_key:/etc/vllmmlxd/api_key",
         "# ProtectHome= leaves ~ read-only: the Hugging Face download cache lives in the state dir.",
         f"Environment={_quote(hf_home, exec_line=False)}",
-        f"# To run as a dedicated account: useradd --system --home-dir {state} vllmmlxd, then",
-        "# uncomment. Not DynamicUser=: its uid changes between installs, orphaning the model cache.",
-        "#User=vllmmlxd",
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
         "PrivateTmp=yes",
@@ -139,8 +165,14 @@ def _system_sandbox(state: Path) -> list[str]:
     ]
 
 
-def render_launchd_plist(exe: str, config: Path, state_dir: Path, log_dir: Path, label: str = LABEL) -> bytes:
-    """The launchd property list: restart on crash only, logs to ``log_dir``/vllmmlxd.log."""
+def render_launchd_plist(
+    exe: str, config: Path, state_dir: Path, log_dir: Path, label: str = LABEL, user_name: str | None = None,
+) -> bytes:
+    """The launchd property list: restart on crash only, logs to ``log_dir``/vllmmlxd.log.
+
+    ``user_name`` is the account a LaunchDaemon runs as (launchd starts one as root without it);
+    a per-user LaunchAgent runs as its user and needs none.
+    """
     exe = _absolute(exe, "exe")
     log = str(Path(_absolute(log_dir, "log_dir")) / LOG_NAME)
     # launchd starts with a bare PATH; put the install's own bin dir first so a venv works.
@@ -160,6 +192,10 @@ def render_launchd_plist(exe: str, config: Path, state_dir: Path, log_dir: Path,
         "StandardErrorPath": log,
         "EnvironmentVariables": {"PATH": path, ENV_STATE_DIR: _absolute(state_dir, "state_dir")},
     }
+    if user_name is not None:
+        if not user_name or user_name == "root":
+            raise ValueError(f"a LaunchDaemon must run as an unprivileged account, got {user_name!r}")
+        plist["UserName"] = user_name
     return plistlib.dumps(plist)
 
 
@@ -184,6 +220,19 @@ def default_state_dir(kind: Kind, user: bool) -> Path:
             return Path.home() / "Library" / "Application Support" / "vllmmlxd"
         return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "vllmmlxd"
     return Path("/Library/Application Support/vllmmlxd") if kind == "launchd" else Path("/var/lib/vllmmlxd")
+
+
+def default_daemon_account(environ: dict[str, str] | None = None) -> str:
+    """Who a system LaunchDaemon runs as: the admin who ran ``sudo``, else the caller; never root.
+
+    It owns the state and log dirs, so the same admin can reach the control socket without sudo.
+    """
+    environ = dict(os.environ) if environ is None else environ
+    name = environ.get("SUDO_USER") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+    if not name or name == "root":
+        raise ValueError("a system LaunchDaemon must not run as root: run install-service with sudo from the "
+                         "account it should run as (or --user for a LaunchAgent)")
+    return name
 
 
 def default_log_dir(user: bool) -> Path:
@@ -233,32 +282,42 @@ class ServiceFile:
     content: bytes
     dirs: tuple[Path, ...]
     commands: tuple[str, ...]
+    owner: str | None = None  # the account ``dirs`` are handed to (a LaunchDaemon's UserName)
 
 
 def make_service_file(
     kind: Kind, user: bool, config: Path, *, exe: str | None = None,
     state_dir: Path | None = None, log_dir: Path | None = None, path: Path | None = None,
+    account: str | None = None,
 ) -> ServiceFile:
-    """Render the file for this installation, filling in defaults; writes nothing."""
+    """Render the file for this installation, filling in defaults; writes nothing.
+
+    ``account`` is who a system LaunchDaemon runs as (default: :func:`default_daemon_account`).
+    """
     config = Path(os.path.abspath(Path(config).expanduser()))
     exe = os.path.abspath(exe or default_exe())
     state = Path(os.path.abspath(Path(state_dir).expanduser())) if state_dir else default_state_dir(kind, user)
     path = path or install_paths(kind, user)
+    owner = None  # systemd gives the unit its account itself
     if kind == "systemd":
         content = render_systemd_unit(exe, config, state, user).encode()
         # StateDirectory= creates /var/lib/<name> itself; anywhere else the dir must exist first.
-        dirs = () if (not user and state.parent == _VAR_LIB) else (state,)
+        dirs = () if (not user and _under_var_lib(state)) else (state,)
     else:
         logs = Path(os.path.abspath(Path(log_dir).expanduser())) if log_dir else default_log_dir(user)
-        content = render_launchd_plist(exe, config, state, logs)
+        owner = None if user else (account or default_daemon_account())
+        content = render_launchd_plist(exe, config, state, logs, user_name=owner)
         dirs = (state, logs)  # launchd creates neither
-    return ServiceFile(kind, user, path, content, dirs, tuple(enable_commands(kind, user, path)))
+    return ServiceFile(kind, user, path, content, dirs, tuple(enable_commands(kind, user, path)), owner)
 
 
 def write_service_file(service: ServiceFile) -> Path:
-    """Create the directories it needs and write the file atomically (mode 0644)."""
+    """Create the directories it needs (handed to ``service.owner``) and write the file atomically (mode 0644)."""
     for directory in (*service.dirs, service.path.parent):
         directory.mkdir(parents=True, exist_ok=True)
+    for directory in service.dirs if service.owner else ():
+        # Made by root under sudo: the unprivileged daemon must be able to write its state and logs.
+        shutil.chown(directory, user=service.owner)
     fd, tmp = tempfile.mkstemp(dir=service.path.parent, prefix=f".{service.path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:

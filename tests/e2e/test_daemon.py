@@ -42,7 +42,7 @@ def test_edits_add_change_and_remove_entries_and_vllmmlxctl_drives_it(daemon):
     # status: table, json, exit 0 when all ready
     table = daemon.ctl("status")
     assert table.returncode == 0, table.stderr
-    assert table.stdout.split()[:6] == ["MODEL", "STATE", "PID", "PORT", "UPTIME", "RESTARTS"]
+    assert table.stdout.split()[:7] == ["MODEL", "STATE", "PID", "PORT", "KEYS", "UPTIME", "RESTARTS"]
     assert "a" in table.stdout and "ready" in table.stdout
     js = json.loads(daemon.ctl("status", "--json").stdout)
     assert set(js["daemon"]) >= {"pid", "uptime_s", "config_path", "config_hash", "last_reload"}

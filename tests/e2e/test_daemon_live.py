@@ -82,3 +82,60 @@ def reloaded_after(daemon, edit) -> None:
         return bool(last) and last["at"] >= started and last["ok"]
 
     daemon.wait_for(applied, 60, "the reload")
+
+
+def test_named_keys_change_on_reload_in_the_same_worker_without_a_failed_request(daemon, tmp_path):
+    port = free_port()
+    old, new, bob = "alice-old-k3y", "alice-new-k3y", "bob-k3y-in-a-file"
+    (tmp_path / "bob.key").write_text(bob + "\n")
+    keys = {"alice": {"key": old}, "bob": {"key": f"${{file:{tmp_path / 'bob.key'}}}"}}
+    daemon.write({"tiny": model_entry(port, api_keys=["alice"])}, api_keys=keys)
+    daemon.start()
+    daemon.wait_ready(["tiny"])
+    [pid] = daemon.worker_pids()
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    small = {"prompt": "a", "max_tokens": 1}
+    assert httpx.post(url, json=small, headers={"x-api-key": bob}, timeout=60).status_code == 403
+    assert daemon.models()["tiny"]["keys"] == ["alice"]
+
+    failures: list[str] = []
+    done = threading.Event()
+    served = [0]
+
+    def client() -> None:
+        # Streams with alice's old key until it is rotated away; the reloads land meanwhile.
+        with httpx.Client(timeout=60, headers={"authorization": f"Bearer {old}"}) as http:
+            while not done.is_set():
+                with http.stream("POST", url, json={"prompt": "Once", "max_tokens": 8, "stream": True}) as r:
+                    body = r.read().decode()
+                if r.status_code != 200 or "[DONE]" not in body:
+                    failures.append(f"{r.status_code}: {body[:200]}")
+                served[0] += 1
+
+    threads = [threading.Thread(target=client) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1)
+        reloaded_after(daemon, lambda: daemon.write({"tiny": model_entry(port, api_keys=["alice", "bob"])}, api_keys=keys))
+        time.sleep(1)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(60)
+    assert not failures, failures[:5]
+    assert served[0] >= 3
+    assert httpx.post(url, json=small, headers={"x-api-key": bob}, timeout=60).status_code == 200
+    status = daemon.ctl("status")
+    assert "alice,bob" in status.stdout and daemon.models()["tiny"]["keys"] == ["alice", "bob"]
+
+    # Rotating alice's key: the old one is refused at once, the new one works, same worker.
+    rotated = {**keys, "alice": {"key": new}}
+    plan = daemon.ctl("reload", "--dry-run")
+    reloaded_after(daemon, lambda: daemon.write({"tiny": model_entry(port, api_keys=["alice", "bob"])}, api_keys=rotated))
+    assert httpx.post(url, json=small, headers={"x-api-key": old}, timeout=60).status_code == 401
+    assert httpx.post(url, json=small, headers={"x-api-key": new}, timeout=60).status_code == 200
+    assert daemon.worker_pids() == [pid] and daemon.log().count("event=worker.spawned") == 1
+    shown = daemon.log() + status.stdout + plan.stdout + daemon.ctl("status", "--json").stdout
+    for secret in (old, new, bob):
+        assert secret not in shown

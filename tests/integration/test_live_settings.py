@@ -10,7 +10,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pydantic import SecretStr
 
 from tests.support.servers import free_port, start_serve
 from vllmmlxd.config.schema import ModelConfig
@@ -106,7 +105,7 @@ def test_a_pushed_rate_limit_applies_in_the_same_process_with_no_failed_request_
 
 def test_a_new_key_locks_out_the_old_one_and_names_never_values_in_errors(worker):
     s, sock, base = worker
-    rotated = base.model_copy(update={"api_key": SecretStr(NEW_KEY)})
+    rotated = ModelConfig.model_validate({**base.model_dump(), "api_key": NEW_KEY})  # as the daemon's config holds it
     ok, config_hash = push(sock, rotated)
     assert ok and config_hash == rotated.config_hash()
     small = {"prompt": "x", "max_tokens": 2}

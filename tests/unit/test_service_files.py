@@ -78,7 +78,7 @@ def test_system_unit_settings():
         "Type": "notify", "ExecStart": "/usr/local/bin/vllmmlxd run --config /etc/vllmmlxd/config.yaml",
         "ExecReload": "/bin/kill -HUP $MAINPID", "Restart": "on-failure", "RestartSec": "2",
         "RestartPreventExitStatus": "78", "WatchdogSec": "30", "TimeoutStopSec": "60", "KillMode": "mixed",
-        "NotifyAccess": "main", "StateDirectory": "vllmmlxd", "NoNewPrivileges": "yes",
+        "NotifyAccess": "main", "StateDirectory": "vllmmlxd", "DynamicUser": "yes", "NoNewPrivileges": "yes",
         "ProtectSystem": "strict", "PrivateTmp": "yes", "ProtectHome": "read-only", "ProtectKernelTunables": "yes",
         "ProtectControlGroups": "yes", "RestrictSUIDSGID": "yes", "LockPersonality": "yes",
         "WantedBy": "multi-user.target", "After": "network-online.target", "Wants": "network-online.target",
@@ -86,10 +86,46 @@ def test_system_unit_settings():
     for key, value in expected.items():
         assert s.get(key) == [value], key
     assert "VLLMMLXD_STATE_DIR=/var/lib/vllmmlxd" in s["Environment"]
-    for absent in ("User", "DynamicUser", "MemoryDenyWriteExecute", "ReadWritePaths"):
+    for absent in ("User", "Group", "MemoryDenyWriteExecute", "ReadWritePaths", "LoadCredential"):
         assert absent not in s
-    assert "\n#User=vllmmlxd\n" in text
-    assert "DynamicUser" in text and "MemoryDenyWriteExecute" in text  # explained in comments
+    assert "MemoryDenyWriteExecute" in text  # explained in a comment
+    # Secrets: how to hand a root-only file to the service, and the path the config names it by.
+    assert "\n#LoadCredential=api_key:/etc/vllmmlxd/api_key\n" in text
+    assert "${file:/run/credentials/vllmmlxd.service/api_key}" in text
+
+
+def system_account(s: dict[str, list[str]]) -> str:
+    """Who a system unit runs as: 'dynamic', an account name, or 'root' when nothing says otherwise."""
+    if s.get("DynamicUser") == ["yes"]:
+        assert "User" not in s
+        return "dynamic"
+    return s.get("User", ["root"])[-1]
+
+
+@pytest.mark.parametrize("state", ["/var/lib/vllmmlxd", "/var/lib/ai/vllmmlxd", "/srv/vllmmlxd", "/var/lib/../srv/x"])
+def test_a_system_unit_never_runs_as_root(state):
+    s = settings(sf.render_systemd_unit("/usr/bin/vllmmlxd", Path("/etc/c.yaml"), Path(state), user=False))
+    account = system_account(s)
+    assert account not in ("root", "0")
+    if os.path.normpath(state).startswith("/var/lib/"):
+        # systemd owns the state dir for the allocated uid: nothing to create by hand.
+        assert account == "dynamic"
+        assert s["StateDirectory"] == [os.path.relpath(os.path.normpath(state), "/var/lib")]
+    else:
+        # DynamicUser= cannot own a folder outside /var/lib: a fixed account that must own it.
+        assert account == sf.SERVICE_ACCOUNT and s["Group"] == [sf.SERVICE_ACCOUNT] and "DynamicUser" not in s
+        assert s["ReadWritePaths"] == [os.path.normpath(state)] and "StateDirectory" not in s
+    for key in ("NoNewPrivileges", "ProtectSystem", "PrivateTmp", "ProtectHome", "RestrictSUIDSGID"):
+        assert key in s, key
+
+
+def test_the_template_unit_runs_unprivileged():
+    assert system_account(settings((SERVICE / UNIT).read_text())) == "dynamic"
+
+
+def test_line_breaks_in_paths_are_refused():
+    with pytest.raises(ValueError, match="line break"):
+        sf.render_systemd_unit("/usr/bin/vllmmlxd", Path("/etc/c.yaml"), Path("/srv/x\nUser=root"), user=False)
 
 
 @needs_analyze
@@ -105,6 +141,14 @@ def test_rendered_system_unit_passes_systemd_analyze(tmp_path):
     s = settings(text)
     # Outside /var/lib, StateDirectory= cannot name it: it is made writable instead.
     assert s["ReadWritePaths"] == ['"/srv/vllmmlxd state"'] and "StateDirectory" not in s
+    verify(text, tmp_path, user=False)
+
+
+@needs_analyze
+def test_unit_with_a_credential_passes_systemd_analyze(tmp_path):
+    text = sf.render_systemd_unit(real_exe(), Path("/etc/vllmmlxd/config.yaml"), Path("/var/lib/vllmmlxd"), user=False)
+    text = text.replace("\n#LoadCredential=", "\nLoadCredential=")
+    assert settings(text)["LoadCredential"] == ["api_key:/etc/vllmmlxd/api_key"]
     verify(text, tmp_path, user=False)
 
 
@@ -129,7 +173,7 @@ def test_user_unit_drops_privileged_sandboxing(tmp_path):
     s = settings(sf.render_systemd_unit("/usr/bin/vllmmlxd", Path("/c.yaml"), state, user=True))
     assert s["WantedBy"] == ["default.target"]
     assert s["Environment"] == [f'"VLLMMLXD_STATE_DIR={state}"']
-    for key in SANDBOX:
+    for key in (*SANDBOX, "DynamicUser", "User", "LoadCredential"):
         assert key not in s, key
     assert s["NoNewPrivileges"] == ["yes"] and s["Type"] == ["notify"]
 
@@ -161,6 +205,55 @@ def test_template_plist_keys_and_types():
     assert set(env) == {"PATH", "VLLMMLXD_STATE_DIR"}
     assert all(isinstance(v, str) and v.startswith("/") for v in env.values())
     assert "~" not in (SERVICE / "io.vllmmlxd.daemon.plist").read_text()
+    # The template is a LaunchAgent's shape (the Homebrew prefix belongs to its user): no UserName.
+    assert "UserName" not in plist
+
+
+def test_a_launch_daemon_runs_as_the_given_account(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    daemon = sf.make_service_file("launchd", False, tmp_path / "c.yaml", exe="/opt/v/bin/vllmmlxd", path=tmp_path / "d.plist",
+                                  state_dir=tmp_path / "state", log_dir=tmp_path / "logs", account="alice")
+    assert plistlib.loads(daemon.content)["UserName"] == "alice"
+    assert daemon.owner == "alice" and daemon.dirs == (tmp_path / "state", tmp_path / "logs")
+    agent = sf.make_service_file("launchd", True, tmp_path / "c.yaml", exe="/opt/v/bin/vllmmlxd", path=tmp_path / "a.plist")
+    assert "UserName" not in plistlib.loads(agent.content) and agent.owner is None
+    for bad in ("root", ""):
+        with pytest.raises(ValueError, match="unprivileged"):
+            sf.render_launchd_plist("/bin/vllmmlxd", Path("/c.yaml"), Path("/s"), Path("/l"), user_name=bad)
+
+
+def test_a_launch_daemon_defaults_to_the_admin_who_ran_sudo(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(sf.os, "geteuid", lambda: 0)
+    assert sf.default_daemon_account({"SUDO_USER": "alice"}) == "alice"
+    for environ in ({}, {"SUDO_USER": "root"}):
+        with pytest.raises(ValueError, match="must not run as root"):
+            sf.default_daemon_account(environ)
+    monkeypatch.setenv("SUDO_USER", "bob")
+    service = sf.make_service_file("launchd", False, tmp_path / "c.yaml", exe="/opt/v/bin/vllmmlxd",
+                                   path=tmp_path / "d.plist", state_dir=tmp_path / "s", log_dir=tmp_path / "l")
+    assert plistlib.loads(service.content)["UserName"] == "bob"
+
+
+def test_a_launch_daemon_run_by_a_plain_user_runs_as_that_user(monkeypatch):
+    import pwd
+
+    monkeypatch.setattr(sf.os, "geteuid", lambda: 4242)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: pwd.struct_passwd(("carol", "x", uid, uid, "", "/", "/bin/sh")))
+    assert sf.default_daemon_account({"SUDO_USER": "mallory"}) == "carol"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing a folder to another account needs root")
+def test_writing_a_launch_daemon_hands_its_dirs_to_the_account(tmp_path):
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    service = sf.make_service_file("launchd", False, tmp_path / "c.yaml", exe="/opt/v/bin/vllmmlxd",
+                                   path=tmp_path / "d.plist", state_dir=tmp_path / "s", log_dir=tmp_path / "l",
+                                   account="nobody")
+    sf.write_service_file(service)
+    assert [(tmp_path / d).stat().st_uid for d in ("s", "l")] == [nobody.pw_uid] * 2
+    assert (tmp_path / "d.plist").stat().st_uid == 0  # the plist itself stays root's
 
 
 def test_rendered_plist_puts_the_install_bin_first(tmp_path):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Awaitable, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from ..errors import InvalidRequest, PayloadTooLarge, UnprocessableBody
 
@@ -21,18 +22,49 @@ async def read_json(request: Request, max_bytes: int) -> dict:
     if declared and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {max_bytes} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise PayloadTooLarge(f"request body is over the limit of {max_bytes} bytes")
-        chunks.append(chunk)
     try:
-        data = json.loads(b"".join(chunks) or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise PayloadTooLarge(f"request body is over the limit of {max_bytes} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone mid-body (or cut off as too slow): nobody to answer
+        raise ClientDisconnected from None
+    raw = b"".join(chunks) or b"null"
+    try:
+        data = json.loads(raw)
+    # ValueError: bad JSON, bad UTF-8, an integer past Python's 4300 digits; RecursionError: nesting
+    # deeper than the parser's stack.
+    except (ValueError, RecursionError) as exc:
         raise UnprocessableBody(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise UnprocessableBody("request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(data):
+        raise UnprocessableBody("request body is not valid JSON: a string holds a lone surrogate (\\ud800-\\udfff)")
     return data
+
+
+# JSON may escape half of a UTF-16 pair alone ("\ud800"); such a string is no Unicode text, and
+# tokenizers, grammars and encoders refuse it deep inside. Only bodies with such an escape are walked.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(data: object) -> bool:
+    stack = [data]  # a loop, not recursion: nesting is as deep as the parser allowed
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def validate(model: type[M], data: dict) -> M:

@@ -11,14 +11,21 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
 from ..config.schema import ModelConfig
+from ..engine.embedding_types import Embedder
 from ..engine.types import Engine
 from ..errors import ModelNotFound
-from ..http.ratelimit import RateLimiter
+from ..engine.types import Usage
+from ..http.access import Access
+from ..http.ratelimit import Quotas, RateStore
 from ..http.request_id import new_request_id
+
+if TYPE_CHECKING:
+    from ..mcp.hub import McpHub
 
 
 @dataclass
@@ -28,7 +35,10 @@ class ServingContext:
     key: str  # the config entry's name
     runtime: dict = field(default_factory=dict)  # BLAS, threads and cores of this process
     started: float = field(default_factory=time.time)
-    limiter: RateLimiter | None = None  # config.rate_limit's limiter; None: no limit
+    access: Access | None = None  # who may call (built from config by LiveContext)
+    quotas: Quotas | None = None  # request and token limits (likewise)
+    embedder: Embedder | None = None  # the entry's embedding model (/v1/embeddings), if it has one
+    mcp: McpHub | None = None  # the worker's MCP clients: one hub for its life, reconfigured on swaps
 
     @property
     def name(self) -> str:
@@ -50,6 +60,12 @@ class ServingContext:
             return
         raise ModelNotFound(f"model {requested!r} is not served here; this server serves {self.name!r}")
 
+    def charge(self, request: Request, usage: Usage) -> None:
+        """Count a finished request's generated tokens against its caller's token limits."""
+        caller = getattr(request.state, "caller", None)
+        if caller is not None and self.quotas is not None:
+            self.quotas.charge(caller, usage.completion_tokens)
+
     @staticmethod
     def request_id(request: Request, prefix: str) -> str:
         """This request's id (the client's ``x-request-id``, else a new one with the family's prefix),
@@ -59,21 +75,17 @@ class ServingContext:
         return rid
 
 
-def _limiter_for(config: ModelConfig, previous: RateLimiter | None) -> RateLimiter | None:
-    # An unchanged limit keeps its limiter, so a settings push does not hand out fresh budgets.
-    if config.rate_limit <= 0:
-        return None
-    if previous is not None and previous.per_minute == config.rate_limit:
-        return previous
-    return RateLimiter(config.rate_limit)
-
-
 class LiveContext:
     """The worker's current ``ServingContext``, replaced whole by ``swap``."""
 
-    def __init__(self, engine: Engine, config: ModelConfig, key: str, runtime: dict | None = None):
+    def __init__(self, engine: Engine, config: ModelConfig, key: str, runtime: dict | None = None,
+                 embedder: Embedder | None = None, mcp: McpHub | None = None):
+        # One store of rate windows for the worker's life: an unchanged limit keeps its budget
+        # across settings pushes, a changed one starts fresh.
+        self.rates = RateStore()
         self._ctx = ServingContext(engine=engine, config=config, key=key, runtime=runtime or {},
-                                   limiter=_limiter_for(config, None))
+                                   access=Access(config), quotas=Quotas(config, self.rates), embedder=embedder,
+                                   mcp=mcp)
 
     @property
     def current(self) -> ServingContext:
@@ -82,7 +94,9 @@ class LiveContext:
     def swap(self, config: ModelConfig) -> ServingContext:
         """Serve new requests under ``config``; requests already running keep theirs."""
         # One attribute assignment on the event loop: a request sees the old context or the new one.
-        self._ctx = dataclasses.replace(self._ctx, config=config, limiter=_limiter_for(config, self._ctx.limiter))
+        self._ctx = dataclasses.replace(self._ctx, config=config, access=Access(config), quotas=Quotas(config, self.rates))
+        if self._ctx.mcp is not None:  # only servers whose definitions changed reconnect
+            self._ctx.mcp.reconfigure(config.mcp_servers_resolved)
         return self._ctx
 
     def capture(self, request: Request) -> ServingContext:

@@ -23,7 +23,7 @@ logger = logging.getLogger("vllmmlxd.api")
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 405: "invalid_request_error"}
 # Anthropic's documented status/type pairs; an overloaded server is 529 there.
 _ANTHROPIC = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-              404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+              404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large", 415: "invalid_request_error",
               422: "invalid_request_error", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
               504: "timeout_error"}
 
@@ -56,7 +56,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError):
         # SDKs read Retry-After to pace their retries.
-        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, (RateLimited, Overloaded)) else None
+        if isinstance(exc, RateLimited):
+            headers = exc.headers
+        else:
+            headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Overloaded) else None
         return render_error(request, exc.status_code, exc.message, exc.error_type, exc.param, exc.code, headers)
 
     @app.exception_handler(RequestValidationError)

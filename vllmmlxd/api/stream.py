@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, Protocol, Union
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -21,6 +21,7 @@ from ..errors import EngineFailure, RequestTimeout
 from ..log import log_event
 from .body import ClientDisconnected, unless_disconnected
 from .context import ServingContext
+from .tool_loop import McpCall, McpOutcome, ToolLoop
 
 logger = logging.getLogger("vllmmlxd.api")
 
@@ -49,13 +50,15 @@ class StreamEncoder(Protocol):
 class Folded:
     """A whole response: the fold of its event stream. ``parts`` keeps the order the model wrote
     things in (``("reasoning" | "text", str)`` runs and ``("tool_call", ToolCallDelta)``), for
-    families whose messages are ordered blocks."""
+    families whose messages are ordered blocks; calls the worker ran itself (``api.tool_loop``)
+    are ``("mcp_call", ToolCallDelta)`` and ``("mcp_result", McpOutcome)`` there, and in ``executed``."""
 
     text: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     parts: list[tuple[str, object]] = field(default_factory=list)
     finish: Finished | None = None
+    executed: list[McpOutcome] = field(default_factory=list)
 
     def add(self, event: EngineEvent) -> None:
         if isinstance(event, TextDelta):
@@ -65,9 +68,14 @@ class Folded:
         elif isinstance(event, ToolCallDelta):
             self.tool_calls.append(event)
             self.parts.append(("tool_call", event))
+        elif isinstance(event, McpCall):
+            self.parts.append(("mcp_call", event.call))
+        elif isinstance(event, McpOutcome):
+            self.executed.append(event)
+            self.parts.append(("mcp_result", event))
         elif isinstance(event, Finished):
             self.finish = event
-            if self.tool_calls:  # the blank lines around calls are no answer of their own
+            if self.tool_calls or self.executed:  # the blank lines around calls are no answer of their own
                 self.parts = [(k, v) for k, v in self.parts if k != "text" or v.strip()]
             self.text = "".join(v for k, v in self.parts if k == "text")
             self.reasoning = "".join(v for k, v in self.parts if k == "reasoning")
@@ -81,9 +89,17 @@ class Folded:
             self.parts.append((kind, text))
 
 
-async def fold(ctx: ServingContext, request: Request, gen: GenerationRequest) -> Folded:
+# One generation, or a tool loop's turns read as one (api.tool_loop).
+Generation = Union[GenerationRequest, ToolLoop]
+
+
+def _events(ctx: ServingContext, gen: Generation) -> AsyncIterator:
+    return gen.open() if isinstance(gen, ToolLoop) else ctx.engine.generate(gen)
+
+
+async def fold(ctx: ServingContext, request: Request, gen: Generation) -> Folded:
     """Run ``gen`` to its end; 504 past the timeout, nothing left running if the client goes."""
-    events = ctx.engine.generate(gen)
+    events = _events(ctx, gen)
 
     async def run() -> Folded:
         folded = Folded()
@@ -91,6 +107,8 @@ async def fold(ctx: ServingContext, request: Request, gen: GenerationRequest) ->
             async with asyncio.timeout(ctx.config.timeout):
                 async for event in events:
                     folded.add(event)
+                    if isinstance(event, Finished):
+                        ctx.charge(request, event.usage)
         finally:
             gen.cancelled.set()  # also when cancelled before the first event
         return folded
@@ -107,9 +125,9 @@ async def fold(ctx: ServingContext, request: Request, gen: GenerationRequest) ->
     return folded
 
 
-def stream(ctx: ServingContext, gen: GenerationRequest, encoder: StreamEncoder) -> StreamingResponse:
+def stream(ctx: ServingContext, request: Request, gen: Generation, encoder: StreamEncoder) -> StreamingResponse:
     """Admit ``gen`` now (a full queue is a 503 before any byte is sent), then stream its frames."""
-    events = ctx.engine.generate(gen)
+    events = _events(ctx, gen)
 
     async def body() -> AsyncIterator[str]:
         try:
@@ -117,6 +135,8 @@ def stream(ctx: ServingContext, gen: GenerationRequest, encoder: StreamEncoder) 
                 yield frame
             async with asyncio.timeout(ctx.config.timeout):
                 async for event in events:
+                    if isinstance(event, Finished):
+                        ctx.charge(request, event.usage)
                     if isinstance(event, Finished) and event.reason == "error":
                         for frame in encoder.error(event.error or "generation failed", "server"):
                             yield frame

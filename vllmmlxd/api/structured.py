@@ -87,10 +87,11 @@ def checked_schema(schema: Any, param: str) -> dict[str, Any]:
     """``schema`` if it is a JSON Schema this server will compile: valid, and bounded."""
     if not isinstance(schema, dict):
         raise InvalidRequest("a schema must be a JSON object", param=param)
-    if len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
-        raise InvalidRequest(f"the schema is larger than {MAX_SCHEMA_BYTES // 1024} KiB", param=param)
+    # Depth first: json.dumps, like every walk after it, recurses, and a body may nest to the parser's limit.
     if _depth(schema) > MAX_SCHEMA_DEPTH:
         raise InvalidRequest(f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels", param=param)
+    if len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
+        raise InvalidRequest(f"the schema is larger than {MAX_SCHEMA_BYTES // 1024} KiB", param=param)
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
@@ -99,8 +100,13 @@ def checked_schema(schema: Any, param: str) -> dict[str, Any]:
 
 
 def _depth(value: Any) -> int:
-    if isinstance(value, dict):
-        return 1 + max((_depth(v) for v in value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max((_depth(v) for v in value), default=0)
-    return 0
+    """How deep ``value`` nests, found with a loop: recursion would fail first on a deep one."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            depth += 1
+            deepest = max(deepest, depth)
+            if depth <= MAX_SCHEMA_DEPTH:  # past the limit the answer is known: stop walking
+                stack.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest

@@ -26,6 +26,10 @@ LIVE_FIELDS = frozenset({
     "api_key", "rate_limit", "timeout", "default_temperature", "default_top_p", "max_tokens",
     "max_request_tokens", "max_queue", "stream_interval", "served_model_name", "aliases", "owned_by",
     "enable_metrics", "strict_model_name", "enable_auto_tool_choice", "max_body_mb", "use_paged_cache",
+    "api_keys", "key_grants", "tokens_per_minute", "trusted_proxies", "allowed_hosts", "cors_origins",
+    "health_requires_key", "metrics_requires_key",
+    # MCP: the worker reconnects its MCP clients in place; the model stays loaded.
+    "mcp", "mcp_auto_execute", "mcp_max_tool_calls", "mcp_config", "mcp_servers_resolved",
 })
 
 APPLY_LIVE = "apply live"

@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from yaml.nodes import CollectionNode, MappingNode, Node, ScalarNode, SequenceNode
 
-from vllmmlxd.config.schema import Config
+from vllmmlxd.config.schema import INTERNAL_FIELDS, Config
 from vllmmlxd.errors import ConfigError
 
 Loc = tuple[str | int, ...]
@@ -144,7 +144,17 @@ class _Reader:
             for key in _EXPANDED_PATHS:
                 if isinstance(daemon.get(key), str):
                     daemon[key] = os.path.expanduser(daemon[key])
+        # mcpServers files, like ${file:..}, are found relative to the config file.
+        if isinstance(data.get("mcp_config"), str):
+            data["mcp_config"] = self._near(data["mcp_config"])
+        for entry in data["models"].values() if isinstance(data.get("models"), dict) else ():
+            if isinstance(entry, dict) and isinstance(entry.get("mcp_config"), str):
+                entry["mcp_config"] = self._near(entry["mcp_config"])
         return data
+
+    def _near(self, path: str) -> str:
+        p = Path(path).expanduser()
+        return str(p if p.is_absolute() else self.base_dir / p)
 
     def _to_python(self, loader: yaml.SafeLoader, node: Node, loc: Loc):
         if id(node) in self._active:
@@ -162,6 +172,9 @@ class _Reader:
             value = loader.construct_object(node, deep=True)
             if isinstance(value, str) and (m := _SUBSTITUTION.fullmatch(value)):
                 return self._substitute(m["kind"], m["arg"], node, loc)
+            if isinstance(value, str) and loc[:1] == ("mcp_servers",) and _SUBSTITUTION.search(value):
+                # MCP headers carry a secret inside text ("Bearer ${env:TOKEN}"): substituted in place there.
+                return _SUBSTITUTION.sub(lambda m: self._substitute(m["kind"], m["arg"], node, loc) or "", value)
             return value
         finally:
             self._active.discard(id(node))
@@ -242,14 +255,14 @@ class _Reader:
             if named:
                 loc = max(named)[1]
                 marks = self.marks[loc]
-        return f"{self.path}:{marks.key}: {_dotted(loc)}: {message}"
+        return f"{self.path}:{marks.key}: {_dotted(loc) + ': ' if loc else ''}{message}"
 
 
 def _unknown_key(loc: Loc) -> str:
     model = _model_at(loc[:-1])
     if model is None:
         return "unknown key"
-    fields = list(model.model_fields)
+    fields = [f for f in model.model_fields if f not in INTERNAL_FIELDS]
     close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
     if close:
         return f"unknown key; did you mean '{close[0]}'?"

@@ -7,6 +7,7 @@ Option names mirror the reference server's flags in snake_case.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
@@ -21,10 +22,218 @@ TOOL_PARSERS = (  # as vllmmlxd/parsers/tools has them (a test keeps them equal)
     "auto", "deepseek", "functionary", "glm47", "granite", "hermes", "kimi", "llama", "mistral", "nemotron", "qwen", "xlam",
 )
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+DIGEST_PREFIX = "sha256:"  # an api_key held as its digest: what the daemon and workers keep
+# Fields vllmmlxd fills itself (from the top-level api_keys section): never written by hand.
+INTERNAL_FIELDS = frozenset({"key_grants", "mcp_servers_resolved"})
+# MCP server names prefix their tools as SERVER__TOOL, so a name never holds "__" itself, and
+# stays inside the tool-name alphabet the OpenAI and Anthropic APIs accept.
+MCP_SERVER_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,31}$")
+MCP_TOOL_SEPARATOR = "__"
+
+
+def key_digest(key: str) -> str:
+    """The hex SHA-256 of a key: the only form of a key kept after the config is read."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def check_rate(value: int | str) -> int | str:
+    """A rate limit: an int (requests per minute; 0: none) or ``limits`` text such as
+    ``"60/minute"`` or ``"5/second;1000/day"``."""
+    if isinstance(value, bool) or (isinstance(value, int) and value < 0):
+        raise ValueError("a rate limit is a count per minute (0: none) or text like '60/minute'")
+    if isinstance(value, str):
+        from limits import parse_many  # only when a config says so: vllmmlxctl stays light
+
+        try:
+            items = parse_many(value)
+        except ValueError:
+            items = []
+        if not items or any(item.amount < 1 for item in items):
+            raise ValueError(f"rate limit {value!r} is not like '60/minute', '5/second' or '10/second;1000/hour'")
+    return value
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KeyGrant(_Strict):
+    """One named key as a model's worker knows it: its digest, whether it may use this model,
+    and its own limits. Filled in from the top-level ``api_keys`` section, never by hand."""
+
+    name: str
+    sha256: str = Field(pattern=SHA256_RE.pattern, repr=False)
+    allowed: bool
+    rate_limit: int | str = 0
+    tokens_per_minute: int = Field(0, ge=0)
+    mcp: tuple[str, ...] | None = None  # the MCP servers this key may use here; None: all of the entry's
+
+
+class McpServerConfig(_Strict):
+    """One MCP server a worker connects to: a child process over stdio, or a URL.
+
+    ``env`` and ``headers`` values are secrets (tokens): kept as SecretStr, so they are never
+    printed, and revealed only on a worker's stdin (``ModelConfig.to_worker_json``).
+    """
+
+    transport: Literal["stdio", "streamable-http", "sse"] = "stdio"
+    command: str | None = Field(None, description="stdio: the program to run")
+    args: tuple[str, ...] = ()
+    env: dict[str, SecretStr] = Field(default_factory=dict, description="stdio: variables added to a small safe environment")
+    cwd: str | None = None
+    url: str | None = Field(None, description="streamable-http or sse: the server's endpoint")
+    headers: dict[str, SecretStr] = Field(default_factory=dict, description="HTTP headers sent with every request")
+    timeout: float = Field(30.0, gt=0, le=3600, description="seconds one tool execution (and connecting) may take")
+    allow_tools: tuple[str, ...] = Field(("*",), description="tool names (shell patterns) offered; default all")
+    deny_tools: tuple[str, ...] = Field((), description="tool names (shell patterns) never offered, even if allowed")
+    enabled: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _infer_transport(cls, data):
+        # A server written like a Claude Desktop one ({command} or {url}) needs no transport key.
+        if isinstance(data, dict) and "transport" not in data and data.get("url") and not data.get("command"):
+            data = {**data, "transport": "streamable-http"}
+        return data
+
+    @field_validator("args", "allow_tools", "deny_tools", mode="before")
+    @classmethod
+    def _one_is_a_list(cls, v):
+        return (v,) if isinstance(v, str) else v
+
+    @field_validator("env", "headers", mode="before")
+    @classmethod
+    def _text_values(cls, v):
+        # Numbers in YAML (PORT: 8080) are meant as text in an environment or a header.
+        if isinstance(v, dict):
+            return {k: str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x for k, x in v.items()}
+        return v
+
+    @model_validator(mode="after")
+    def _fits_transport(self):
+        if self.transport == "stdio":
+            if not self.command:
+                raise ValueError("a stdio MCP server needs command")
+            if self.url or self.headers:
+                raise ValueError("url and headers are for streamable-http and sse servers, not stdio")
+        else:
+            if not self.url or not self.url.startswith(("http://", "https://")):
+                raise ValueError(f"a {self.transport} MCP server needs url: http://... or https://...")
+            if self.command or self.args or self.env or self.cwd:
+                raise ValueError(f"command, args, env and cwd are for stdio servers, not {self.transport}")
+        return self
+
+    def offers(self, tool: str) -> bool:
+        """Whether this server's tool ``tool`` passes its allow_tools / deny_tools patterns."""
+        return (any(fnmatch.fnmatchcase(tool, p) for p in self.allow_tools)
+                and not any(fnmatch.fnmatchcase(tool, p) for p in self.deny_tools))
+
+    def revealed(self) -> dict:
+        """This server as plain JSON, secrets shown: for a worker's stdin only."""
+        data = self.model_dump(mode="json")
+        data["env"] = {k: v.get_secret_value() for k, v in self.env.items()}
+        data["headers"] = {k: v.get_secret_value() for k, v in self.headers.items()}
+        return data
+
+
+def check_mcp_server_names(names) -> None:
+    for name in names:
+        if not MCP_SERVER_NAME_RE.match(name):
+            raise ValueError(f"MCP server name {name!r} must be letters, digits, '-' or single '_' (at most 32; "
+                             f"'__' separates server and tool)")
+
+
+def load_mcp_file(path: str | Path) -> dict[str, McpServerConfig]:
+    """The servers of a Claude-Desktop-style ``{"mcpServers": {...}}`` file, taken as they are.
+
+    Keys those files carry for other tools (``autoApprove``, ``alwaysAllow``...) are ignored;
+    ``type`` is read as the transport and ``disabled: true`` as ``enabled: false``. Errors name
+    the file and the server, never a value (env and headers hold tokens).
+    """
+    from pydantic import ValidationError
+
+    p = Path(path).expanduser()
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"cannot read MCP config {p}: {e.strerror or type(e).__name__}") from None
+    except ValueError as e:  # JSON syntax (its message gives the position, not the text) or not UTF-8
+        raise ValueError(f"MCP config {p} is not JSON: {str(e).split(':')[0]}") from None
+    servers = data.get("mcpServers") if isinstance(data, dict) else None
+    if not isinstance(servers, dict):
+        raise ValueError(f"MCP config {p} has no \"mcpServers\" object")
+    check_mcp_server_names(servers)
+    out = {}
+    kinds = {"stdio": "stdio", "sse": "sse", "http": "streamable-http", "streamable-http": "streamable-http",
+             "streamableHttp": "streamable-http"}
+    for name, spec in servers.items():
+        if not isinstance(spec, dict):
+            raise ValueError(f"MCP config {p}: server {name!r} is not an object")
+        fields = {k: spec[k] for k in ("command", "args", "env", "cwd", "url", "headers", "timeout") if spec.get(k) is not None}
+        kind = spec.get("transport", spec.get("type"))
+        if kind is not None:
+            if kind not in kinds:
+                raise ValueError(f"MCP config {p}: server {name!r} has unknown type {kind!r}")
+            fields["transport"] = kinds[kind]
+        if spec.get("disabled") is True:
+            fields["enabled"] = False
+        try:
+            out[name] = McpServerConfig.model_validate(fields)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'server'}: {e['msg'].removeprefix('Value error, ')}"
+                                 for e in exc.errors(include_input=False, include_url=False))
+            raise ValueError(f"MCP config {p}: server {name!r}: {problems}") from None
+    return out
+
+
+class ApiKeyConfig(_Strict):
+    """A named key of the ``api_keys`` section: the key (or its digest), the models it may use, its limits."""
+
+    key: SecretStr | None = Field(None, description="the key itself: literal, ${env:NAME} or ${file:/path}")
+    key_sha256: str | None = Field(None, repr=False, description="the key's SHA-256 in hex, instead of the key")
+    models: tuple[str, ...] = Field(("*",), description="entry names (shell patterns) this key may use")
+    rate_limit: int | str = Field(0, description="this key's requests per minute, or text like '5/second'")
+    tokens_per_minute: int = Field(0, ge=0, description="generated tokens per minute for this key; 0: no limit")
+    mcp: tuple[str, ...] | None = Field(None, description="MCP servers (names) this key may use; unset: all of a model's")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _digest_only(cls, data):
+        # Only the digest is kept: the key itself is dropped as soon as it is read.
+        if isinstance(data, dict) and isinstance(data.get("key"), str):
+            if data.get("key_sha256") is not None:
+                raise ValueError("give either key or key_sha256, not both")
+            if not data["key"]:
+                raise ValueError("key is empty")
+            data = {**data, "key": None, "key_sha256": key_digest(data["key"])}
+        return data
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digest(cls, v):
+        if v is not None and not SHA256_RE.match(v.lower()):
+            raise ValueError("key_sha256 must be 64 hex digits (sha256sum of the key)")
+        return v.lower() if v else v
+
+    @field_validator("models", "mcp", mode="before")
+    @classmethod
+    def _one_model_is_a_list(cls, v):
+        return (v,) if isinstance(v, str) else v
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate(cls, v):
+        return check_rate(v)
+
+    @model_validator(mode="after")
+    def _has_a_key(self):
+        if self.key_sha256 is None:
+            raise ValueError("give the key as key (literal, ${env:NAME} or ${file:/path}) or key_sha256")
+        return self
+
+    def may_use(self, entry: str) -> bool:
+        return any(fnmatch.fnmatchcase(entry, pattern) for pattern in self.models)
 
 
 class ModelConfig(_Strict):
@@ -37,6 +246,10 @@ class ModelConfig(_Strict):
     aliases: tuple[str, ...] = ()
     owned_by: str = "vllmmlxd"
     api_key: SecretStr | None = None
+    api_keys: tuple[str, ...] | None = Field(
+        None, description="names from the api_keys section allowed here ('*': every key whose models match); unset: open"
+    )
+    key_grants: tuple[KeyGrant, ...] = ()  # INTERNAL_FIELDS: the api_keys section, resolved for this entry
     timeout: float = Field(300.0, gt=0)
     max_tokens: int = Field(32768, ge=1)
     max_request_tokens: int = Field(32768, ge=1)
@@ -46,7 +259,14 @@ class ModelConfig(_Strict):
     max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 503")
     max_body_mb: float = Field(16.0, gt=0, description="request bodies above this get 413")
     trust_remote_code: bool = False
-    rate_limit: int = Field(0, ge=0, description="requests per minute per client (API key, else address); 0: off")
+    rate_limit: int | str = Field(0, description="requests per client (key name, else address): per minute, or text like '120/minute'; 0: off")
+    tokens_per_minute: int = Field(0, ge=0, description="generated tokens per minute per client; 0: no limit")
+    trusted_proxies: tuple[str, ...] = Field((), description="proxy addresses/networks whose X-Forwarded-For names the client")
+    allowed_hosts: tuple[str, ...] = Field((), description="Host names this server answers besides its bind address and localhost")
+    cors_origins: tuple[str, ...] = Field((), description="web origins allowed to call the API from a browser; none by default")
+    max_connections: int = Field(256, ge=1, description="open connections at most; more get 503")
+    health_requires_key: bool = Field(False, description="put /health behind the key check too")
+    metrics_requires_key: bool = Field(False, description="put /metrics behind the key check too")
     enable_metrics: bool = False
     blas: str = Field(
         "auto", description="Linux: auto, mkl, blis, openblas, bundled or a path to a library exporting cblas_sgemm"
@@ -63,9 +283,15 @@ class ModelConfig(_Strict):
     strict_model_name: bool = Field(False, description="404 for a request naming another model; default: answer it")
     tool_call_parser: str = Field("auto", description="the model's tool-call format: auto (from its chat template, else hermes) or a family")
     enable_auto_tool_choice: bool = Field(True, description="read the model's own tool calls (tool_choice auto); false: only forced calls")
-    # Features of later versions: a value other than the default is refused, never ignored.
-    mcp_config: str | None = None
-    embedding_model: str | None = None
+    embedding_model: str | None = Field(
+        None, description="an embedding model preloaded beside the model, served on /v1/embeddings: "
+        "builtin:all-minilm-l6-v2 or a local BERT sentence-transformers folder")
+    # MCP: servers from the top-level mcp_servers section (or an mcpServers file) this worker connects to.
+    mcp: tuple[str, ...] = Field((), description="names from mcp_servers whose tools this model's worker offers")
+    mcp_auto_execute: tuple[str, ...] = Field((), description="tools (server__tool, shell patterns) the worker runs itself")
+    mcp_max_tool_calls: int = Field(8, ge=0, le=1000, description="tool executions one request may make at most")
+    mcp_config: str | None = Field(None, description="a Claude-Desktop-style mcpServers JSON file: all its servers")
+    mcp_servers_resolved: dict[str, McpServerConfig] = Field(default_factory=dict)  # INTERNAL_FIELDS: mcp, resolved
 
     @field_validator("blas")
     @classmethod
@@ -89,17 +315,57 @@ class ModelConfig(_Strict):
             raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_PARSERS)}, not {v!r}")
         return v
 
-    @field_validator("mcp_config", "embedding_model")
+    @field_validator("aliases", "api_keys", "trusted_proxies", "allowed_hosts", "cors_origins", "mcp",
+                     "mcp_auto_execute", mode="before")
     @classmethod
-    def _not_yet(cls, v, info):
-        if v:
-            raise ValueError(f"{info.field_name} is not available in this version of vllmmlxd")
+    def _one_is_a_list(cls, v):
+        return (v,) if isinstance(v, str) else v
+
+    @field_validator("api_key")
+    @classmethod
+    def _keep_the_digest(cls, v: SecretStr | None):
+        # Only the digest is kept, as "sha256:HEX" (still a SecretStr, so never printed).
+        if v is None:
+            return v
+        text = v.get_secret_value()
+        if not text:
+            raise ValueError("api_key is empty")
+        if text.startswith(DIGEST_PREFIX) and SHA256_RE.match(text[len(DIGEST_PREFIX):]):
+            return v
+        return SecretStr(DIGEST_PREFIX + key_digest(text))
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate(cls, v):
+        return check_rate(v)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v):
+        import ipaddress
+
+        for net in v:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"trusted_proxies: {net!r} is not an IP address or network") from None
         return v
 
-    @field_validator("aliases", mode="before")
+    @field_validator("mcp_auto_execute")
     @classmethod
-    def _one_alias_is_a_list(cls, v):
-        return (v,) if isinstance(v, str) else v
+    def _tool_patterns(cls, v):
+        for pattern in v:
+            if MCP_TOOL_SEPARATOR not in pattern and pattern != "*":
+                raise ValueError(f"{pattern!r} is not SERVER__TOOL (shell patterns allowed)")
+        return v
+
+    @model_validator(mode="after")
+    def _mcp_file_alone(self):
+        # `vllmmlxd serve --mcp-config FILE`: no config section resolves the servers, the entry does.
+        # (In a config file, Config fills mcp_servers_resolved and this finds it already set.)
+        if self.mcp_config and not self.mcp_servers_resolved:
+            object.__setattr__(self, "mcp_servers_resolved", load_mcp_file(self.mcp_config))
+        return self
 
     @model_validator(mode="after")
     def _request_cap_covers_default(self):
@@ -109,11 +375,21 @@ class ModelConfig(_Strict):
             )
         return self
 
+    @property
+    def is_open(self) -> bool:
+        """No key is needed here: neither api_key nor api_keys is set."""
+        return self.api_key is None and self.api_keys is None
+
+    def key_names(self) -> list[str]:
+        """The names of the keys that may use this entry (``api_key`` for the entry's own key)."""
+        return (["api_key"] if self.api_key is not None else []) + [g.name for g in self.key_grants if g.allowed]
+
     def to_worker_json(self) -> str:
-        """This entry as JSON with secrets revealed: only ever sent down a worker's stdin pipe."""
+        """This entry as JSON with secrets revealed (the key's digest): only ever sent down a worker's stdin pipe."""
         data = self.model_dump(mode="json")
         if self.api_key is not None:
             data["api_key"] = self.api_key.get_secret_value()
+        data["mcp_servers_resolved"] = {n: s.revealed() for n, s in self.mcp_servers_resolved.items()}
         return json.dumps(data)
 
     def config_hash(self) -> str:
@@ -140,7 +416,51 @@ class Config(_Strict):
     """A whole config file."""
 
     daemon: DaemonConfig = DaemonConfig()
+    # Declared before api_keys and models: their validators check the server names they give.
+    mcp_config: Path | None = Field(None, description="a Claude-Desktop-style mcpServers JSON file, imported as is")
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict, validate_default=True)  # the import runs without it
+    api_keys: dict[str, ApiKeyConfig] = Field(default_factory=dict)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_internal_fields(cls, data):
+        models = data.get("models") if isinstance(data, dict) else None
+        for name, entry in models.items() if isinstance(models, dict) else ():
+            for field_name in INTERNAL_FIELDS & set(entry if isinstance(entry, dict) else ()):
+                raise ValueError(f"models.{name}.{field_name} is filled in by vllmmlxd (from api_keys, mcp); remove it")
+        return data
+
+    @field_validator("mcp_config")
+    @classmethod
+    def _readable_mcp_file(cls, v: Path | None):
+        if v is not None:
+            load_mcp_file(v)  # its errors are this key's
+        return v
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _import_mcp_file(cls, servers: dict[str, McpServerConfig], info):
+        check_mcp_server_names(servers)
+        path = info.data.get("mcp_config")
+        imported = load_mcp_file(path) if path is not None else {}
+        for name in sorted(imported.keys() & servers.keys()):
+            raise ValueError(f"MCP server {name!r} is defined here and in mcp_config {path}; rename one")
+        return {**servers, **imported}
+
+    @field_validator("api_keys")
+    @classmethod
+    def _key_names(cls, keys: dict[str, ApiKeyConfig], info):
+        for name in keys:
+            if not MODEL_NAME_RE.match(name) or name == "api_key":
+                raise ValueError(f"key name {name!r} must be letters, digits, '_', '.' or '-' (and not 'api_key')")
+        servers = info.data.get("mcp_servers") or {}
+        for name, key in keys.items():
+            for server in key.mcp or ():
+                if server not in servers:
+                    raise ValueError(f"key {name!r} names MCP server {server!r}, which mcp_servers does not define; "
+                                     f"defined: {', '.join(sorted(servers)) or 'none'}")
+        return keys
 
     @field_validator("models")
     @classmethod
@@ -154,3 +474,51 @@ class Config(_Strict):
                 raise ValueError(f"models {seen[addr]!r} and {name!r} both listen on {entry.host}:{entry.port}")
             seen[addr] = name
         return models
+
+    @field_validator("models")
+    @classmethod
+    def _grant_keys(cls, models: dict[str, ModelConfig], info):
+        # Each entry gets every named key's digest, marked allowed or not: a known key that
+        # may not use a model is a 403 there, an unknown one a 401.
+        keys: dict[str, ApiKeyConfig] = info.data.get("api_keys") or {}
+        out = {}
+        for name, entry in models.items():
+            if entry.api_keys is None:  # open (or only its own api_key): the key table is not needed
+                out[name] = entry
+                continue
+            listed = set(entry.api_keys)
+            for key_name in sorted(listed - {"*"}):
+                if key_name not in keys:
+                    known = ", ".join(sorted(keys)) or "none (add an api_keys section)"
+                    raise ValueError(f"model {name!r} names key {key_name!r}, which api_keys does not define; defined: {known}")
+                if not keys[key_name].may_use(name):
+                    raise ValueError(f"model {name!r} names key {key_name!r}, whose models ({', '.join(keys[key_name].models)}) exclude it")
+            grants = tuple(
+                KeyGrant(name=key_name, sha256=k.key_sha256, rate_limit=k.rate_limit, tokens_per_minute=k.tokens_per_minute,
+                         allowed=key_name in listed or ("*" in listed and k.may_use(name)), mcp=k.mcp)
+                for key_name, k in keys.items()
+            )
+            out[name] = entry.model_copy(update={"key_grants": grants})
+        return out
+
+    @field_validator("models")
+    @classmethod
+    def _resolve_mcp(cls, models: dict[str, ModelConfig], info):
+        # Each entry carries the full definitions of its servers (the names it lists, and all of
+        # its own mcp_config file's): a worker never sees the rest of the config.
+        servers: dict[str, McpServerConfig] = info.data.get("mcp_servers") or {}
+        out = {}
+        for name, entry in models.items():
+            for server in entry.mcp:
+                if server not in servers:
+                    raise ValueError(f"model {name!r} names MCP server {server!r}, which mcp_servers does not define; "
+                                     f"defined: {', '.join(sorted(servers)) or 'none'}")
+            own = load_mcp_file(entry.mcp_config) if entry.mcp_config else {}
+            resolved = {**{s: servers[s] for s in entry.mcp}, **own}
+            for pattern in entry.mcp_auto_execute:
+                server = pattern.split(MCP_TOOL_SEPARATOR, 1)[0]
+                if pattern != "*" and not any(c in server for c in "*?[") and server not in resolved:
+                    raise ValueError(f"model {name!r}: mcp_auto_execute names {pattern!r}, but the model does not "
+                                     f"use MCP server {server!r}")
+            out[name] = entry.model_copy(update={"mcp_servers_resolved": resolved}) if resolved or entry.mcp_servers_resolved else entry
+        return out

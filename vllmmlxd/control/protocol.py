@@ -46,6 +46,17 @@ class DaemonStatus(_Wire):
     config_missing: bool = False  # the config file was deleted: the running config stays until it is back
 
 
+class McpServerStatus(_Wire):
+    """One MCP server of a model's worker, as the worker reports it."""
+
+    name: str
+    transport: str
+    state: str  # starting, ready, failed, disabled, stopped
+    tools: int = 0
+    last_error: str | None = None  # why it last failed (kept after it recovers)
+    connects: int = 0  # successful connections: more than one means it was restarted
+
+
 class ModelStatus(_Wire):
     """One model entry's worker as the supervisor sees it."""
 
@@ -59,6 +70,7 @@ class ModelStatus(_Wire):
     last_exit_code: int | None = None
     served_model_name: str
     last_error: str | None = None  # the worker's last stderr lines when it failed
+    keys: list[str] | None = None  # names of the keys that may use it (never the keys); None: open to anyone
     # What the running worker reports of itself (None until it is ready).
     blas: str | None = None  # mkl, openblas, bundled, accelerate, or a library's file name
     blas_path: str | None = None
@@ -70,6 +82,10 @@ class ModelStatus(_Wire):
     tokens_per_s: float | None = None  # generated over the last few seconds, all requests together
     cache_mb: float | None = None  # the prefix cache's use...
     cache_budget_mb: float | None = None  # ...against its budget
+    embedding_model: str | None = None  # the embedding model it serves on /v1/embeddings, if any
+    embedding_requests: int | None = None  # embedding requests answered
+    embedding_inputs: int | None = None  # inputs embedded
+    mcp: list[McpServerStatus] | None = None  # its MCP servers (None: none, or an older daemon)
 
 
 class StatusResponse(_Wire):

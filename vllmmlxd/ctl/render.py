@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from vllmmlxd.control.protocol import ActionResponse, ModelStatus, ReloadResponse, StatusResponse
 
 STATUS_HEADERS = (
-    "MODEL", "STATE", "PID", "PORT", "UPTIME", "RESTARTS", "RUN", "WAIT", "TOK/S", "CACHE", "BLAS", "THREADS", "CPUS",
+    "MODEL", "STATE", "PID", "PORT", "KEYS", "UPTIME", "RESTARTS", "RUN", "WAIT", "TOK/S", "CACHE", "BLAS", "THREADS", "CPUS",
 )
 # States worth explaining under the table with the worker's last stderr lines.
 _EXPLAINED = ("failed", "backoff")
@@ -48,9 +48,17 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _row(m: ModelStatus) -> tuple[str, ...]:
     pid = "-" if m.pid is None else str(m.pid)
-    return (m.name, m.state, pid, str(m.port), format_duration(m.uptime_s), str(m.restarts),
+    return (m.name, m.state, pid, str(m.port), _keys(m), format_duration(m.uptime_s), str(m.restarts),
             _or_dash(m.running), _or_dash(m.waiting), _or_dash(m.tokens_per_s), _cache(m),
             m.blas or "-", _or_dash(m.threads), m.cpus or "-")
+
+
+def _keys(m: ModelStatus) -> str:
+    """Who may call: ``open``, the key names (``alice,ci``), or ``none`` for an entry that lists no key."""
+    keys = getattr(m, "keys", None)  # absent from an older daemon's answer
+    if keys is None:
+        return "open"
+    return ",".join(keys) or "none"
 
 
 def _or_dash(value: object) -> str:
@@ -72,6 +80,13 @@ def _blas_lines(models: Sequence[ModelStatus]) -> list[str]:
     return lines
 
 
+def _embedding_lines(models: Sequence[ModelStatus]) -> list[str]:
+    """``llama embeds with all-minilm-l6-v2: 12 requests, 340 inputs`` for each entry with an embedding model."""
+    return [f"{m.name} embeds with {m.embedding_model}: {_or_dash(getattr(m, 'embedding_requests', None))} requests, "
+            f"{_or_dash(getattr(m, 'embedding_inputs', None))} inputs"
+            for m in models if getattr(m, "embedding_model", None)]
+
+
 def _explain(m: ModelStatus) -> list[str]:
     exit_code = "" if m.last_exit_code is None else f" (exit {m.last_exit_code})"
     lines = [f"{m.name} {m.state}{exit_code}:"]
@@ -85,6 +100,26 @@ def _with_rest(first: str, text: str) -> list[str]:
     return [first + head] + [_INDENT + line for line in rest]
 
 
+def _mcp_lines(models: Sequence[ModelStatus]) -> list[str]:
+    """``llama mcp: files ready (3 tools), search failed: connection refused`` for each entry with MCP servers."""
+    lines = []
+    for m in models:
+        servers = getattr(m, "mcp", None) or []
+        if servers:
+            lines.append(f"{m.name} mcp: " + ", ".join(_mcp_server(s) for s in servers))
+    return lines
+
+
+def _mcp_server(s) -> str:
+    if s.state == "ready":
+        restarted = s.connects - 1 if s.connects else 0
+        again = f"; restarted {restarted}x, last: {s.last_error}" if restarted > 0 and s.last_error else ""
+        return f"{s.name} ready ({s.tools} tool{'' if s.tools == 1 else 's'}{again})"
+    if s.state in ("failed", "starting") and s.last_error:
+        return f"{s.name} {s.state}: {s.last_error}"
+    return f"{s.name} {s.state}"
+
+
 def render_status(status: StatusResponse, now: float | None = None) -> str:
     """The model table, why failed models failed, then the daemon and last-reload footer."""
     lines = [render_table(STATUS_HEADERS, [_row(m) for m in status.models])] if status.models else ["no models"]
@@ -94,6 +129,12 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
     blas = _blas_lines(status.models)
     if blas:
         lines += [""] + blas
+    embedding = _embedding_lines(status.models)
+    if embedding:
+        lines += [""] + embedding
+    mcp = _mcp_lines(status.models)
+    if mcp:
+        lines += [""] + mcp
     d = status.daemon
     lines += [
         "",

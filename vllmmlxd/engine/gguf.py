@@ -4,6 +4,9 @@
 (weight, scales, biases) triples that we dequantize to float16. The result is a
 standard Hugging Face-layout folder (config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json) that ``mlx_lm.utils.load`` reads like any other.
+
+A GGUF file named in the config is converted in a child process (:mod:`gguf_convert`):
+MLX's GGUF reader is not hardened against malformed files, and the worker must survive one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, Callable
 import mlx.core as mx
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from vllmmlxd.engine import gguf_convert
 from vllmmlxd.errors import ModelLoadError
 from vllmmlxd.log import log_event
 
@@ -239,13 +243,16 @@ def convert_gguf(gguf_path: Path, folder: Path) -> None:
 
 
 def convert_gguf_cached(gguf_path: Path, models_dir: Path) -> Path:
-    """The converted folder of ``gguf_path`` under ``models_dir``, converting it on first use."""
+    """The converted folder of ``gguf_path`` under ``models_dir``, converting it on first use.
+
+    The conversion runs in a child process; if it fails, ``build_once`` removes the partial folder.
+    """
     digest = remembered_sha256(gguf_path, models_dir / DIGESTS)[:16]
 
     def build(folder: Path) -> None:
         started = time.monotonic()
         log_event(logger, "model.convert", source=str(gguf_path), target=str(folder))
-        convert_gguf(gguf_path, folder)
+        gguf_convert.convert_in_child(gguf_path, folder)
         log_event(logger, "model.convert.done", source=str(gguf_path), seconds=round(time.monotonic() - started, 2))
 
     return build_once(models_dir / f"gguf-{digest}", build)

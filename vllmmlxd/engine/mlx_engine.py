@@ -16,8 +16,9 @@ import time
 from typing import TYPE_CHECKING, AsyncIterator
 
 import mlx.core as mx
+from jinja2.exceptions import SecurityError
 
-from ..errors import Overloaded
+from ..errors import ModelLoadError, Overloaded
 from ..log import log_event
 from ..parsers.reasoning import make_reasoning_parser
 from ..parsers.tools import tool_parser_class
@@ -27,6 +28,7 @@ from .detokenize import IncrementalDetokenizer
 from .options import EngineOptions
 from .scheduler import Scheduler
 from .sequence import Chain, Sequence
+from .special_text import SpecialText, plain_encoder, special_tokens_of
 from .template_vars import template_switches
 from .tool_setup import resolve_tool_parser, template_renders_tools
 from .types import Constraint, EngineEvent, EngineStats, Finished, GenerationRequest, ModelInfo
@@ -38,6 +40,7 @@ logger = logging.getLogger("vllmmlxd.engine")
 
 PROMPT_TAIL_TOKENS = 16  # the prompt's end, as text, tells a reasoning parser where generation starts
 PROMPT_TAIL_CHARS = 64
+_SANDBOX_PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
 
 
 class MLXEngine:
@@ -60,6 +63,9 @@ class MLXEngine:
             tool_parser=tool_parser,
             template_switches=template_switches(getattr(self.tokenizer, "chat_template", None)),
         )
+        if has_template:
+            self._refuse_unsafe_template()
+        self._init_request_text()
         # A template that ignores tools gets them (and the call format) in the system message.
         self._template_has_tools = has_template and template_renders_tools(self._render_text)
         log_event(logger, "engine.tools", parser=tool_parser, chosen=chosen,
@@ -94,7 +100,38 @@ class MLXEngine:
             messages = with_tool_instructions(calls_as_text(messages, self._tool_parser), tools, self._tool_parser)
         elif tools:
             kwargs["tools"] = tools
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs))
+        # Special-token text in the request stays text (see engine.special_text); without any, as before.
+        marked, changed = self._request_text.mark(messages)
+        marked_kwargs, kwargs_changed = self._request_text.mark(kwargs)
+        if not (changed or kwargs_changed):
+            return list(self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, **kwargs))
+        rendered = self.tokenizer.apply_chat_template(
+            marked, add_generation_prompt=True, tokenize=False, **marked_kwargs)
+        return self._request_text.encode(rendered, self._encode, self._encode_plain, self._special_token_ids)
+
+    def _refuse_unsafe_template(self) -> None:
+        """A chat template that reaches past the jinja sandbox (Python internals: the shape of
+        CVE-2024-34359) on a plain conversation fails the load with a clear reason; one that does
+        so only on some conversations is refused per request (400, in api.prompt)."""
+        for tools in (None, [{"type": "function", "function": {"name": "probe", "parameters": {"type": "object"}}}]):
+            try:
+                self._render_text(_SANDBOX_PROBE, tools)
+            except SecurityError as exc:
+                raise ModelLoadError(f"the model's chat template tries an operation the template sandbox forbids "
+                                     f"({exc}); refusing to serve it") from None
+            except Exception:  # a template may refuse this conversation: that is for requests to find out
+                pass
+
+    def _init_request_text(self) -> None:
+        hf = getattr(self.tokenizer, "_tokenizer", self.tokenizer)  # mlx-lm's wrapper holds the HF tokenizer
+        special, added = special_tokens_of(hf)
+        self._request_text = SpecialText(special, added)
+        self._encode_plain = plain_encoder(hf, self._encode, special)
+        self._special_token_ids = {i for i in self.tokenizer.convert_tokens_to_ids(special) if isinstance(i, int)}
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _render_text(self, messages: list[dict], tools: list[dict] | None) -> str:
         kwargs = {"tools": tools} if tools else {}

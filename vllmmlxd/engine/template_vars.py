@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jinja2
 import jinja2.meta
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Set by the server or by transformers, or tokenizer arguments: never from a request.
 RESERVED = frozenset({
@@ -28,7 +29,8 @@ def template_switches(chat_template: object) -> frozenset[str]:
     those of all of them)."""
     sources = chat_template.values() if isinstance(chat_template, dict) else [chat_template]
     names: set[str] = set()
-    env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols", "jinja2.ext.do"])
+    # Only parsed, never rendered here; still the sandbox, as everywhere a template is handled.
+    env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols", "jinja2.ext.do"])
     for source in sources:
         if not isinstance(source, str):
             continue

@@ -10,25 +10,17 @@ from __future__ import annotations
 
 from typing import Callable
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope
+
+from .response_headers import Headers, ResponseHeaders, replaced
 
 
-class CloseWhenDraining:
-    """ASGI middleware: adds ``Connection: close`` to responses once ``draining()`` is true."""
+class CloseWhenDraining(ResponseHeaders):
+    """Adds ``Connection: close`` to responses once ``draining()`` is true."""
 
     def __init__(self, app: ASGIApp, draining: Callable[[], bool]):
-        self.app = app
+        super().__init__(app)
         self.draining = draining
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_closing(message: Message) -> None:
-            if message["type"] == "http.response.start" and self.draining():
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
-                message = {**message, "headers": [*headers, (b"connection", b"close")]}
-            await send(message)
-
-        await self.app(scope, receive, send_closing)
+    def headers(self, scope: Scope, headers: Headers) -> Headers:
+        return replaced(headers, b"connection", b"close") if self.draining() else headers

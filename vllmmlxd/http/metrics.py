@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..engine.embedding_types import Embedder
 from ..engine.types import Engine
 
 # Generations run for minutes; the default buckets stop at 10 s.
@@ -39,6 +40,12 @@ _GAUGES = (
     ("vllmmlxd_requests_running", "Generations running in the engine.", "num_running"),
     ("vllmmlxd_requests_waiting", "Generations waiting for the engine.", "num_waiting"),
 )
+_EMBEDDING_COUNTERS = (
+    ("vllmmlxd_embedding_requests_total", "Embedding requests answered.", "requests"),
+    ("vllmmlxd_embedding_inputs_total", "Inputs embedded.", "inputs"),
+    ("vllmmlxd_embedding_tokens_total", "Tokens run through the embedding model.", "tokens"),
+    ("vllmmlxd_embedding_batches_total", "Forward passes of the embedding model.", "batches"),
+)
 _CACHE_COUNTERS = (
     ("vllmmlxd_prefix_cache_hits_total", "Prompts that took a start from the prefix cache.", "hits"),
     ("vllmmlxd_prefix_cache_misses_total", "Prompts that found nothing in the prefix cache.", "misses"),
@@ -51,9 +58,10 @@ class EngineCollector:
     """Reads the engine's stats, prefix cache and memory at scrape time, so the engine thread
     never touches prometheus_client."""
 
-    def __init__(self, engine: Engine, model: str):
+    def __init__(self, engine: Engine, model: str, embedder: Embedder | None = None):
         self._engine = engine
         self._model = model
+        self._embedder = embedder
 
     def _family(self, kind, name: str, doc: str, value: float) -> Metric:
         family = kind(name, doc, labels=["model"])
@@ -75,6 +83,9 @@ class EngineCollector:
             buckets = [(str(b), c) for b, c in zip(hist.bounds, hist.counts)] + [("+Inf", hist.count)]
             family.add_metric([self._model], buckets, hist.total)
             yield family
+        if self._embedder is not None:  # only entries with an embedding model have these
+            for name, doc, field in _EMBEDDING_COUNTERS:
+                yield self._family(CounterMetricFamily, name, doc, getattr(self._embedder.stats, field))
         cache = self._engine.cache_status()
         for name, doc, key in _CACHE_COUNTERS:
             yield self._family(CounterMetricFamily, name, doc, cache[key])
@@ -97,7 +108,7 @@ class EngineCollector:
 class Metrics:
     """One app's registry with its HTTP instruments and the engine's collector."""
 
-    def __init__(self, engine: Engine, model: str):
+    def __init__(self, engine: Engine, model: str, embedder: Embedder | None = None):
         self.model = model
         self.registry = CollectorRegistry()
         self._requests = Counter(
@@ -108,7 +119,7 @@ class Metrics:
             "vllmmlxd_request_duration_seconds", "Time from request to the last body byte, by route template.",
             ["model", "route"], buckets=DURATION_BUCKETS, registry=self.registry,
         )
-        self.registry.register(EngineCollector(engine, model))
+        self.registry.register(EngineCollector(engine, model, embedder))
         # Cheap: /proc reads on Linux (nothing on macOS), gc and platform info.
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 import uuid
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
+
+from .response_headers import Headers, ResponseHeaders, replaced
 
 HEADER = b"x-request-id"
 # Kept when it is safe to echo and log: printable, no spaces, bounded.
@@ -30,27 +32,15 @@ def client_request_id(scope: Scope) -> str | None:
     return None
 
 
-class RequestIdMiddleware:
-    """Pure ASGI: puts the request's id in ``scope["state"]["request_id"]`` and on the response."""
+class RequestIdMiddleware(ResponseHeaders):
+    """Puts the request's id in ``scope["state"]["request_id"]`` and on the response."""
 
-    def __init__(self, app: ASGIApp):
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    def prepare(self, scope: Scope) -> None:
         state = scope.setdefault("state", {})
         client = client_request_id(scope)
         if client:
             state["client_request_id"] = client
         state["request_id"] = client or new_request_id()  # a route may give it its family's prefix
 
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                rid = state["request_id"]
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != HEADER]
-                message = {**message, "headers": [*headers, (HEADER, rid.encode("latin-1"))]}
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
+    def headers(self, scope: Scope, headers: Headers) -> Headers:
+        return replaced(headers, HEADER, scope["state"]["request_id"].encode("latin-1"))

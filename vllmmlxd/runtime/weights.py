@@ -29,7 +29,10 @@ MAX_READ = 256 * MIB  # no header field is this long: a tokenizer's vocabulary i
 # GGUF is dequantized to it). builtin:tiny, from TINY_CONFIG by hand: embeddings 49152*64 =
 # 3,145,856 (49154 tokens: SmolLM2's and two thinking tokens), per layer q,o 64*64, k,v 32*64, gate,up,down 128*64, norms 2*64 = 36,992 (two
 # layers), final norm 64: 3,219,904, stored as float32.
-BUILTIN_PARAMETERS = {"smollm2-135m-instruct": (134_515_008, 2), "tiny": (3_219_904, 4)}
+# builtin:all-minilm-l6-v2: the F32 tensors of its safetensors file (BERT, 6 layers of 384, vocab
+# 30522, its pooler included), stored and run as float32.
+BUILTIN_PARAMETERS = {"smollm2-135m-instruct": (134_515_008, 2), "tiny": (3_219_904, 4),
+                      "all-minilm-l6-v2": (22_713_216, 4)}
 
 
 # -- a model's weights ---------------------------------------------------------
@@ -71,6 +74,17 @@ def estimate_weights(spec: str, state_dir: Path, *, cpu: bool) -> WeightsEstimat
     snapshot = hub_snapshot(spec)
     found = folder_weights(snapshot, cpu) if snapshot is not None else None
     return found or WeightsEstimate(None, "not downloaded yet")
+
+
+def estimate_entry_weights(model: str, embedding_model: str | None, state_dir: Path, *, cpu: bool) -> WeightsEstimate:
+    """An entry's weights: its model's, plus its embedding model's when it has one (loaded in the same worker)."""
+    main = estimate_weights(model, state_dir, cpu=cpu)
+    if not embedding_model:
+        return main
+    extra = estimate_weights(embedding_model, state_dir, cpu=cpu)
+    if main.nbytes is None or extra.nbytes is None:
+        return WeightsEstimate(main.nbytes, f"{main.source}; embedding model: {extra.source}")
+    return WeightsEstimate(main.nbytes + extra.nbytes, f"{main.source} + embedding model ({extra.source})")
 
 
 def _builtin_weights(name: str, state_dir: Path, cpu: bool) -> WeightsEstimate:

@@ -184,12 +184,13 @@ def load_memory_plan(config: Config, state_dir: Path, replacing: Mapping[str, Mo
     working_set_mb = None if found.working_set is None else found.working_set // machine.MIB
     capacity = Capacity(physical_mb, config.daemon.memory_reserve_mb, working_set_mb, found.source)
     cpu = machine.cpu_backend()
-    estimates: dict[str, weights.WeightsEstimate] = {}
+    estimates: dict[tuple[str, str | None], weights.WeightsEstimate] = {}
 
     def footprint(entry: ModelConfig) -> Footprint:
-        if entry.model not in estimates:
-            estimates[entry.model] = weights.estimate_weights(entry.model, state_dir, cpu=cpu)
-        return make_footprint(entry, estimates[entry.model], physical_mb)
+        models = (entry.model, entry.embedding_model)
+        if models not in estimates:
+            estimates[models] = weights.estimate_entry_weights(*models, state_dir, cpu=cpu)
+        return make_footprint(entry, estimates[models], physical_mb)
 
     return plan_memory(
         capacity,

@@ -84,6 +84,7 @@ class ModelView:
     last_exit_code: int | None
     served_model_name: str
     last_error: str | None
+    keys: list[str] | None = None  # key names allowed on the entry; None: open
     runtime: dict = field(default_factory=dict)  # blas, threads, cpus and load, as the worker reports them
 
 
@@ -149,7 +150,9 @@ class Supervisor:
 
     def running_config(self) -> Config:
         """What is actually running: a failed swap leaves the old entry in place."""
-        return Config(daemon=self.daemon_config, models={n: s.config for n, s in self.slots.items()})
+        # Built, not validated: each entry is already valid and holds its resolved keys.
+        return Config.model_construct(daemon=self.daemon_config, api_keys=self.loaded.config.api_keys,
+                                      models={n: s.config for n, s in self.slots.items()})
 
     # -- reload -----------------------------------------------------------
 
@@ -314,6 +317,7 @@ class Supervisor:
                     restarts=slot.restarts, uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None,
                     last_exit_code=slot.last_exit_code, served_model_name=slot.config.display_name(name),
                     last_error=_shown_error(slot), runtime=_runtime_fields(slot),
+                    keys=None if slot.config.is_open else slot.config.key_names(),
                 )
                 for name, slot in self.slots.items()
             ],
@@ -392,4 +396,5 @@ def _runtime_fields(slot: Slot) -> dict:
     worker = slot.serving
     runtime, load = (worker.runtime, worker.load) if worker is not None else ({}, {})
     fields = {key: runtime.get(key) for key in ("blas", "blas_path", "blas_warning", "threads", "cpus")}
-    return fields | {key: load.get(key) for key in ("running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb")}
+    return fields | {key: load.get(key) for key in ("running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb",
+                                                    "embedding_model", "embedding_requests", "embedding_inputs", "mcp")}

@@ -75,4 +75,13 @@ async def _reload(reload: Callable[[], Awaitable[object]]) -> None:
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # the reload reports its own failures; this is a bug, and the watch goes on
-        log_event(logger, "reload.crashed", logging.ERROR, error=f"{type(exc).__name__}: {exc}")
+        log_event(logger, "reload.crashed", logging.ERROR, error=_without_values(exc))
+
+
+def _without_values(exc: Exception) -> str:
+    """The exception for a log line; a validation error without the input values it would print (secrets)."""
+    if hasattr(exc, "errors") and hasattr(exc, "error_count"):  # pydantic's ValidationError
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                             for e in exc.errors(include_input=False, include_url=False))
+        return f"{type(exc).__name__}: {problems}"
+    return f"{type(exc).__name__}: {exc}"

@@ -19,13 +19,20 @@ from starlette.responses import JSONResponse
 from ..api.anthropic.routes import make_router as make_anthropic_router
 from ..api.context import LiveContext
 from ..api.errors import install_error_handlers
+from ..api.openai.embeddings import make_router as make_embeddings_router
 from ..api.openai.routes import make_router as make_openai_router
+from ..api.openapi import install as install_openapi
 from ..config.schema import ModelConfig
 from ..engine.types import Engine
-from ..http.auth import require_key
+from ..errors import Unauthorized
+from ..http.access import Caller
+from ..http.ratelimit import STATE_KEY, RateLimitHeaders
+from ..http.browser import BrowserDefences
 from ..http.metrics import Metrics, MetricsMiddleware
 from ..http.request_id import RequestIdMiddleware
 from ..log import log_event
+from ..mcp.hub import McpHub
+from ..mcp.routes import make_router as make_mcp_router
 from .liveness import DEGRADED, engine_health, stuck_after_s
 from .settings import SettingsRefused, judge_update
 
@@ -37,35 +44,52 @@ def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | No
 
     ``app.state.live`` holds its settings, which ``create_private_app`` can replace.
     """
-    live = LiveContext(engine, config, key, runtime)
+    # An engine may carry the entry's embedding model (worker/main.py: load_engine).
+    live = LiveContext(engine, config, key, runtime, embedder=getattr(engine, "embedder", None),
+                       mcp=McpHub(config.mcp_servers_resolved, model=key))
     stuck_after = stuck_after_s()
-    app = FastAPI(title=f"vllmmlxd: {live.current.name}", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title=f"vllmmlxd: {live.current.name}", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=live.current.mcp.lifespan)  # MCP servers connect when serving starts, stop at its end
     app.state.live = live
     install_error_handlers(app)
 
     async def guard(request: Request) -> None:
-        # Every /v1 route: take this request's settings once, then the rate limit, then the key
-        # (the limit first, so guessing keys spends a budget too).
+        # Every /v1 route: take this request's settings once, know the caller (401/403), then
+        # spend its request budgets (429). A wrong key spends its address's budget: guessing is limited too.
         ctx = live.capture(request)
-        if ctx.limiter is not None:
-            ctx.limiter.enforce(request, ctx.config.api_key)
-        require_key(request, ctx.config.api_key)
+        try:
+            caller = ctx.access.identify(request)
+        except Unauthorized:
+            ctx.quotas.admit(Caller(identity="addr:" + ctx.access.client_address(request)))
+            raise
+        request.state.caller = caller
+        setattr(request.state, STATE_KEY, ctx.quotas.admit(caller))
+
+    def key_if(flag: str):
+        # /health and /metrics stay open for probes and scrapers unless the entry says otherwise.
+        async def check(request: Request) -> None:
+            if getattr(live.current.config, flag):
+                live.current.access.identify(request)
+
+        return Depends(check)
 
     api_deps = [Depends(guard)]
     app.include_router(make_openai_router(live), dependencies=api_deps)
     app.include_router(make_anthropic_router(live), dependencies=api_deps)
+    app.include_router(make_embeddings_router(live), dependencies=api_deps)
+    app.include_router(make_mcp_router(live), dependencies=api_deps)
 
     # Always built, counted only while enable_metrics is on: the switch is a live setting.
-    metrics = Metrics(engine, live.current.name)
+    metrics = Metrics(engine, live.current.name, embedder=live.current.embedder)
     app.add_middleware(MetricsMiddleware, metrics=metrics, enabled=lambda: live.current.config.enable_metrics)
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[key_if("metrics_requires_key")])
     async def prometheus_metrics():
         if not live.current.config.enable_metrics:
             raise HTTPException(404, "Not Found")  # as if the route did not exist
-        return metrics.response()  # unauthenticated, as the reference server's
+        return metrics.response()
 
-    @app.get("/health")
+    @app.get("/health", dependencies=[key_if("health_requires_key")])
     async def health():
         return health_response(engine, stuck_after, {"model": live.current.name})
 
@@ -90,8 +114,12 @@ def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | No
             "cache": engine.cache_status(),
             "runtime": ctx.runtime,
             "requests": s.active_requests(),
+            "embedding": ctx.embedder.describe() if ctx.embedder is not None else None,
         }
 
+    app.add_middleware(RateLimitHeaders)
+    install_openapi(app)  # app.openapi(): bodies, statuses and keys, never served (openapi_url is None)
+    app.add_middleware(BrowserDefences, config=lambda: live.current.config)  # web pages must not drive the API
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, errors included, gets its id
     return app
 
@@ -106,14 +134,14 @@ def create_private_app(public: FastAPI, engine: Engine) -> FastAPI:
     async def health():
         ctx = live.current
         return health_response(engine, stuck_after, {
-            "model": ctx.name, "config_hash": ctx.config.config_hash(), "runtime": ctx.runtime, "load": load(engine),
+            "model": ctx.name, "config_hash": ctx.config.config_hash(), "runtime": ctx.runtime, "load": load(engine, ctx.mcp),
         })
 
     @app.post("/internal/settings")
     async def settings(request: Request):
         try:
             data = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack
             data = None
         try:
             new, keys = judge_update(live.current.config, data)
@@ -147,7 +175,7 @@ def health_response(engine: Engine, stuck_after: float, extra: dict) -> JSONResp
     return JSONResponse(body, status_code=503 if state == DEGRADED else 200)
 
 
-def load(engine: Engine) -> dict:
+def load(engine: Engine, mcp: McpHub | None = None) -> dict:
     """What the daemon shows of a worker's work: requests, recent speed, prefix cache against its budget."""
     cache = engine.cache_status()
     return {
@@ -156,4 +184,14 @@ def load(engine: Engine) -> dict:
         "tokens_per_s": engine.stats.tokens_per_second(),
         "cache_mb": cache["memory_mb"],
         "cache_budget_mb": cache["budget_mb"],
+        **_embedding_load(getattr(engine, "embedder", None)),
+        **({"mcp": mcp.status()} if mcp is not None and mcp.servers else {}),
     }
+
+
+def _embedding_load(embedder) -> dict:
+    """The embedding model's name and counters, for ``vllmmlxctl status``; nothing without one."""
+    if embedder is None:
+        return {}
+    return {"embedding_model": embedder.info.name, "embedding_requests": embedder.stats.requests,
+            "embedding_inputs": embedder.stats.inputs}

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from ..config.schema import ModelConfig
+from ..errors import ModelLoadError
 from ..http.drain import CloseWhenDraining
 from ..log import log_event, setup_logging
 from ..paths import ensure_private_dir, resolve_state_dir
@@ -34,6 +35,24 @@ logger = logging.getLogger("vllmmlxd.worker")
 
 EXIT_LOAD_FAILED = 3
 EXIT_BIND_FAILED = 4
+
+
+def _entry_from(line: bytes, key: str) -> ModelConfig | None:
+    """The model entry the daemon sent, or None (logged) when it is not one.
+
+    Never a traceback: pydantic's would print the input values, and the entry holds key digests.
+    """
+    from pydantic import ValidationError
+
+    try:
+        return ModelConfig.model_validate(json.loads(line))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
+                             for e in exc.errors(include_input=False, include_url=False))
+    except ValueError:
+        problems = "stdin did not carry one JSON line"
+    log_event(logger, "worker.bad_config", logging.ERROR, model=key, error=problems)
+    return None
 
 
 def choose_blas(config: ModelConfig, cpus: tuple[int, ...] | None, state_dir: Path) -> ActiveBlas:
@@ -60,20 +79,44 @@ def runtime_report(info: BlasInfo, key: str, cpus: tuple[int, ...] | None) -> di
 
 
 def load_engine(config: ModelConfig, key: str, state_dir: Path):
-    """Load the model and start its engine thread (imports mlx: workers only)."""
+    """Load the model and start its engine thread (imports mlx: workers only).
+
+    An entry whose model is an embedding model gets an engine that only embeds; an entry
+    with ``embedding_model`` gets its embedder loaded too, carried as ``engine.embedder``.
+    """
+    from ..engine.embedder import EmbeddingsOnlyEngine, is_embedding_spec, load_embedder
     from ..engine.loader import load_model
     from ..engine.mlx_engine import MLXEngine
     from ..engine.options import engine_options
 
     started = time.perf_counter()
+    if is_embedding_spec(config.model):
+        if config.embedding_model:
+            raise ModelLoadError(f"{config.model} is an embedding model; embedding_model cannot be set beside it")
+        engine = EmbeddingsOnlyEngine(load_embedder(config.model, state_dir), name=config.display_name(key))
+        log_event(logger, "model.loaded", model=key, source=config.model, embeddings_only=True,
+                  load_s=round(time.perf_counter() - started, 2))
+        return engine
+    embedder = load_embedder(config.embedding_model, state_dir) if config.embedding_model else None
     loaded = load_model(config.model, state_dir, trust_remote_code=config.trust_remote_code)
     options = engine_options(config, read_machine_memory(working_set=False).physical or 0)
     engine = MLXEngine(loaded, name=config.display_name(key), options=options)
+    if embedder is not None:
+        engine.embedder = embedder  # app.py hands it to the API layer
+        embedder.share_engine_thread(engine)  # its batches go between decode steps (engine/embedder.py)
+        close_engine = engine.close
+
+        def close_both() -> None:
+            embedder.close()
+            close_engine()
+
+        engine.close = close_both
     log_event(
         logger, "model.loaded", model=key, source=config.model,
         context=engine.info.context_length, load_s=round(time.perf_counter() - started, 2),
         batching=options.continuous_batching, max_num_seqs=options.max_running,
         cache_budget_mb=round(options.cache_budget_bytes / 1024**2),
+        embedding_model=config.embedding_model,
     )
     return engine
 
@@ -137,6 +180,7 @@ def serve(
         timeout_graceful_shutdown=drain_timeout,
         timeout_keep_alive=5,
         log_level=log_level,
+        **_client_bounds(config),
     )
     server = _make_server_class()(uv_config)
     app.add_middleware(CloseWhenDraining, draining=lambda: server.draining)
@@ -148,9 +192,9 @@ def serve(
             timeout_graceful_shutdown=2, log_level=log_level,
         ))
     host, port = listen.getsockname()[:2]
-    if config.api_key is None and not is_loopback(str(host)):
+    if config.is_open and not is_loopback(str(host)):
         log_event(logger, "worker.open_to_network", logging.WARNING, model=key, url=http_url(host, port),
-                  hint="anyone who can reach this address can use the model: set api_key, or bind 127.0.0.1")
+                  hint="anyone who can reach this address can use the model: set api_keys or api_key, or bind 127.0.0.1")
     log_event(logger, "worker.listening", model=key, pid=os.getpid(), url=http_url(host, port),
               health_socket=str(health_socket) if health_socket else None)
     try:
@@ -210,6 +254,20 @@ def _private_server(config):
     return PrivateServer(config)
 
 
+def _client_bounds(config: ModelConfig) -> dict:
+    """uvicorn settings that bound slow and greedy clients; the timeouts' env is read here, once."""
+    from ..http.slow_clients import MAX_HEAD_BYTES, body_timeout_s, header_timeout_s, protocol_class
+
+    return {
+        # h11 always (not httptools when installed): the head cap and timeouts are built on it.
+        "http": protocol_class(header_timeout_s(), body_timeout_s()),
+        "h11_max_incomplete_event_size": MAX_HEAD_BYTES,
+        # uvicorn refuses once open connections reach the limit, the asking one included.
+        "limit_concurrency": config.max_connections + 1,
+        "proxy_headers": False,  # the client address is the socket's; trusted proxies are the app's call
+    }
+
+
 def _make_server_class():
     import uvicorn
 
@@ -263,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, model=args.name)
     # The config arrives on stdin so secrets never show in `ps`.
     line = _read_line(sys.stdin.fileno())
-    config = ModelConfig.model_validate(json.loads(line))
+    config = _entry_from(line, args.name)
+    if config is None:  # the daemon marks the model failed at once, as for a model that cannot load
+        return EXIT_LOAD_FAILED
     threading.Thread(target=_watch_parent, args=(sys.stdin.fileno(),), daemon=True).start()
     listen = socket.socket(fileno=args.fd) if args.fd is not None else None
     return serve(

@@ -260,3 +260,27 @@ def test_a_system_message_inside_messages_joins_the_user_turn_beside_it():
         {"role": "assistant", "content": "hi"},
         {"role": "user", "content": "Be brief.\n\nagain"},
     ]
+
+
+def test_tools_the_server_ran_are_replayed_as_the_turns_the_model_saw():
+    # A response of the server-side tool loop, sent back as history: call, result, then the answer.
+    messages, _ = convo(
+        {"role": "user", "content": "add 2 and 3"},
+        {"role": "assistant", "content": [
+            {"type": "server_tool_use", "id": "srvtoolu_1", "name": "files__add", "input": {"a": 2, "b": 3}},
+            {"type": "mcp_tool_result", "tool_use_id": "srvtoolu_1", "content": [{"type": "text", "text": "5"}]},
+            {"type": "text", "text": "It is 5."}]},
+        {"role": "user", "content": "thanks"},
+    )
+    assert messages[1:] == [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "srvtoolu_1", "type": "function", "function": {"name": "files__add", "arguments": {"a": 2, "b": 3}}}]},
+        {"role": "tool", "tool_call_id": "srvtoolu_1", "content": "5", "name": "files__add"},
+        {"role": "assistant", "content": "It is 5."},
+        {"role": "user", "content": "thanks"}]
+
+
+def test_server_tool_blocks_belong_in_assistant_turns():
+    with pytest.raises(InvalidRequest, match="belong in assistant turns"):
+        convo({"role": "user", "content": [
+            {"type": "mcp_tool_result", "tool_use_id": "x", "content": [{"type": "text", "text": "5"}]}]})

@@ -170,3 +170,22 @@ def test_reasoning_is_apart_from_the_answer_in_both_paths():
     assert "".join(d.get("content", "") for d in deltas) == message["content"]
     assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
     assert enc.end() == ["data: [DONE]\n\n"]
+
+
+def test_calls_the_server_ran_are_replayed_before_the_answer_they_led_to():
+    req = chat(messages=[
+        {"role": "user", "content": "add 2 and 3"},
+        {"role": "assistant", "content": "It is 5.", "mcp_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "files__add", "arguments": '{"a": 2, "b": 3}'},
+             "result": {"content": [{"type": "text", "text": "5"}], "is_error": False}},
+            {"id": "call_2", "type": "function", "function": {"name": "files__fail", "arguments": "{}"},
+             "result": {"content": [{"type": "text", "text": "boom"}], "is_error": True}},
+            "not a call"]},
+    ])
+    assert tr.to_template_messages(req.messages)[1:] == [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "files__add", "arguments": {"a": 2, "b": 3}}},
+            {"id": "call_2", "type": "function", "function": {"name": "files__fail", "arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "files__add", "content": "5"},
+        {"role": "tool", "tool_call_id": "call_2", "name": "files__fail", "content": "Error: boom"},
+        {"role": "assistant", "content": "It is 5."}]

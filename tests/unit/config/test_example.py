@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vllmmlxd.config.load import load_config, parse_config
-from vllmmlxd.config.schema import DaemonConfig, ModelConfig
+from vllmmlxd.config.schema import INTERNAL_FIELDS, DaemonConfig, ModelConfig, key_digest
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
 EXAMPLE = CONFIG_DIR / "vllmmlxd.example.yaml"
@@ -33,9 +33,9 @@ def test_example_loads_as_a_two_model_cluster():
 @pytest.mark.parametrize("model", [ModelConfig, DaemonConfig])
 def test_example_documents_every_field(model):
     text = EXAMPLE.read_text()
-    missing = set(model.model_fields) - keys_in(text)
+    missing = set(model.model_fields) - keys_in(text) - INTERNAL_FIELDS
     assert not missing, f"add these keys, with a comment, to {EXAMPLE.name}: {sorted(missing)}"
-    for name in model.model_fields:
+    for name in set(model.model_fields) - INTERNAL_FIELDS:
         # Each key has its one-line comment on the line above.
         above = re.search(rf"^\s*#[^\n]*\n\s*(?:#\s*)?{name}:", text, re.MULTILINE)
         assert above, f"{name} has no comment line above it"
@@ -55,8 +55,9 @@ def test_commented_out_keys_in_the_example_are_valid(monkeypatch, tmp_path):
         flags=re.MULTILINE,
     )
     config = parse_config(text, str(EXAMPLE)).config
-    assert config.models["llama"].api_key.get_secret_value() == "k"
-    assert config.models["qwen"].api_key.get_secret_value() == "k2"
+    # Only the keys' digests are kept.
+    assert config.models["llama"].api_key.get_secret_value() == "sha256:" + key_digest("k")
+    assert config.models["qwen"].api_key.get_secret_value() == "sha256:" + key_digest("k2")
     assert config.daemon.state_dir == tmp_path / ".local" / "state" / "vllmmlxd"
 
 
@@ -71,7 +72,7 @@ def test_example_marks_each_model_key_live_or_new_worker_as_the_reload_plan_does
     from vllmmlxd.config.diff import LIVE_FIELDS
 
     text = EXAMPLE.read_text()
-    for name in ModelConfig.model_fields:
+    for name in set(ModelConfig.model_fields) - INTERNAL_FIELDS:
         above = re.search(rf"^\s*#([^\n]*)\n\s*(?:#\s*)?{name}:", text, re.MULTILINE)[1]
         expected = "(live)" if name in LIVE_FIELDS else "(new worker)"
         assert above.rstrip().endswith(expected), f"{name}: its comment should end with {expected}"

@@ -58,7 +58,7 @@ def test_unknown_key_hints_use_the_right_model():
     assert error_of("daemon:\n  loglevel: info\n") == "c.yaml:2:3: daemon.loglevel: unknown key; did you mean 'log_level'?"
     assert error_of("modles: {}\n") == "c.yaml:1:1: modles: unknown key; did you mean 'models'?"
     # No close match: list what is allowed instead.
-    assert error_of("zzz: 1\n") == "c.yaml:1:1: zzz: unknown key; expected one of: daemon, models"
+    assert error_of("zzz: 1\n") == "c.yaml:1:1: zzz: unknown key; expected one of: daemon, mcp_config, mcp_servers, api_keys, models"
 
 
 def test_every_error_is_listed_with_the_value_position():
@@ -150,10 +150,15 @@ def test_state_dir_and_control_socket_expand_tilde():
 # --- secrets ---------------------------------------------------------------------------------
 
 
+def held(key: str) -> str:
+    """What the config keeps of an api_key: its digest."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
 def test_env_secret_is_substituted(monkeypatch):
     monkeypatch.setenv("VLLMMLXD_TEST_KEY", SECRET)
     config = parse_config("models:\n  a:\n    model: x\n    api_key: ${env:VLLMMLXD_TEST_KEY}\n").config
-    assert config.models["a"].api_key.get_secret_value() == SECRET
+    assert config.models["a"].api_key.get_secret_value() == held(SECRET)
 
 
 def test_unset_env_var_is_an_error_with_position(monkeypatch):
@@ -166,21 +171,21 @@ def test_file_secret_drops_one_trailing_newline(tmp_path):
     key = tmp_path / "key"
     key.write_text(SECRET + "\n\n")
     config = parse_config(f"models:\n  a:\n    model: x\n    api_key: ${{file:{key}}}\n").config
-    assert config.models["a"].api_key.get_secret_value() == SECRET + "\n"
+    assert config.models["a"].api_key.get_secret_value() == held(SECRET + "\n")
 
 
 def test_file_secret_expands_tilde(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "key").write_text(SECRET + "\n")
     config = parse_config("models:\n  a:\n    model: x\n    api_key: ${file:~/key}\n").config
-    assert config.models["a"].api_key.get_secret_value() == SECRET
+    assert config.models["a"].api_key.get_secret_value() == held(SECRET)
 
 
 def test_relative_file_secret_is_relative_to_the_config(tmp_path):
     (tmp_path / "key").write_text(SECRET)
     cfg = tmp_path / "c.yaml"
     cfg.write_text("models:\n  a:\n    model: x\n    api_key: ${file:key}\n")
-    assert load_config(cfg).config.models["a"].api_key.get_secret_value() == SECRET
+    assert load_config(cfg).config.models["a"].api_key.get_secret_value() == held(SECRET)
 
 
 def test_unreadable_file_secret_is_an_error(tmp_path):

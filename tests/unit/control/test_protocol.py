@@ -49,7 +49,8 @@ def test_status_json_has_exactly_the_documented_keys():
     for model in data["models"]:
         assert set(model) == {
             "name", "state", "pid", "host", "port", "restarts", "uptime_s",
-            "last_exit_code", "served_model_name", "last_error",
+            "last_exit_code", "served_model_name", "last_error", "keys", "mcp",
+            "embedding_model", "embedding_requests", "embedding_inputs",
             "blas", "blas_path", "blas_warning", "threads", "cpus",
             "running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb",
         }

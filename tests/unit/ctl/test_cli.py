@@ -47,9 +47,9 @@ def test_status_all_ready_exits_0_with_table_and_footer(daemon, capsys):
     code, out, _ = ctl(daemon, capsys, "status")
     assert code == exit_codes.OK
     lines = out.splitlines()
-    assert lines[0].split() == ["MODEL", "STATE", "PID", "PORT", "UPTIME", "RESTARTS", "RUN", "WAIT", "TOK/S",
+    assert lines[0].split() == ["MODEL", "STATE", "PID", "PORT", "KEYS", "UPTIME", "RESTARTS", "RUN", "WAIT", "TOK/S",
                                 "CACHE", "BLAS", "THREADS", "CPUS"]
-    assert lines[1].split() == ["a", "ready", "4200", "8001", "3m12s", "0", "-", "-", "-", "-", "-", "-", "-"]
+    assert lines[1].split() == ["a", "ready", "4200", "8001", "open", "3m12s", "0", "-", "-", "-", "-", "-", "-", "-"]
     assert "last reload: ok at " in out
 
 

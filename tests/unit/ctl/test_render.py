@@ -61,14 +61,15 @@ def test_table_pads_columns_and_strips_trailing_spaces():
 
 def test_status_table_and_footer():
     text = render_status(
-        status(model("llama"), model("qwen", "starting", pid=None, port=8002, uptime_s=None, restarts=2),
+        status(model("llama", keys=["alice", "ci"]),
+               model("qwen", "starting", pid=None, port=8002, uptime_s=None, restarts=2),
                reload=ReloadResult(ok=True, at=AT)),
         now=AT,
     )
     assert text == (
-        "MODEL  STATE     PID   PORT  UPTIME  RESTARTS  RUN  WAIT  TOK/S  CACHE  BLAS  THREADS  CPUS\n"
-        "llama  ready     4200  8001  3m12s   0         -    -     -      -      -     -        -\n"
-        "qwen   starting  -     8002  -       2         -    -     -      -      -     -        -\n"
+        "MODEL  STATE     PID   PORT  KEYS      UPTIME  RESTARTS  RUN  WAIT  TOK/S  CACHE  BLAS  THREADS  CPUS\n"
+        "llama  ready     4200  8001  alice,ci  3m12s   0         -    -     -      -      -     -        -\n"
+        "qwen   starting  -     8002  open      -       2         -    -     -      -      -     -        -\n"
         "\n"
         "daemon: pid 4121, up 1h01m, version 0.1.0, config /etc/v.yaml (abcdef012345)\n"
         "last reload: ok at 12:03:04"

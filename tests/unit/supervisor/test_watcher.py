@@ -54,3 +54,17 @@ def test_reloads_survive_failures_and_a_deletion_is_reported(tmp_path):
         await asyncio.wait_for(task, 5)
 
     asyncio.run(main())
+
+
+def test_a_crashed_reloads_validation_error_is_logged_without_its_input_values():
+    from pydantic import ValidationError
+
+    from vllmmlxd.config.schema import ModelConfig
+    from vllmmlxd.supervisor.watcher import _without_values
+
+    try:
+        ModelConfig.model_validate({"model": "x", "port": "sk-secret-in-the-wrong-place"})
+    except ValidationError as exc:
+        text = _without_values(exc)
+    assert text.startswith("ValidationError: port: ") and "sk-secret" not in text
+    assert _without_values(OSError("disk full")) == "OSError: disk full"

@@ -71,18 +71,19 @@ def test_a_request_keeps_the_settings_it_started_with():
     assert live.capture(request()).config.timeout == 1.0
 
 
-def test_an_unchanged_rate_limit_keeps_its_budget_and_a_new_one_starts_fresh():
+def test_every_settings_generation_counts_in_the_workers_one_rate_store():
     live = LiveContext(FakeEngine(), BASE, "k")
-    limiter = live.current.limiter
-    assert live.swap(BASE.model_copy(update={"timeout": 9.0})).limiter is limiter
-    assert live.swap(BASE.model_copy(update={"rate_limit": 7})).limiter.per_minute == 7
-    assert live.swap(BASE.model_copy(update={"rate_limit": 0})).limiter is None
+    first = live.current
+    second = live.swap(BASE.model_copy(update={"rate_limit": 7}))
+    assert first.quotas.store is second.quotas.store is live.rates
+    assert second.access is not first.access  # keys are re-read from the new entry
 
 
 def apps(config: ModelConfig = BASE):
     engine = FakeEngine()
     public = create_app(engine, config, "k")
-    return engine, TestClient(public), TestClient(create_private_app(public, engine))
+    # Host 127.0.0.1: the worker answers only under its own names (a DNS-rebinding defence).
+    return engine, TestClient(public, base_url="http://127.0.0.1"), TestClient(create_private_app(public, engine))
 
 
 def test_the_private_app_applies_a_push_and_the_public_app_sees_it():

@@ -4,6 +4,10 @@ response) and the whole message built from the fold of the same events. Pure.
 A stream's content blocks are what the whole message holds, in the same order: reasoning in a
 ``thinking`` block, then the answer in a ``text`` block; an answer with neither gets one empty
 text block, so ``content[0]`` is always there for clients that read it.
+
+Calls the worker ran itself (``api.tool_loop``) are no ``tool_use`` blocks, which a client
+would run: each is a ``server_tool_use`` block (Anthropic's block for a tool its server ran)
+followed by an ``mcp_tool_result`` block with what it gave back, then the next turn's blocks.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta
 from ..sse import sse_event
+from ..tool_loop import McpCall, McpOutcome
 from ..tooling import call_id
 from .protocol import error_body
 from .translate import stop_reason
@@ -28,11 +33,22 @@ LOCAL_SIGNATURE = "vllmmlxd-local-unsigned"
 # Mid-stream failures, by kind: Anthropic's types for the same failures answered before the stream.
 _ERROR_TYPES = {"timeout": "timeout_error", "overloaded": "overloaded_error"}
 CALL_PREFIX = "toolu_"
+SERVER_CALL_PREFIX = "srvtoolu_"  # as Anthropic numbers the calls its server runs
 
 
 def tool_use_block(message_id: str, call: ToolCallDelta) -> dict:
     return {"type": "tool_use", "id": call_id(CALL_PREFIX, message_id, call.index), "name": call.name,
             "input": json.loads(call.arguments)}
+
+
+def server_tool_use_block(message_id: str, call: ToolCallDelta) -> dict:
+    return {"type": "server_tool_use", "id": call_id(SERVER_CALL_PREFIX, message_id, call.index), "name": call.name,
+            "input": json.loads(call.arguments)}
+
+
+def mcp_tool_result_block(message_id: str, outcome: McpOutcome) -> dict:
+    return {"type": "mcp_tool_result", "tool_use_id": call_id(SERVER_CALL_PREFIX, message_id, outcome.call.index),
+            "is_error": outcome.is_error, "content": [{"type": "text", "text": outcome.text}]}
 
 
 def message_response(message_id: str, model: str, folded: Folded) -> dict:
@@ -44,6 +60,10 @@ def message_response(message_id: str, model: str, folded: Folded) -> dict:
             content.append({"type": "thinking", "thinking": value, "signature": LOCAL_SIGNATURE})
         elif kind == "text":
             content.append({"type": "text", "text": value})
+        elif kind == "mcp_call":
+            content.append(server_tool_use_block(message_id, value))
+        elif kind == "mcp_result":
+            content.append(mcp_tool_result_block(message_id, value))
         else:
             content.append(tool_use_block(message_id, value))
     if not content:
@@ -68,6 +88,7 @@ class MessagesStreamEncoder:
         self.message_id, self.model, self.input_tokens = message_id, model, input_tokens
         self._open: str | None = None  # the kind of the open block
         self._blocks = 0  # blocks opened so far; the open one is number _blocks - 1
+        self._ran_tools = False  # then usage covers several turns, input tokens included
 
     def start(self) -> list[str]:
         """``message_start`` with the message skeleton, then one ``ping``."""
@@ -85,22 +106,35 @@ class MessagesStreamEncoder:
             return self._delta("thinking", {"type": "thinking_delta", "thinking": event.text})
         if isinstance(event, TextDelta) and event.text:
             return self._delta("text", {"type": "text_delta", "text": event.text})
-        if isinstance(event, ToolCallDelta):
+        if isinstance(event, (ToolCallDelta, McpCall)):
             # A tool_use block starts with an empty input; its JSON follows as input_json_delta.
-            block = {**tool_use_block(self.message_id, event), "input": {}}
+            if isinstance(event, McpCall):
+                event, block, self._ran_tools = event.call, server_tool_use_block(self.message_id, event.call), True
+            else:
+                block = tool_use_block(self.message_id, event)
+            block = {**block, "input": {}}
             frames = self._close()
             self._open, self._blocks = "tool_use", self._blocks + 1
             frames.append(_frame({"type": "content_block_start", "index": self._blocks - 1, "content_block": block}))
             frames.append(_frame({"type": "content_block_delta", "index": self._blocks - 1,
                                   "delta": {"type": "input_json_delta", "partial_json": event.arguments}}))
             return frames + self._close()
+        if isinstance(event, McpOutcome):
+            frames = self._close()
+            self._blocks += 1
+            block = mcp_tool_result_block(self.message_id, event)
+            return frames + [_frame({"type": "content_block_start", "index": self._blocks - 1, "content_block": block}),
+                             _frame({"type": "content_block_stop", "index": self._blocks - 1})]
         if isinstance(event, Finished):
             frames = self._close()
             if self._blocks == 0:
                 frames += self._open_block("text") + self._close()
             reason, sequence = stop_reason(event)
+            usage = {"output_tokens": event.usage.completion_tokens}
+            if self._ran_tools:  # message_start counted the first turn's prompt only; these are all turns'
+                usage = {"input_tokens": event.usage.prompt_tokens, **usage}
             frames.append(_frame({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                  "usage": {"output_tokens": event.usage.completion_tokens}}))
+                                  "usage": usage}))
             frames.append(_frame({"type": "message_stop"}))
             return frames
         return []

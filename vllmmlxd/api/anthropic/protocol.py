@@ -73,8 +73,21 @@ class RedactedThinkingBlock(_Lenient):
     data: str = ""
 
 
+class ServerToolUseBlock(ToolUseBlock):
+    """A call this server ran itself (api.tool_loop), sent back in the history as it was answered."""
+
+    type: Literal["server_tool_use"]
+
+
+class McpToolResultBlock(ToolResultBlock):
+    """What such a call gave back, beside it in the history."""
+
+    type: Literal["mcp_tool_result"]
+
+
 ContentBlock = Annotated[
-    Union[TextBlock, ImageBlock, DocumentBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock],
+    Union[TextBlock, ImageBlock, DocumentBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock,
+          ServerToolUseBlock, McpToolResultBlock],
     Field(discriminator="type"),
 ]
 

@@ -10,14 +10,14 @@ from ...engine.types import Finished
 from ...errors import InvalidRequest
 from ..sampling import SamplingRequest
 from .protocol import (
-    CountTokensRequest, DocumentBlock, ImageBlock, MessagesRequest, RedactedThinkingBlock, TextBlock,
-    ThinkingBlock, Tool, ToolResultBlock, ToolUseBlock,
+    CountTokensRequest, DocumentBlock, ImageBlock, McpToolResultBlock, MessagesRequest, RedactedThinkingBlock,
+    TextBlock, ThinkingBlock, Tool, ToolResultBlock, ToolUseBlock,
 )
 
 # Blocks are separate segments (a system reminder, then the prompt); a blank line keeps them
 # apart where gluing them would join the last word of one to the first of the next.
 BLOCK_SEPARATOR = "\n\n"
-_ASSISTANT_ONLY = (ToolUseBlock, ThinkingBlock, RedactedThinkingBlock)
+_ASSISTANT_ONLY = (ToolUseBlock, ThinkingBlock, RedactedThinkingBlock, McpToolResultBlock)  # and their subclasses
 
 
 def to_template_messages(req: CountTokensRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
@@ -39,7 +39,7 @@ def to_template_messages(req: CountTokensRequest) -> tuple[list[dict[str, Any]],
         for j, block in enumerate(msg.content):
             _check_block(block, msg.role, f"{where}[{j}]")
         if msg.role == "assistant":
-            out.append(_assistant(msg.content, names))
+            out.extend(_assistant_turns(msg.content, names, where))
             continue
         if msg.role == "system":
             # Most templates accept a system turn only first; moving it there would change the
@@ -105,8 +105,26 @@ def _check_block(block, role: str, param: str) -> None:
         raise InvalidRequest(f"{param}: this model takes text only; {block.type} blocks are not supported", param=param)
     if role == "user" and isinstance(block, _ASSISTANT_ONLY):
         raise InvalidRequest(f"{param}: {block.type} blocks belong in assistant turns", param=param)
-    if role == "assistant" and isinstance(block, ToolResultBlock):
+    if role == "assistant" and type(block) is ToolResultBlock:  # not its mcp_tool_result subclass
         raise InvalidRequest(f"{param}: tool_result blocks belong in user turns", param=param)
+
+
+def _assistant_turns(blocks: list, names: dict[str, str], where: str) -> list[dict[str, Any]]:
+    """An assistant message, or, where this server ran tools in it (``server_tool_use`` then
+    ``mcp_tool_result``), the turns the model really saw: calls, their results, the rest."""
+    turns: list[dict[str, Any]] = []
+    pending: list = []
+    for j, block in enumerate(blocks):
+        if isinstance(block, McpToolResultBlock):
+            if pending:
+                turns.append(_assistant(pending, names))
+                pending = []
+            turns.append(_tool_message(block, names, f"{where}[{j}]"))
+        else:
+            pending.append(block)
+    if pending or not turns:
+        turns.append(_assistant(pending, names))
+    return turns
 
 
 def _assistant(blocks: list, names: dict[str, str]) -> dict[str, Any]:
@@ -114,7 +132,7 @@ def _assistant(blocks: list, names: dict[str, str]) -> dict[str, Any]:
     thinking = [b.thinking for b in blocks if isinstance(b, ThinkingBlock)]
     if thinking:
         item["reasoning_content"] = BLOCK_SEPARATOR.join(thinking)  # redacted_thinking is opaque: dropped
-    calls = [b for b in blocks if isinstance(b, ToolUseBlock)]
+    calls = [b for b in blocks if isinstance(b, ToolUseBlock)]  # server_tool_use included (a subclass)
     if calls:
         item["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.input}}
                               for c in calls]
@@ -122,7 +140,7 @@ def _assistant(blocks: list, names: dict[str, str]) -> dict[str, Any]:
     return item
 
 
-def _tool_message(block: ToolResultBlock, names: dict[str, str], param: str) -> dict[str, Any]:
+def _tool_message(block: ToolResultBlock | McpToolResultBlock, names: dict[str, str], param: str) -> dict[str, Any]:
     for k, part in enumerate(block.content):
         if not isinstance(part, TextBlock):
             raise InvalidRequest(f"{param}.content[{k}]: this model takes text only; {part.type} blocks are not "

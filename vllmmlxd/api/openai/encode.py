@@ -1,5 +1,11 @@
 """OpenAI's wire format for engine events: streamed chunks (one stateful encoder per response)
-and whole responses built from the fold of the same events. Pure."""
+and whole responses built from the fold of the same events. Pure.
+
+Calls the worker ran itself (``api.tool_loop``) are no ``tool_calls``: a client that finds
+calls in a message runs them. They travel in an extension, ``mcp_calls`` (each call with its
+``result``), on the message or, streamed, on deltas indexed like ``tool_calls`` so that
+clients merging deltas put each call and its result together.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, To
 from ..errors import openai_error
 from ..sse import DONE, sse_data
 from ..stream import Folded
+from ..tool_loop import McpCall, McpOutcome
 from ..tooling import call_id
 
 CALL_PREFIX = "call_"
@@ -15,6 +22,16 @@ CALL_PREFIX = "call_"
 def tool_call(rid: str, call: ToolCallDelta) -> dict:
     return {"id": call_id(CALL_PREFIX, rid, call.index), "type": "function",
             "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def mcp_call(rid: str, call: ToolCallDelta) -> dict:
+    """An executed call, without its result (``mcp_calls`` entries, and the streamed call)."""
+    return {"id": call_id(CALL_PREFIX, rid, call.index), "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def mcp_result(outcome: McpOutcome) -> dict:
+    return {"content": outcome.text, "is_error": outcome.is_error}
 
 
 def finish_reason(reason: str) -> str:
@@ -43,6 +60,8 @@ def chat_response(rid: str, created: int, model: str, folded: Folded) -> dict:
     if folded.tool_calls:
         message["content"] = folded.text or None  # as OpenAI answers a turn that only calls tools
         message["tool_calls"] = [tool_call(rid, c) for c in folded.tool_calls]
+    if folded.executed:
+        message["mcp_calls"] = [{**mcp_call(rid, o.call), "result": mcp_result(o)} for o in folded.executed]
     if folded.reasoning:
         # reasoning_content is what most clients read; newer ones read reasoning.
         message["reasoning_content"] = message["reasoning"] = folded.reasoning
@@ -87,11 +106,20 @@ class ChatStreamEncoder(_Encoder):
 
     object_name = "chat.completion.chunk"
 
+    def __init__(self, rid: str, created: int, model: str, include_usage: bool):
+        super().__init__(rid, created, model, include_usage)
+        self._mcp_index: dict[int, int] = {}  # an executed call's index among the response's calls -> in mcp_calls
+
     def _delta(self, delta: dict, finish: str | None = None) -> str:
         return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish})
 
     def start(self) -> list[str]:
         return [self._delta({"role": "assistant", "content": ""})]
+
+    def _mcp(self, call: ToolCallDelta, entry: dict) -> str:
+        # Indexed by the order the calls ran: a delta-merging client inserts each new index at its place.
+        index = self._mcp_index.setdefault(call.index, len(self._mcp_index))
+        return self._delta({"mcp_calls": [{"index": index, **entry}]})
 
     def event(self, event: EngineEvent) -> list[str]:
         if isinstance(event, TextDelta):
@@ -103,6 +131,10 @@ class ChatStreamEncoder(_Encoder):
             head = {**tool_call(self.rid, event), "function": {"name": event.name, "arguments": ""}}
             return [self._delta({"tool_calls": [{"index": event.index, **head}]}),
                     self._delta({"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]})]
+        if isinstance(event, McpCall):  # sent before it runs: a client sees what the model is waiting for
+            return [self._mcp(event.call, mcp_call(self.rid, event.call))]
+        if isinstance(event, McpOutcome):
+            return [self._mcp(event.call, {"result": mcp_result(event)})]
         if isinstance(event, Finished):
             return self._finished(event, {"index": 0, "delta": {}, "logprobs": None,
                                           "finish_reason": finish_reason(event.reason)})

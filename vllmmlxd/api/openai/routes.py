@@ -20,6 +20,7 @@ from ..context import LiveContext, ServingContext
 from ..prompt import make_generation, render_template, thinking_on, tool_plan
 from ..stream import fold, stream
 from ..structured import ensure_valid, openai_output_format
+from ..tool_loop import ToolLoop, offer
 from ..tooling import openai_tool_choice
 from . import encode
 from . import translate as tr
@@ -47,17 +48,22 @@ def make_router(live: LiveContext) -> APIRouter:
         req = validate(ChatCompletionRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
         tr.refuse_unhonoured(req)
-        tools = tool_plan(ctx, req.tools, openai_tool_choice(req.tool_choice, req.parallel_tool_calls),
+        offered = offer(ctx, request, req.tools)  # MCP tools the worker runs itself; None: none for this request
+        tool_defs = offered.tools if offered else req.tools
+        tools = tool_plan(ctx, tool_defs, openai_tool_choice(req.tool_choice, req.parallel_tool_calls),
                           req.chat_template_kwargs)
         output = openai_output_format(req.response_format)
-        prompt = await _render_chat(ctx, req)
+        prompt = await _render_chat(ctx, req, tool_defs)
         rid = ctx.request_id(request, "chatcmpl-")
         gen = await make_generation(ctx, tr.sampling_request(req), prompt, rid, reasoning=True, tools=tools, output=output,
                               after_reasoning=thinking_on(ctx, req.chat_template_kwargs))
+        if offered:
+            gen = ToolLoop(ctx, offered, tr.to_template_messages(req.messages), req.chat_template_kwargs,
+                           tr.sampling_request(req), output, gen)
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return stream(ctx, gen, encode.ChatStreamEncoder(rid, created, ctx.name, include_usage))
+            return stream(ctx, request, gen, encode.ChatStreamEncoder(rid, created, ctx.name, include_usage))
         folded = await fold(ctx, request, gen)
         ensure_valid(output, folded.text, folded.finish.reason)
         return encode.chat_response(rid, created, ctx.name, folded)
@@ -77,7 +83,7 @@ def make_router(live: LiveContext) -> APIRouter:
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return stream(ctx, gen, encode.CompletionStreamEncoder(rid, created, ctx.name, include_usage))
+            return stream(ctx, request, gen, encode.CompletionStreamEncoder(rid, created, ctx.name, include_usage))
         return encode.completion_response(rid, created, ctx.name, await fold(ctx, request, gen))
 
     return router
@@ -93,5 +99,5 @@ def _model_card(ctx: ServingContext) -> dict:
     }
 
 
-async def _render_chat(ctx: ServingContext, req: ChatCompletionRequest) -> list[int]:
-    return await render_template(ctx, tr.to_template_messages(req.messages), req.tools, req.chat_template_kwargs)
+async def _render_chat(ctx: ServingContext, req: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
+    return await render_template(ctx, tr.to_template_messages(req.messages), tools, req.chat_template_kwargs)

@@ -47,6 +47,8 @@ def to_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Chat messages as the chat template expects them: text content, known keys only."""
     out = []
     for i, msg in enumerate(messages):
+        if msg.role == "assistant":
+            out += _ran_by_server((msg.model_extra or {}).get("mcp_calls"))
         item: dict[str, Any] = {"role": "system" if msg.role == "developer" else msg.role}
         item["content"] = _text_content(msg.content, f"messages[{i}].content")
         for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
@@ -55,6 +57,29 @@ def to_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 item[key] = _parsed_arguments(value) if key == "tool_calls" else value
         out.append(item)
     return out
+
+
+def _ran_by_server(mcp_calls: object) -> list[dict[str, Any]]:
+    """The calls this server ran in an answer (its ``mcp_calls``, sent back as history) as the turns
+    the model saw before the answer's text: the calls, then their results. Malformed entries are skipped."""
+    calls = [c for c in mcp_calls if _is_call(c)] if isinstance(mcp_calls, list) else []
+    if not calls:
+        return []
+    turns: list[dict[str, Any]] = [{"role": "assistant", "content": "", "tool_calls": _parsed_arguments(
+        [{"id": c.get("id"), "type": "function", "function": c["function"]} for c in calls])}]
+    for c in calls:
+        result = c.get("result") if isinstance(c.get("result"), dict) else {}
+        blocks = result.get("content") if isinstance(result.get("content"), list) else []
+        text = "\n\n".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+        if result.get("is_error") and not text.lower().startswith("error"):
+            text = f"Error: {text}" if text else "Error"  # templates have no error flag: the text must say it
+        turns.append({"role": "tool", "tool_call_id": c.get("id"), "name": c["function"]["name"], "content": text})
+    return turns
+
+
+def _is_call(call: object) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    return isinstance(function, dict) and isinstance(function.get("name"), str)
 
 
 def _text_content(content, param: str) -> str:
@@ -80,7 +105,7 @@ def _parsed_arguments(tool_calls: list[dict]) -> list[dict]:
         if isinstance(args, str):
             try:
                 fn["arguments"] = json.loads(args)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON (or too deep, too long a number): kept as text
                 pass
         call["function"] = fn
         out.append(call)
@@ -93,9 +118,9 @@ def completion_prompt(req: CompletionRequest) -> str | list[int]:
     if isinstance(prompt, list):
         if prompt and all(isinstance(p, int) for p in prompt):
             return list(prompt)
-        if len(prompt) == 1 and isinstance(prompt[0], str):
-            return prompt[0]
-        raise InvalidRequest("send one prompt per request", param="prompt")
-    if not prompt:
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise InvalidRequest("send one prompt per request", param="prompt")
+        prompt = prompt[0]
+    if not prompt:  # [""] too: the engine cannot start a sequence from no tokens
         raise InvalidRequest("prompt must not be empty", param="prompt")
     return prompt
