@@ -18,7 +18,8 @@ import pytest
 
 from tests.support.servers import free_port, start_serve
 from vllmmlxd.config.load import parse_config
-from vllmmlxd.config.schema import ModelConfig, key_digest
+from vllmmlxd.config.keys import key_digest
+from vllmmlxd.config.schema import ModelConfig
 from vllmmlxd.supervisor.live import push_settings
 
 MODEL = "builtin:tiny"

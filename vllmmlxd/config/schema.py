@@ -1,4 +1,5 @@
-"""The configuration schema: frozen pydantic models, unknown keys forbidden.
+"""The configuration schema: frozen pydantic models, unknown keys forbidden. The sections
+beside the models have their own modules: ``keys`` (api_keys) and ``mcp`` (mcp_servers).
 
 ``ModelConfig`` is also the contract between the daemon and a worker: the daemon
 sends a worker its entry as JSON, and ``vllmmlxd serve`` builds one from flags.
@@ -7,14 +8,17 @@ Option names mirror the reference server's flags in snake_case.
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from .base import Strict as _Strict
+from .keys import DIGEST_PREFIX, SHA256_RE, ApiKeyConfig, KeyGrant, check_rate, key_digest
+from .mcp import MCP_TOOL_SEPARATOR, McpServerConfig, check_mcp_server_names, load_mcp_file
 
 BLAS_NAMES = ("auto", "mkl", "blis", "openblas", "bundled")
 REASONING_PARSERS = ("qwen3", "deepseek_r1")  # as vllmmlxd/parsers/reasoning has them (a test keeps them equal)
@@ -22,218 +26,8 @@ TOOL_PARSERS = (  # as vllmmlxd/parsers/tools has them (a test keeps them equal)
     "auto", "deepseek", "functionary", "glm47", "granite", "hermes", "kimi", "llama", "mistral", "nemotron", "qwen", "xlam",
 )
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-DIGEST_PREFIX = "sha256:"  # an api_key held as its digest: what the daemon and workers keep
 # Fields vllmmlxd fills itself (from the top-level api_keys section): never written by hand.
 INTERNAL_FIELDS = frozenset({"key_grants", "mcp_servers_resolved"})
-# MCP server names prefix their tools as SERVER__TOOL, so a name never holds "__" itself, and
-# stays inside the tool-name alphabet the OpenAI and Anthropic APIs accept.
-MCP_SERVER_NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,31}$")
-MCP_TOOL_SEPARATOR = "__"
-
-
-def key_digest(key: str) -> str:
-    """The hex SHA-256 of a key: the only form of a key kept after the config is read."""
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def check_rate(value: int | str) -> int | str:
-    """A rate limit: an int (requests per minute; 0: none) or ``limits`` text such as
-    ``"60/minute"`` or ``"5/second;1000/day"``."""
-    if isinstance(value, bool) or (isinstance(value, int) and value < 0):
-        raise ValueError("a rate limit is a count per minute (0: none) or text like '60/minute'")
-    if isinstance(value, str):
-        from limits import parse_many  # only when a config says so: vllmmlxctl stays light
-
-        try:
-            items = parse_many(value)
-        except ValueError:
-            items = []
-        if not items or any(item.amount < 1 for item in items):
-            raise ValueError(f"rate limit {value!r} is not like '60/minute', '5/second' or '10/second;1000/hour'")
-    return value
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class KeyGrant(_Strict):
-    """One named key as a model's worker knows it: its digest, whether it may use this model,
-    and its own limits. Filled in from the top-level ``api_keys`` section, never by hand."""
-
-    name: str
-    sha256: str = Field(pattern=SHA256_RE.pattern, repr=False)
-    allowed: bool
-    rate_limit: int | str = 0
-    tokens_per_minute: int = Field(0, ge=0)
-    mcp: tuple[str, ...] | None = None  # the MCP servers this key may use here; None: all of the entry's
-
-
-class McpServerConfig(_Strict):
-    """One MCP server a worker connects to: a child process over stdio, or a URL.
-
-    ``env`` and ``headers`` values are secrets (tokens): kept as SecretStr, so they are never
-    printed, and revealed only on a worker's stdin (``ModelConfig.to_worker_json``).
-    """
-
-    transport: Literal["stdio", "streamable-http", "sse"] = "stdio"
-    command: str | None = Field(None, description="stdio: the program to run")
-    args: tuple[str, ...] = ()
-    env: dict[str, SecretStr] = Field(default_factory=dict, description="stdio: variables added to a small safe environment")
-    cwd: str | None = None
-    url: str | None = Field(None, description="streamable-http or sse: the server's endpoint")
-    headers: dict[str, SecretStr] = Field(default_factory=dict, description="HTTP headers sent with every request")
-    timeout: float = Field(30.0, gt=0, le=3600, description="seconds one tool execution (and connecting) may take")
-    allow_tools: tuple[str, ...] = Field(("*",), description="tool names (shell patterns) offered; default all")
-    deny_tools: tuple[str, ...] = Field((), description="tool names (shell patterns) never offered, even if allowed")
-    enabled: bool = True
-
-    @model_validator(mode="before")
-    @classmethod
-    def _infer_transport(cls, data):
-        # A server written like a Claude Desktop one ({command} or {url}) needs no transport key.
-        if isinstance(data, dict) and "transport" not in data and data.get("url") and not data.get("command"):
-            data = {**data, "transport": "streamable-http"}
-        return data
-
-    @field_validator("args", "allow_tools", "deny_tools", mode="before")
-    @classmethod
-    def _one_is_a_list(cls, v):
-        return (v,) if isinstance(v, str) else v
-
-    @field_validator("env", "headers", mode="before")
-    @classmethod
-    def _text_values(cls, v):
-        # Numbers in YAML (PORT: 8080) are meant as text in an environment or a header.
-        if isinstance(v, dict):
-            return {k: str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x for k, x in v.items()}
-        return v
-
-    @model_validator(mode="after")
-    def _fits_transport(self):
-        if self.transport == "stdio":
-            if not self.command:
-                raise ValueError("a stdio MCP server needs command")
-            if self.url or self.headers:
-                raise ValueError("url and headers are for streamable-http and sse servers, not stdio")
-        else:
-            if not self.url or not self.url.startswith(("http://", "https://")):
-                raise ValueError(f"a {self.transport} MCP server needs url: http://... or https://...")
-            if self.command or self.args or self.env or self.cwd:
-                raise ValueError(f"command, args, env and cwd are for stdio servers, not {self.transport}")
-        return self
-
-    def offers(self, tool: str) -> bool:
-        """Whether this server's tool ``tool`` passes its allow_tools / deny_tools patterns."""
-        return (any(fnmatch.fnmatchcase(tool, p) for p in self.allow_tools)
-                and not any(fnmatch.fnmatchcase(tool, p) for p in self.deny_tools))
-
-    def revealed(self) -> dict:
-        """This server as plain JSON, secrets shown: for a worker's stdin only."""
-        data = self.model_dump(mode="json")
-        data["env"] = {k: v.get_secret_value() for k, v in self.env.items()}
-        data["headers"] = {k: v.get_secret_value() for k, v in self.headers.items()}
-        return data
-
-
-def check_mcp_server_names(names) -> None:
-    for name in names:
-        if not MCP_SERVER_NAME_RE.match(name):
-            raise ValueError(f"MCP server name {name!r} must be letters, digits, '-' or single '_' (at most 32; "
-                             f"'__' separates server and tool)")
-
-
-def load_mcp_file(path: str | Path) -> dict[str, McpServerConfig]:
-    """The servers of a Claude-Desktop-style ``{"mcpServers": {...}}`` file, taken as they are.
-
-    Keys those files carry for other tools (``autoApprove``, ``alwaysAllow``...) are ignored;
-    ``type`` is read as the transport and ``disabled: true`` as ``enabled: false``. Errors name
-    the file and the server, never a value (env and headers hold tokens).
-    """
-    from pydantic import ValidationError
-
-    p = Path(path).expanduser()
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ValueError(f"cannot read MCP config {p}: {e.strerror or type(e).__name__}") from None
-    except ValueError as e:  # JSON syntax (its message gives the position, not the text) or not UTF-8
-        raise ValueError(f"MCP config {p} is not JSON: {str(e).split(':')[0]}") from None
-    servers = data.get("mcpServers") if isinstance(data, dict) else None
-    if not isinstance(servers, dict):
-        raise ValueError(f"MCP config {p} has no \"mcpServers\" object")
-    check_mcp_server_names(servers)
-    out = {}
-    kinds = {"stdio": "stdio", "sse": "sse", "http": "streamable-http", "streamable-http": "streamable-http",
-             "streamableHttp": "streamable-http"}
-    for name, spec in servers.items():
-        if not isinstance(spec, dict):
-            raise ValueError(f"MCP config {p}: server {name!r} is not an object")
-        fields = {k: spec[k] for k in ("command", "args", "env", "cwd", "url", "headers", "timeout") if spec.get(k) is not None}
-        kind = spec.get("transport", spec.get("type"))
-        if kind is not None:
-            if kind not in kinds:
-                raise ValueError(f"MCP config {p}: server {name!r} has unknown type {kind!r}")
-            fields["transport"] = kinds[kind]
-        if spec.get("disabled") is True:
-            fields["enabled"] = False
-        try:
-            out[name] = McpServerConfig.model_validate(fields)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'server'}: {e['msg'].removeprefix('Value error, ')}"
-                                 for e in exc.errors(include_input=False, include_url=False))
-            raise ValueError(f"MCP config {p}: server {name!r}: {problems}") from None
-    return out
-
-
-class ApiKeyConfig(_Strict):
-    """A named key of the ``api_keys`` section: the key (or its digest), the models it may use, its limits."""
-
-    key: SecretStr | None = Field(None, description="the key itself: literal, ${env:NAME} or ${file:/path}")
-    key_sha256: str | None = Field(None, repr=False, description="the key's SHA-256 in hex, instead of the key")
-    models: tuple[str, ...] = Field(("*",), description="entry names (shell patterns) this key may use")
-    rate_limit: int | str = Field(0, description="this key's requests per minute, or text like '5/second'")
-    tokens_per_minute: int = Field(0, ge=0, description="generated tokens per minute for this key; 0: no limit")
-    mcp: tuple[str, ...] | None = Field(None, description="MCP servers (names) this key may use; unset: all of a model's")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _digest_only(cls, data):
-        # Only the digest is kept: the key itself is dropped as soon as it is read.
-        if isinstance(data, dict) and isinstance(data.get("key"), str):
-            if data.get("key_sha256") is not None:
-                raise ValueError("give either key or key_sha256, not both")
-            if not data["key"]:
-                raise ValueError("key is empty")
-            data = {**data, "key": None, "key_sha256": key_digest(data["key"])}
-        return data
-
-    @field_validator("key_sha256")
-    @classmethod
-    def _hex_digest(cls, v):
-        if v is not None and not SHA256_RE.match(v.lower()):
-            raise ValueError("key_sha256 must be 64 hex digits (sha256sum of the key)")
-        return v.lower() if v else v
-
-    @field_validator("models", "mcp", mode="before")
-    @classmethod
-    def _one_model_is_a_list(cls, v):
-        return (v,) if isinstance(v, str) else v
-
-    @field_validator("rate_limit")
-    @classmethod
-    def _rate(cls, v):
-        return check_rate(v)
-
-    @model_validator(mode="after")
-    def _has_a_key(self):
-        if self.key_sha256 is None:
-            raise ValueError("give the key as key (literal, ${env:NAME} or ${file:/path}) or key_sha256")
-        return self
-
-    def may_use(self, entry: str) -> bool:
-        return any(fnmatch.fnmatchcase(entry, pattern) for pattern in self.models)
 
 
 class ModelConfig(_Strict):

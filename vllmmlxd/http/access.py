@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from ..config.schema import DIGEST_PREFIX, KeyGrant, ModelConfig
+from ..config.keys import DIGEST_PREFIX, KeyGrant
+from ..config.schema import ModelConfig
 from ..errors import Forbidden, Unauthorized
 
 OWN_KEY = "api_key"  # the name the entry's own api_key goes by

@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from ..config.schema import MCP_TOOL_SEPARATOR, McpServerConfig
+from ..config.mcp import MCP_TOOL_SEPARATOR, McpServerConfig
 from ..errors import InvalidRequest, RequestError
 from ..log import log_event
 from .link import READY, Link

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 
-from ..config.schema import McpServerConfig
+from ..config.mcp import McpServerConfig
 from ..log import log_event
 
 logger = logging.getLogger("vllmmlxd.mcp")

@@ -168,7 +168,7 @@ def test_offered_tools_follow_the_patterns_and_come_after_the_clients_own():
 
 
 def test_a_keys_mcp_list_narrows_the_servers_offered():
-    from vllmmlxd.config.schema import KeyGrant
+    from vllmmlxd.config.keys import KeyGrant
     from vllmmlxd.http.access import Caller
 
     hub = FakeHub()

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from vllmmlxd.config.load import load_config, parse_config
-from vllmmlxd.config.schema import INTERNAL_FIELDS, DaemonConfig, ModelConfig, key_digest
+from vllmmlxd.config.keys import key_digest
+from vllmmlxd.config.schema import INTERNAL_FIELDS, DaemonConfig, ModelConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
 EXAMPLE = CONFIG_DIR / "vllmmlxd.example.yaml"

@@ -6,7 +6,7 @@ import pytest
 
 from vllmmlxd.config.diff import diff_models
 from vllmmlxd.config.load import parse_config
-from vllmmlxd.config.schema import key_digest
+from vllmmlxd.config.keys import key_digest
 from vllmmlxd.errors import ConfigError
 
 BASE = """

@@ -8,7 +8,8 @@ import pytest
 
 from vllmmlxd.config.diff import LIVE_FIELDS, classify, changed_fields
 from vllmmlxd.config.load import parse_config
-from vllmmlxd.config.schema import INTERNAL_FIELDS, ModelConfig, load_mcp_file
+from vllmmlxd.config.mcp import load_mcp_file
+from vllmmlxd.config.schema import INTERNAL_FIELDS, ModelConfig
 from vllmmlxd.errors import ConfigError
 
 BASE = """

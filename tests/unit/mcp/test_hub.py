@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vllmmlxd.config.schema import KeyGrant, McpServerConfig, ModelConfig
+from vllmmlxd.config.keys import KeyGrant
+from vllmmlxd.config.mcp import McpServerConfig
+from vllmmlxd.config.schema import ModelConfig
 from vllmmlxd.http.access import Caller
 from vllmmlxd.mcp.hub import McpBadArguments, McpHub, McpResult, McpUnknownTool, check_arguments
 from vllmmlxd.mcp.scope import allowed_servers
