@@ -135,6 +135,13 @@ def test_a_generation_entry_serves_embeddings_beside_chat(both):
     assert status["model"] == "tiny-chat" and status["embedding"]["model"] == MODEL
 
 
+def test_models_lists_the_embedding_model_beside_the_generation_model(both, only):
+    client = sdk(both)
+    assert [m.id for m in client.models.list().data] == ["tiny-chat", MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL and client.models.retrieve("tiny-chat").id == "tiny-chat"
+    assert [m.id for m in sdk(only).models.list().data] == ["embedder"]  # embeddings-only: one model
+
+
 def test_strict_model_name_wants_the_embedding_models_name(both):
     with pytest.raises(openai.NotFoundError):
         sdk(both).embeddings.create(model="text-embedding-3-small", input="hi")

@@ -33,14 +33,18 @@ def make_router(live: LiveContext) -> APIRouter:
 
     @router.get("/v1/models")
     async def list_models(request: Request):
-        return {"object": "list", "data": [_model_card(live.capture(request))]}
+        return {"object": "list", "data": _model_cards(live.capture(request))}
 
     @router.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str, request: Request):
         ctx = live.capture(request)
-        if model_id not in ctx.names():
-            raise ModelNotFound(f"model {model_id!r} is not served here; this server serves {ctx.name!r}")
-        return _model_card(ctx)
+        cards = _model_cards(ctx)
+        if model_id in ctx.names():
+            return cards[0]
+        for card in cards[1:]:  # the entry's embedding model, by its own name
+            if card["id"] == model_id:
+                return card
+        raise ModelNotFound(f"model {model_id!r} is not served here; this server serves {ctx.name!r}")
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -89,14 +93,20 @@ def make_router(live: LiveContext) -> APIRouter:
     return router
 
 
-def _model_card(ctx: ServingContext) -> dict:
-    return {
+def _model_cards(ctx: ServingContext) -> list[dict]:
+    """The entry's model, then its embedding model when it has one beside a generation model
+    (an embeddings-only entry is one model, under the entry's name)."""
+    cards = [{
         "id": ctx.name,
         "object": "model",
         "created": int(ctx.started),
         "owned_by": ctx.config.owned_by,
         "max_model_len": ctx.engine.info.context_length,
-    }
+    }]
+    embedder = ctx.embedder
+    if embedder is not None and not getattr(ctx.engine, "embeddings_only", False):
+        cards.append({**cards[0], "id": embedder.info.name, "max_model_len": embedder.info.max_tokens})
+    return cards
 
 
 async def _render_chat(ctx: ServingContext, req: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
