@@ -37,13 +37,15 @@ test-fast: $(VENV)/.dev
 bench: $(VENV)/.dev
 	$(BIN)/python bench/stream_overhead.py --write docs/benchmarks.md
 
-# systemd-analyze checks the unit file, and the BLAS tests compare MKL with system BLIS and OpenBLAS:
-# install Debian's packages where they are missing and we can.
+# systemd-analyze checks the unit file, the BLAS tests compare MKL with system BLIS and OpenBLAS, and the
+# gateway page's test drives a headless Chromium: install Debian's packages where they are missing and we can.
 system-deps:
 	@missing=""; \
 	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	[ "$$(uname)" != Linux ] || ls /usr/lib/*/libopenblas.so.0 /usr/lib/*/openblas-pthread/libopenblas.so.0 2>/dev/null | grep -q . || missing="$$missing libopenblas0-pthread"; \
 	[ "$$(uname)" != Linux ] || ls /usr/lib/*/libblis.so.4 /usr/lib/*/blis-pthread/libblis.so.4 2>/dev/null | grep -q . || missing="$$missing libblis4-pthread"; \
+	[ "$$(uname)" != Linux ] || command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	[ "$$(uname)" != Linux ] || command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		echo "installing Debian's$$missing"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) || echo "could not install$$missing; the tests that need them will be skipped"; \

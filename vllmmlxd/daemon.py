@@ -98,6 +98,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.reload()))
 
         sock_path = control_socket_path(self.loaded.config.daemon.control_socket, self.state_dir)
+        self.supervisor.control_socket = sock_path  # the gateway asks there for lazy models to load
         control = await serve_control(make_control_app(_ControlFacade(self)), sock_path)
         log_event(logger, "daemon.started", pid=os.getpid(), config=str(self.loaded.path), control_socket=str(sock_path),
                   models=len(self.loaded.config.models))
@@ -188,6 +189,9 @@ class _ControlFacade:
 
     async def start(self, name: str):
         return mapping.action_response(await self._sup.start(name))
+
+    async def load(self, name: str):
+        return mapping.action_response(await self._sup.load(name))
 
     def logs(self, name: str, lines: int) -> list[str]:
         return self._sup.logs(name, lines)

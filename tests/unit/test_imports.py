@@ -36,6 +36,7 @@ def test_only_the_engine_imports_mlx():
         ("vllmmlxd.daemon", ["mlx", "mlx_lm", "vllmmlxd.engine.mlx_engine", "transformers"]),
         ("vllmmlxd.supervisor.supervisor", ["mlx", "vllmmlxd.engine.loader"]),
         ("vllmmlxd.worker.app", ["mlx"]),
+        ("vllmmlxd.gateway.main", ["mlx", "mlx_lm", "vllmmlxd.engine", "transformers"]),
         ("vllmmlxd.api.openai.routes", ["mlx"]),
         ("vllmmlxd.ctl.cli", ["mlx", "fastapi", "uvicorn", "starlette"]),
         ("vllmmlxd.config.load", ["mlx", "fastapi", "vllmmlxd.engine.types", "vllmmlxd.supervisor"]),

@@ -30,6 +30,8 @@ LIVE_FIELDS = frozenset({
     "health_requires_key", "metrics_requires_key",
     # MCP: the worker reconnects its MCP clients in place; the model stays loaded.
     "mcp", "mcp_auto_execute", "mcp_max_tool_calls", "mcp_config", "mcp_servers_resolved",
+    # Read by the daemon (when to load and unload) and the gateway (where an upstream is), not by a worker.
+    "load", "idle_unload_s", "upstream", "upstream_api_key",
 })
 
 APPLY_LIVE = "apply live"
@@ -86,6 +88,7 @@ class ReloadPlan:
     unchanged: tuple[str, ...] = ()
     daemon_changed: tuple[str, ...] = ()
     restart_required: tuple[str, ...] = ()  # daemon fields that changed but apply only after a restart
+    gateway_changed: tuple[str, ...] = ()  # gateway fields that changed ("added" / "removed": the whole section)
     # Per changed entry: applied live to its worker, or a new worker (and the keys forcing it).
     changes: dict[str, EntryChange] = field(default_factory=dict)
 
@@ -115,7 +118,7 @@ class ReloadPlan:
     @property
     def is_empty(self) -> bool:
         """True when the reload would change nothing."""
-        return not (self.added or self.removed or self.changed or self.daemon_changed)
+        return not (self.added or self.removed or self.changed or self.daemon_changed or self.gateway_changed)
 
     def render(self, details: bool = True) -> str:
         """Lines for people: ``added: x``, ``changed: y (port, timeout)``, ``removed: z``, ``unchanged: a, b``.
@@ -139,6 +142,8 @@ class ReloadPlan:
             lines.append(f"daemon changed: {', '.join(self.daemon_changed)}")
         if self.restart_required:
             lines.append(f"restart required: {', '.join(self.restart_required)}")
+        if self.gateway_changed:
+            lines.append(f"gateway: {', '.join(self.gateway_changed)}")
         return "\n".join(lines)
 
 
@@ -156,6 +161,7 @@ def diff_models(old: Config | None, new: Config) -> ReloadPlan:
             unchanged.append(name)
     daemon_changed = changed_fields(old.daemon, new.daemon)
     return ReloadPlan(
+        gateway_changed=_gateway_change(old.gateway, new.gateway),
         added=tuple(sorted(new.models.keys() - old.models.keys())),
         removed=tuple(sorted(old.models.keys() - new.models.keys())),
         changed=changed,
@@ -164,6 +170,12 @@ def diff_models(old: Config | None, new: Config) -> ReloadPlan:
         daemon_changed=daemon_changed,
         restart_required=tuple(f for f in daemon_changed if f in RESTART_REQUIRED_FIELDS),
     )
+
+
+def _gateway_change(old, new) -> tuple[str, ...]:
+    if old is None or new is None:
+        return () if old is new else (("added",) if old is None else ("removed",))
+    return changed_fields(old, new)
 
 
 def changed_fields(old: BaseModel, new: BaseModel) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from .base import Strict as _Strict
+from .gateway import GatewayConfig
 from .keys import DIGEST_PREFIX, SHA256_RE, ApiKeyConfig, KeyGrant, check_rate, key_digest
 from .mcp import MCP_TOOL_SEPARATOR, McpServerConfig, check_mcp_server_names, load_mcp_file
 
@@ -28,12 +29,20 @@ TOOL_PARSERS = (  # as vllmmlxd/parsers/tools has them (a test keeps them equal)
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Fields vllmmlxd fills itself (from the top-level api_keys section): never written by hand.
 INTERNAL_FIELDS = frozenset({"key_grants", "mcp_servers_resolved"})
+# With a gateway, each worker believes the X-Forwarded-For of requests from this machine (its rate limits count
+# per client, not per gateway): the gateway connects from loopback.
+GATEWAY_PEERS = ("127.0.0.1/32", "::1/128")
 
 
 class ModelConfig(_Strict):
     """One model entry: what to load, where to listen and how to serve it."""
 
-    model: str = Field(description="builtin:NAME, a .gguf path, a local MLX folder or a Hugging Face repo id")
+    model: str | None = Field(None, description="builtin:NAME, a .gguf path, a local MLX folder or a Hugging Face repo id")
+    # Where the model runs: here (model) or on another host's daemon (upstream), and when it loads.
+    upstream: str | None = Field(None, description="the base URL of a model served by another host (http://host:port)")
+    upstream_api_key: SecretStr | None = Field(None, description="the key sent to the upstream host (Bearer)")
+    load: Literal["eager", "lazy"] = Field("eager", description="eager: at start; lazy: on the first request through the gateway")
+    idle_unload_s: float | None = Field(None, gt=0, description="lazy models: stop after this long without a request")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     served_model_name: str | None = None
@@ -161,6 +170,34 @@ class ModelConfig(_Strict):
             object.__setattr__(self, "mcp_servers_resolved", load_mcp_file(self.mcp_config))
         return self
 
+    @field_validator("upstream")
+    @classmethod
+    def _upstream_url(cls, v: str | None):
+        if v is None:
+            return v
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(f"upstream must be a base URL like http://studio-2.local:8001, not {v!r}")
+        return v.rstrip("/").removesuffix("/v1")
+
+    @model_validator(mode="after")
+    def _where_it_runs(self):
+        if (self.model is None) == (self.upstream is None):
+            raise ValueError("give model (served here) or upstream (served by another host), one of the two")
+        if self.upstream is None and self.upstream_api_key is not None:
+            raise ValueError("upstream_api_key needs upstream")
+        if self.upstream is not None and self.load == "lazy":
+            raise ValueError("an upstream entry has nothing to load here: remove load: lazy")
+        if self.idle_unload_s is not None and self.load != "lazy":
+            raise ValueError("idle_unload_s needs load: lazy (an eager model stays loaded)")
+        return self
+
+    @property
+    def is_upstream(self) -> bool:
+        return self.upstream is not None
+
     @model_validator(mode="after")
     def _request_cap_covers_default(self):
         if self.max_tokens > self.max_request_tokens:
@@ -184,6 +221,8 @@ class ModelConfig(_Strict):
         if self.api_key is not None:
             data["api_key"] = self.api_key.get_secret_value()
         data["mcp_servers_resolved"] = {n: s.revealed() for n, s in self.mcp_servers_resolved.items()}
+        if self.upstream_api_key is not None:
+            data["upstream_api_key"] = self.upstream_api_key.get_secret_value()
         return json.dumps(data)
 
     def config_hash(self) -> str:
@@ -214,6 +253,7 @@ class Config(_Strict):
     mcp_config: Path | None = Field(None, description="a Claude-Desktop-style mcpServers JSON file, imported as is")
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict, validate_default=True)  # the import runs without it
     api_keys: dict[str, ApiKeyConfig] = Field(default_factory=dict)
+    gateway: GatewayConfig | None = Field(None, description="one address for every model, with the web page")
     models: dict[str, ModelConfig] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -258,14 +298,18 @@ class Config(_Strict):
 
     @field_validator("models")
     @classmethod
-    def _names_and_ports(cls, models: dict[str, ModelConfig]):
-        seen: dict[tuple[str, int], str] = {}
+    def _names_and_ports(cls, models: dict[str, ModelConfig], info):
+        gateway: GatewayConfig | None = info.data.get("gateway")
+        seen: dict[tuple[str, int], str] = {(gateway.host, gateway.port): "gateway"} if gateway else {}
         for name, entry in models.items():
             if not MODEL_NAME_RE.match(name):
                 raise ValueError(f"model name {name!r} must be letters, digits, '_', '.' or '-'")
+            if entry.is_upstream:  # listens nowhere here
+                continue
             addr = (entry.host, entry.port)
             if addr in seen:
-                raise ValueError(f"models {seen[addr]!r} and {name!r} both listen on {entry.host}:{entry.port}")
+                first = "the gateway" if seen[addr] == "gateway" else f"models {seen[addr]!r}"
+                raise ValueError(f"{first} and {name!r} both listen on {entry.host}:{entry.port}")
             seen[addr] = name
         return models
 
@@ -316,3 +360,24 @@ class Config(_Strict):
                                      f"use MCP server {server!r}")
             out[name] = entry.model_copy(update={"mcp_servers_resolved": resolved}) if resolved or entry.mcp_servers_resolved else entry
         return out
+
+    @model_validator(mode="after")
+    def _gateway_routes(self):
+        # Through the gateway a name must lead to one model, and the workers believe the
+        # client address the gateway passes on (X-Forwarded-For from this machine).
+        if self.gateway is None:
+            return self
+        owner: dict[str, str] = {}
+        for name, entry in self.models.items():
+            names = {entry.display_name(name), name, *entry.aliases}
+            for n in sorted(names):
+                if owner.setdefault(n, name) != name:
+                    raise ValueError(f"models {owner[n]!r} and {name!r} both answer to {n!r}: the gateway routes by "
+                                     "name, so served_model_name, entry keys and aliases must differ")
+        models = {}
+        for name, entry in self.models.items():
+            missing = tuple(p for p in GATEWAY_PEERS if p not in entry.trusted_proxies)
+            models[name] = entry.model_copy(update={"trusted_proxies": entry.trusted_proxies + missing}) \
+                if missing and not entry.is_upstream else entry
+        object.__setattr__(self, "models", models)
+        return self

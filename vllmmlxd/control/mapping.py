@@ -12,6 +12,7 @@ from typing import Any
 from vllmmlxd.control.protocol import (
     ActionResponse,
     DaemonStatus,
+    GatewayStatus,
     ModelStatus,
     ReloadResponse,
     ReloadResult,
@@ -31,7 +32,9 @@ def status_response(view: Any) -> StatusResponse:
         fields = _fields(model)
         runtime = fields.pop("runtime", None) or {}
         models.append(ModelStatus(**fields, **runtime))
-    return StatusResponse(daemon=DaemonStatus(**daemon), models=models)
+    gateway = getattr(view, "gateway", None)
+    return StatusResponse(daemon=DaemonStatus(**daemon), models=models,
+                          gateway=GatewayStatus(**_fields(gateway)) if gateway is not None else None)
 
 
 def reload_result(record: Any | None) -> ReloadResult | None:

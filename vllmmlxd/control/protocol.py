@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict
 from vllmmlxd.paths import resolve_state_dir
 
 # A model's state as the supervisor reports it (supervisor/states.py; a test keeps the two equal).
-State = Literal["starting", "ready", "draining", "backoff", "failed", "stopped"]
+State = Literal["starting", "ready", "draining", "backoff", "failed", "stopped", "loading", "idle", "unloaded",
+                "unreachable"]
 
 ENV_SOCKET = "VLLMMLXD_SOCKET"
 SOCKET_NAME = "control.sock"
@@ -86,11 +87,30 @@ class ModelStatus(_Wire):
     embedding_requests: int | None = None  # embedding requests answered
     embedding_inputs: int | None = None  # inputs embedded
     mcp: list[McpServerStatus] | None = None  # its MCP servers (None: none, or an older daemon)
+    load: str = "eager"  # eager, or lazy: loaded on demand
+    idle_unload_s: float | None = None  # a lazy model is unloaded after this long without a request
+    idle_s: float | None = None  # how long it has had no request (lazy models)
+    upstream: str | None = None  # served by another host's daemon at this URL
+
+
+class GatewayStatus(_Wire):
+    """The gateway process: one address for every model."""
+
+    state: str
+    pid: int | None = None
+    host: str
+    port: int
+    restarts: int = 0
+    uptime_s: float | None = None
+    last_error: str | None = None
+    ui: bool = True
+    version: int = 0  # of the routing table it was last given
 
 
 class StatusResponse(_Wire):
     daemon: DaemonStatus
     models: list[ModelStatus]
+    gateway: GatewayStatus | None = None
 
 
 class ReloadResponse(_Wire):
@@ -134,6 +154,10 @@ class ControlTarget(Protocol):
     async def stop(self, name: str) -> ActionResponse: ...
 
     async def start(self, name: str) -> ActionResponse: ...
+
+    async def load(self, name: str) -> ActionResponse:
+        """Make a model serve (a lazy one loads, idle lazy ones unloaded for room); answered once ready, or why not."""
+        ...
 
     def logs(self, name: str, lines: int) -> list[str]:
         """The last ``lines`` stderr lines of that model's worker(s)."""

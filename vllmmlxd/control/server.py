@@ -33,7 +33,8 @@ _GRACEFUL_S = 2.0
 
 
 def make_control_app(target: ControlTarget) -> FastAPI:
-    """The control API over ``target``: status, reload, per-model restart/stop/start and logs."""
+    """The control API over ``target``: status, reload, per-model restart/stop/start/load and logs
+    (``load``: the gateway's request for a lazy model, answered once it is ready)."""
     app = FastAPI(title="vllmmlxd control", docs_url=None, redoc_url=None, openapi_url=None)
 
     def unknown(name: str, exc: KeyError) -> JSONResponse:
@@ -56,7 +57,7 @@ def make_control_app(target: ControlTarget) -> FastAPI:
         return JSONResponse(result.model_dump(mode="json"), status_code=200 if result.ok else 409)
 
     @app.post("/models/{name}/{action}")
-    async def act(name: str, action: Literal["restart", "stop", "start"]) -> JSONResponse:
+    async def act(name: str, action: Literal["restart", "stop", "start", "load"]) -> JSONResponse:
         try:
             result = await getattr(target, action)(name)
         except KeyError as e:

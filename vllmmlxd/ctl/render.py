@@ -11,7 +11,9 @@ STATUS_HEADERS = (
     "MODEL", "STATE", "PID", "PORT", "KEYS", "UPTIME", "RESTARTS", "RUN", "WAIT", "TOK/S", "CACHE", "BLAS", "THREADS", "CPUS",
 )
 # States worth explaining under the table with the worker's last stderr lines.
-_EXPLAINED = ("failed", "backoff")
+_EXPLAINED = ("failed", "backoff", "unreachable")
+# States in which a model answers: a lazy model unloaded loads on its next request.
+_SERVING = ("ready", "idle", "unloaded")
 _INDENT = "    "
 
 
@@ -48,9 +50,41 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def _row(m: ModelStatus) -> tuple[str, ...]:
     pid = "-" if m.pid is None else str(m.pid)
-    return (m.name, m.state, pid, str(m.port), _keys(m), format_duration(m.uptime_s), str(m.restarts),
+    return (m.name, _state(m), pid, str(m.port), _keys(m), format_duration(m.uptime_s), str(m.restarts),
             _or_dash(m.running), _or_dash(m.waiting), _or_dash(m.tokens_per_s), _cache(m),
             m.blas or "-", _or_dash(m.threads), m.cpus or "-")
+
+
+def _state(m: ModelStatus) -> str:
+    """``ready``; ``idle 42s`` for a lazy model; ``ready*`` for an upstream (explained under the table)."""
+    idle = getattr(m, "idle_s", None)
+    if m.state == "idle" and idle is not None:
+        return f"idle {format_duration(idle)}"
+    return m.state + ("*" if getattr(m, "upstream", None) else "")
+
+
+def _lazy_lines(models: Sequence[ModelStatus]) -> list[str]:
+    """``qwen: lazy, unloaded after 15m00s idle``; ``far*: served by http://studio-2.local:8001``."""
+    lines = []
+    for m in models:
+        if getattr(m, "upstream", None):
+            lines.append(f"{m.name}*: served by {m.upstream}")
+        elif getattr(m, "load", "eager") == "lazy":
+            after = getattr(m, "idle_unload_s", None)
+            lines.append(f"{m.name}: lazy (loads on its first request through the gateway)"
+                         + (f", unloaded after {format_duration(after)} idle" if after else ""))
+    return lines
+
+
+def _gateway_line(status: StatusResponse) -> list[str]:
+    g = getattr(status, "gateway", None)
+    if g is None:
+        return []
+    host = f"[{g.host}]" if ":" in g.host else g.host
+    where = f"http://{host}:{g.port}/" + ("  (web page at /)" if g.ui else "")
+    pid = "" if g.pid is None else f", pid {g.pid}"
+    line = f"gateway: {g.state}{pid}, {where}, restarts {g.restarts}"
+    return [line] + ([_INDENT + g.last_error.splitlines()[-1]] if g.last_error and g.state != "ready" else [])
 
 
 def _keys(m: ModelStatus) -> str:
@@ -135,6 +169,9 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
     mcp = _mcp_lines(status.models)
     if mcp:
         lines += [""] + mcp
+    extra = _lazy_lines(status.models) + _gateway_line(status)
+    if extra:
+        lines += [""] + extra
     d = status.daemon
     lines += [
         "",
@@ -154,8 +191,10 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
 
 
 def all_ready(status: StatusResponse) -> bool:
-    """True when every model is ``ready`` (and so ``status`` exits 0)."""
-    return all(m.state == "ready" for m in status.models)
+    """True when every model serves (``ready``, or a lazy one ``idle`` or ``unloaded``: it loads on demand)
+    and the gateway, if any, is ready (and so ``status`` exits 0)."""
+    gateway = getattr(status, "gateway", None)
+    return all(m.state in _SERVING for m in status.models) and (gateway is None or gateway.state == "ready")
 
 
 # How each entry's change reads, and the order entries are listed in.

@@ -98,10 +98,13 @@ class MemoryPlan:
     capacity: Capacity
     entries: Mapping[str, Footprint]
     changes: Mapping[str, Change] = field(default_factory=dict)
+    lazy: frozenset[str] = frozenset()  # loaded on demand: only the largest must fit beside the eager ones
 
     @property
     def needed_mb(self) -> int:
-        return sum(f.total_mb for f in self.entries.values())
+        """The eager entries, plus the largest lazy one (the daemon unloads idle lazy models to load another)."""
+        eager = sum(f.total_mb for n, f in self.entries.items() if n not in self.lazy)
+        return eager + max((f.total_mb for n, f in self.entries.items() if n in self.lazy), default=0)
 
     @property
     def fits(self) -> bool:
@@ -117,16 +120,19 @@ class MemoryPlan:
         """The plan for people: the verdict with the numbers, then one line per entry and per change."""
         verdict = "fits" if self.fits else "does not fit"
         lines = [f"memory: {mb(self.needed_mb)} needed, {self.capacity.render()}: {verdict}"]
-        lines += [f"  {name}: {fp.render()}" for name, fp in self.entries.items()]
+        lines += [f"  {name}: {fp.render()}{self._lazy_note(name)}" for name, fp in self.entries.items()]
         if self.fits:  # a plan that does not fit is refused: how it would have swapped does not matter
             lines += [f"  {name}, changed: {c.render(self.capacity.usable_mb)}" for name, c in self.changes.items()]
         return "\n".join(lines)
+
+    def _lazy_note(self, name: str) -> str:
+        return " (lazy: only the largest lazy model is counted)" if name in self.lazy else ""
 
     def refusal(self) -> str:
         """Why the config is refused, naming each entry with its numbers, and what to change."""
         lines = [f"not enough memory: the models need {mb(self.needed_mb)}, {self.capacity.render()}"]
         ranked = sorted(self.entries.items(), key=lambda item: -item[1].total_mb)
-        lines += [f"  {name}: {fp.render()}" for name, fp in ranked]
+        lines += [f"  {name}: {fp.render()}{self._lazy_note(name)}" for name, fp in ranked]
         return "\n".join(lines + [FIX_HINT])
 
     def fields(self) -> dict[str, object]:
@@ -157,6 +163,7 @@ def make_footprint(entry: ModelConfig, estimate: weights.WeightsEstimate, physic
 
 def plan_memory(
     capacity: Capacity, entries: Mapping[str, Footprint], replacing: Mapping[str, Footprint] = {},
+    lazy: frozenset[str] = frozenset(),
 ) -> MemoryPlan:
     """Check ``entries`` (the whole new set) against ``capacity``, and choose swap or restart for ``replacing``.
 
@@ -164,7 +171,7 @@ def plan_memory(
     each swap's old worker takes from the room the others leave; entries are considered in
     order, and one whose old worker does not fit in what is left is stopped, then started.
     """
-    plan = MemoryPlan(capacity, dict(entries))
+    plan = MemoryPlan(capacity, dict(entries), lazy=lazy)
     usable = capacity.usable_mb
     held = plan.needed_mb
     changes: dict[str, Change] = {}
@@ -174,26 +181,40 @@ def plan_memory(
         changes[name] = Change(swap, peak)
         if swap:
             held = peak
-    return MemoryPlan(capacity, dict(entries), changes)
+    return MemoryPlan(capacity, dict(entries), changes, lazy)
 
 
-def load_memory_plan(config: Config, state_dir: Path, replacing: Mapping[str, ModelConfig] = {}) -> MemoryPlan:
-    """:func:`plan_memory` for ``config`` on this machine, reading each model's files once."""
+def read_capacity(reserve_mb: int) -> Capacity:
+    """This machine's memory, less ``reserve_mb``."""
     found = machine.read_machine_memory()
     physical_mb = None if found.physical is None else found.physical // machine.MIB
     working_set_mb = None if found.working_set is None else found.working_set // machine.MIB
-    capacity = Capacity(physical_mb, config.daemon.memory_reserve_mb, working_set_mb, found.source)
+    return Capacity(physical_mb, reserve_mb, working_set_mb, found.source)
+
+
+def entry_footprints(entries: Mapping[str, ModelConfig], state_dir: Path, physical_mb: int | None) -> dict[str, Footprint]:
+    """Each entry's footprint, reading each model's files once."""
     cpu = machine.cpu_backend()
     estimates: dict[tuple[str, str | None], weights.WeightsEstimate] = {}
 
     def footprint(entry: ModelConfig) -> Footprint:
-        models = (entry.model, entry.embedding_model)
+        models = (entry.model or "", entry.embedding_model)
         if models not in estimates:
             estimates[models] = weights.estimate_entry_weights(*models, state_dir, cpu=cpu)
         return make_footprint(entry, estimates[models], physical_mb)
 
+    return {name: footprint(entry) for name, entry in entries.items()}
+
+
+def load_memory_plan(config: Config, state_dir: Path, replacing: Mapping[str, ModelConfig] = {}) -> MemoryPlan:
+    """:func:`plan_memory` for ``config`` on this machine (models served here; upstreams use none)."""
+    capacity = read_capacity(config.daemon.memory_reserve_mb)
+    local = {name: entry for name, entry in config.models.items() if not entry.is_upstream}
+    footprints = entry_footprints({**local, **{f"\0{n}": e for n, e in replacing.items()}}, state_dir,
+                                  capacity.physical_mb)
     return plan_memory(
-        capacity,
-        {name: footprint(entry) for name, entry in config.models.items()},
-        {name: footprint(entry) for name, entry in replacing.items()},
+        capacity, {name: footprints[name] for name in local},
+        {name: footprints[f"\0{name}"] for name in replacing},
+        frozenset(name for name, entry in local.items() if entry.load == "lazy"),
     )
+

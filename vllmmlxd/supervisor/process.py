@@ -50,6 +50,7 @@ class WorkerProcess:
         self.exit_code: int | None = None
         self.runtime: dict = {}  # BLAS, threads and cores, as the worker reports them once ready
         self.load: dict = {}  # requests, recent tokens/s and prefix cache use, as of the last refresh
+        self.load_at: float | None = None  # monotonic time of that refresh
         self._sink = sink
         self.recent: deque[str] = deque(maxlen=40)
         self.share = None  # the CpuShare it was started on (set by its slot)
@@ -70,15 +71,16 @@ class WorkerProcess:
         log_level: str,
         sink: LogSink,
         cpus: str | None = None,
+        module: str = "vllmmlxd.worker",
     ) -> "WorkerProcess":
-        """Start a worker serving ``config`` on the inherited socket ``listen_fd``, pinned to ``cpus``."""
+        """Start a worker serving ``config`` on the inherited socket ``listen_fd``, pinned to ``cpus``.
+        ``module``: the program (the gateway is supervised the same way, ``vllmmlxd.gateway``)."""
         health = state_dir / "run" / f"w{os.getpid()}-{next(_seq)}.sock"
         health.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         share = ("--cpus", cpus) if cpus else ()
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "vllmmlxd.worker",
-            "--name", name, "--fd", str(listen_fd), "--health-socket", str(health),
+                sys.executable, "-m", module, "--name", name, "--fd", str(listen_fd), "--health-socket", str(health),
                 "--state-dir", str(state_dir), "--drain-timeout", str(drain_timeout), "--log-level", log_level, *share,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
                 pass_fds=(listen_fd,), env=strip_notify_env(dict(os.environ)), start_new_session=True,
@@ -153,6 +155,7 @@ class WorkerProcess:
         """Keep what a health answer says of the worker's process and load."""
         self.runtime = body.get("runtime") or self.runtime
         self.load = body.get("load") or {}
+        self.load_at = time.monotonic()
 
     async def refresh(self, timeout: float = 1.0) -> None:
         """Ask the worker for its current load (for `vllmmlxctl status`); keep the last on no answer."""

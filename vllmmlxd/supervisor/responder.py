@@ -25,7 +25,7 @@ _READ_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True)
 class Unavailable:
-    """Why nobody serves: ``status`` is loading, failed or stopped."""
+    """Why nobody serves: ``status`` is loading, failed, stopped or unloaded."""
 
     status: str
     message: str
@@ -44,6 +44,7 @@ def answer(why: Unavailable, path: str) -> bytes:
         "content-type: application/json\r\n"
         f"content-length: {len(data)}\r\n"
         f"retry-after: {why.retry_after_s}\r\n"
+        f"x-vllmmlxd-state: {why.status}\r\n"  # the gateway loads an unloaded lazy model and retries
         "connection: close\r\n\r\n"
     )
     return head.encode() + data

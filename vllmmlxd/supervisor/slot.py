@@ -71,6 +71,7 @@ class Slot:
     def __init__(
         self, name: str, config: ModelConfig, settings: SlotSettings, on_change: Callable[[], None],
         share: CpuShare | None = None, *, sock: socket.socket | None = None, push_settings: PushSettings | None = None,
+        module: str = "vllmmlxd.worker",
     ):
         self.name = name
         self.config = config  # the target: what the next worker runs (a failed swap restores the old)
@@ -87,6 +88,10 @@ class Slot:
         self.ready_since: float | None = None
         self.log = LogLines()  # its workers' lines and the daemon's about it, for `logs`
         self.sock = sock
+        self.module = module  # the program its workers run
+        # A lazy model that is not loaded (never started, or unloaded when idle): stopped, but it
+        # loads on demand, and the stand-in says so. A `vllmmlxctl stop` clears it.
+        self.unloaded = False
         self._on_change = on_change
         self._push_settings = push_settings
         self._queue: asyncio.Queue[_Msg] = asyncio.Queue()
@@ -126,6 +131,10 @@ class Slot:
     async def apply_settings(self, config: ModelConfig) -> Result:
         """Take ``config``'s live settings without a new worker (pushed to the running one)."""
         return await self._command("apply_settings", None, config=config)
+
+    def answer_on_socket(self) -> None:
+        """Start the stand-in on the slot's socket now if no worker serves it (a lazy model not loaded yet)."""
+        self._post("sync_responder")
 
     async def release_socket(self) -> socket.socket | None:
         """Hand the listening socket over (to another slot); the slot must be stopped."""
@@ -176,6 +185,9 @@ class Slot:
                 _resolve(msg.future, (False, f"internal error: {exc}"))
 
     async def _handle(self, msg: _Msg) -> None:
+        if msg.kind == "sync_responder":
+            await self._sync_responder()
+            return
         if msg.kind == "listening":  # a starting worker is about to accept: the stand-in steps aside
             if msg.worker is self.worker:
                 await self._sync_responder()
@@ -308,7 +320,7 @@ class Slot:
             worker = await WorkerProcess.spawn(
                 self.name, self.config, listen_fd=self.sock.fileno(), state_dir=s.state_dir,
                 drain_timeout=s.drain_timeout, log_level=s.log_level, sink=self.log.forward,
-                cpus=self.planned_share.render() if self.planned_share else None,
+                cpus=self.planned_share.render() if self.planned_share else None, module=self.module,
             )
         except OSError as exc:
             where = f"{self.config.host}:{self.config.port}"
@@ -445,6 +457,9 @@ class Slot:
             detail = (self.last_error or "").strip().splitlines()[-1:] or [""]
             reason = "; ".join(x for x in (self.fail_reason, detail[0][:500]) if x)
             return Unavailable("failed", f"model {self.name} failed: {reason}", 30)
+        if self.phase == states.STOPPED and self.unloaded:
+            return Unavailable("unloaded", f"model {self.name} is not loaded: it loads on its first request through "
+                                           f"the gateway (or `vllmmlxctl start {self.name}`)", 5)
         if self.phase == states.STOPPED:
             return Unavailable("stopped", f"model {self.name} is stopped", 30)
         return Unavailable("loading", f"model {self.name} is loading", 5)

@@ -17,18 +17,26 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
+from pathlib import Path
+
 from .. import __version__
 from ..config.diff import ReloadPlan, diff_models
+from ..config.gateway import GatewayConfig
 from ..config.load import LoadedConfig, load_config
 from ..config.schema import Config, DaemonConfig, ModelConfig
 from ..errors import ConfigError
 from ..log import log_event
 from ..runtime import cpus
-from . import states
-from .memory import MemoryPlan, load_memory_plan
+from ..sockets import bind_tcp
+from . import lazy, states
+from .gateway import GATEWAY, GatewayPublisher, build_spec
+from .memory import MemoryPlan, entry_footprints, load_memory_plan, read_capacity
 from .slot import PushSettings, Slot, SlotSettings
+from .upstream import UpstreamSlot
 
 logger = logging.getLogger("vllmmlxd.supervisor")
+
+IDLE_CHECK_S = 1.0  # how often lazy models' idle time is compared with their idle_unload_s
 
 
 # What the supervisor answers: plain data. The control API maps it to its wire models.
@@ -75,7 +83,7 @@ class DaemonView:
 @dataclass(frozen=True)
 class ModelView:
     name: str
-    state: states.State
+    state: states.Shown
     pid: int | None
     host: str
     port: int
@@ -86,12 +94,30 @@ class ModelView:
     last_error: str | None
     keys: list[str] | None = None  # key names allowed on the entry; None: open
     runtime: dict = field(default_factory=dict)  # blas, threads, cpus and load, as the worker reports them
+    load: str = "eager"  # eager or lazy
+    idle_unload_s: float | None = None
+    idle_s: float | None = None  # a lazy model's time without a request
+    upstream: str | None = None  # served by that host (no worker here)
+
+
+@dataclass(frozen=True)
+class GatewayView:
+    state: states.State
+    pid: int | None
+    host: str
+    port: int
+    restarts: int
+    uptime_s: float | None
+    last_error: str | None
+    ui: bool
+    version: int  # of the routing table it was last given
 
 
 @dataclass(frozen=True)
 class StatusView:
     daemon: DaemonView
     models: list[ModelView]
+    gateway: GatewayView | None = None
 
 
 def address(config: ModelConfig) -> tuple[str, int]:
@@ -117,7 +143,20 @@ class Supervisor:
         self.daemon_config = loaded.config.daemon
         self.shares = self._plan_shares(loaded.config)
         self._reload_lock = asyncio.Lock()
-        self._on_change = on_change
+        self._on_change_outer = on_change
+        self.upstreams: dict[str, UpstreamSlot] = {}  # entries served by another host
+        self.gateway_config: GatewayConfig | None = loaded.config.gateway
+        self.gateway_slot: Slot | None = None
+        self.publisher: GatewayPublisher | None = None
+        self.control_socket: Path | None = None  # the daemon's, set by it: the gateway asks there for lazy loads
+        self._load_lock = asyncio.Lock()  # one memory admission at a time: loads and idle unloads
+        self._loading: set[str] = set()  # admitted, not yet ready: their memory counts
+        self._idle_task: asyncio.Task | None = None
+
+    def _on_change(self) -> None:
+        self._on_change_outer()
+        if self.publisher is not None:
+            self.publisher.changed()
 
     def _slot(self, name: str) -> Slot:
         try:
@@ -131,28 +170,103 @@ class Supervisor:
         self.slots[name] = slot
         return slot
 
+    def _add_entry(self, name: str, config: ModelConfig, sock: socket.socket | None = None) -> Slot | None:
+        """A slot for a local entry (a lazy one waits unloaded, its port answering why), or an upstream's checks."""
+        if config.is_upstream:
+            self.upstreams[name] = UpstreamSlot(name, config, self._upstream_interval(), self._on_change)
+            return None
+        slot = self._new_slot(name, config, sock)
+        if config.load == "lazy":
+            self._wait_unloaded(slot)
+        return slot
+
+    def _wait_unloaded(self, slot: Slot) -> None:
+        slot.unloaded = True
+        if slot.sock is None:
+            try:  # bound now: clients get a 503 saying why, not a refused connection
+                slot.sock = bind_tcp(slot.config.host, slot.config.port)
+            except OSError as exc:
+                log_event(logger, "slot.bind_failed", logging.WARNING, model=slot.name, error=exc.strerror or str(exc))
+        slot.answer_on_socket()
+        self._on_change()
+
+    def _upstream_interval(self) -> float:
+        return self.gateway_config.upstream_health_interval_s if self.gateway_config else GatewayConfig().upstream_health_interval_s
+
     @staticmethod
     def _plan_shares(config: Config) -> dict[str, cpus.CpuShare]:
         """Each entry's cores (Linux): an even split unless an entry sets ``threads``."""
         if not cpus.can_pin():
             return {}
-        plan = cpus.plan_shares({name: entry.threads for name, entry in config.models.items()}, cpus.available_cpus())
+        local = {name: entry.threads for name, entry in config.models.items() if not entry.is_upstream}
+        plan = cpus.plan_shares(local, cpus.available_cpus())
         if any(share.oversubscribed for share in plan.values()):
             log_event(logger, "cpu.oversubscribed", logging.WARNING, cores=len(cpus.available_cpus()),
                       shares=",".join(f"{n}:{s.render()}" for n, s in plan.items()))
         return plan
 
     async def start_all(self) -> None:
-        """Start every entry's worker concurrently; returns when each is ready or has failed."""
+        """Start every eager entry's worker (and the gateway) concurrently; returns when each is ready or has
+        failed. Lazy entries wait unloaded; upstream entries start their health checks."""
         for name, config in self.loaded.config.models.items():
-            self._new_slot(name, config)
-        await asyncio.gather(*(slot.start() for slot in self.slots.values()))
+            self._add_entry(name, config)
+        if self.gateway_config is not None:
+            self._start_gateway_slot()
+        self._idle_task = asyncio.create_task(self._unload_idle(), name="idle-unloader")
+        starting = [slot.start() for slot in self.slots.values() if slot.config.load == "eager"]
+        if self.gateway_slot is not None:
+            starting.append(self.gateway_slot.start())
+        await asyncio.gather(*starting)
+
+    def _entries(self) -> dict[str, ModelConfig]:
+        """The entries running, local and upstream, in the config's order."""
+        found = {n: s.config for n, s in self.slots.items()} | {n: u.config for n, u in self.upstreams.items()}
+        order = list(self.loaded.config.models)
+        return dict(sorted(found.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
 
     def running_config(self) -> Config:
         """What is actually running: a failed swap leaves the old entry in place."""
         # Built, not validated: each entry is already valid and holds its resolved keys.
         return Config.model_construct(daemon=self.daemon_config, api_keys=self.loaded.config.api_keys,
-                                      models={n: s.config for n, s in self.slots.items()})
+                                      gateway=self.gateway_config, models=self._entries())
+
+    # -- what each model shows, and the gateway ----------------------------
+
+    def shown(self, name: str) -> tuple[states.Shown, str | None]:
+        """A model's state as status and the gateway show it, and why it is not serving."""
+        if name in self.upstreams:
+            upstream = self.upstreams[name]
+            return upstream.state, upstream.last_error  # type: ignore[return-value]
+        slot = self.slots[name]
+        state: states.Shown = slot.state
+        if slot.config.load == "lazy":
+            if state == states.STOPPED and slot.unloaded:
+                state = states.UNLOADED
+            elif state == states.STARTING:
+                state = states.LOADING
+            elif state == states.READY and self._idle_s(slot) is not None:
+                state = states.IDLE
+        return state, _shown_error(slot)
+
+    @staticmethod
+    def _idle_s(slot: Slot) -> float | None:
+        worker = slot.serving
+        if worker is None or slot.state != states.READY:
+            return None
+        return lazy.idle_for(worker.load.get("idle_s"), worker.load_at, time.monotonic())
+
+    def _start_gateway_slot(self) -> None:
+        slot = Slot(GATEWAY, None, self.settings, self._on_change, module="vllmmlxd.gateway")  # type: ignore[arg-type]
+        from .live import push_settings
+
+        self.gateway_slot = slot
+        self.publisher = GatewayPublisher(slot, self._gateway_spec, push_settings)
+        slot.config = self.publisher.current()  # type: ignore[assignment]
+
+    def _gateway_spec(self):
+        assert self.gateway_config is not None
+        entries = self._entries()
+        return build_spec(self.gateway_config, entries, {n: self.shown(n) for n in entries}, self.control_socket)
 
     # -- reload -----------------------------------------------------------
 
@@ -183,7 +297,8 @@ class Supervisor:
         plan = diff_models(self.running_config(), new.config)
         # A changed entry's swap holds its running worker beside the new one.
         swapped = _new_worker(plan) if self.push_settings is not None else tuple(plan.changed)
-        replacing = {n: self.slots[n].config for n in swapped if self.slots[n].pid is not None}
+        replacing = {n: self.slots[n].config for n in swapped if n in self.slots and self.slots[n].pid is not None
+                     and not new.config.models[n].is_upstream}
         memory = await asyncio.to_thread(load_memory_plan, new.config, self.settings.state_dir, replacing)
         text = f"{plan.render()}\n{memory.render()}"
         if not memory.fits:
@@ -192,8 +307,11 @@ class Supervisor:
             return ReloadReply(ok=True, dry_run=True, plan=text, error=None), plan
         self._take_daemon_keys(plan, new.config)
         self._keep_shares(plan, shares)
-        errors = await self._apply(plan, new, memory)
+        local, upstream = self._split(plan, new.config)
+        errors = await self._apply(local, new, memory)
+        self._apply_upstreams(upstream, new.config)
         self.loaded = new
+        errors += await self._apply_gateway(new.config.gateway)
         error = "\n".join(errors) or None
         self.last_reload = ReloadRecord(ok=not errors, at=time.time(), error=error, plan=text)
         log_event(
@@ -232,13 +350,69 @@ class Supervisor:
         Restarting an unchanged model only to move it to other cores would reload its weights
         for nothing: it moves when it next restarts (``vllmmlxctl restart NAME``).
         """
-        for name in plan.unchanged:
+        for name in (n for n in plan.unchanged if n in self.slots):
             held, planned = self.slots[name].share, shares.get(name)
             if held != planned:
                 log_event(logger, "cpu.share_kept", model=name, cpus=held and held.render(),
                           planned=planned and planned.render(), applies="at its next restart")
                 self.slots[name].planned_share = planned
         self.shares = shares
+
+    def _split(self, plan: ReloadPlan, new: Config) -> tuple[ReloadPlan, dict[str, str]]:
+        """The plan for entries served here, and what happens to upstream ones (added, removed, changed).
+
+        An entry that switches between served here and upstream is removed, then added."""
+        old_up = set(self.upstreams)
+        new_up = {n for n, e in new.models.items() if e.is_upstream}
+        switched = {n for n in plan.changed if (n in old_up) != (n in new_up)}
+        upstream = {n: "added" for n in plan.added if n in new_up} | {n: "removed" for n in plan.removed if n in old_up}
+        upstream |= {n: "changed" for n in plan.changed if n in old_up and n in new_up}
+        upstream |= {n: ("added" if n in new_up else "removed") for n in switched}
+        local = dataclasses.replace(
+            plan,
+            added=tuple(n for n in plan.added if n not in new_up) + tuple(sorted(n for n in switched if n not in new_up)),
+            removed=tuple(n for n in plan.removed if n not in old_up) + tuple(sorted(n for n in switched if n not in old_up)),
+            changed={n: f for n, f in plan.changed.items() if n not in switched and n not in old_up},
+            changes={n: c for n, c in plan.changes.items() if n not in switched and n not in old_up},
+        )
+        return local, upstream
+
+    def _apply_upstreams(self, upstream: dict[str, str], new: Config) -> None:
+        for name, what in upstream.items():
+            if what == "removed" and name in self.upstreams:
+                self._track(self.upstreams.pop(name).close())
+            elif what == "added":
+                self._add_entry(name, new.models[name])
+            elif what == "changed":
+                self.upstreams[name].update(new.models[name], self._upstream_interval())
+        for name, slot in self.upstreams.items():  # the gateway's interval may have changed
+            slot.interval_s = self._upstream_interval()
+
+    async def _apply_gateway(self, new: GatewayConfig | None) -> list[str]:
+        """Start, stop or update the gateway: a new address needs a new process, the rest is pushed."""
+        old, self.gateway_config = self.gateway_config, new
+        if new is None and self.gateway_slot is not None:
+            slot, self.gateway_slot, self.publisher = self.gateway_slot, None, None
+            await slot.shutdown()
+            return []
+        if new is None:
+            return []
+        if self.gateway_slot is None:
+            self._start_gateway_slot()
+            assert self.gateway_slot is not None
+            ok = await self.gateway_slot.start()
+            return [] if ok else [f"gateway: did not become ready: {self.gateway_slot.last_error}"]
+        assert self.publisher is not None
+        if old is not None and (old.host, old.port) != (new.host, new.port):
+            ok, error = await self.gateway_slot.replace(self.publisher.current(), hold_both=False)  # type: ignore[arg-type]
+            return [] if ok else [f"gateway: moved to {new.host}:{new.port}; it did not become ready: {error}"]
+        await self.publisher.publish()
+        return []
+
+    def _track(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+        return task
 
     async def _apply(self, plan: ReloadPlan, new: LoadedConfig, memory: MemoryPlan) -> list[str]:
         """Removals and moves first, then changes and additions, with the listening sockets handed over.
@@ -271,6 +445,15 @@ class Supervisor:
 
         async def change(name: str) -> None:
             slot, config = self.slots[name], models[name]
+            if slot.unloaded and slot.state == states.STOPPED:  # a lazy model not loaded: its next start takes it
+                await slot.apply_settings(config)
+                if slot.sock is None:
+                    slot.sock = pool.pop(address(config), None)
+                if config.load == "lazy":
+                    self._wait_unloaded(slot)
+                elif not (await self.load(name)).ok:
+                    errors.append(f"{name}: did not become ready: {slot.last_error}")
+                return
             if name in moving:
                 ok, error = await slot.replace(config, self.shares.get(name), hold_both=False,
                                                sock=pool.pop(address(config), None))
@@ -291,8 +474,8 @@ class Supervisor:
                               f"the new worker did not become ready: {error}")
 
         async def add(name: str) -> None:
-            slot = self._new_slot(name, models[name], sock=pool.pop(address(models[name]), None))
-            if not await slot.start():
+            slot = self._add_entry(name, models[name], sock=pool.pop(address(models[name]), None))
+            if slot is not None and models[name].load == "eager" and not await slot.start():
                 errors.append(f"{name}: did not become ready: {slot.last_error}")
 
         await asyncio.gather(*(remove(n) for n in plan.removed), *(release(n) for n in moving))
@@ -305,22 +488,48 @@ class Supervisor:
 
     def status(self) -> StatusView:
         now = time.time()
+        models = []
+        for name, entry in self._entries().items():
+            state, error = self.shown(name)
+            if name in self.upstreams:
+                upstream = self.upstreams[name]
+                host, port = _host_port(entry.upstream or "")
+                models.append(ModelView(
+                    name=name, state=state, pid=None, host=host, port=port, restarts=0,
+                    uptime_s=round(now - upstream.ready_since, 1) if upstream.ready_since else None, last_exit_code=None,
+                    served_model_name=entry.display_name(name), last_error=error,
+                    keys=None if entry.is_open else entry.key_names(), upstream=entry.upstream,
+                ))
+                continue
+            slot = self.slots[name]
+            idle = self._idle_s(slot)
+            models.append(ModelView(
+                name=name, state=state, pid=slot.pid, host=slot.config.host, port=slot.config.port,
+                restarts=slot.restarts, uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None,
+                last_exit_code=slot.last_exit_code, served_model_name=slot.config.display_name(name),
+                last_error=error, runtime=_runtime_fields(slot),
+                keys=None if slot.config.is_open else slot.config.key_names(),
+                load=slot.config.load, idle_unload_s=slot.config.idle_unload_s,
+                idle_s=round(idle, 1) if idle is not None else None,
+            ))
         return StatusView(
             daemon=DaemonView(
                 pid=os.getpid(), uptime_s=round(now - self.started, 1), config_path=str(self.loaded.path),
                 config_hash=self.loaded.short_hash, last_reload=self.last_reload, version=__version__,
                 config_missing=self.config_missing,
             ),
-            models=[
-                ModelView(
-                    name=name, state=slot.state, pid=slot.pid, host=slot.config.host, port=slot.config.port,
-                    restarts=slot.restarts, uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None,
-                    last_exit_code=slot.last_exit_code, served_model_name=slot.config.display_name(name),
-                    last_error=_shown_error(slot), runtime=_runtime_fields(slot),
-                    keys=None if slot.config.is_open else slot.config.key_names(),
-                )
-                for name, slot in self.slots.items()
-            ],
+            models=models,
+            gateway=self._gateway_view(now),
+        )
+
+    def _gateway_view(self, now: float) -> GatewayView | None:
+        slot, config = self.gateway_slot, self.gateway_config
+        if slot is None or config is None:
+            return None
+        return GatewayView(
+            state=slot.state, pid=slot.pid, host=config.host, port=config.port, restarts=slot.restarts,
+            uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None, last_error=_shown_error(slot),
+            ui=config.ui, version=self.publisher.version if self.publisher else 0,
         )
 
     async def refresh(self) -> None:
@@ -328,7 +537,15 @@ class Supervisor:
         workers = [s.serving for s in self.slots.values() if s.serving is not None]
         await asyncio.gather(*(w.refresh() for w in workers), return_exceptions=True)
 
+    def _not_here(self, name: str) -> ActionReply | None:
+        if name in self.upstreams:
+            return ActionReply(ok=False, name=name, message=f"{name} is served by {self.upstreams[name].config.upstream}: "
+                                                             "start, stop and restart it on that host")
+        return None
+
     async def restart(self, name: str) -> ActionReply:
+        if (upstream := self._not_here(name)) is not None:
+            return upstream
         slot = self._slot(name)
         replacing = {name: slot.config} if slot.pid is not None else {}
         memory = await asyncio.to_thread(load_memory_plan, self.running_config(), self.settings.state_dir, replacing)
@@ -340,35 +557,143 @@ class Supervisor:
         return ActionReply(ok=True, name=name, message=message)
 
     async def stop(self, name: str) -> ActionReply:
-        ok = await self._slot(name).stop()
+        if (upstream := self._not_here(name)) is not None:
+            return upstream
+        slot = self._slot(name)
+        slot.unloaded = False  # stopped on purpose: no request loads it again until `start`
+        ok = await slot.stop()
         return ActionReply(ok=ok, name=name, message="stopped" if ok else "could not be stopped")
 
     async def start(self, name: str) -> ActionReply:
+        if (upstream := self._not_here(name)) is not None:
+            return upstream
         slot = self._slot(name)
+        if slot.config.load == "lazy":  # through memory admission, as a request would load it
+            slot.unloaded = slot.unloaded or slot.state == states.STOPPED
+            return await self.load(name)
         ok = await slot.start()
         return ActionReply(ok=ok, name=name, message="ready" if ok else f"did not become ready: {slot.last_error}")
 
+    # -- lazy models -----------------------------------------------------
+
+    async def load(self, name: str) -> ActionReply:
+        """Make ``name`` serve (the gateway asks, for a request that needs it): start a lazy model that is not
+        loaded, unloading idle lazy ones first if memory needs it; answers once it is ready, or why not."""
+        if name in self.upstreams:
+            state, error = self.shown(name)
+            return ActionReply(ok=state == states.READY, name=name, message=error or state)
+        slot = self._slot(name)
+        if slot.state in (states.READY, states.STARTING):
+            waiting = asyncio.ensure_future(slot.start())
+        else:
+            async with self._load_lock:  # after an unload in progress, which holds it
+                if slot.state == states.STOPPED and not slot.unloaded:
+                    return ActionReply(ok=False, name=name, message=f"model {name} is stopped (vllmmlxctl start {name})")
+                if slot.state == states.FAILED:
+                    return ActionReply(ok=False, name=name, message=f"model {name} failed: {_shown_error(slot)}")
+                if slot.state in (states.STOPPED, states.BACKOFF):
+                    refused = await self._make_room(name)
+                    if refused is not None:
+                        return refused
+                    self._loading.add(name)
+                    log_event(logger, "model.loading", model=name, reason="on demand")
+                waiting = asyncio.ensure_future(slot.start())
+                await asyncio.sleep(0)  # the slot's actor takes the start before the lock is let go
+        try:
+            ok = await waiting
+        finally:
+            self._loading.discard(name)
+        if ok:
+            slot.unloaded = False
+        elif slot.config.load == "lazy" and slot.state == states.STOPPED:
+            slot.unloaded = True
+        return ActionReply(ok=ok, name=name, message="ready" if ok else f"did not become ready: {_shown_error(slot) or slot.last_error}")
+
+    async def _make_room(self, name: str) -> ActionReply | None:
+        """Under the load lock: unload idle lazy models until ``name`` fits; an answer saying why when it cannot."""
+        running = {n: s.config for n, s in self.slots.items()
+                   if n == name or n in self._loading or s.state not in (states.STOPPED, states.FAILED)}
+        await asyncio.gather(*(s.serving.refresh() for n, s in self.slots.items() if n in running and s.serving),
+                             return_exceptions=True)
+        capacity, footprints = await asyncio.to_thread(self._footprints, running)
+        resident = [
+            lazy.Resident(n, footprints[n].total_mb,
+                          self._idle_s(self.slots[n]) if self.slots[n].config.load == "lazy" and n not in self._loading else None)
+            for n in running if n != name
+        ]
+        room = lazy.make_room(name, footprints[name].total_mb, capacity.usable_mb, resident)
+        if not room.fits:
+            log_event(logger, "memory.load_refused", logging.WARNING, model=name, needed_mb=footprints[name].total_mb,
+                      usable_mb=capacity.usable_mb, error=room.message)
+            return ActionReply(ok=False, name=name, message=room.message)
+        for victim in room.evict:
+            log_event(logger, "model.unloading", model=victim, reason="memory", for_model=name,
+                      idle_s=self._idle_s(self.slots[victim]))
+            await self._unload(victim)
+        return None
+
+    def _footprints(self, entries: dict[str, ModelConfig]):
+        capacity = read_capacity(self.daemon_config.memory_reserve_mb)
+        return capacity, entry_footprints(entries, self.settings.state_dir, capacity.physical_mb)
+
+    async def _unload(self, name: str) -> None:
+        slot = self.slots[name]
+        slot.unloaded = True
+        await slot.stop()
+        self._wait_unloaded(slot)
+
+    async def _unload_idle(self) -> None:
+        """Unload each lazy model idle for its ``idle_unload_s`` (checked every second, confirmed by asking it)."""
+        while True:
+            await asyncio.sleep(IDLE_CHECK_S)
+            for name, slot in list(self.slots.items()):
+                limit = slot.config.idle_unload_s
+                if limit is None or not lazy.should_unload(self._idle_s(slot), limit) or name in self._loading:
+                    continue
+                if slot.serving is not None:
+                    await slot.serving.refresh()
+                async with self._load_lock:
+                    idle = self._idle_s(slot)
+                    if self.slots.get(name) is slot and lazy.should_unload(idle, limit):
+                        log_event(logger, "model.unloading", model=name, reason="idle", idle_s=round(idle or 0, 1),
+                                  idle_unload_s=limit)
+                        await self._unload(name)
+
+    def _logs_slot(self, name: str) -> Slot:
+        if name == GATEWAY and name not in self.slots and self.gateway_slot is not None:
+            return self.gateway_slot
+        return self._slot(name)
+
     def logs(self, name: str, lines: int) -> list[str]:
-        return self._slot(name).log.tail(lines)
+        return self._logs_slot(name).log.tail(lines)
 
     def follow(self, name: str) -> AsyncIterator[str]:
-        return self._slot(name).log.follow()
+        return self._logs_slot(name).log.follow()
 
     # -- shutdown -------------------------------------------------------
 
     async def stop_all(self) -> None:
         """Shut every slot down in parallel: starting workers are killed, ready ones drain; sockets close."""
-        results = await asyncio.gather(*(slot.shutdown() for slot in self.slots.values()), return_exceptions=True)
-        for name, result in zip(self.slots, results):
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+        for upstream in self.upstreams.values():
+            await upstream.close()
+        slots = dict(self.slots)
+        if self.gateway_slot is not None:
+            slots[f"{GATEWAY}\0"] = self.gateway_slot
+        results = await asyncio.gather(*(slot.shutdown() for slot in slots.values()), return_exceptions=True)
+        for name, result in zip(slots, results):
             if isinstance(result, BaseException):
-                log_event(logger, "slot.shutdown_failed", logging.ERROR, model=name, error=repr(result))
+                log_event(logger, "slot.shutdown_failed", logging.ERROR, model=name.rstrip("\0"), error=repr(result))
 
     def kill_all(self) -> list[int]:
-        """SIGKILL whatever worker is left, in every slot; their pids."""
-        return [pid for slot in self.slots.values() for pid in slot.kill_all()]
+        """SIGKILL whatever worker is left, in every slot (and the gateway); their pids."""
+        slots = [*self.slots.values(), *([self.gateway_slot] if self.gateway_slot is not None else [])]
+        return [pid for slot in slots for pid in slot.kill_all()]
 
     def ready_count(self) -> tuple[int, int]:
-        return sum(s.state == states.READY for s in self.slots.values()), len(self.slots)
+        shown = [self.shown(n)[0] for n in self._entries()]
+        return sum(s in (states.READY, states.IDLE) for s in shown), len(shown)
 
 
 def _swap_or_say_why(memory: MemoryPlan, name: str) -> bool:
@@ -398,3 +723,14 @@ def _runtime_fields(slot: Slot) -> dict:
     fields = {key: runtime.get(key) for key in ("blas", "blas_path", "blas_warning", "threads", "cpus")}
     return fields | {key: load.get(key) for key in ("running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb",
                                                     "embedding_model", "embedding_requests", "embedding_inputs", "mcp")}
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return parts.hostname or "", port or (443 if parts.scheme == "https" else 80)

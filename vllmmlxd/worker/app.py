@@ -26,6 +26,7 @@ from ..config.schema import ModelConfig
 from ..engine.types import Engine
 from ..errors import Unauthorized
 from ..http.access import Caller
+from ..http.activity import Activity, ActivityMiddleware
 from ..http.ratelimit import STATE_KEY, RateLimitHeaders
 from ..http.browser import BrowserDefences
 from ..http.metrics import Metrics, MetricsMiddleware
@@ -118,6 +119,8 @@ def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | No
         }
 
     app.add_middleware(RateLimitHeaders)
+    app.state.activity = Activity()  # what idle unloading reads (the private /health's load.idle_s)
+    app.add_middleware(ActivityMiddleware, activity=app.state.activity)
     install_openapi(app)  # app.openapi(): bodies, statuses and keys, never served (openapi_url is None)
     app.add_middleware(BrowserDefences, config=lambda: live.current.config)  # web pages must not drive the API
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, errors included, gets its id
@@ -134,7 +137,8 @@ def create_private_app(public: FastAPI, engine: Engine) -> FastAPI:
     async def health():
         ctx = live.current
         return health_response(engine, stuck_after, {
-            "model": ctx.name, "config_hash": ctx.config.config_hash(), "runtime": ctx.runtime, "load": load(engine, ctx.mcp),
+            "model": ctx.name, "config_hash": ctx.config.config_hash(), "runtime": ctx.runtime,
+            "load": {**load(engine, ctx.mcp), "idle_s": public.state.activity.idle_s()},
         })
 
     @app.post("/internal/settings")

@@ -58,7 +58,7 @@ def test_unknown_key_hints_use_the_right_model():
     assert error_of("daemon:\n  loglevel: info\n") == "c.yaml:2:3: daemon.loglevel: unknown key; did you mean 'log_level'?"
     assert error_of("modles: {}\n") == "c.yaml:1:1: modles: unknown key; did you mean 'models'?"
     # No close match: list what is allowed instead.
-    assert error_of("zzz: 1\n") == "c.yaml:1:1: zzz: unknown key; expected one of: daemon, mcp_config, mcp_servers, api_keys, models"
+    assert error_of("zzz: 1\n") == "c.yaml:1:1: zzz: unknown key; expected one of: daemon, mcp_config, mcp_servers, api_keys, gateway, models"
 
 
 def test_every_error_is_listed_with_the_value_position():
@@ -85,7 +85,8 @@ def test_bad_nested_value_out_of_range():
 
 
 def test_missing_field_points_at_its_entry():
-    assert error_of("models:\n  llama:\n    port: 8001\n") == "c.yaml:2:3: models.llama.model: Field required"
+    assert error_of("models:\n  llama:\n    port: 8001\n") == (
+        "c.yaml:2:3: models.llama: give model (served here) or upstream (served by another host), one of the two")
 
 
 def test_entry_validator_points_at_its_entry():

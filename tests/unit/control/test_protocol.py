@@ -43,7 +43,7 @@ def test_status_round_trips_through_json():
 
 def test_status_json_has_exactly_the_documented_keys():
     data = json.loads(make_status().model_dump_json())
-    assert set(data) == {"daemon", "models"}
+    assert set(data) == {"daemon", "models", "gateway"}
     assert set(data["daemon"]) == {"pid", "uptime_s", "config_path", "config_hash", "last_reload", "version", "config_missing"}
     assert set(data["daemon"]["last_reload"]) == {"ok", "at", "error", "plan"}
     for model in data["models"]:
@@ -53,6 +53,7 @@ def test_status_json_has_exactly_the_documented_keys():
             "embedding_model", "embedding_requests", "embedding_inputs",
             "blas", "blas_path", "blas_warning", "threads", "cpus",
             "running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb",
+            "load", "idle_unload_s", "idle_s", "upstream",
         }
     assert data["models"][1]["pid"] is None and data["models"][1]["uptime_s"] is None
 
@@ -108,4 +109,4 @@ def test_the_wire_states_are_the_supervisors():
     from vllmmlxd.control.protocol import State
     from vllmmlxd.supervisor import states
 
-    assert get_args(State) == states.ALL
+    assert get_args(State) == states.SHOWN

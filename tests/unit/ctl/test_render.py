@@ -158,3 +158,26 @@ def test_a_deleted_config_file_is_said_in_the_footer():
     assert "MISSING" not in render_status(s, now=AT)
     missing = s.model_copy(update={"daemon": s.daemon.model_copy(update={"config_missing": True})})
     assert "config file MISSING: /etc/v.yaml was deleted" in render_status(missing, now=AT)
+
+
+def test_lazy_idle_unloaded_upstream_and_the_gateway_read_plainly():
+    from vllmmlxd.control.protocol import GatewayStatus
+
+    s = status(
+        model("llama"),
+        model("qwen", "idle", load="lazy", idle_unload_s=900, idle_s=42),
+        model("mistral", "unloaded", pid=None, load="lazy"),
+        model("far", "unreachable", pid=None, upstream="http://studio-2.local:8001", last_error="cannot reach it"),
+    )
+    s.gateway = GatewayStatus(state="ready", pid=77, host="127.0.0.1", port=8080, ui=True)
+    text = render_status(s)
+    assert "idle 42s" in text and "unreachable*" in text
+    assert "qwen: lazy (loads on its first request through the gateway), unloaded after 15m00s idle" in text
+    assert "far*: served by http://studio-2.local:8001" in text
+    assert "far unreachable:\n    cannot reach it" in text
+    assert "gateway: ready, pid 77, http://127.0.0.1:8080/  (web page at /), restarts 0" in text
+    assert not all_ready(s)  # the upstream is unreachable
+    s.models.pop()
+    assert all_ready(s)  # idle and unloaded lazy models serve (on demand)
+    s.gateway = GatewayStatus(state="failed", host="127.0.0.1", port=8080, last_error="boom")
+    assert not all_ready(s) and "gateway: failed, http://127.0.0.1:8080/  (web page at /), restarts 0\n    boom" in render_status(s)

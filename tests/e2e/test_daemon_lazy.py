@@ -1,0 +1,130 @@
+"""Lazy models on the real daemon: unloaded until needed, loaded on demand, unloaded when idle,
+and, under memory admission, the least recently used idle one unloaded to make room (or a
+refusal with the numbers when nothing can go)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.daemon import free_port, make_daemon, model_entry, wait_gone
+from vllmmlxd.config.schema import Config
+from vllmmlxd.runtime.memory import MIB, read_machine_memory
+from vllmmlxd.supervisor.memory import load_memory_plan
+
+pytestmark = pytest.mark.timeout(300)
+FAST = {"VLLMMLXD_HEALTH_INTERVAL_S": "1"}
+
+
+@pytest.fixture
+def daemon():
+    d = make_daemon()
+    yield d
+    pids = d.worker_pids() if d.proc and d.proc.poll() is None else []
+    code = d.stop()
+    assert wait_gone(pids)
+    if code not in (0, None):
+        pytest.fail(f"daemon exited {code}:\n{d.log()[-3000:]}")
+
+
+def write(d, models: dict, **daemon) -> None:
+    body = {"daemon": {"control_socket": str(d.socket), "state_dir": str(d.state_dir), "drain_timeout": 5, **daemon},
+            "models": models}
+    d.write_text(yaml.safe_dump(body, sort_keys=False))
+
+
+def state(d, name: str) -> str:
+    return d.models()[name]["state"]
+
+
+def test_a_lazy_model_loads_on_demand_and_unloads_when_idle(daemon):
+    d = daemon
+    a, b = free_port(), free_port()
+    write(d, {"a": model_entry(a, cache_memory_mb=64),
+              "b": model_entry(b, cache_memory_mb=64, load="lazy", idle_unload_s=3)})
+    d.start(env=FAST)
+    d.wait_for(lambda ms: ms["a"]["state"] == "ready" and ms["b"]["state"] == "unloaded", what="a ready, b unloaded")
+    assert d.models()["b"]["pid"] is None and d.models()["b"]["load"] == "lazy"
+    # Its port answers at once, saying why (and the gateway reads the state header).
+    r = httpx.get(f"http://127.0.0.1:{b}/v1/models", timeout=5)
+    assert r.status_code == 503 and r.headers["x-vllmmlxd-state"] == "unloaded"
+    assert "loads on its first request" in r.json()["error"]["message"]
+    assert d.ctl("status").returncode == 0  # an unloaded lazy model is not a fault
+
+    r = d.ctl("start", "b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    answer = httpx.post(f"http://127.0.0.1:{b}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
+    assert answer.status_code == 200
+    d.wait_for(lambda ms: ms["b"]["state"] == "idle", timeout=10, what="b idle")
+    assert "idle" in d.ctl("status").stdout
+    took = d.wait_for(lambda ms: ms["b"]["state"] == "unloaded", timeout=20, what="b unloaded when idle")
+    assert took < 10
+    unloading = [line for line in d.log().splitlines() if "event=model.unloading" in line]
+    assert len(unloading) == 1 and "model=b" in unloading[0] and "reason=idle" in unloading[0]
+    assert float(re.search(r"idle_s=([\d.]+)", unloading[0])[1]) >= 3
+    assert state(d, "a") == "ready"  # an eager model is never unloaded
+    # Loaded again on the next demand.
+    assert d.ctl("start", "b").returncode == 0
+    assert httpx.get(f"http://127.0.0.1:{b}/v1/models", timeout=10).status_code == 200
+
+
+def _entry_mb(d, models: dict, name: str) -> int:
+    config = Config.model_validate({"daemon": {"state_dir": str(d.state_dir)}, "models": models})
+    return load_memory_plan(config, d.state_dir).entries[name].total_mb
+
+
+def test_the_least_recently_used_idle_lazy_model_makes_room_and_a_busy_one_does_not(daemon):
+    d = daemon
+    ports = {n: free_port() for n in ("a", "l1", "l2", "l3")}
+    models = {"a": model_entry(ports["a"], cache_memory_mb=64)}
+    models |= {n: model_entry(ports[n], cache_memory_mb=64, load="lazy") for n in ("l1", "l2", "l3")}
+    each = _entry_mb(d, models, "l1")
+    physical = read_machine_memory().physical // MIB
+    # Room for the eager model and two lazy ones, never three.
+    write(d, models, memory_reserve_mb=physical - (3 * each + each // 2))
+    d.start(env=FAST)
+    d.wait_for(lambda ms: ms["a"]["state"] == "ready" and ms["l3"]["state"] == "unloaded", what="started")
+
+    assert d.ctl("start", "l1").returncode == 0
+    time.sleep(1.5)
+    assert d.ctl("start", "l2").returncode == 0  # l1 and l2 fit together
+    time.sleep(1.5)
+    httpx.post(f"http://127.0.0.1:{ports['l1']}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
+    time.sleep(1.5)  # l2 is now the least recently used
+    r = d.ctl("start", "l3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ms = d.models()
+    assert ms["l2"]["state"] == "unloaded" and {ms["l1"]["state"], ms["l3"]["state"]} <= {"ready", "idle"}
+    evicted = [line for line in d.log().splitlines() if "event=model.unloading" in line]
+    assert len(evicted) == 1 and "model=l2" in evicted[0] and "reason=memory" in evicted[0] and "for_model=l3" in evicted[0]
+
+    # Both loaded models busy: nothing can make room for l2, which is refused with the numbers.
+    stop = threading.Event()
+
+    def keep_busy(port: int) -> None:
+        while not stop.is_set():
+            try:
+                httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                           json={"prompt": "x", "max_tokens": 200, "ignore_eos": True}, timeout=120)
+            except httpx.HTTPError:
+                return
+
+    busy = [threading.Thread(target=keep_busy, args=(ports[n],), daemon=True) for n in ("l1", "l3")]
+    for t in busy:
+        t.start()
+    try:
+        d.wait_for(lambda ms: ms["l1"]["running"] and ms["l3"]["running"], timeout=30, what="l1 and l3 busy")
+        r = d.ctl("start", "l2")
+        assert r.returncode != 0
+        assert "not enough memory to load l2" in r.stderr + r.stdout
+        assert "no idle lazy model is left to unload" in r.stderr + r.stdout
+        assert state(d, "l1") == "ready" and state(d, "l3") == "ready"  # nothing was taken from them
+    finally:
+        stop.set()
+        for t in busy:
+            t.join(120)

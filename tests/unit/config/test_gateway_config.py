@@ -1,0 +1,75 @@
+"""The gateway section and the entries it routes to: lazy, idle unload, upstreams, names."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from vllmmlxd.config.diff import diff_models
+from vllmmlxd.config.schema import GATEWAY_PEERS, Config, ModelConfig
+
+
+def config(models: dict, **top) -> Config:
+    return Config.model_validate({"models": models, **top})
+
+
+def test_an_upstream_entry_needs_no_model_and_keeps_a_base_url():
+    entry = ModelConfig(upstream="http://studio-2.local:8001/v1/", served_model_name="Q")
+    assert entry.is_upstream and entry.model is None and entry.upstream == "http://studio-2.local:8001"
+
+
+@pytest.mark.parametrize("fields, error", [
+    ({}, "give model \\(served here\\) or upstream"),
+    ({"model": "builtin:tiny", "upstream": "http://h:1"}, "give model \\(served here\\) or upstream"),
+    ({"upstream": "studio-2.local:8001"}, "upstream must be a base URL"),
+    ({"upstream": "ftp://h:1"}, "upstream must be a base URL"),
+    ({"upstream": "http://h:1", "load": "lazy"}, "nothing to load here"),
+    ({"model": "builtin:tiny", "idle_unload_s": 60}, "idle_unload_s needs load: lazy"),
+    ({"model": "builtin:tiny", "upstream_api_key": "k"}, "upstream_api_key needs upstream"),
+    ({"model": "builtin:tiny", "load": "sometimes"}, "'eager' or 'lazy'"),
+])
+def test_entries_that_cannot_work_are_refused(fields, error):
+    with pytest.raises(ValidationError, match=error):
+        ModelConfig(**fields)
+
+
+def test_the_upstream_key_is_a_secret_sent_only_down_the_pipe():
+    entry = ModelConfig(upstream="http://h:1", upstream_api_key="s3cret")
+    assert "s3cret" not in repr(entry) and "s3cret" not in str(entry.model_dump())
+    assert '"upstream_api_key": "s3cret"' in entry.to_worker_json()
+
+
+def test_with_a_gateway_a_name_leads_to_one_model():
+    with pytest.raises(ValidationError, match="models 'a' and 'b' both answer to 'x'"):
+        config({"a": {"model": "builtin:tiny", "port": 1, "aliases": ["x"]},
+                "b": {"model": "builtin:tiny", "port": 2, "served_model_name": "x"}}, gateway={})
+    # Without a gateway each port is its own server: the same served name is fine.
+    config({"a": {"model": "builtin:tiny", "port": 1, "aliases": ["x"]},
+            "b": {"model": "builtin:tiny", "port": 2, "served_model_name": "x"}})
+
+
+def test_the_gateway_port_is_not_a_models_port_and_upstreams_listen_nowhere():
+    with pytest.raises(ValidationError, match="the gateway and 'a' both listen on 127.0.0.1:8080"):
+        config({"a": {"model": "builtin:tiny", "port": 8080}}, gateway={"port": 8080})
+    ok = config({"a": {"model": "builtin:tiny", "port": 8000}, "far": {"upstream": "http://h:8000"},
+                 "far2": {"upstream": "http://h2:8000"}}, gateway={"port": 8080})
+    assert ok.gateway.port == 8080
+
+
+def test_workers_behind_a_gateway_believe_its_forwarded_client_address():
+    models = {"a": {"model": "builtin:tiny", "trusted_proxies": ["10.0.0.0/8"]}, "far": {"upstream": "http://h:1"}}
+    with_gateway = config(models, gateway={})
+    assert with_gateway.models["a"].trusted_proxies == ("10.0.0.0/8", *GATEWAY_PEERS)
+    assert with_gateway.models["far"].trusted_proxies == ()
+    assert config(models).models["a"].trusted_proxies == ("10.0.0.0/8",)
+
+
+def test_the_reload_plan_says_what_changes_in_the_gateway_and_lazy_keys_are_live():
+    old = config({"a": {"model": "builtin:tiny"}})
+    new = config({"a": {"model": "builtin:tiny", "load": "lazy", "idle_unload_s": 60}}, gateway={"port": 9000})
+    plan = diff_models(old, new)
+    assert plan.gateway_changed == ("added",) and "gateway: added" in plan.render()
+    assert plan.change("a").live and set(plan.changed["a"]) == {"load", "idle_unload_s", "trusted_proxies"}
+    again = config({"a": {"model": "builtin:tiny"}}, gateway={"port": 9001, "ui": False})
+    assert diff_models(config({"a": {"model": "builtin:tiny"}}, gateway={"port": 9000}), again).gateway_changed == ("port", "ui")
+    assert diff_models(again, old).gateway_changed == ("removed",)

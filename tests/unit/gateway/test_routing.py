@@ -1,0 +1,104 @@
+"""The routing table, pure: names, aliases, embedding names, refusals, who sees what, health."""
+
+import pytest
+from starlette.requests import Request
+
+from vllmmlxd.config.gateway import GatewaySpec, Route
+from vllmmlxd.config.keys import KeyGrant, key_digest
+from vllmmlxd.errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
+from vllmmlxd.gateway.routing import TableError, build_table, health_summary, needs_load, route_ok
+
+
+def route(name, served=None, **kw):
+    return Route(name=name, served_model_name=served or name, url=f"http://127.0.0.1:1/{name}", **kw)
+
+
+def table(*routes, **gateway):
+    return build_table(GatewaySpec(routes=routes, gateway=gateway))
+
+
+def test_a_route_answers_to_its_served_name_key_and_aliases():
+    t = table(route("llama", "llama-3", aliases=("l", "big")), route("qwen"))
+    assert {n: t.resolve(n).name for n in ("llama-3", "llama", "l", "big", "qwen")} == {
+        "llama-3": "llama", "llama": "llama", "l": "llama", "big": "llama", "qwen": "qwen"}
+
+
+def test_embedding_model_names_route_only_embeddings():
+    t = table(route("llama", embedding_model="bge-small"), route("qwen"))
+    assert t.resolve("bge-small", embeddings=True).name == "llama"
+    assert t.resolve("qwen", embeddings=True).name == "qwen"
+    with pytest.raises(ModelNotFound):
+        t.resolve("bge-small")
+
+
+def test_unknown_model_lists_the_names():
+    t = table(route("llama", "llama-3"), route("qwen", embedding_model="e5"))
+    with pytest.raises(ModelNotFound) as err:
+        t.resolve("gpt-4")
+    assert "'gpt-4'" in err.value.message and "llama-3, qwen" in err.value.message
+    assert err.value.code == "model_not_found"
+    with pytest.raises(ModelNotFound) as err:
+        t.resolve("gpt-4", embeddings=True)
+    assert "e5" in err.value.message
+
+
+def test_missing_model_uses_the_only_route_else_asks_for_one():
+    assert table(route("solo")).resolve(None).name == "solo"
+    with pytest.raises(InvalidRequest) as err:
+        table(route("a"), route("b")).resolve("")
+    assert "a, b" in err.value.message
+    with pytest.raises(InvalidRequest):
+        table(route("a")).resolve(42)
+
+
+def test_two_routes_cannot_share_a_name():
+    with pytest.raises(TableError, match="'x'"):
+        table(route("a", aliases=("x",)), route("b", aliases=("x",)))
+
+
+def keyed_route():
+    grants = (KeyGrant(name="alice", sha256=key_digest("sk-alice"), allowed=True),
+              KeyGrant(name="bob", sha256=key_digest("sk-bob"), allowed=False))
+    return route("secret", api_keys=("alice",), key_grants=grants)
+
+
+def request_with(key=None, client="10.0.0.9", xff=None):
+    headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+    if xff:
+        headers.append((b"x-forwarded-for", xff.encode()))
+    return Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers,
+                    "client": (client, 1234), "query_string": b""})
+
+
+def test_keyed_route_checks_keys_like_a_worker():
+    t = table(keyed_route(), route("open"))
+    access = t.access["secret"]
+    assert access.identify(request_with("sk-alice")).key_name == "alice"
+    with pytest.raises(Forbidden):
+        access.identify(request_with("sk-bob"))
+    with pytest.raises(Unauthorized):
+        access.identify(request_with())
+    t.access["open"].identify(request_with())  # open: no key needed
+    assert [t.may_use(r, k) for r in t.routes for k in (None, "sk-alice", "sk-bob")] == [
+        False, True, False, True, True, True]
+
+
+def test_trusted_proxies_come_from_the_gateway():
+    t = table(route("open"), trusted_proxies=["10.0.0.0/8"])
+    assert t.access["open"].client_address(request_with(client="10.0.0.9", xff="203.0.113.5")) == "203.0.113.5"
+
+
+def test_lazy_models_need_a_load_unless_ready_or_idle():
+    assert [needs_load(route("m", load="lazy", state=s)) for s in ("unloaded", "stopped", "ready", "idle")] == [
+        True, True, False, False]
+    assert not needs_load(route("m", state="unloaded"))  # eager: the daemon starts it itself
+    assert not needs_load(route("m", kind="upstream", load="lazy", state="unknown"))
+
+
+def test_health_is_ok_degraded_or_down():
+    ready, lazy = route("a", state="ready"), route("b", load="lazy", state="unloaded")
+    assert health_summary((ready, lazy)) == ("ok", {
+        "a": {"state": "ready", "model": "a", "ok": True}, "b": {"state": "unloaded", "model": "b", "ok": True}})
+    assert health_summary((ready, route("c", state="failed")))[0] == "degraded"
+    assert health_summary((route("c", state="loading"), route("u", kind="upstream", state="unreachable")))[0] == "down"
+    assert route_ok(route("l", load="lazy", state="loading")) and not route_ok(route("l", load="lazy", state="failed"))

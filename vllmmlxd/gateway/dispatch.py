@@ -1,0 +1,254 @@
+"""The gateway's core: one request, from its body to the route's worker and back.
+
+``Gateway`` holds the current routing table (swapped whole by a settings push; each request
+takes it once), the shared HTTP client and the daemon client. ``forward`` decides what a
+resolved request needs before it can be relayed: an unreachable upstream is refused at once,
+a lazy model is loaded first (a streaming client gets its SSE head at once and keep-alive
+comments while it waits), a worker's stand-in answering "not loaded" makes one load and one
+retry. Errors are raised from ``vllmmlxd.errors`` and shaped by the route's family.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Callable
+
+import httpx
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import Receive, Scope, Send
+
+from ..api.body import ClientDisconnected
+from ..api.errors import anthropic_error, is_anthropic, openai_error
+from ..config.gateway import Route
+from ..errors import InvalidRequest, Overloaded, PayloadTooLarge, RequestError, RequestTimeout
+from ..log import log_event
+from .lazy import DaemonClient
+from .proxy import RawResponse, Relay, close_quietly, new_client, open_stream, pump, request_headers, until_disconnect
+from .routing import Table, needs_load
+
+logger = logging.getLogger("vllmmlxd.gateway")
+
+LOADING_COMMENT_EVERY_S = 5.0
+STATE_HEADER = "x-vllmmlxd-state"  # set by the daemon's stand-in on a model's port
+NOT_LOADED_STATES = frozenset({"unloaded", "loading"})
+UPSTREAM_RETRY_AFTER_S = 5
+Done = Callable[[int, bool], None]
+
+
+class Unavailable(Overloaded):
+    """The route cannot serve now (503, with Retry-After)."""
+
+    def __init__(self, message: str, *, retry_after: int = UPSTREAM_RETRY_AFTER_S, code: str = "model_unavailable"):
+        super().__init__(message, retry_after=retry_after)
+        self.code = code
+
+
+def parse_object(raw: bytes) -> dict:
+    """The body as a JSON object, or 400."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):  # bad JSON or UTF-8, or nested past the parser's stack
+        raise InvalidRequest("request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    return data
+
+
+def body_for(route: Route, data: dict, raw: bytes) -> bytes:
+    """The bytes to send: the client's own, except that an upstream is given the name it serves
+    the model under (it knows nothing of this host's keys and aliases)."""
+    model = data.get("model")
+    if route.kind != "upstream" or model in (route.served_model_name, route.embedding_model):
+        return raw
+    return json.dumps({**data, "model": route.served_model_name}).encode()
+
+
+def sse_error(anthropic: bool, status: int, message: str, type_: str, code: str | None = None) -> bytes:
+    """An error as one SSE event in the family's shape, for a stream whose 200 head is already out."""
+    if anthropic:
+        kind = "overloaded_error" if status in (503, 529) else type_
+        return b"event: error\ndata: " + json.dumps(anthropic_error(message, kind)).encode() + b"\n\n"
+    return b"data: " + json.dumps(openai_error(message, type_, code=code)).encode() + b"\n\n"
+
+
+def sse_error_from(anthropic: bool, status: int, body: bytes) -> bytes:
+    """A worker's error answer (already in the family's shape) as an SSE event."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or "error" not in data:
+        return sse_error(anthropic, status, f"the model answered HTTP {status}", "server_error")
+    return (b"event: error\n" if anthropic else b"") + b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+class Gateway:
+    def __init__(self, table: Table):
+        self.table = table
+        self.client = new_client()
+        self.daemon = DaemonClient(lambda: self.table.spec)
+        self.started = time.time()
+        self.in_flight = 0
+        self.total = 0
+
+    def swap(self, table: Table) -> None:
+        self.table = table  # one assignment on the loop: requests hold the table they took
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.table.spec.gateway.max_body_mb * 1024 * 1024)
+
+    async def read_body(self, request: Request) -> bytes:
+        limit = self.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise ClientDisconnected from None
+        return b"".join(chunks)
+
+    async def routed(self, request: Request, path: str, embeddings: bool = False):
+        """A model API request: resolve its route, check its key, forward it."""
+        raw = await self.read_body(request)
+        data = parse_object(raw)
+        table = self.table
+        route = table.resolve(data.get("model"), embeddings)
+        table.access[route.name].identify(request)
+        return await self.forward(request, route, path, body_for(route, data, raw), data.get("stream") is True)
+
+    async def forward(self, request: Request, route: Route, path: str, body: bytes, stream: bool):
+        """The response relaying ``body`` to ``route``'s ``path`` (the key was checked already)."""
+        done = self._finisher(request, route, path)
+        self.in_flight += 1
+        self.total += 1
+        try:
+            if route.kind == "upstream" and route.state == "unreachable":
+                raise Unavailable(f"upstream {route.served_model_name} is unreachable"
+                                  + (f": {route.last_error}" if route.last_error else ""))
+            if needs_load(route):
+                if stream:
+                    return LoadingStream(self, request, route, path, body, done)
+                await self.load(route)
+            return Relay(await self.open(request, route, path, body), done)
+        except BaseException as exc:
+            done(getattr(exc, "status_code", 499 if isinstance(exc, asyncio.CancelledError) else 500), False)
+            raise
+
+    async def load(self, route: Route) -> None:
+        outcome = await self.daemon.load(route.name)
+        if not outcome.ok:
+            raise Unavailable(outcome.message, code="model_not_loaded")
+
+    async def open(self, request: Request, route: Route, path: str, body: bytes, retry: bool = True) -> httpx.Response:
+        """Send the request to the route; return with the response's head. Errors in the family's terms."""
+        upstream_key = route.upstream_api_key.get_secret_value() if route.kind == "upstream" and route.upstream_api_key else None
+        headers = request_headers(request.headers.raw, request.client.host if request.client else "unknown", upstream_key)
+        url = route.url.rstrip("/") + path + (f"?{request.url.query}" if request.url.query else "")
+        try:
+            upstream = await open_stream(self.client, url, headers, body, route.timeout)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            if route.kind == "upstream":
+                raise Unavailable(f"upstream {route.served_model_name} cannot be reached ({type(exc).__name__})") from None
+            raise Unavailable(f"model {route.served_model_name} is not serving ({route.state})", retry_after=1) from None
+        except httpx.TimeoutException:
+            raise RequestTimeout(f"model {route.served_model_name} did not answer within {route.timeout:g}s",
+                                 code="timeout") from None
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"model {route.served_model_name} failed to answer ({type(exc).__name__})") from None
+        if (retry and route.kind == "local" and upstream.status_code == 503
+                and upstream.headers.get(STATE_HEADER) in NOT_LOADED_STATES):
+            # The daemon's stand-in answered: nothing was generated, so load and send once more.
+            await close_quietly(upstream)
+            await self.load(route)
+            return await self.open(request, route, path, body, retry=False)
+        return upstream
+
+    def _finisher(self, request: Request, route: Route, path: str) -> Done:
+        started = time.perf_counter()
+        finished = False
+
+        def done(status: int, completed: bool) -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            self.in_flight -= 1
+            log_event(logger, "gateway.request", model=route.served_model_name, route=route.name, kind=route.kind,
+                      path=path, status=status, ms=round((time.perf_counter() - started) * 1000, 1),
+                      completed=completed, request_id=getattr(request.state, "request_id", None))
+
+        return done
+
+
+class LoadingStream(RawResponse):
+    """A streaming request to a lazy model not loaded yet: the SSE head at once, a comment line
+    every few seconds while the daemon loads it, then the model's own stream (or an error event)."""
+
+    def __init__(self, gateway: Gateway, request: Request, route: Route, path: str, body: bytes, done: Done):
+        super().__init__()
+        self.gateway, self.request, self.route, self.path, self.body, self.done = gateway, request, route, path, body, done
+        self.anthropic = is_anthropic(request)
+        self.status = 200
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        completed = False
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no")]})
+            completed = await until_disconnect(receive, lambda: self._run(send))
+        finally:
+            self.done(self.status, completed)
+
+    async def _run(self, send: Send) -> bool:
+        try:
+            if not await self._wait_for_load(send):
+                return True
+            try:
+                upstream = await self.gateway.open(self.request, self.route, self.path, self.body)
+            except RequestError as exc:
+                return await self._fail(send, exc.status_code, exc.message, exc.error_type, exc.code)
+            try:
+                if upstream.status_code != 200:
+                    self.status = upstream.status_code
+                    await send({"type": "http.response.body", "more_body": False,
+                                "body": sse_error_from(self.anthropic, upstream.status_code, await upstream.aread())})
+                    return True
+                return await pump(upstream, send)
+            finally:
+                await close_quietly(upstream)
+        except (OSError, httpx.HTTPError) as exc:  # the task group must not see it (it would wrap it)
+            log_event(logger, "gateway.stream_failed", logging.WARNING, route=self.route.name, error=type(exc).__name__)
+            return False
+
+    async def _wait_for_load(self, send: Send) -> bool:
+        comment = f": loading {self.route.served_model_name}\n\n".encode()
+        load = asyncio.ensure_future(self.gateway.daemon.load(self.route.name))
+        try:
+            while True:
+                await send({"type": "http.response.body", "body": comment, "more_body": True})
+                finished, _ = await asyncio.wait({load}, timeout=LOADING_COMMENT_EVERY_S)
+                if finished:
+                    break
+        finally:
+            load.cancel()  # only this waiter: the load itself is shielded and shared
+        outcome = load.result()
+        if not outcome.ok:
+            await self._fail(send, 503, outcome.message, "overloaded_error", "model_not_loaded")
+        return outcome.ok
+
+    async def _fail(self, send: Send, status: int, message: str, type_: str, code: str | None) -> bool:
+        self.status = status
+        await send({"type": "http.response.body", "body": sse_error(self.anthropic, status, message, type_, code),
+                    "more_body": False})
+        return True

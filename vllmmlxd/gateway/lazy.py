@@ -1,0 +1,87 @@
+"""Talking to the daemon over its control socket: load a lazy model, read its status.
+
+A lazy model's first request asks the daemon to load it (``POST /models/{entry}/load``,
+answered once the model is ready, or refused with the reason). Requests for the same model
+arriving meanwhile share that one call; a client that leaves does not cancel it (the next
+one still wants the model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import quote
+
+import httpx
+
+from ..config.gateway import GatewaySpec
+from ..log import log_event
+
+logger = logging.getLogger("vllmmlxd.gateway")
+
+
+@dataclass(frozen=True)
+class LoadOutcome:
+    ok: bool
+    message: str
+
+
+class DaemonClient:
+    """The daemon's control API as the gateway uses it; the socket and timeout read from the current spec."""
+
+    def __init__(self, spec: Callable[[], GatewaySpec]):
+        self._spec = spec
+        self._loads: dict[str, asyncio.Task[LoadOutcome]] = {}
+
+    def _client(self, socket_path: str, timeout: float) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=socket_path), base_url="http://daemon",
+                                 timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False)
+
+    async def load(self, entry: str) -> LoadOutcome:
+        """Have the daemon load ``entry``; one call at a time per model, shared by its waiters."""
+        task = self._loads.get(entry)
+        if task is None:
+            task = self._loads[entry] = asyncio.create_task(self._load(entry))
+            task.add_done_callback(lambda t: self._loads.pop(entry, None) if self._loads.get(entry) is t else None)
+        return await asyncio.shield(task)
+
+    async def _load(self, entry: str) -> LoadOutcome:
+        spec = self._spec()
+        if not spec.control_socket:
+            return LoadOutcome(False, f"model {entry} is not loaded and no daemon is there to load it")
+        timeout = spec.gateway.load_timeout
+        log_event(logger, "gateway.load_requested", model=entry)
+        try:
+            async with self._client(spec.control_socket, timeout) as client:
+                response = await client.post(f"/models/{quote(entry, safe='')}/load")
+        except httpx.TimeoutException:
+            outcome = LoadOutcome(False, f"model {entry} did not load within {timeout:g}s")
+        except httpx.HTTPError as exc:
+            outcome = LoadOutcome(False, f"the daemon could not be asked to load {entry}: {type(exc).__name__}")
+        else:
+            outcome = _outcome(entry, response)
+        log_event(logger, "gateway.load_answered", logging.INFO if outcome.ok else logging.WARNING,
+                  model=entry, ok=outcome.ok, message=None if outcome.ok else outcome.message)
+        return outcome
+
+    async def status(self) -> httpx.Response:
+        """The daemon's ``GET /status``, read whole; ``httpx.HTTPError`` when it cannot be reached."""
+        spec = self._spec()
+        if not spec.control_socket:
+            raise httpx.ConnectError("no control socket")
+        async with self._client(spec.control_socket, 10.0) as client:
+            return await client.get("/status")
+
+
+def _outcome(entry: str, response: httpx.Response) -> LoadOutcome:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    body = body if isinstance(body, dict) else {}
+    message = body.get("message") if isinstance(body.get("message"), str) else ""
+    if response.status_code == 200 and body.get("ok", True):
+        return LoadOutcome(True, message or f"model {entry} is ready")
+    return LoadOutcome(False, message or f"the daemon did not load {entry} (HTTP {response.status_code})")

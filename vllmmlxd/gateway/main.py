@@ -1,0 +1,146 @@
+"""The gateway process: route every model's requests from one address until told to stop.
+
+Run by the daemon like a worker: ``python -m vllmmlxd.gateway --name gateway --fd N
+--health-socket PATH ...`` with its ``GatewaySpec`` as one JSON line on stdin; stdin staying
+open is the daemon's lifeline (EOF: drain and exit). Run by hand, ``--host``/``--port`` bind
+the address itself. The serving machinery (draining uvicorn, the quiet private server) is the
+worker's own, reused as is; the gateway never imports mlx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from ..config.gateway import GatewaySpec
+from ..http.drain import CloseWhenDraining
+from ..log import log_event, setup_logging
+from ..paths import ensure_private_dir, resolve_state_dir
+from ..sockets import bind_tcp, bind_unix, http_url
+from ..worker.main import (_client_bounds, _make_server_class, _not_private_routine, _private_server, _read_line,
+                           _serve_both)
+
+logger = logging.getLogger("vllmmlxd.gateway")
+
+EXIT_BAD_SPEC = 3
+EXIT_BIND_FAILED = 4
+ORPHAN_GRACE_S = 15.0
+
+
+def spec_from(line: bytes) -> GatewaySpec | None:
+    """The spec the daemon sent, or None (logged without values: routes hold key digests)."""
+    from pydantic import ValidationError
+
+    try:
+        return GatewaySpec.model_validate(json.loads(line))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}"
+                             for e in exc.errors(include_input=False, include_url=False))
+    except (ValueError, RecursionError):
+        problems = "stdin did not carry one JSON line"
+    log_event(logger, "gateway.bad_config", logging.ERROR, error=problems)
+    return None
+
+
+def _watch_parent(fd: int) -> None:
+    """Block until the daemon's end of stdin closes, then drain and exit (for sure after a grace)."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except OSError:
+        pass
+    log_event(logger, "gateway.orphaned", logging.WARNING, reason="daemon pipe closed")
+    os.kill(os.getpid(), signal.SIGTERM)
+    timer = threading.Timer(ORPHAN_GRACE_S, lambda: os._exit(1))
+    timer.daemon = True  # a drained gateway exits 0 without waiting for it
+    timer.start()
+
+
+def serve(spec: GatewaySpec, *, state_dir: Path, listen: socket.socket | None = None,
+          health_socket: Path | None = None, drain_timeout: float = 30.0, log_level: str = "info") -> int:
+    """Serve ``spec`` until SIGTERM/SIGINT (or stdin's EOF). Returns the exit code."""
+    import uvicorn
+
+    from .app import create_app, create_private_app
+    from .dispatch import Gateway
+    from .routing import TableError, build_table
+
+    ensure_private_dir(state_dir)
+    try:
+        table = build_table(spec)
+    except TableError as exc:
+        log_event(logger, "gateway.bad_config", logging.ERROR, error=str(exc))
+        return EXIT_BAD_SPEC
+    if listen is None:
+        try:
+            listen = bind_tcp(spec.host, spec.port)
+        except OSError as exc:
+            log_event(logger, "gateway.bind_failed", logging.ERROR, host=spec.host, port=spec.port, error=exc.strerror)
+            return EXIT_BIND_FAILED
+    private_socket = bind_unix(health_socket) if health_socket is not None else None
+    gateway = Gateway(table)
+    app = create_app(gateway)
+    server = _make_server_class()(uvicorn.Config(
+        app, log_config=None, access_log=False, timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=5,
+        log_level=log_level, **_client_bounds(spec.gateway),
+    ))
+    app.add_middleware(CloseWhenDraining, draining=lambda: server.draining)
+    private = None
+    if private_socket is not None:
+        logging.getLogger("uvicorn.error").addFilter(_not_private_routine)
+        private = _private_server(uvicorn.Config(
+            create_private_app(gateway), lifespan="off", log_config=None, access_log=False,
+            timeout_graceful_shutdown=2, log_level=log_level,
+        ))
+    host, port = listen.getsockname()[:2]
+    log_event(logger, "gateway.listening", pid=os.getpid(), url=http_url(host, port, ""), routes=len(spec.routes),
+              health_socket=str(health_socket) if health_socket else None)
+
+    async def run() -> None:
+        try:
+            await _serve_both(server, listen, private, private_socket)
+        finally:
+            await gateway.client.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        if health_socket is not None:
+            health_socket.unlink(missing_ok=True)
+    log_event(logger, "gateway.shutdown", pid=os.getpid())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllmmlxd.gateway", description="the vllmmlxd gateway")
+    parser.add_argument("--name", default="gateway", help="the name its log lines carry")
+    parser.add_argument("--fd", type=int, help="an inherited listening socket to serve on")
+    parser.add_argument("--host", help="bind this address (run by hand; overrides gateway.host)")
+    parser.add_argument("--port", type=int, help="bind this port (run by hand; overrides gateway.port)")
+    parser.add_argument("--health-socket", type=Path, help="a Unix socket for the daemon's health checks and pushes")
+    parser.add_argument("--state-dir")
+    parser.add_argument("--drain-timeout", type=float, default=30.0)
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    if args.fd is not None and (args.host or args.port):
+        parser.error("--fd and --host/--port exclude each other")
+    setup_logging(args.log_level, model=args.name)
+    # The spec arrives on stdin so secrets never show in `ps`.
+    spec = spec_from(_read_line(sys.stdin.fileno()))
+    if spec is None:
+        return EXIT_BAD_SPEC
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if overrides:
+        spec = spec.model_copy(update={"gateway": spec.gateway.model_copy(update=overrides)})
+    threading.Thread(target=_watch_parent, args=(sys.stdin.fileno(),), daemon=True).start()
+    listen = socket.socket(fileno=args.fd) if args.fd is not None else None
+    return serve(spec, state_dir=resolve_state_dir(args.state_dir), listen=listen, health_socket=args.health_socket,
+                 drain_timeout=args.drain_timeout, log_level=args.log_level)

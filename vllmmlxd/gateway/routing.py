@@ -1,0 +1,119 @@
+"""The routing table: which route answers a request's ``model``. Pure: built from a GatewaySpec.
+
+A request may name a route by its served name, its entry key or one of its aliases; an
+embeddings request may also name the route's embedding model. The table is immutable and
+replaced whole at each settings push, so a request that took a route keeps it.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+from ..config.gateway import GatewaySpec, Route
+from ..errors import InvalidRequest, ModelNotFound
+from ..http.access import Access
+
+# States in which a lazy model needs no load before a request is sent to it.
+SERVING_STATES = frozenset({"ready", "idle"})
+# A lazy model in these states is healthy: it will be loaded on the first request.
+LAZY_HEALTHY_STATES = frozenset({"ready", "idle", "unloaded", "loading"})
+
+
+class TableError(ValueError):
+    """The spec cannot be routed (two routes claim one name)."""
+
+
+def route_access(route: Route, trusted_proxies: tuple[str, ...]) -> Access:
+    """The key check of one route: ``Access`` reads a config's key fields and trusted proxies."""
+    config = types.SimpleNamespace(is_open=route.is_open, trusted_proxies=trusted_proxies,
+                                   key_grants=route.key_grants, api_key=route.api_key)
+    return Access(config)  # type: ignore[arg-type]  # duck-typed: the four fields it reads
+
+
+@dataclass(frozen=True)
+class Table:
+    spec: GatewaySpec
+    by_name: dict[str, Route] = field(default_factory=dict)
+    by_embedding: dict[str, Route] = field(default_factory=dict)
+    access: dict[str, Access] = field(default_factory=dict)  # by entry key
+
+    @property
+    def routes(self) -> tuple[Route, ...]:
+        return self.spec.routes
+
+    def names(self, embeddings: bool = False) -> list[str]:
+        """The names to show a client who named none or a wrong one: served names (and embedding models)."""
+        shown = [r.served_model_name for r in self.routes]
+        if embeddings:
+            shown += [r.embedding_model for r in self.routes if r.embedding_model]
+        return list(dict.fromkeys(shown))
+
+    def lookup(self, model: str, embeddings: bool = False) -> Route | None:
+        if embeddings and model in self.by_embedding:
+            return self.by_embedding[model]
+        return self.by_name.get(model)
+
+    def resolve(self, model: object, embeddings: bool = False) -> Route:
+        """The route for a request's ``model``: 400 when missing (and not implied), 404 when unknown."""
+        if model is None or model == "":
+            if len(self.routes) == 1:
+                return self.routes[0]
+            raise InvalidRequest(f"model is required; available models: {', '.join(self.names(embeddings)) or 'none'}",
+                                 param="model", code="model_required")
+        if not isinstance(model, str):
+            raise InvalidRequest("model must be a string", param="model")
+        route = self.lookup(model, embeddings)
+        if route is None:
+            raise ModelNotFound(f"model {model!r} does not exist; available models: "
+                                f"{', '.join(self.names(embeddings)) or 'none'}")
+        return route
+
+    def may_use(self, route: Route, key: str | None) -> bool:
+        """May a caller presenting ``key`` use ``route`` (what /v1/models and /api/models show)."""
+        if route.is_open:
+            return True
+        grant = self.access[route.name].match(key) if key else None
+        return grant is not None and grant.allowed
+
+
+def build_table(spec: GatewaySpec) -> Table:
+    """The table of ``spec``; ``TableError`` when two routes claim one name."""
+    by_name: dict[str, Route] = {}
+    by_embedding: dict[str, Route] = {}
+    for route in spec.routes:
+        for name in route.names():
+            other = by_name.setdefault(name, route)
+            if other is not route:
+                raise TableError(f"routes {other.name!r} and {route.name!r} both answer to the name {name!r}")
+        if route.embedding_model:
+            # Two entries may embed with the same model: the first one listed answers its name.
+            by_embedding.setdefault(route.embedding_model, route)
+    proxies = spec.gateway.trusted_proxies
+    access = {r.name: route_access(r, proxies) for r in spec.routes}
+    return Table(spec=spec, by_name=by_name, by_embedding=by_embedding, access=access)
+
+
+def needs_load(route: Route) -> bool:
+    """Must the daemon load this route's model before a request can go to it?"""
+    return route.kind == "local" and route.load == "lazy" and route.state not in SERVING_STATES
+
+
+def route_ok(route: Route) -> bool:
+    """Is this route answering, or (lazy) ready to be loaded on demand?"""
+    if route.kind == "local" and route.load == "lazy":
+        return route.state in LAZY_HEALTHY_STATES
+    return route.state in SERVING_STATES
+
+
+def health_summary(routes: tuple[Route, ...]) -> tuple[str, dict[str, dict]]:
+    """``ok`` when every route is fine, ``down`` when none is, else ``degraded``; and each route's line."""
+    models = {r.name: {"state": r.state, "model": r.served_model_name, "ok": route_ok(r)} for r in routes}
+    fine = sum(m["ok"] for m in models.values())
+    if fine == len(models):
+        status = "ok"
+    elif fine == 0:
+        status = "down"
+    else:
+        status = "degraded"
+    return status, models

@@ -1,0 +1,84 @@
+"""A model served by another host's daemon (``upstream:``): no process here, only health checks.
+
+The daemon checks ``GET {upstream}/health`` every few seconds and keeps the answer as the
+entry's state, ``ready`` or ``unreachable`` (with why), which ``vllmmlxctl status`` shows and
+the gateway routes by: an unreachable host's models get a 503 at once, the others carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Callable
+
+import httpx
+
+from ..config.schema import ModelConfig
+from ..log import log_event
+
+logger = logging.getLogger("vllmmlxd.supervisor")
+
+CHECKING = "starting"  # before the first answer
+READY = "ready"
+UNREACHABLE = "unreachable"
+CHECK_TIMEOUT_S = 3.0
+
+
+class UpstreamSlot:
+    """Health checks of one upstream entry; ``state`` and ``last_error`` as of the last check."""
+
+    def __init__(self, name: str, config: ModelConfig, interval_s: float, on_change: Callable[[], None]):
+        self.name = name
+        self.config = config
+        self.interval_s = interval_s
+        self.state = CHECKING
+        self.last_error: str | None = None
+        self.ready_since: float | None = None
+        self.checks = 0
+        self._on_change = on_change
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name=f"upstream-{name}")
+
+    def update(self, config: ModelConfig, interval_s: float | None = None) -> None:
+        """A reload's new entry: checked again at once."""
+        self.config = config
+        self.interval_s = interval_s or self.interval_s
+        self._wake.set()
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def check(self) -> tuple[str, str | None]:
+        """One health check: ``(ready, None)`` or ``(unreachable, why)``."""
+        headers = {}
+        if self.config.upstream_api_key is not None:
+            headers["authorization"] = f"Bearer {self.config.upstream_api_key.get_secret_value()}"
+        try:
+            async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S) as client:
+                response = await client.get(f"{self.config.upstream}/health", headers=headers)
+        except httpx.TimeoutException:
+            return UNREACHABLE, f"{self.config.upstream}/health did not answer within {CHECK_TIMEOUT_S:g}s"
+        except httpx.HTTPError as exc:
+            return UNREACHABLE, f"cannot reach {self.config.upstream}: {type(exc).__name__}: {exc}"
+        if response.status_code == 200:
+            return READY, None
+        return UNREACHABLE, f"{self.config.upstream}/health answered {response.status_code}"
+
+    async def _run(self) -> None:
+        while True:
+            state, why = await self.check()
+            self.checks += 1
+            if (state, why) != (self.state, self.last_error):
+                if state != self.state:
+                    log_event(logger, f"upstream.{state}", logging.INFO if state == READY else logging.WARNING,
+                              model=self.name, url=self.config.upstream, error=why)
+                    self.ready_since = time.time() if state == READY else None
+                self.state, self.last_error = state, why
+                self._on_change()
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
