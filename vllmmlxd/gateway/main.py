@@ -3,8 +3,7 @@
 Run by the daemon like a worker: ``python -m vllmmlxd.gateway --name gateway --fd N
 --health-socket PATH ...`` with its ``GatewaySpec`` as one JSON line on stdin; stdin staying
 open is the daemon's lifeline (EOF: drain and exit). Run by hand, ``--host``/``--port`` bind
-the address itself. The serving machinery (draining uvicorn, the quiet private server) is the
-worker's own, reused as is; the gateway never imports mlx.
+the address itself. It serves as a worker does (``http/serving.py``); it never imports mlx.
 """
 
 from __future__ import annotations
@@ -14,25 +13,20 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
 from pathlib import Path
 
 from ..config.gateway import GatewaySpec
-from ..http.drain import CloseWhenDraining
+from ..http.serving import make_servers, read_line, serve_both, start_lifeline
 from ..log import log_event, setup_logging
 from ..paths import ensure_private_dir, resolve_state_dir
 from ..sockets import bind_tcp, bind_unix, http_url
-from ..worker.main import (_client_bounds, _make_server_class, _not_private_routine, _private_server, _read_line,
-                           _serve_both)
 
 logger = logging.getLogger("vllmmlxd.gateway")
 
 EXIT_BAD_SPEC = 3
 EXIT_BIND_FAILED = 4
-ORPHAN_GRACE_S = 15.0
 
 
 def spec_from(line: bytes) -> GatewaySpec | None:
@@ -50,25 +44,9 @@ def spec_from(line: bytes) -> GatewaySpec | None:
     return None
 
 
-def _watch_parent(fd: int) -> None:
-    """Block until the daemon's end of stdin closes, then drain and exit (for sure after a grace)."""
-    try:
-        while os.read(fd, 4096):
-            pass
-    except OSError:
-        pass
-    log_event(logger, "gateway.orphaned", logging.WARNING, reason="daemon pipe closed")
-    os.kill(os.getpid(), signal.SIGTERM)
-    timer = threading.Timer(ORPHAN_GRACE_S, lambda: os._exit(1))
-    timer.daemon = True  # a drained gateway exits 0 without waiting for it
-    timer.start()
-
-
 def serve(spec: GatewaySpec, *, state_dir: Path, listen: socket.socket | None = None,
           health_socket: Path | None = None, drain_timeout: float = 30.0, log_level: str = "info") -> int:
     """Serve ``spec`` until SIGTERM/SIGINT (or stdin's EOF). Returns the exit code."""
-    import uvicorn
-
     from .app import create_app, create_private_app
     from .dispatch import Gateway
     from .routing import TableError, build_table
@@ -88,25 +66,17 @@ def serve(spec: GatewaySpec, *, state_dir: Path, listen: socket.socket | None = 
     private_socket = bind_unix(health_socket) if health_socket is not None else None
     gateway = Gateway(table)
     app = create_app(gateway)
-    server = _make_server_class()(uvicorn.Config(
-        app, log_config=None, access_log=False, timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=5,
-        log_level=log_level, **_client_bounds(spec.gateway),
-    ))
-    app.add_middleware(CloseWhenDraining, draining=lambda: server.draining)
-    private = None
-    if private_socket is not None:
-        logging.getLogger("uvicorn.error").addFilter(_not_private_routine)
-        private = _private_server(uvicorn.Config(
-            create_private_app(gateway), lifespan="off", log_config=None, access_log=False,
-            timeout_graceful_shutdown=2, log_level=log_level,
-        ))
+    server, private = make_servers(
+        app, create_private_app(gateway) if private_socket is not None else None,
+        drain_timeout=drain_timeout, log_level=log_level, max_connections=spec.gateway.max_connections,
+    )
     host, port = listen.getsockname()[:2]
     log_event(logger, "gateway.listening", pid=os.getpid(), url=http_url(host, port, ""), routes=len(spec.routes),
               health_socket=str(health_socket) if health_socket else None)
 
     async def run() -> None:
         try:
-            await _serve_both(server, listen, private, private_socket)
+            await serve_both(server, listen, private, private_socket)
         finally:
             await gateway.client.aclose()
 
@@ -134,13 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--fd and --host/--port exclude each other")
     setup_logging(args.log_level, model=args.name)
     # The spec arrives on stdin so secrets never show in `ps`.
-    spec = spec_from(_read_line(sys.stdin.fileno()))
+    spec = spec_from(read_line(sys.stdin.fileno()))
     if spec is None:
         return EXIT_BAD_SPEC
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:
         spec = spec.model_copy(update={"gateway": spec.gateway.model_copy(update=overrides)})
-    threading.Thread(target=_watch_parent, args=(sys.stdin.fileno(),), daemon=True).start()
+    start_lifeline(sys.stdin.fileno(), logger, "gateway.orphaned")
     listen = socket.socket(fileno=args.fd) if args.fd is not None else None
     return serve(spec, state_dir=resolve_state_dir(args.state_dir), listen=listen, health_socket=args.health_socket,
                  drain_timeout=args.drain_timeout, log_level=args.log_level)

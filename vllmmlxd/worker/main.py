@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextvars
 import json
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
 from ..config.schema import ModelConfig
 from ..errors import ModelLoadError
-from ..http.drain import CloseWhenDraining
+from ..http.serving import make_servers, read_line, serve_both, start_lifeline
 from ..log import log_event, setup_logging
 from ..paths import ensure_private_dir, resolve_state_dir
 from ..runtime import cpus as cpu_shares
@@ -121,18 +118,6 @@ def load_engine(config: ModelConfig, key: str, state_dir: Path):
     return engine
 
 
-def _watch_parent(fd: int) -> None:
-    """Block until the daemon's end of stdin closes, then stop (gracefully, then for sure)."""
-    try:  # os.read, not sys.stdin: a buffered reader's lock breaks interpreter shutdown
-        while os.read(fd, 4096):
-            pass
-    except OSError:
-        pass
-    log_event(logger, "worker.orphaned", logging.WARNING, reason="daemon pipe closed")
-    os.kill(os.getpid(), signal.SIGTERM)
-    threading.Timer(15.0, lambda: os._exit(1)).start()
-
-
 def serve(
     config: ModelConfig,
     key: str,
@@ -150,8 +135,6 @@ def serve(
     """
     state_dir = ensure_private_dir(state_dir)  # sockets and converted models: this user's only
     active_blas = choose_blas(config, cpus, state_dir)  # before anything imports mlx
-
-    import uvicorn
 
     from ..engine.blas_check import confirm
     from .app import create_app, create_private_app
@@ -173,24 +156,10 @@ def serve(
     private_socket = bind_unix(health_socket) if health_socket is not None else None
     install_test_hooks(engine)
     app = create_app(engine, config, key, runtime=runtime)
-    uv_config = uvicorn.Config(
-        app,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=drain_timeout,
-        timeout_keep_alive=5,
-        log_level=log_level,
-        **_client_bounds(config),
+    server, private = make_servers(
+        app, create_private_app(app, engine) if private_socket is not None else None,
+        drain_timeout=drain_timeout, log_level=log_level, max_connections=config.max_connections,
     )
-    server = _make_server_class()(uv_config)
-    app.add_middleware(CloseWhenDraining, draining=lambda: server.draining)
-    private = None
-    if private_socket is not None:
-        logging.getLogger("uvicorn.error").addFilter(_not_private_routine)
-        private = _private_server(uvicorn.Config(
-            create_private_app(app, engine), lifespan="off", log_config=None, access_log=False,
-            timeout_graceful_shutdown=2, log_level=log_level,
-        ))
     host, port = listen.getsockname()[:2]
     if config.is_open and not is_loopback(str(host)):
         log_event(logger, "worker.open_to_network", logging.WARNING, model=key, url=http_url(host, port),
@@ -198,112 +167,13 @@ def serve(
     log_event(logger, "worker.listening", model=key, pid=os.getpid(), url=http_url(host, port),
               health_socket=str(health_socket) if health_socket else None)
     try:
-        asyncio.run(_serve_both(server, listen, private, private_socket))
+        asyncio.run(serve_both(server, listen, private, private_socket))
     finally:
         engine.close()
         if health_socket is not None:
             health_socket.unlink(missing_ok=True)
     log_event(logger, "worker.shutdown", model=key, pid=os.getpid())
     return 0
-
-
-async def _serve_both(server, listen: socket.socket, private, private_socket: socket.socket | None) -> None:
-    """The public server until it stops; the private one beside it, answering only once the
-    public one is up (the daemon takes a health answer as "ready") and stopping after it."""
-    public = asyncio.create_task(server.serve(sockets=[listen]))
-    if private is None:
-        await public
-        return
-    while not server.started and not public.done():
-        await asyncio.sleep(0.02)
-    inner = asyncio.create_task(_quietly(private.serve(sockets=[private_socket])))
-    try:
-        await public
-    finally:
-        private.should_exit = True
-        await asyncio.gather(inner, return_exceptions=True)
-
-
-# Set inside the private server's task: its start and stop lines would repeat the public
-# server's ("Started server process"), so they are dropped; its warnings are kept.
-_PRIVATE = contextvars.ContextVar("vllmmlxd_private_server", default=False)
-
-
-async def _quietly(coro):
-    _PRIVATE.set(True)  # a task runs in its own copy of the context: only this server is quiet
-    return await coro
-
-
-def _not_private_routine(record: logging.LogRecord) -> bool:
-    return not (_PRIVATE.get() and record.levelno < logging.WARNING)
-
-
-def _private_server(config):
-    """uvicorn for the daemon's socket, leaving signals to the public server."""
-    import contextlib
-
-    import uvicorn
-
-    class PrivateServer(uvicorn.Server):
-        def capture_signals(self):  # uvicorn >= 0.29
-            return contextlib.nullcontext()
-
-        def install_signal_handlers(self) -> None:  # older uvicorn
-            pass
-
-    return PrivateServer(config)
-
-
-def _client_bounds(config: ModelConfig) -> dict:
-    """uvicorn settings that bound slow and greedy clients; the timeouts' env is read here, once."""
-    from ..http.slow_clients import MAX_HEAD_BYTES, body_timeout_s, header_timeout_s, protocol_class
-
-    return {
-        # h11 always (not httptools when installed): the head cap and timeouts are built on it.
-        "http": protocol_class(header_timeout_s(), body_timeout_s()),
-        "h11_max_incomplete_event_size": MAX_HEAD_BYTES,
-        # uvicorn refuses once open connections reach the limit, the asking one included.
-        "limit_concurrency": config.max_connections + 1,
-        "proxy_headers": False,  # the client address is the socket's; trusted proxies are the app's call
-    }
-
-
-def _make_server_class():
-    import uvicorn
-
-    class WorkerServer(uvicorn.Server):
-        """uvicorn, draining without racing keep-alive clients, and exiting 0 after a drain."""
-
-        draining = False
-
-        def handle_exit(self, sig, frame) -> None:
-            super().handle_exit(sig, frame)
-            # uvicorn re-raises the signal after its graceful shutdown; a drained worker exits 0.
-            getattr(self, "_captured_signals", []).clear()
-
-        async def shutdown(self, sockets=None) -> None:
-            # Stop accepting, then let open connections end on their own (responses now say
-            # Connection: close, idle ones time out) before uvicorn closes what is left.
-            for server in self.servers:
-                server.close()
-            self.draining = True
-            deadline = time.monotonic() + self.config.timeout_keep_alive + 1
-            while self.server_state.connections and time.monotonic() < deadline and not self.force_exit:
-                await asyncio.sleep(0.05)
-            await super().shutdown(sockets)
-
-    return WorkerServer
-
-
-def _read_line(fd: int) -> bytes:
-    """One line from ``fd``, unbuffered, so nothing after it is swallowed."""
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(fd, 1)
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,11 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         cpu_shares.pin(args.cpus)
     setup_logging(args.log_level, model=args.name)
     # The config arrives on stdin so secrets never show in `ps`.
-    line = _read_line(sys.stdin.fileno())
+    line = read_line(sys.stdin.fileno())
     config = _entry_from(line, args.name)
     if config is None:  # the daemon marks the model failed at once, as for a model that cannot load
         return EXIT_LOAD_FAILED
-    threading.Thread(target=_watch_parent, args=(sys.stdin.fileno(),), daemon=True).start()
+    start_lifeline(sys.stdin.fileno(), logger, "worker.orphaned")
     listen = socket.socket(fileno=args.fd) if args.fd is not None else None
     return serve(
         config, args.name, state_dir=resolve_state_dir(args.state_dir), listen=listen,

@@ -1,0 +1,160 @@
+"""How a worker and the gateway serve: the same uvicorn set-up for both processes.
+
+A public server on the listening socket (the daemon's, inherited, or bound by hand) that
+drains without racing keep-alive clients and exits 0 after a drain; beside it, a private
+server on the daemon's Unix socket, answering only once the public one is up (the daemon
+takes a health answer as "ready") and quiet about its routine start and stop. The daemon's
+end of stdin is the lifeline: EOF means the daemon is gone, so the process drains and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+
+from ..log import log_event
+from .drain import CloseWhenDraining
+
+ORPHAN_GRACE_S = 15.0  # after the daemon's pipe closes: drain, then exit for sure
+
+
+def read_line(fd: int) -> bytes:
+    """One line from ``fd``, unbuffered, so nothing after it is swallowed."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def watch_parent(fd: int, logger: logging.Logger, event: str) -> None:
+    """Block until the daemon's end of stdin closes, then stop (gracefully, then for sure)."""
+    try:  # os.read, not sys.stdin: a buffered reader's lock breaks interpreter shutdown
+        while os.read(fd, 4096):
+            pass
+    except OSError:
+        pass
+    log_event(logger, event, logging.WARNING, reason="daemon pipe closed")
+    os.kill(os.getpid(), signal.SIGTERM)
+    timer = threading.Timer(ORPHAN_GRACE_S, lambda: os._exit(1))
+    timer.daemon = True  # a drained process exits 0 without waiting for it
+    timer.start()
+
+
+def start_lifeline(fd: int, logger: logging.Logger, event: str) -> None:
+    threading.Thread(target=watch_parent, args=(fd, logger, event), daemon=True).start()
+
+
+def client_bounds(max_connections: int) -> dict:
+    """uvicorn settings that bound slow and greedy clients; the timeouts' env is read here, once."""
+    from .slow_clients import MAX_HEAD_BYTES, body_timeout_s, header_timeout_s, protocol_class
+
+    return {
+        # h11 always (not httptools when installed): the head cap and timeouts are built on it.
+        "http": protocol_class(header_timeout_s(), body_timeout_s()),
+        "h11_max_incomplete_event_size": MAX_HEAD_BYTES,
+        # uvicorn refuses once open connections reach the limit, the asking one included.
+        "limit_concurrency": max_connections + 1,
+        "proxy_headers": False,  # the client address is the socket's; trusted proxies are the app's call
+    }
+
+
+def make_servers(app, private_app, *, drain_timeout: float, log_level: str, max_connections: int):
+    """The public server for ``app`` (draining; ``app`` answers Connection: close meanwhile) and the
+    private one for ``private_app`` (None without a private socket)."""
+    import uvicorn
+
+    server = _draining_server_class()(uvicorn.Config(
+        app, log_config=None, access_log=False, timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=5,
+        log_level=log_level, **client_bounds(max_connections),
+    ))
+    app.add_middleware(CloseWhenDraining, draining=lambda: server.draining)
+    private = None
+    if private_app is not None:
+        logging.getLogger("uvicorn.error").addFilter(_not_private_routine)
+        private = _private_server(uvicorn.Config(
+            private_app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=2,
+            log_level=log_level,
+        ))
+    return server, private
+
+
+async def serve_both(server, listen: socket.socket, private, private_socket: socket.socket | None) -> None:
+    """The public server until it stops; the private one beside it, answering only once the
+    public one is up and stopping after it."""
+    public = asyncio.create_task(server.serve(sockets=[listen]))
+    if private is None:
+        await public
+        return
+    while not server.started and not public.done():
+        await asyncio.sleep(0.02)
+    inner = asyncio.create_task(_quietly(private.serve(sockets=[private_socket])))
+    try:
+        await public
+    finally:
+        private.should_exit = True
+        await asyncio.gather(inner, return_exceptions=True)
+
+
+# Set inside the private server's task: its start and stop lines would repeat the public
+# server's ("Started server process"), so they are dropped; its warnings are kept.
+_PRIVATE = contextvars.ContextVar("vllmmlxd_private_server", default=False)
+
+
+async def _quietly(coro):
+    _PRIVATE.set(True)  # a task runs in its own copy of the context: only this server is quiet
+    return await coro
+
+
+def _not_private_routine(record: logging.LogRecord) -> bool:
+    return not (_PRIVATE.get() and record.levelno < logging.WARNING)
+
+
+def _private_server(config):
+    """uvicorn for the daemon's socket, leaving signals to the public server."""
+    import uvicorn
+
+    class PrivateServer(uvicorn.Server):
+        def capture_signals(self):  # uvicorn >= 0.29
+            return contextlib.nullcontext()
+
+        def install_signal_handlers(self) -> None:  # older uvicorn
+            pass
+
+    return PrivateServer(config)
+
+
+def _draining_server_class():
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn, draining without racing keep-alive clients, and exiting 0 after a drain."""
+
+        draining = False
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises the signal after its graceful shutdown; a drained process exits 0.
+            getattr(self, "_captured_signals", []).clear()
+
+        async def shutdown(self, sockets=None) -> None:
+            # Stop accepting, then let open connections end on their own (responses now say
+            # Connection: close, idle ones time out) before uvicorn closes what is left.
+            for server in self.servers:
+                server.close()
+            self.draining = True
+            deadline = time.monotonic() + self.config.timeout_keep_alive + 1
+            while self.server_state.connections and time.monotonic() < deadline and not self.force_exit:
+                await asyncio.sleep(0.05)
+            await super().shutdown(sockets)
+
+    return DrainingServer
