@@ -5,7 +5,6 @@ that use it (same worker, its MCP client reconnected) and to no other."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import httpx

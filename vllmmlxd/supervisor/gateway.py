@@ -15,12 +15,15 @@ import logging
 from pathlib import Path
 from typing import Awaitable, Callable, Mapping
 
+from ..config.diff import ReloadPlan
 from ..config.gateway import GatewayConfig, GatewaySpec, Route, embedding_display_name
-from ..config.schema import ModelConfig
+from ..config.schema import Config, ModelConfig
 from ..log import log_event
 from ..sockets import http_url
 from . import states
+from .lazy_models import shown_error
 from .slot import Slot
+from .views import GatewayView
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
@@ -99,3 +102,86 @@ class GatewayPublisher:
             log_event(logger, "gateway.routes", logging.DEBUG, version=spec.version, routes=len(spec.routes))
         else:
             log_event(logger, "gateway.push_failed", logging.WARNING, pid=worker.pid, error=why)
+
+
+class GatewayAndUpstreams:
+    """The supervisor's gateway and upstream entries: started, changed on reload, shown in status.
+    Mixed into ``Supervisor``; needs ``gateway_config``, ``gateway_slot``, ``publisher``, ``upstreams``,
+    ``slots``, ``settings``, ``control_socket``, ``_entries``, ``shown``, ``_add_entry``, ``_on_change``."""
+
+    def _upstream_interval(self) -> float:
+        return self.gateway_config.upstream_health_interval_s if self.gateway_config else GatewayConfig().upstream_health_interval_s
+
+    def _start_gateway_slot(self) -> None:
+        slot = Slot(GATEWAY, None, self.settings, self._on_change, module="vllmmlxd.gateway")  # type: ignore[arg-type]
+        from .live import push_settings
+
+        self.gateway_slot = slot
+        self.publisher = GatewayPublisher(slot, self._gateway_spec, push_settings)
+        slot.config = self.publisher.current()  # type: ignore[assignment]
+
+    def _gateway_spec(self):
+        assert self.gateway_config is not None
+        entries = self._entries()
+        return build_spec(self.gateway_config, entries, {n: self.shown(n) for n in entries}, self.control_socket)
+
+    def _split(self, plan: ReloadPlan, new: Config) -> tuple[ReloadPlan, dict[str, str]]:
+        """The plan for entries served here, and what happens to upstream ones (added, removed, changed).
+
+        An entry that switches between served here and upstream is removed, then added."""
+        old_up = set(self.upstreams)
+        new_up = {n for n, e in new.models.items() if e.is_upstream}
+        switched = {n for n in plan.changed if (n in old_up) != (n in new_up)}
+        upstream = {n: "added" for n in plan.added if n in new_up} | {n: "removed" for n in plan.removed if n in old_up}
+        upstream |= {n: "changed" for n in plan.changed if n in old_up and n in new_up}
+        upstream |= {n: ("added" if n in new_up else "removed") for n in switched}
+        local = dataclasses.replace(
+            plan,
+            added=tuple(n for n in plan.added if n not in new_up) + tuple(sorted(n for n in switched if n not in new_up)),
+            removed=tuple(n for n in plan.removed if n not in old_up) + tuple(sorted(n for n in switched if n not in old_up)),
+            changed={n: f for n, f in plan.changed.items() if n not in switched and n not in old_up},
+            changes={n: c for n, c in plan.changes.items() if n not in switched and n not in old_up},
+        )
+        return local, upstream
+
+    def _apply_upstreams(self, upstream: dict[str, str], new: Config) -> None:
+        for name, what in upstream.items():
+            if what == "removed" and name in self.upstreams:
+                self._track(self.upstreams.pop(name).close())
+            elif what == "added":
+                self._add_entry(name, new.models[name])
+            elif what == "changed":
+                self.upstreams[name].update(new.models[name], self._upstream_interval())
+        for name, slot in self.upstreams.items():  # the gateway's interval may have changed
+            slot.interval_s = self._upstream_interval()
+
+    async def _apply_gateway(self, new: GatewayConfig | None) -> list[str]:
+        """Start, stop or update the gateway: a new address needs a new process, the rest is pushed."""
+        old, self.gateway_config = self.gateway_config, new
+        if new is None and self.gateway_slot is not None:
+            slot, self.gateway_slot, self.publisher = self.gateway_slot, None, None
+            await slot.shutdown()
+            return []
+        if new is None:
+            return []
+        if self.gateway_slot is None:
+            self._start_gateway_slot()
+            assert self.gateway_slot is not None
+            ok = await self.gateway_slot.start()
+            return [] if ok else [f"gateway: did not become ready: {self.gateway_slot.last_error}"]
+        assert self.publisher is not None
+        if old is not None and (old.host, old.port) != (new.host, new.port):
+            ok, error = await self.gateway_slot.replace(self.publisher.current(), hold_both=False)  # type: ignore[arg-type]
+            return [] if ok else [f"gateway: moved to {new.host}:{new.port}; it did not become ready: {error}"]
+        await self.publisher.publish()
+        return []
+
+    def _gateway_view(self, now: float) -> GatewayView | None:
+        slot, config = self.gateway_slot, self.gateway_config
+        if slot is None or config is None:
+            return None
+        return GatewayView(
+            state=slot.state, pid=slot.pid, host=config.host, port=config.port, restarts=slot.restarts,
+            uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None, last_error=shown_error(slot),
+            ui=config.ui, version=self.publisher.version if self.publisher else 0,
+        )

@@ -14,10 +14,8 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
-
 from pathlib import Path
+from typing import AsyncIterator, Callable
 
 from .. import __version__
 from ..config.diff import ReloadPlan, diff_models
@@ -27,104 +25,22 @@ from ..config.schema import Config, DaemonConfig, ModelConfig
 from ..errors import ConfigError
 from ..log import log_event
 from ..runtime import cpus
-from ..sockets import bind_tcp
-from . import lazy, states
-from .gateway import GATEWAY, GatewayPublisher, build_spec
-from .memory import MemoryPlan, entry_footprints, load_memory_plan, read_capacity
+from . import states
+from .gateway import GATEWAY, GatewayAndUpstreams, GatewayPublisher
+from .lazy_models import LazyModels
+from .memory import MemoryPlan, load_memory_plan
 from .slot import PushSettings, Slot, SlotSettings
 from .upstream import UpstreamSlot
+from .views import ActionReply, DaemonView, ModelView, ReloadRecord, ReloadReply, StatusView
 
 logger = logging.getLogger("vllmmlxd.supervisor")
-
-IDLE_CHECK_S = 1.0  # how often lazy models' idle time is compared with their idle_unload_s
-
-
-# What the supervisor answers: plain data. The control API maps it to its wire models.
-
-
-@dataclass(frozen=True)
-class ReloadRecord:
-    """How the last reload went; ``at`` is unix time."""
-
-    ok: bool
-    at: float
-    error: str | None = None
-    plan: str | None = None
-
-
-@dataclass(frozen=True)
-class ReloadReply:
-    ok: bool
-    dry_run: bool
-    plan: str
-    error: str | None = None
-    config_path: str | None = None  # the file previewed (``file``); None for the daemon's own
-    entries: list[dict] = field(default_factory=list)  # per entry: added, apply live, new worker... (ReloadPlan.entries)
-
-
-@dataclass(frozen=True)
-class ActionReply:
-    ok: bool
-    name: str
-    message: str
-
-
-@dataclass(frozen=True)
-class DaemonView:
-    pid: int
-    uptime_s: float
-    config_path: str
-    config_hash: str
-    last_reload: ReloadRecord | None
-    version: str
-    config_missing: bool = False  # the config file is gone: the running config stays
-
-
-@dataclass(frozen=True)
-class ModelView:
-    name: str
-    state: states.Shown
-    pid: int | None
-    host: str
-    port: int
-    restarts: int
-    uptime_s: float | None
-    last_exit_code: int | None
-    served_model_name: str
-    last_error: str | None
-    keys: list[str] | None = None  # key names allowed on the entry; None: open
-    runtime: dict = field(default_factory=dict)  # blas, threads, cpus and load, as the worker reports them
-    load: str = "eager"  # eager or lazy
-    idle_unload_s: float | None = None
-    idle_s: float | None = None  # a lazy model's time without a request
-    upstream: str | None = None  # served by that host (no worker here)
-
-
-@dataclass(frozen=True)
-class GatewayView:
-    state: states.State
-    pid: int | None
-    host: str
-    port: int
-    restarts: int
-    uptime_s: float | None
-    last_error: str | None
-    ui: bool
-    version: int  # of the routing table it was last given
-
-
-@dataclass(frozen=True)
-class StatusView:
-    daemon: DaemonView
-    models: list[ModelView]
-    gateway: GatewayView | None = None
 
 
 def address(config: ModelConfig) -> tuple[str, int]:
     return config.host, config.port
 
 
-class Supervisor:
+class Supervisor(LazyModels, GatewayAndUpstreams):
     """Owns the slots; the control API and the daemon's signal handlers call into it."""
 
     def __init__(
@@ -180,19 +96,6 @@ class Supervisor:
             self._wait_unloaded(slot)
         return slot
 
-    def _wait_unloaded(self, slot: Slot) -> None:
-        slot.unloaded = True
-        if slot.sock is None:
-            try:  # bound now: clients get a 503 saying why, not a refused connection
-                slot.sock = bind_tcp(slot.config.host, slot.config.port)
-            except OSError as exc:
-                log_event(logger, "slot.bind_failed", logging.WARNING, model=slot.name, error=exc.strerror or str(exc))
-        slot.answer_on_socket()
-        self._on_change()
-
-    def _upstream_interval(self) -> float:
-        return self.gateway_config.upstream_health_interval_s if self.gateway_config else GatewayConfig().upstream_health_interval_s
-
     @staticmethod
     def _plan_shares(config: Config) -> dict[str, cpus.CpuShare]:
         """Each entry's cores (Linux): an even split unless an entry sets ``threads``."""
@@ -229,44 +132,6 @@ class Supervisor:
         # Built, not validated: each entry is already valid and holds its resolved keys.
         return Config.model_construct(daemon=self.daemon_config, api_keys=self.loaded.config.api_keys,
                                       gateway=self.gateway_config, models=self._entries())
-
-    # -- what each model shows, and the gateway ----------------------------
-
-    def shown(self, name: str) -> tuple[states.Shown, str | None]:
-        """A model's state as status and the gateway show it, and why it is not serving."""
-        if name in self.upstreams:
-            upstream = self.upstreams[name]
-            return upstream.state, upstream.last_error  # type: ignore[return-value]
-        slot = self.slots[name]
-        state: states.Shown = slot.state
-        if slot.config.load == "lazy":
-            if state == states.STOPPED and slot.unloaded:
-                state = states.UNLOADED
-            elif state == states.STARTING:
-                state = states.LOADING
-            elif state == states.READY and self._idle_s(slot) is not None:
-                state = states.IDLE
-        return state, _shown_error(slot)
-
-    @staticmethod
-    def _idle_s(slot: Slot) -> float | None:
-        worker = slot.serving
-        if worker is None or slot.state != states.READY:
-            return None
-        return lazy.idle_for(worker.load.get("idle_s"), worker.load_at, time.monotonic())
-
-    def _start_gateway_slot(self) -> None:
-        slot = Slot(GATEWAY, None, self.settings, self._on_change, module="vllmmlxd.gateway")  # type: ignore[arg-type]
-        from .live import push_settings
-
-        self.gateway_slot = slot
-        self.publisher = GatewayPublisher(slot, self._gateway_spec, push_settings)
-        slot.config = self.publisher.current()  # type: ignore[assignment]
-
-    def _gateway_spec(self):
-        assert self.gateway_config is not None
-        entries = self._entries()
-        return build_spec(self.gateway_config, entries, {n: self.shown(n) for n in entries}, self.control_socket)
 
     # -- reload -----------------------------------------------------------
 
@@ -357,57 +222,6 @@ class Supervisor:
                           planned=planned and planned.render(), applies="at its next restart")
                 self.slots[name].planned_share = planned
         self.shares = shares
-
-    def _split(self, plan: ReloadPlan, new: Config) -> tuple[ReloadPlan, dict[str, str]]:
-        """The plan for entries served here, and what happens to upstream ones (added, removed, changed).
-
-        An entry that switches between served here and upstream is removed, then added."""
-        old_up = set(self.upstreams)
-        new_up = {n for n, e in new.models.items() if e.is_upstream}
-        switched = {n for n in plan.changed if (n in old_up) != (n in new_up)}
-        upstream = {n: "added" for n in plan.added if n in new_up} | {n: "removed" for n in plan.removed if n in old_up}
-        upstream |= {n: "changed" for n in plan.changed if n in old_up and n in new_up}
-        upstream |= {n: ("added" if n in new_up else "removed") for n in switched}
-        local = dataclasses.replace(
-            plan,
-            added=tuple(n for n in plan.added if n not in new_up) + tuple(sorted(n for n in switched if n not in new_up)),
-            removed=tuple(n for n in plan.removed if n not in old_up) + tuple(sorted(n for n in switched if n not in old_up)),
-            changed={n: f for n, f in plan.changed.items() if n not in switched and n not in old_up},
-            changes={n: c for n, c in plan.changes.items() if n not in switched and n not in old_up},
-        )
-        return local, upstream
-
-    def _apply_upstreams(self, upstream: dict[str, str], new: Config) -> None:
-        for name, what in upstream.items():
-            if what == "removed" and name in self.upstreams:
-                self._track(self.upstreams.pop(name).close())
-            elif what == "added":
-                self._add_entry(name, new.models[name])
-            elif what == "changed":
-                self.upstreams[name].update(new.models[name], self._upstream_interval())
-        for name, slot in self.upstreams.items():  # the gateway's interval may have changed
-            slot.interval_s = self._upstream_interval()
-
-    async def _apply_gateway(self, new: GatewayConfig | None) -> list[str]:
-        """Start, stop or update the gateway: a new address needs a new process, the rest is pushed."""
-        old, self.gateway_config = self.gateway_config, new
-        if new is None and self.gateway_slot is not None:
-            slot, self.gateway_slot, self.publisher = self.gateway_slot, None, None
-            await slot.shutdown()
-            return []
-        if new is None:
-            return []
-        if self.gateway_slot is None:
-            self._start_gateway_slot()
-            assert self.gateway_slot is not None
-            ok = await self.gateway_slot.start()
-            return [] if ok else [f"gateway: did not become ready: {self.gateway_slot.last_error}"]
-        assert self.publisher is not None
-        if old is not None and (old.host, old.port) != (new.host, new.port):
-            ok, error = await self.gateway_slot.replace(self.publisher.current(), hold_both=False)  # type: ignore[arg-type]
-            return [] if ok else [f"gateway: moved to {new.host}:{new.port}; it did not become ready: {error}"]
-        await self.publisher.publish()
-        return []
 
     def _track(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -522,16 +336,6 @@ class Supervisor:
             gateway=self._gateway_view(now),
         )
 
-    def _gateway_view(self, now: float) -> GatewayView | None:
-        slot, config = self.gateway_slot, self.gateway_config
-        if slot is None or config is None:
-            return None
-        return GatewayView(
-            state=slot.state, pid=slot.pid, host=config.host, port=config.port, restarts=slot.restarts,
-            uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None, last_error=_shown_error(slot),
-            ui=config.ui, version=self.publisher.version if self.publisher else 0,
-        )
-
     async def refresh(self) -> None:
         """Fresh load figures from every running worker, in parallel, before a status is read."""
         workers = [s.serving for s in self.slots.values() if s.serving is not None]
@@ -573,91 +377,6 @@ class Supervisor:
             return await self.load(name)
         ok = await slot.start()
         return ActionReply(ok=ok, name=name, message="ready" if ok else f"did not become ready: {slot.last_error}")
-
-    # -- lazy models -----------------------------------------------------
-
-    async def load(self, name: str) -> ActionReply:
-        """Make ``name`` serve (the gateway asks, for a request that needs it): start a lazy model that is not
-        loaded, unloading idle lazy ones first if memory needs it; answers once it is ready, or why not."""
-        if name in self.upstreams:
-            state, error = self.shown(name)
-            return ActionReply(ok=state == states.READY, name=name, message=error or state)
-        slot = self._slot(name)
-        if slot.state in (states.READY, states.STARTING):
-            waiting = asyncio.ensure_future(slot.start())
-        else:
-            async with self._load_lock:  # after an unload in progress, which holds it
-                if slot.state == states.STOPPED and not slot.unloaded:
-                    return ActionReply(ok=False, name=name, message=f"model {name} is stopped (vllmmlxctl start {name})")
-                if slot.state == states.FAILED:
-                    return ActionReply(ok=False, name=name, message=f"model {name} failed: {_shown_error(slot)}")
-                if slot.state in (states.STOPPED, states.BACKOFF):
-                    refused = await self._make_room(name)
-                    if refused is not None:
-                        return refused
-                    self._loading.add(name)
-                    log_event(logger, "model.loading", model=name, reason="on demand")
-                waiting = asyncio.ensure_future(slot.start())
-                await asyncio.sleep(0)  # the slot's actor takes the start before the lock is let go
-        try:
-            ok = await waiting
-        finally:
-            self._loading.discard(name)
-        if ok:
-            slot.unloaded = False
-        elif slot.config.load == "lazy" and slot.state == states.STOPPED:
-            slot.unloaded = True
-        return ActionReply(ok=ok, name=name, message="ready" if ok else f"did not become ready: {_shown_error(slot) or slot.last_error}")
-
-    async def _make_room(self, name: str) -> ActionReply | None:
-        """Under the load lock: unload idle lazy models until ``name`` fits; an answer saying why when it cannot."""
-        running = {n: s.config for n, s in self.slots.items()
-                   if n == name or n in self._loading or s.state not in (states.STOPPED, states.FAILED)}
-        await asyncio.gather(*(s.serving.refresh() for n, s in self.slots.items() if n in running and s.serving),
-                             return_exceptions=True)
-        capacity, footprints = await asyncio.to_thread(self._footprints, running)
-        resident = [
-            lazy.Resident(n, footprints[n].total_mb,
-                          self._idle_s(self.slots[n]) if self.slots[n].config.load == "lazy" and n not in self._loading else None)
-            for n in running if n != name
-        ]
-        room = lazy.make_room(name, footprints[name].total_mb, capacity.usable_mb, resident)
-        if not room.fits:
-            log_event(logger, "memory.load_refused", logging.WARNING, model=name, needed_mb=footprints[name].total_mb,
-                      usable_mb=capacity.usable_mb, error=room.message)
-            return ActionReply(ok=False, name=name, message=room.message)
-        for victim in room.evict:
-            log_event(logger, "model.unloading", model=victim, reason="memory", for_model=name,
-                      idle_s=self._idle_s(self.slots[victim]))
-            await self._unload(victim)
-        return None
-
-    def _footprints(self, entries: dict[str, ModelConfig]):
-        capacity = read_capacity(self.daemon_config.memory_reserve_mb)
-        return capacity, entry_footprints(entries, self.settings.state_dir, capacity.physical_mb)
-
-    async def _unload(self, name: str) -> None:
-        slot = self.slots[name]
-        slot.unloaded = True
-        await slot.stop()
-        self._wait_unloaded(slot)
-
-    async def _unload_idle(self) -> None:
-        """Unload each lazy model idle for its ``idle_unload_s`` (checked every second, confirmed by asking it)."""
-        while True:
-            await asyncio.sleep(IDLE_CHECK_S)
-            for name, slot in list(self.slots.items()):
-                limit = slot.config.idle_unload_s
-                if limit is None or not lazy.should_unload(self._idle_s(slot), limit) or name in self._loading:
-                    continue
-                if slot.serving is not None:
-                    await slot.serving.refresh()
-                async with self._load_lock:
-                    idle = self._idle_s(slot)
-                    if self.slots.get(name) is slot and lazy.should_unload(idle, limit):
-                        log_event(logger, "model.unloading", model=name, reason="idle", idle_s=round(idle or 0, 1),
-                                  idle_unload_s=limit)
-                        await self._unload(name)
 
     def _logs_slot(self, name: str) -> Slot:
         if name == GATEWAY and name not in self.slots and self.gateway_slot is not None:
@@ -708,12 +427,6 @@ def _swap_or_say_why(memory: MemoryPlan, name: str) -> bool:
 def _new_worker(plan: ReloadPlan) -> tuple[str, ...]:
     """Changed entries that need a new worker (all of them with a plan that does not say)."""
     return tuple(getattr(plan, "new_worker", plan.changed))
-
-
-def _shown_error(slot: Slot) -> str | None:
-    if slot.state in (states.FAILED, states.BACKOFF):
-        return f"{slot.fail_reason}: {slot.last_error}" if slot.state == states.FAILED and slot.fail_reason else slot.last_error
-    return None
 
 
 def _runtime_fields(slot: Slot) -> dict:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from vllmmlxd.engine.sequence import Sequence
 from vllmmlxd.engine.types import Finished, GenerationRequest, SamplingParams, TextDelta

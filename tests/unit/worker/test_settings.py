@@ -4,7 +4,6 @@ from __future__ import annotations
 
 
 import pytest
-from pydantic import SecretStr
 from starlette.requests import Request
 from starlette.testclient import TestClient
 

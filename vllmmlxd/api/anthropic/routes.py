@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 
 from ..body import read_json, validate
-from ..context import LiveContext
+from ..context import LiveContext, ServingContext
 from ..prompt import make_generation, render_template, thinking_on, tool_plan
 from ..structured import anthropic_output_format, ensure_valid
 from ..stream import fold, stream

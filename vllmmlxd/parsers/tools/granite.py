@@ -14,7 +14,6 @@ Granite 4.x writes hermes-style blocks, one per call::
 
 from __future__ import annotations
 
-import json
 
 from vllmmlxd.parsers.grammar import json_rule
 from vllmmlxd.parsers.tools._jsoncalls import calls_array_schema, calls_from_json, json_call_end

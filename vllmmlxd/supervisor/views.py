@@ -1,0 +1,86 @@
+"""What the supervisor answers: plain data. The control API maps it to its wire models
+(``control/mapping.py``, by attribute: nothing there imports the supervisor)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import states
+
+
+@dataclass(frozen=True)
+class ReloadRecord:
+    """How the last reload went; ``at`` is unix time."""
+
+    ok: bool
+    at: float
+    error: str | None = None
+    plan: str | None = None
+
+
+@dataclass(frozen=True)
+class ReloadReply:
+    ok: bool
+    dry_run: bool
+    plan: str
+    error: str | None = None
+    config_path: str | None = None  # the file previewed (``file``); None for the daemon's own
+    entries: list[dict] = field(default_factory=list)  # per entry: added, apply live, new worker... (ReloadPlan.entries)
+
+
+@dataclass(frozen=True)
+class ActionReply:
+    ok: bool
+    name: str
+    message: str
+
+
+@dataclass(frozen=True)
+class DaemonView:
+    pid: int
+    uptime_s: float
+    config_path: str
+    config_hash: str
+    last_reload: ReloadRecord | None
+    version: str
+    config_missing: bool = False  # the config file is gone: the running config stays
+
+
+@dataclass(frozen=True)
+class ModelView:
+    name: str
+    state: states.Shown
+    pid: int | None
+    host: str
+    port: int
+    restarts: int
+    uptime_s: float | None
+    last_exit_code: int | None
+    served_model_name: str
+    last_error: str | None
+    keys: list[str] | None = None  # key names allowed on the entry; None: open
+    runtime: dict = field(default_factory=dict)  # blas, threads, cpus and load, as the worker reports them
+    load: str = "eager"  # eager or lazy
+    idle_unload_s: float | None = None
+    idle_s: float | None = None  # a lazy model's time without a request
+    upstream: str | None = None  # served by that host (no worker here)
+
+
+@dataclass(frozen=True)
+class GatewayView:
+    state: states.State
+    pid: int | None
+    host: str
+    port: int
+    restarts: int
+    uptime_s: float | None
+    last_error: str | None
+    ui: bool
+    version: int  # of the routing table it was last given
+
+
+@dataclass(frozen=True)
+class StatusView:
+    daemon: DaemonView
+    models: list[ModelView]
+    gateway: GatewayView | None = None
