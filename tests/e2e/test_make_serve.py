@@ -22,10 +22,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_make_serve_answers_health_and_names_paris():
-    port = free_port()
+    port, gateway = free_port(), free_port()
     work = Path(tempfile.mkdtemp(prefix="vd-serve-"))
     config = work / "config.yaml"
     text = (REPO / "config" / "default.yaml").read_text().replace("port: 8000", f"port: {port}")
+    text = text.replace("port: 8080", f"port: {gateway}")
     config.write_text(text + f"daemon:\n  control_socket: {work / 'ctl.sock'}\n")
     log = work / "serve.log"
     proc = subprocess.Popen(
@@ -51,6 +52,12 @@ def test_make_serve_answers_health_and_names_paris():
         if sys.platform.startswith("linux") and platform.machine() == "x86_64":
             assert blas in ("mkl", "blis", "openblas"), status.stdout
             assert f"blas {blas}: /" in status.stdout
+        # The gateway: the same model by name on one address, and the web page the README points at.
+        assert "gateway: ready" in status.stdout and "(web page at /)" in status.stdout
+        page = httpx.get(f"http://127.0.0.1:{gateway}/", timeout=10)
+        assert page.status_code == 200 and "<title>" in page.text and "vllmmlxd" in page.text
+        via = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway}/v1", api_key="x", max_retries=0, timeout=300)
+        assert via.completions.create(model="default", prompt="Paris is", max_tokens=3).model == "default"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)

@@ -156,7 +156,8 @@ class GatewayAndUpstreams:
             slot.interval_s = self._upstream_interval()
 
     async def _apply_gateway(self, new: GatewayConfig | None) -> list[str]:
-        """Start, stop or update the gateway: a new address needs a new process, the rest is pushed."""
+        """Start, stop or update the gateway: a new address or connection bound needs a new process, the rest
+        is pushed."""
         old, self.gateway_config = self.gateway_config, new
         if new is None and self.gateway_slot is not None:
             slot, self.gateway_slot, self.publisher = self.gateway_slot, None, None
@@ -170,7 +171,7 @@ class GatewayAndUpstreams:
             ok = await self.gateway_slot.start()
             return [] if ok else [f"gateway: did not become ready: {self.gateway_slot.last_error}"]
         assert self.publisher is not None
-        if old is not None and (old.host, old.port) != (new.host, new.port):
+        if old is not None and _needs_new_process(old, new):
             ok, error = await self.gateway_slot.replace(self.publisher.current(), hold_both=False)  # type: ignore[arg-type]
             return [] if ok else [f"gateway: moved to {new.host}:{new.port}; it did not become ready: {error}"]
         await self.publisher.publish()
@@ -185,3 +186,8 @@ class GatewayAndUpstreams:
             uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None, last_error=shown_error(slot),
             ui=config.ui, version=self.publisher.version if self.publisher else 0,
         )
+
+
+def _needs_new_process(old: GatewayConfig, new: GatewayConfig) -> bool:
+    """The gateway's socket and uvicorn's connection bound are set when its process starts."""
+    return (old.host, old.port, old.max_connections) != (new.host, new.port, new.max_connections)
