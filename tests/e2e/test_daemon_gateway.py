@@ -43,7 +43,8 @@ class Cluster:
         self.ports = {"llama": free_port(), "qwen": free_port()}
         self.d = make_daemon()
         self.models = {
-            "llama": model_entry(self.ports["llama"], served_model_name=LLAMA, aliases=["l"], cache_memory_mb=64),
+            "llama": model_entry(self.ports["llama"], served_model_name=LLAMA, aliases=["l"], cache_memory_mb=64,
+                                 embedding_model="builtin:all-minilm-l6-v2"),
             "qwen": model_entry(self.ports["qwen"], served_model_name=QWEN, aliases=["q"], cache_memory_mb=64),
             "far": {"upstream": f"http://127.0.0.1:{self.upstream_port}", "served_model_name": FAR},
         }
@@ -89,6 +90,14 @@ def test_each_name_and_alias_routes_through_both_api_families(cluster, name, ser
     assert message.model == served and message.content[0].type == "text"
     count = cluster.anthropic().messages.count_tokens(model=name, messages=[{"role": "user", "content": "hi"}])
     assert count.input_tokens > 0
+
+
+def test_embeddings_route_by_the_embedding_models_name_or_its_entrys(cluster):
+    for name in ("all-minilm-l6-v2", "llama", LLAMA):
+        out = cluster.openai().embeddings.create(model=name, input=["Hello world", "Hi there, world!"])
+        assert len(out.data) == 2 and len(out.data[0].embedding) == 384
+    cards = {m["id"]: m for m in httpx.get(cluster.url + "/v1/models", timeout=10).json()["data"]}
+    assert cards["all-minilm-l6-v2"]["entry"] == "llama"
 
 
 def test_models_lists_every_model_with_its_state_and_an_unknown_one_lists_them(cluster):

@@ -29,6 +29,8 @@ class LazyModels:
 
     def _wait_unloaded(self, slot: Slot) -> None:
         slot.unloaded = True
+        # A request on its own port is answered 503 (Retry-After) and loads it: the client's retry finds it.
+        slot.on_demand = lambda: self._load_in_background(slot.name)
         if slot.sock is None:
             try:  # bound now: clients get a 503 saying why, not a refused connection
                 slot.sock = bind_tcp(slot.config.host, slot.config.port)
@@ -36,6 +38,22 @@ class LazyModels:
                 log_event(logger, "slot.bind_failed", logging.WARNING, model=slot.name, error=exc.strerror or str(exc))
         slot.answer_on_socket()
         self._on_change()
+
+    def _load_in_background(self, name: str) -> None:
+        if name in self._loading or name in self._demanded:
+            return
+        self._demanded.add(name)
+        log_event(logger, "model.demanded", model=name, reason="a request on its port")
+
+        async def load() -> None:
+            try:
+                await self.load(name)
+            finally:
+                self._demanded.discard(name)
+
+        task = asyncio.get_running_loop().create_task(load())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def shown(self, name: str) -> tuple[states.Shown, str | None]:
         """A model's state as status and the gateway show it, and why it is not serving."""

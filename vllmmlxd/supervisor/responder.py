@@ -65,9 +65,11 @@ def _request_line(head: bytes) -> tuple[str, int]:
 class Responder:
     """Answers 503 on a slot's listening socket until ``stop()``; the socket itself stays open."""
 
-    def __init__(self, sock: socket.socket, why: Callable[[], Unavailable]):
+    def __init__(self, sock: socket.socket, why: Callable[[], Unavailable],
+                 answered: Callable[[Unavailable], None] = lambda why: None):
         self._sock = sock
         self._why = why
+        self._answered = answered  # told of each answer: a request for an unloaded lazy model loads it
         self._server: asyncio.AbstractServer | None = None
 
     @property
@@ -93,8 +95,10 @@ class Responder:
             path, length = _request_line(head[:_HEAD_LIMIT])
             if 0 < length <= _BODY_LIMIT:  # read the body, so closing does not reset the connection
                 await asyncio.wait_for(reader.readexactly(length), _READ_TIMEOUT_S)
-            writer.write(answer(self._why(), path))
+            why = self._why()
+            writer.write(answer(why, path))
             await writer.drain()
+            self._answered(why)
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass
         finally:

@@ -92,6 +92,7 @@ class Slot:
         # A lazy model that is not loaded (never started, or unloaded when idle): stopped, but it
         # loads on demand, and the stand-in says so. A `vllmmlxctl stop` clears it.
         self.unloaded = False
+        self.on_demand: Callable[[], None] | None = None  # a request came for it while unloaded: load it
         self._on_change = on_change
         self._push_settings = push_settings
         self._queue: asyncio.Queue[_Msg] = asyncio.Queue()
@@ -451,6 +452,10 @@ class Slot:
             return f"{self.fail_reason}: {self.last_error}" if self.last_error else str(self.fail_reason)
         return self.last_error or outcome
 
+    def _answered(self, why: Unavailable) -> None:
+        if why.status == "unloaded" and self.on_demand is not None:
+            self.on_demand()
+
     def unavailable(self) -> Unavailable:
         """What the stand-in answers on the port, and why."""
         if self.phase == states.FAILED:
@@ -458,8 +463,8 @@ class Slot:
             reason = "; ".join(x for x in (self.fail_reason, detail[0][:500]) if x)
             return Unavailable("failed", f"model {self.name} failed: {reason}", 30)
         if self.phase == states.STOPPED and self.unloaded:
-            return Unavailable("unloaded", f"model {self.name} is not loaded: it loads on its first request through "
-                                           f"the gateway (or `vllmmlxctl start {self.name}`)", 5)
+            return Unavailable("unloaded", f"model {self.name} was not loaded: it is loading now; retry after a few "
+                                           "seconds, or send requests through the gateway, which waits for it", 5)
         if self.phase == states.STOPPED:
             return Unavailable("stopped", f"model {self.name} is stopped", 30)
         return Unavailable("loading", f"model {self.name} is loading", 5)
@@ -470,7 +475,7 @@ class Slot:
         worker_accepts = self.worker is not None and self.worker.listening
         if self.sock is not None and idle and not worker_accepts and not self._closed:
             if self._responder is None:
-                self._responder = Responder(self.sock, self.unavailable)
+                self._responder = Responder(self.sock, self.unavailable, self._answered)
                 try:
                     await self._responder.start()
                 except OSError as exc:

@@ -67,6 +67,8 @@ class Supervisor(LazyModels, GatewayAndUpstreams):
         self.control_socket: Path | None = None  # the daemon's, set by it: the gateway asks there for lazy loads
         self._load_lock = asyncio.Lock()  # one memory admission at a time: loads and idle unloads
         self._loading: set[str] = set()  # admitted, not yet ready: their memory counts
+        self._demanded: set[str] = set()  # loads asked for by a request on the model's own port
+        self._background: set[asyncio.Task] = set()
         self._idle_task: asyncio.Task | None = None
 
     def _on_change(self) -> None:
