@@ -24,6 +24,7 @@ CHECKING = "starting"  # before the first answer
 READY = "ready"
 UNREACHABLE = "unreachable"
 CHECK_TIMEOUT_S = 3.0
+SLOW_CHECKS = 2  # a host that answers slowly this many times in a row is unreachable; a refusal counts at once
 
 
 class UpstreamSlot:
@@ -37,6 +38,7 @@ class UpstreamSlot:
         self.last_error: str | None = None
         self.ready_since: float | None = None
         self.checks = 0
+        self._slow = 0  # timeouts in a row
         self._on_change = on_change
         self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name=f"upstream-{name}")
@@ -61,9 +63,14 @@ class UpstreamSlot:
             async with httpx.AsyncClient(timeout=CHECK_TIMEOUT_S) as client:
                 response = await client.get(f"{self.config.upstream}/health", headers=headers)
         except httpx.TimeoutException:
+            self._slow += 1
+            if self._slow < SLOW_CHECKS and self.state == READY:  # one slow answer on a busy host is not a fault
+                return READY, None
             return UNREACHABLE, f"{self.config.upstream}/health did not answer within {CHECK_TIMEOUT_S:g}s"
         except httpx.HTTPError as exc:
+            self._slow = 0
             return UNREACHABLE, f"cannot reach {self.config.upstream}: {type(exc).__name__}: {exc}"
+        self._slow = 0
         if response.status_code == 200:
             return READY, None
         return UNREACHABLE, f"{self.config.upstream}/health answered {response.status_code}"
