@@ -27,7 +27,9 @@ def is_loopback(host: str) -> bool:
 def bind_tcp(host: str, port: int) -> socket.socket:
     """A listening TCP socket that child processes can inherit; IPv6 when the host is one."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say they are TCP (protocol 0 does not),
+    # and without it a stream's small writes wait on the client's delayed ACKs (tens of ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

@@ -207,7 +207,8 @@ def test_a_reload_that_swaps_a_model_fails_no_request_through_the_gateway(cluste
     try:
         time.sleep(2)
         old_pid = cluster.d.models()["qwen"]["pid"]
-        models = {**cluster.models, "qwen": {**cluster.models["qwen"], "max_num_seqs": 8}}  # a new worker
+        models = {**cluster.models, "qwen": {**cluster.models["qwen"], "max_num_seqs": 8},  # a new worker
+                  "llama": {**cluster.models["llama"], "aliases": ["l", "ll"]}}  # live: a new name to route
         cluster.d.write(models, gateway=cluster.gateway)
         r = cluster.d.ctl("reload")
         assert r.returncode == 0, r.stdout + r.stderr
@@ -220,6 +221,8 @@ def test_a_reload_that_swaps_a_model_fails_no_request_through_the_gateway(cluste
             t.join(60)
     assert failures == [] and len(done) >= 6
     cluster.models = models
+    # The routing table followed the reload: the new alias routes, with no restart of anything.
+    assert cluster.openai().completions.create(model="ll", prompt="x", max_tokens=2).model == LLAMA
 
 
 def test_lazy_models_load_on_first_request_unload_when_idle_and_make_room_for_each_other():

@@ -157,6 +157,13 @@ def test_streamed_chunks_arrive_as_they_are_made(gateway):
     assert arrivals[-1][0] - arrivals[0][0] > 0.01
 
 
+def test_a_query_string_cannot_change_where_a_request_goes(gateway):
+    # The routed endpoints take nothing from the query: it is passed on as it came, to the same path.
+    r = httpx.post(gateway.url + "/v1/completions?_path=/v1/status&_embeddings=true&path=/health",
+                   json={"model": "tiny-a", "prompt": "x", "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200 and r.json()["object"] == "text_completion"
+
+
 def test_unknown_model_is_404_in_each_family_with_the_names(gateway):
     r = httpx.post(gateway.url + "/v1/chat/completions", json={"model": "gpt-9", "messages": []})
     assert r.status_code == 404

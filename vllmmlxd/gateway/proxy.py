@@ -9,6 +9,7 @@ worker sees its own client go and cancels the generation.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Awaitable, Callable
 
@@ -92,19 +93,40 @@ async def open_stream(client: httpx.AsyncClient, url: str, headers: RawHeaders, 
 async def until_disconnect(receive: Receive, work: Callable[[], Awaitable[bool]]) -> bool:
     """Run ``work`` while watching the client; cancel it when the client goes.
 
-    ``work``'s answer, or False when the client went first. ``work`` must not raise (task
-    groups wrap what escapes them)."""
-    outcome = False
-    async with anyio.create_task_group() as group:
-        async def watch() -> None:
+    ``work``'s answer, or False when the client went first. ``work`` runs in this task and a
+    watcher beside it cancels this task when the client goes: one extra task per request,
+    where a task group costs two and its cancel scopes (measured: about 0.1 ms a request on
+    a 2-core machine, on the path of every first byte)."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        try:
             while (await receive())["type"] != "http.disconnect":
                 pass
-            group.cancel_scope.cancel()
+        except Exception:  # receive broke: the client cannot be heard any more, as if gone
+            pass
+        gone = True
+        task.cancel()
 
-        group.start_soon(watch)
-        outcome = await work()
-        group.cancel_scope.cancel()
-    return outcome
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        result = await work()
+        if gone:  # the client went just as the work ended: take the cancel that was meant for the work
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                task.uncancel()
+        return result
+    except asyncio.CancelledError:
+        # This watcher's cancel, and no one else's: the client went. Any other cancel goes on.
+        if gone and task.uncancel() == 0:
+            return False
+        raise
+    finally:
+        watcher.cancel()
 
 
 async def pump(upstream: httpx.Response, send: Send) -> bool:
