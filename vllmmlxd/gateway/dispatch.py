@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Callable
 
+import httpcore
 import httpx
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
@@ -26,7 +27,8 @@ from ..config.gateway import Route
 from ..errors import InvalidRequest, Overloaded, PayloadTooLarge, RequestError, RequestTimeout
 from ..log import log_event
 from .lazy import DaemonClient
-from .proxy import RawResponse, Relay, close_quietly, new_client, open_stream, pump, request_headers, until_disconnect
+from .proxy import (CONNECT_ERRORS, UPSTREAM_ERRORS, RawResponse, Relay, Upstream, close_quietly, new_client,
+                    open_stream, pump, request_headers, until_disconnect)
 from .routing import Table, needs_load
 
 logger = logging.getLogger("vllmmlxd.gateway")
@@ -149,7 +151,7 @@ class Gateway:
         if not outcome.ok:
             raise Unavailable(outcome.message, code="model_not_loaded")
 
-    async def open(self, request: Request, route: Route, path: str, body: bytes, retry: bool = True) -> httpx.Response:
+    async def open(self, request: Request, route: Route, path: str, body: bytes, retry: bool = True) -> Upstream:
         """Send the request to the route; return with the response's head. Errors in the family's terms."""
         upstream_key = route.upstream_api_key.get_secret_value() if route.kind == "upstream" and route.upstream_api_key else None
         headers = request_headers(request.headers.raw, request.client.host if request.client else "unknown", upstream_key)
@@ -157,17 +159,17 @@ class Gateway:
         url = route.url.rstrip("/") + path + ("?" + query.decode("latin-1") if query else "")
         try:
             upstream = await open_stream(self.client, url, headers, body, route.timeout)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        except CONNECT_ERRORS as exc:
             if route.kind == "upstream":
                 raise Unavailable(f"upstream {route.served_model_name} cannot be reached ({type(exc).__name__})") from None
             raise Unavailable(f"model {route.served_model_name} is not serving ({route.state})", retry_after=1) from None
-        except httpx.TimeoutException:
+        except httpcore.TimeoutException:
             raise RequestTimeout(f"model {route.served_model_name} did not answer within {route.timeout:g}s",
                                  code="timeout") from None
-        except httpx.HTTPError as exc:
+        except UPSTREAM_ERRORS as exc:
             raise Unavailable(f"model {route.served_model_name} failed to answer ({type(exc).__name__})") from None
         if (retry and route.kind == "local" and upstream.status_code == 503
-                and upstream.headers.get(STATE_HEADER) in NOT_LOADED_STATES):
+                and upstream.header(STATE_HEADER) in NOT_LOADED_STATES):
             # The daemon's stand-in answered: nothing was generated, so load and send once more.
             await close_quietly(upstream)
             await self.load(route)
@@ -228,7 +230,7 @@ class LoadingStream(RawResponse):
                 return await pump(upstream, send)
             finally:
                 await close_quietly(upstream)
-        except (OSError, httpx.HTTPError) as exc:  # the task group must not see it (it would wrap it)
+        except (OSError, httpx.HTTPError, *UPSTREAM_ERRORS) as exc:  # the head is out: logged here, the stream cut
             log_event(logger, "gateway.stream_failed", logging.WARNING, route=self.route.name, error=type(exc).__name__)
             return False
 
