@@ -229,7 +229,7 @@ def test_lazy_models_load_on_first_request_unload_when_idle_and_make_room_for_ea
     ports = {n: free_port() for n in ("a", "l1", "l2")}
     d = make_daemon()
     models = {"a": model_entry(ports["a"], cache_memory_mb=64)}
-    models |= {n: model_entry(ports[n], cache_memory_mb=64, load="lazy", idle_unload_s=20) for n in ("l1", "l2")}
+    models |= {n: model_entry(ports[n], cache_memory_mb=64, load="lazy", idle_unload_s=8) for n in ("l1", "l2")}
     config = Config.model_validate({"daemon": {"state_dir": str(d.state_dir)}, "models": models})
     each = load_memory_plan(config, d.state_dir).entries["l1"].total_mb
     physical = read_machine_memory().physical // MIB

@@ -16,8 +16,8 @@ M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 
-async def read_json(request: Request, max_bytes: int) -> dict:
-    """The body as a JSON object: 413 past ``max_bytes``, 422 when not a JSON object."""
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The body's bytes: 413 past ``max_bytes`` (declared or sent)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {max_bytes} bytes")
@@ -30,7 +30,12 @@ async def read_json(request: Request, max_bytes: int) -> dict:
             chunks.append(chunk)
     except ClientDisconnect:  # gone mid-body (or cut off as too slow): nobody to answer
         raise ClientDisconnected from None
-    raw = b"".join(chunks) or b"null"
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, max_bytes: int) -> dict:
+    """The body as a JSON object: 413 past ``max_bytes``, 422 when not a JSON object."""
+    raw = await read_body(request, max_bytes) or b"null"
     try:
         data = json.loads(raw)
     # ValueError: bad JSON, bad UTF-8, an integer past Python's 4300 digits; RecursionError: nesting

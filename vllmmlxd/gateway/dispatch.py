@@ -18,13 +18,13 @@ from typing import Callable
 
 import httpcore
 import httpx
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from ..api.body import ClientDisconnected
+from ..api.body import read_body
 from ..api.errors import anthropic_error, is_anthropic, openai_error
 from ..config.gateway import Route
-from ..errors import InvalidRequest, Overloaded, PayloadTooLarge, RequestError, RequestTimeout
+from ..errors import InvalidRequest, Overloaded, RequestError, RequestTimeout
 from ..log import log_event
 from .lazy import DaemonClient
 from .proxy import (CONNECT_ERRORS, UPSTREAM_ERRORS, RawResponse, Relay, Upstream, close_quietly, new_client,
@@ -104,20 +104,7 @@ class Gateway:
         return int(self.table.spec.gateway.max_body_mb * 1024 * 1024)
 
     async def read_body(self, request: Request) -> bytes:
-        limit = self.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} bytes")
-        chunks, size = [], 0
-        try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
-                chunks.append(chunk)
-        except ClientDisconnect:
-            raise ClientDisconnected from None
-        return b"".join(chunks)
+        return await read_body(request, self.max_body_bytes)
 
     async def routed(self, request: Request, path: str, embeddings: bool = False):
         """A model API request: resolve its route, check its key, forward it."""
