@@ -6,6 +6,7 @@ memory admission."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import threading
 import time
@@ -246,14 +247,23 @@ def test_lazy_models_load_on_first_request_unload_when_idle_and_make_room_for_ea
         states = {m["id"]: m["state"] for m in httpx.get(url + "/v1/models", timeout=10).json()["data"]}
         assert states["l1"] == "unloaded" and states["l2"] == "unloaded"
 
-        # First request: it waits for the load, and is answered.
-        first = oa.chat.completions.create(model="l1", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
-        assert first.model == "l1"
+        # First requests, two at once: they wait for one load, and are answered.
+        def ask_l1(_):
+            return oa.chat.completions.create(model="l1", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=3).model
+
+        with cf.ThreadPoolExecutor(2) as pool:
+            assert list(pool.map(ask_l1, range(2))) == ["l1", "l1"]
+        assert sum("event=gateway.load_requested model=l1" in line for line in d.log().splitlines()) == 1
         assert d.models()["l1"]["state"] in ("idle", "ready")
-        # A streamed request to the other lazy model: l1 (idle) is unloaded to make room.
-        stream = oa.chat.completions.create(model="l2", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-                                            stream=True)
-        assert [c for c in stream]
+        # A streamed request to the other lazy model: its SSE head at once, a loading comment, then the
+        # model's stream; l1 (idle) is unloaded to make room.
+        body = {"model": "l2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            lines = [line for line in r.iter_lines() if line]
+        data = [line for line in lines if not line.startswith(":")]  # a comment every 5 s while it loads
+        assert lines[0] == ": loading l2" and data[0].startswith("data: {") and data[-1] == "data: [DONE]"
         ms = d.models()
         assert ms["l1"]["state"] == "unloaded" and ms["l2"]["state"] in ("idle", "ready")
         assert any("event=model.unloading model=l1 reason=memory for_model=l2" in line for line in d.log().splitlines())
@@ -270,6 +280,14 @@ def test_lazy_models_load_on_first_request_unload_when_idle_and_make_room_for_ea
                     oa.chat.completions.create(model="l1", messages=[{"role": "user", "content": "x"}], max_tokens=2)
                 assert refused.value.status_code == 503
                 assert "not enough memory to load l1" in str(refused.value)
+                # Streamed, the refusal comes after the loading comment, as an error event in the family's shape.
+                anth = {"model": "l1", "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "x"}]}
+                with httpx.stream("POST", url + "/v1/messages", json=anth, timeout=120) as r:
+                    events = [line for line in r.iter_lines() if line]
+                told = [line for line in events if not line.startswith(":")]
+                assert events[0] == ": loading l1" and told[0] == "event: error"
+                error = json.loads(told[1][6:])["error"]
+                assert error["type"] == "overloaded_error" and "not enough memory to load l1" in error["message"]
         # Idle for idle_unload_s: unloaded, and loaded again by the next request.
         d.wait_for(lambda ms: ms["l2"]["state"] == "unloaded", timeout=60, what="l2 unloaded when idle")
         assert any("event=model.unloading model=l2 reason=idle" in line for line in d.log().splitlines())

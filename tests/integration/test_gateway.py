@@ -1,5 +1,6 @@
 """The gateway in front of two real workers (`vllmmlxd serve builtin:tiny`), started by hand
-with its spec on stdin, called with the official SDKs and httpx. No fakes."""
+with its spec on stdin, called with the official SDKs and httpx. No fakes. (Lazy models, whose
+loads the daemon makes: tests/e2e/test_daemon_gateway.py.)"""
 
 from __future__ import annotations
 
@@ -311,68 +312,3 @@ def test_exits_0_on_sigterm_and_on_stdin_eof():
     assert by_signal.wait() == 0, by_signal.log()
     assert by_eof.wait() == 0, by_eof.log()
     assert "gateway.orphaned" in by_eof.log() and not by_eof.socket.exists()
-
-
-@pytest.fixture()
-def stand_in_daemon(tmp_path):
-    """The daemon's load endpoint on a Unix socket (the daemon side is tested on its own):
-    loads `lazy-ok` after a pause, refuses `lazy-no` as the daemon does when memory is short."""
-    import threading
-
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route as Path_
-
-    calls: list[str] = []
-
-    async def load(request):
-        import asyncio
-
-        name = request.path_params["name"]
-        calls.append(name)
-        await asyncio.sleep(0.3)
-        if name == "lazy-no":
-            return JSONResponse({"ok": False, "name": name, "message": "not enough memory for lazy-no"}, 409)
-        return JSONResponse({"ok": True, "name": name, "message": "ready"})
-
-    sock = tmp_path / "control.sock"
-    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Path_("/models/{name}/load", load, methods=["POST"])]),
-                                           uds=str(sock), log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield sock, calls
-    server.should_exit = True
-    thread.join(5)
-
-
-def test_lazy_models_are_loaded_on_demand(gateway, workers, stand_in_daemon):
-    sock, calls = stand_in_daemon
-    spec = base_spec(workers, gateway.port)
-    spec["control_socket"] = str(sock)
-    spec["routes"] += [
-        {"name": "lazy-ok", "served_model_name": "lazy-a", "url": workers[0].url, "load": "lazy", "state": "unloaded"},
-        {"name": "lazy-no", "served_model_name": "lazy-b", "url": workers[1].url, "load": "lazy", "state": "unloaded"},
-    ]
-    with gateway.private() as private:
-        assert private.post("/internal/settings", json=spec).json()["ok"]
-    # Two at once share one load call; the non-streaming one waits, then is answered.
-    with cf.ThreadPoolExecutor(2) as pool:
-        answers = list(pool.map(lambda _: chat(oai(gateway), "lazy-a").model, range(2)))
-    assert answers == ["tiny-a", "tiny-a"] and calls == ["lazy-ok"]
-    # Streaming: the SSE head at once, a loading comment, then the model's own stream.
-    body = {"model": "lazy-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
-    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=30) as r:
-        assert r.status_code == 200
-        lines = [line for line in r.iter_lines() if line]
-    assert lines[0] == ": loading lazy-a" and lines[-1] == "data: [DONE]"
-    # A refused load: 503 with the daemon's reason, or an error event in the family's shape.
-    r = httpx.post(gateway.url + "/v1/chat/completions", json={**body, "model": "lazy-b", "stream": False}, timeout=30)
-    assert r.status_code == 503 and "not enough memory" in r.json()["error"]["message"]
-    anth = {"model": "lazy-b", "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    with httpx.stream("POST", gateway.url + "/v1/messages", json=anth, timeout=30) as r:
-        lines = [line for line in r.iter_lines() if line]
-    assert lines[0] == ": loading lazy-b" and lines[1] == "event: error"
-    assert json.loads(lines[2][6:])["error"] == {"type": "overloaded_error", "message": "not enough memory for lazy-no"}
