@@ -88,5 +88,5 @@ def test_check_names_an_unknown_server_with_its_place(tmp_path):
     d.write_text(config(d, (free_port(), free_port()), "one", a_servers="[files, serach]"))
     r = d.ctl("check", str(d.config_path))
     assert r.returncode != 0
-    assert f"{d.config_path}:7:3: models.a: model 'a' names MCP server 'serach', which mcp_servers does not define" in (
+    assert f"{d.config_path}:7:3: models.a: model 'a': mcp[1] names an MCP server mcp_servers does not define" in (
         r.stdout + r.stderr)

@@ -33,7 +33,7 @@ def check_rate(value: int | str) -> int | str:
         except ValueError:
             items = []
         if not items or any(item.amount < 1 for item in items):
-            raise ValueError(f"rate limit {value!r} is not like '60/minute', '5/second' or '10/second;1000/hour'")
+            raise ValueError("a rate limit is a count per minute or text like '60/minute', '5/second' or '10/second;1000/hour'")
     return value
 
 

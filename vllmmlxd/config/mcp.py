@@ -98,7 +98,8 @@ def load_mcp_file(path: str | Path) -> dict[str, McpServerConfig]:
 
     Keys those files carry for other tools (``autoApprove``, ``alwaysAllow``...) are ignored;
     ``type`` is read as the transport and ``disabled: true`` as ``enabled: false``. Errors name
-    the file and the server, never a value (env and headers hold tokens).
+    the server, never a value (env and headers hold tokens), nor the file's path: it is a value too,
+    and the error's position (the ``mcp_config`` key, or the flag) says which file.
     """
     from pydantic import ValidationError
 
@@ -106,24 +107,24 @@ def load_mcp_file(path: str | Path) -> dict[str, McpServerConfig]:
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except OSError as e:
-        raise ValueError(f"cannot read MCP config {p}: {e.strerror or type(e).__name__}") from None
+        raise ValueError(f"cannot read the MCP config file: {e.strerror or type(e).__name__}") from None
     except ValueError as e:  # JSON syntax (its message gives the position, not the text) or not UTF-8
-        raise ValueError(f"MCP config {p} is not JSON: {str(e).split(':')[0]}") from None
+        raise ValueError(f"the MCP config file is not JSON: {str(e).split(':')[0]}") from None
     servers = data.get("mcpServers") if isinstance(data, dict) else None
     if not isinstance(servers, dict):
-        raise ValueError(f"MCP config {p} has no \"mcpServers\" object")
+        raise ValueError("the MCP config file has no \"mcpServers\" object")
     check_mcp_server_names(servers)
     out = {}
     kinds = {"stdio": "stdio", "sse": "sse", "http": "streamable-http", "streamable-http": "streamable-http",
              "streamableHttp": "streamable-http"}
     for name, spec in servers.items():
         if not isinstance(spec, dict):
-            raise ValueError(f"MCP config {p}: server {name!r} is not an object")
+            raise ValueError(f"MCP config: server {name!r} is not an object")
         fields = {k: spec[k] for k in ("command", "args", "env", "cwd", "url", "headers", "timeout") if spec.get(k) is not None}
         kind = spec.get("transport", spec.get("type"))
         if kind is not None:
             if kind not in kinds:
-                raise ValueError(f"MCP config {p}: server {name!r} has unknown type {kind!r}")
+                raise ValueError(f"MCP config: server {name!r} has an unknown type (stdio, sse, http or streamable-http)")
             fields["transport"] = kinds[kind]
         if spec.get("disabled") is True:
             fields["enabled"] = False
@@ -132,5 +133,5 @@ def load_mcp_file(path: str | Path) -> dict[str, McpServerConfig]:
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'server'}: {e['msg'].removeprefix('Value error, ')}"
                                  for e in exc.errors(include_input=False, include_url=False))
-            raise ValueError(f"MCP config {p}: server {name!r}: {problems}") from None
+            raise ValueError(f"MCP config: server {name!r}: {problems}") from None
     return out

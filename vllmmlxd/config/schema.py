@@ -26,6 +26,10 @@ REASONING_PARSERS = ("qwen3", "deepseek_r1")  # as vllmmlxd/parsers/reasoning ha
 TOOL_PARSERS = (  # as vllmmlxd/parsers/tools has them (a test keeps them equal)
     "auto", "deepseek", "functionary", "glm47", "granite", "hermes", "kimi", "llama", "mistral", "nemotron", "qwen", "xlam",
 )
+BUILTIN_MODELS = (  # as vllmmlxd/engine/builtin.py has them (a test keeps them equal; config never imports the engine)
+    "all-minilm-l6-v2", "smollm2-135m-instruct", "tiny",
+)
+BUILTIN_PREFIX = "builtin:"
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Fields vllmmlxd fills itself (from the top-level api_keys section): never written by hand.
 INTERNAL_FIELDS = frozenset({"key_grants", "mcp_servers_resolved"})
@@ -91,31 +95,43 @@ class ModelConfig(_Strict):
         "builtin:all-minilm-l6-v2 or a local BERT sentence-transformers folder")
     # MCP: servers from the top-level mcp_servers section (or an mcpServers file) this worker connects to.
     mcp: tuple[str, ...] = Field((), description="names from mcp_servers whose tools this model's worker offers")
-    mcp_auto_execute: tuple[str, ...] = Field((), description="tools (server__tool, shell patterns) the worker runs itself")
+    mcp_auto_execute: tuple[str, ...] = Field((), description="tools the worker runs itself: "
+                                          "SERVER__TOOL (shell patterns), or a server's name for all its tools")
     mcp_max_tool_calls: int = Field(8, ge=0, le=1000, description="tool executions one request may make at most")
     mcp_config: str | None = Field(None, description="a Claude-Desktop-style mcpServers JSON file: all its servers")
     mcp_servers_resolved: dict[str, McpServerConfig] = Field(default_factory=dict)  # INTERNAL_FIELDS: mcp, resolved
 
+    # Messages name the key and what it accepts, never the value given: a value may come from
+    # ${file:..} or ${env:..} and be a secret written under the wrong key.
     @field_validator("blas")
     @classmethod
     def _blas_choice(cls, v: str):
         # A path need not exist here: a missing library falls back to the bundled BLAS with a warning.
         if v not in BLAS_NAMES and "/" not in v and not v.endswith((".so", ".dylib")) and ".so." not in v:
-            raise ValueError(f"blas must be one of {', '.join(BLAS_NAMES)} or a path to a shared library, not {v!r}")
+            raise ValueError(f"blas must be one of {', '.join(BLAS_NAMES)} or a path to a shared library")
         return v
 
     @field_validator("reasoning_parser")
     @classmethod
     def _known_reasoning_parser(cls, v):
         if v is not None and v not in REASONING_PARSERS:
-            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, not {v!r}")
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}")
         return v
 
     @field_validator("tool_call_parser")
     @classmethod
     def _known_tool_parser(cls, v):
         if v not in TOOL_PARSERS:
-            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_PARSERS)}, not {v!r}")
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_PARSERS)}")
+        return v
+
+    @field_validator("model", "embedding_model")
+    @classmethod
+    def _known_builtin(cls, v: str | None):
+        # Refused here rather than at load: `vllmmlxctl check` and a reload see it before a worker starts.
+        if v is not None and v.startswith(BUILTIN_PREFIX) and v[len(BUILTIN_PREFIX):] not in BUILTIN_MODELS:
+            known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
+            raise ValueError(f"unknown builtin model; the builtins are {known}")
         return v
 
     @field_validator("aliases", "api_keys", "trusted_proxies", "allowed_hosts", "cors_origins", "mcp",
@@ -147,20 +163,19 @@ class ModelConfig(_Strict):
     def _networks(cls, v):
         import ipaddress
 
-        for net in v:
+        for i, net in enumerate(v):
             try:
                 ipaddress.ip_network(net, strict=False)
             except ValueError:
-                raise ValueError(f"trusted_proxies: {net!r} is not an IP address or network") from None
+                raise ValueError(f"trusted_proxies[{i}] is not an IP address or network") from None
         return v
 
     @field_validator("mcp_auto_execute")
     @classmethod
     def _tool_patterns(cls, v):
-        for pattern in v:
-            if MCP_TOOL_SEPARATOR not in pattern and pattern != "*":
-                raise ValueError(f"{pattern!r} is not SERVER__TOOL (shell patterns allowed)")
-        return v
+        # A bare server name means all of its tools (those its allow_tools / deny_tools let through):
+        # written as SERVER__* here, so the worker matches one form of pattern.
+        return tuple(p if MCP_TOOL_SEPARATOR in p or p == "*" else p + MCP_TOOL_SEPARATOR + "*" for p in v)
 
     @model_validator(mode="after")
     def _mcp_file_alone(self):
@@ -179,7 +194,7 @@ class ModelConfig(_Strict):
 
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-            raise ValueError(f"upstream must be a base URL like http://studio-2.local:8001, not {v!r}")
+            raise ValueError("upstream must be a base URL like http://studio-2.local:8001")
         return v.rstrip("/").removesuffix("/v1")
 
     @model_validator(mode="after")
@@ -200,10 +215,18 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _request_cap_covers_default(self):
-        if self.max_tokens > self.max_request_tokens:
-            raise ValueError(
-                f"max_tokens ({self.max_tokens}) is larger than max_request_tokens ({self.max_request_tokens})"
-            )
+        # The default follows the cap and the cap the default, when only one of them is written;
+        # only a written default above a written cap is a contradiction.
+        if self.max_tokens <= self.max_request_tokens:
+            return self
+        given = self.model_fields_set
+        if "max_tokens" not in given:
+            object.__setattr__(self, "max_tokens", self.max_request_tokens)
+        elif "max_request_tokens" not in given:
+            object.__setattr__(self, "max_request_tokens", self.max_tokens)
+        else:
+            raise ValueError(f"max_tokens ({self.max_tokens}), the default, is larger than max_request_tokens "
+                             f"({self.max_request_tokens}), the cap: lower max_tokens or leave it out")
         return self
 
     @property
@@ -290,9 +313,9 @@ class Config(_Strict):
                 raise ValueError(f"key name {name!r} must be letters, digits, '_', '.' or '-' (and not 'api_key')")
         servers = info.data.get("mcp_servers") or {}
         for name, key in keys.items():
-            for server in key.mcp or ():
+            for i, server in enumerate(key.mcp or ()):
                 if server not in servers:
-                    raise ValueError(f"key {name!r} names MCP server {server!r}, which mcp_servers does not define; "
+                    raise ValueError(f"key {name!r}: mcp[{i}] names an MCP server mcp_servers does not define; "
                                      f"defined: {', '.join(sorted(servers)) or 'none'}")
         return keys
 
@@ -325,10 +348,12 @@ class Config(_Strict):
                 out[name] = entry
                 continue
             listed = set(entry.api_keys)
-            for key_name in sorted(listed - {"*"}):
-                if key_name not in keys:
+            for i, key_name in enumerate(entry.api_keys):
+                if key_name != "*" and key_name not in keys:  # named by place: an unknown name is only a value
                     known = ", ".join(sorted(keys)) or "none (add an api_keys section)"
-                    raise ValueError(f"model {name!r} names key {key_name!r}, which api_keys does not define; defined: {known}")
+                    raise ValueError(f"model {name!r}: api_keys[{i}] names a key the api_keys section does not "
+                                     f"define; defined: {known}")
+            for key_name in sorted(listed - {"*"}):
                 if not keys[key_name].may_use(name):
                     raise ValueError(f"model {name!r} names key {key_name!r}, whose models ({', '.join(keys[key_name].models)}) exclude it")
             grants = tuple(
@@ -347,17 +372,17 @@ class Config(_Strict):
         servers: dict[str, McpServerConfig] = info.data.get("mcp_servers") or {}
         out = {}
         for name, entry in models.items():
-            for server in entry.mcp:
+            for i, server in enumerate(entry.mcp):
                 if server not in servers:
-                    raise ValueError(f"model {name!r} names MCP server {server!r}, which mcp_servers does not define; "
+                    raise ValueError(f"model {name!r}: mcp[{i}] names an MCP server mcp_servers does not define; "
                                      f"defined: {', '.join(sorted(servers)) or 'none'}")
             own = load_mcp_file(entry.mcp_config) if entry.mcp_config else {}
             resolved = {**{s: servers[s] for s in entry.mcp}, **own}
-            for pattern in entry.mcp_auto_execute:
+            for i, pattern in enumerate(entry.mcp_auto_execute):
                 server = pattern.split(MCP_TOOL_SEPARATOR, 1)[0]
                 if pattern != "*" and not any(c in server for c in "*?[") and server not in resolved:
-                    raise ValueError(f"model {name!r}: mcp_auto_execute names {pattern!r}, but the model does not "
-                                     f"use MCP server {server!r}")
+                    raise ValueError(f"model {name!r}: mcp_auto_execute[{i}] names an MCP server the model does not "
+                                     f"use; it uses: {', '.join(sorted(resolved)) or 'none (add mcp or mcp_config)'}")
             out[name] = entry.model_copy(update={"mcp_servers_resolved": resolved}) if resolved or entry.mcp_servers_resolved else entry
         return out
 

@@ -45,9 +45,10 @@ def test_only_the_digest_of_a_key_is_kept():
 
 
 @pytest.mark.parametrize("edit,message", [
-    (("[alice, ci]", "[alice, bob]"), "c.yaml:6:3: models.llama: model 'llama' names key 'bob', which api_keys does not define; defined: alice, ci"),
+    (("[alice, ci]", "[alice, bob]"), "c.yaml:6:3: models.llama: model 'llama': api_keys[1] names a key the api_keys section does not define; "
+                                     "defined: alice, ci"),
     (("models: [llama]", "models: [qwen]"), "model 'llama' names key 'ci', whose models (qwen) exclude it"),
-    (('rate_limit: "60/minute"', 'rate_limit: "lots"'), "api_keys.alice.rate_limit: rate limit 'lots' is not like"),
+    (('rate_limit: "60/minute"', 'rate_limit: "lots"'), "api_keys.alice.rate_limit: a rate limit is a count per minute or text like"),
     (("key: alice-secret", "key: alice-secret, key_sha256: " + "a" * 64), "api_keys.alice: give either key or key_sha256, not both"),
     (("key: alice-secret", "key_sha256: abc"), "key_sha256 must be 64 hex digits"),
     (("alice: {key: alice-secret,", "api_key: {key: alice-secret,"), "key name 'api_key' must be"),

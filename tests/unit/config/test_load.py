@@ -91,7 +91,8 @@ def test_missing_field_points_at_its_entry():
 
 def test_entry_validator_points_at_its_entry():
     text = "models:\n  a:\n    model: x\n    max_tokens: 10\n    max_request_tokens: 5\n"
-    assert error_of(text) == "c.yaml:2:3: models.a: max_tokens (10) is larger than max_request_tokens (5)"
+    assert error_of(text) == ("c.yaml:2:3: models.a: max_tokens (10), the default, is larger than max_request_tokens (5), "
+                              "the cap: lower max_tokens or leave it out")
 
 
 def test_duplicate_key_names_both_lines():

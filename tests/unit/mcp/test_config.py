@@ -62,14 +62,15 @@ def test_secrets_of_servers_are_never_printed_but_reach_the_worker():
 
 def test_an_unknown_server_is_an_error_at_its_place():
     text = BASE.replace("mcp: [files, search]", "mcp: [files, serch]")
-    assert error_of(text) == ("c.yaml:9:3: models.llama: model 'llama' names MCP server 'serch', which mcp_servers "
+    assert error_of(text) == ("c.yaml:9:3: models.llama: model 'llama': mcp[1] names an MCP server mcp_servers "
                               "does not define; defined: files, legacy, search")
     text = BASE.replace("mcp: [search]}", "mcp: [nope]}")
-    assert error_of(text).startswith("c.yaml:7:3: api_keys.ci: key 'ci' names MCP server 'nope'")
+    assert error_of(text).startswith("c.yaml:7:3: api_keys.ci: key 'ci': mcp[0] names an MCP server")
     text = BASE.replace("mcp_auto_execute: [files__*]", "mcp_auto_execute: [legacy__x]")
-    assert "does not use MCP server 'legacy'" in error_of(text)
+    assert "mcp_auto_execute[0] names an MCP server the model does not use; it uses: files, search" in error_of(text)
     text = BASE.replace("mcp_auto_execute: [files__*]", "mcp_auto_execute: [read_file]")
-    assert error_of(text) == "c.yaml:12:5: models.llama.mcp_auto_execute: 'read_file' is not SERVER__TOOL (shell patterns allowed)"
+    # A bare name is a server's (all its tools): read_file is none of this model's servers.
+    assert "mcp_auto_execute[0] names an MCP server the model does not use" in error_of(text)
 
 
 def test_servers_are_checked_without_showing_secrets(monkeypatch):
@@ -123,7 +124,7 @@ def test_a_models_own_mcp_config_connects_all_its_servers(tmp_path):
 def test_bad_mcp_files_are_reported_at_the_key(tmp_path):
     path = tmp_path / "m.json"
     path.write_text("{not json")
-    assert error_of("mcp_config: m.json\n", str(tmp_path / "c.yaml")).startswith(f"{tmp_path}/c.yaml:1:13: mcp_config: MCP config")
+    assert error_of("mcp_config: m.json\n", str(tmp_path / "c.yaml")).startswith(f"{tmp_path}/c.yaml:1:13: mcp_config: the MCP config file is not JSON")
     path.write_text(json.dumps({"mcpServers": {"x": {"url": "ftp://h", "headers": {"A": "s3cr3t"}}}}))
     with pytest.raises(ValueError) as e:
         load_mcp_file(path)
