@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -26,8 +27,10 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
                                      "--api-key-file or $VLLMMLXD_API_KEY)")
     p.add_argument("--api-key-file", help="read the key from this file (its first line)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a request is ended")
-    p.add_argument("--max-tokens", type=int, default=32768, help="max_tokens when a request gives none")
-    p.add_argument("--max-request-tokens", type=int, default=32768, help="the largest max_tokens a client may ask")
+    # No defaults here: the entry's own apply, so that a lower cap alone lowers the default too.
+    p.add_argument("--max-tokens", type=int, help="max_tokens when a request gives none (default 32768, at most the cap)")
+    p.add_argument("--max-request-tokens", type=int,
+                   help="the cap on max_tokens: a request asking more gets this many (default 32768, or --max-tokens)")
     p.add_argument("--default-temperature", type=float)
     p.add_argument("--default-top-p", type=float)
     p.add_argument("--stream-interval", type=int, default=1, help="tokens per streamed chunk")
@@ -98,21 +101,46 @@ def _api_key(args, parser: argparse.ArgumentParser) -> str | None:
     return args.api_key or os.environ.get("VLLMMLXD_API_KEY") or None
 
 
+def _flag(key: str) -> str:
+    return "MODEL" if key == "model" else "--" + key.replace("_", "-")
+
+
+def describe_flag_errors(exc) -> str:
+    """A ValidationError of the entry built from flags as one line naming the flags, never a value.
+
+    A field's error is ``--max-queue: ...``; an error about the entry (no field of its own) names
+    the keys it mentions as their flags."""
+    flagged = re.compile(r"\b(" + "|".join(("served_model_name", *_PASSED_THROUGH)) + r")\b")
+    problems = []
+    for e in exc.errors(include_input=False, include_url=False):
+        message = e["msg"].removeprefix("Value error, ")
+        if e["loc"]:
+            problems.append(f"{_flag(str(e['loc'][0]))}: {message}")
+        else:
+            problems.append(flagged.sub(lambda m: _flag(m[1]), message))
+    return "; ".join(problems)
+
+
+def serve_config(args):
+    """The ModelConfig ``vllmmlxd serve`` runs: the flags given, the entry's defaults for the rest."""
+    from .config.schema import ModelConfig
+
+    given = {key: getattr(args, key) for key in _PASSED_THROUGH if getattr(args, key) is not None}
+    return ModelConfig(model=args.model, served_model_name=args.served_model_name or args.model, **given)
+
+
 def _run_serve(args, parser: argparse.ArgumentParser) -> int:
     from pydantic import ValidationError
 
-    from .config.schema import ModelConfig
     from .paths import resolve_state_dir
     from .worker.main import serve
 
     args.api_key = _api_key(args, parser)
     try:
-        config = ModelConfig(
-            model=args.model, served_model_name=args.served_model_name or args.model,
-            **{key: getattr(args, key) for key in _PASSED_THROUGH},
-        )
+        config = serve_config(args)
     except ValidationError as exc:
-        parser.error("; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}" for e in exc.errors()))
+        print(f"{parser.prog}: error: {describe_flag_errors(exc)}", file=sys.stderr)
+        return 2
     setup_logging(args.log_level)
     from pathlib import Path
 

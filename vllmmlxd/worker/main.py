@@ -129,10 +129,18 @@ def serve(
     log_level: str = "info",
     cpus: tuple[int, ...] | None = None,
 ) -> int:
-    """Load the model, then serve it until SIGTERM/SIGINT. Returns the exit code.
+    """Bind (unless given a socket), load the model, then serve it until SIGTERM/SIGINT. Returns the exit code.
 
     ``cpus`` is the share of cores the daemon gave this worker (already pinned); None: all.
     """
+    if listen is None:
+        # Before the BLAS probe and the load: a busy port is known in a moment, not after minutes of loading.
+        try:
+            listen = bind_tcp(config.host, config.port)
+        except OSError as exc:
+            log_event(logger, "worker.bind_failed", logging.ERROR, host=config.host, port=config.port,
+                      error=exc.strerror, hint="another server listens there: stop it, or choose another --port")
+            return EXIT_BIND_FAILED
     state_dir = ensure_private_dir(state_dir)  # sockets and converted models: this user's only
     active_blas = choose_blas(config, cpus, state_dir)  # before anything imports mlx
 
@@ -145,14 +153,8 @@ def serve(
         engine = load_engine(config, key, state_dir)
     except Exception as exc:
         log_event(logger, "model.load_failed", logging.ERROR, model=key, source=config.model, error=str(exc))
+        listen.close()
         return EXIT_LOAD_FAILED
-    if listen is None:
-        try:
-            listen = bind_tcp(config.host, config.port)
-        except OSError as exc:
-            log_event(logger, "worker.bind_failed", logging.ERROR, host=config.host, port=config.port, error=exc.strerror)
-            engine.close()
-            return EXIT_BIND_FAILED
     private_socket = bind_unix(health_socket) if health_socket is not None else None
     install_test_hooks(engine)
     app = create_app(engine, config, key, runtime=runtime)

@@ -1,0 +1,50 @@
+"""`vllmmlxd serve`'s flags become one ModelConfig; a refused flag is one line naming it, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from vllmmlxd.cli import _serve_parser, serve_config
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    sub = argparse.ArgumentParser().add_subparsers()
+    parser = _serve_parser(sub)
+    args = parser.parse_args(argv)
+    args.api_key = None
+    return args
+
+
+def test_flags_left_out_take_the_entrys_defaults():
+    config = serve_config(parse("builtin:tiny"))
+    assert (config.max_tokens, config.max_request_tokens, config.max_queue) == (32768, 32768, 64)
+    assert config.served_model_name == "builtin:tiny"
+
+
+def test_a_cap_alone_lowers_the_default():
+    config = serve_config(parse("builtin:tiny", "--max-request-tokens", "16"))
+    assert (config.max_tokens, config.max_request_tokens) == (16, 16)
+
+
+def serve_error(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vllmmlxd.cli", "serve", *flags], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("flags, line", [
+    (("builtin:tiny", "--max-tokens", "64", "--max-request-tokens", "16"),
+     "vllmmlxd serve: error: --max-tokens (64), the default, is larger than --max-request-tokens (16), the cap: "
+     "lower --max-tokens or leave it out"),
+    (("builtin:tiny", "--max-queue", "0"), "vllmmlxd serve: error: --max-queue: Input should be greater than or equal to 1"),
+    (("builtin:tiny", "--blas", "sk-not-shown"),
+     "vllmmlxd serve: error: --blas: blas must be one of auto, mkl, blis, openblas, bundled or a path to a shared library"),
+    (("builtin:tinyy",), "vllmmlxd serve: error: MODEL: unknown builtin model; the builtins are builtin:all-minilm-l6-v2, "
+                         "builtin:smollm2-135m-instruct, builtin:tiny"),
+])
+def test_a_refused_entry_is_one_line_naming_the_flag(flags, line):
+    r = serve_error(*flags)
+    assert r.returncode == 2 and r.stderr == line + "\n" and r.stdout == ""
