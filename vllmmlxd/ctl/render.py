@@ -223,11 +223,29 @@ def render_entries(entries: Sequence[dict]) -> list[str]:
     return lines
 
 
+# Plan lines the entries' table says again (with the detail lines under ``changed:``).
+_TABLE_SAYS = ("added: ", "changed: ", "removed: ", "unchanged: ")
+
+
+def _beside_table(lines: list[str]) -> list[str]:
+    """The plan's lines the entries' table does not already say: ``no changes``, daemon and gateway, memory."""
+    out, under_changed = [], False
+    for line in lines:
+        if line.startswith(_TABLE_SAYS):
+            under_changed = line.startswith("changed: ")
+            continue
+        if under_changed and line.startswith("  "):
+            continue
+        under_changed = False
+        out.append(line)
+    return out
+
+
 def render_reload(result: ReloadResponse) -> str:
     """The plan, under a line saying whether it was applied; or the error, FILE:LINE:COL first.
 
     A daemon that sends ``entries`` (per entry: ``name``, ``kind``, ``keys``, ``forcing``) gets
-    them as a table above its plan text; ``config_path`` names the file that was read.
+    them as a table in place of the plan's per-entry lines; ``config_path`` names the file that was read.
     """
     plan = [_INDENT + line for line in result.plan.splitlines()]
     entries = getattr(result, "entries", None)  # an extra field: older daemons do not send it
@@ -236,8 +254,12 @@ def render_reload(result: ReloadResponse) -> str:
         path = getattr(result, "config_path", None)
         if path and result.dry_run:
             head = f"would apply {path}:"
-        table = [_INDENT + line for line in render_entries(entries)] if entries else []
-        return "\n".join([head] + table + plan)
+        if not entries:
+            return "\n".join([head] + plan)
+        rest = _beside_table(result.plan.splitlines())
+        headline = rest[:1] if rest[:1] == ["no changes"] else []
+        lines = headline + render_entries(entries) + rest[len(headline):]
+        return "\n".join([head] + [_INDENT + line for line in lines])
     head = ("the reload would fail; nothing changed:" if result.dry_run
             else "reload failed; the daemon keeps its previous config:")
     lines = [head, *(result.error or "unknown error").splitlines()]

@@ -29,6 +29,7 @@ from ..log import event_line, log_event
 from ..runtime.cpus import CpuShare
 from ..sockets import bind_tcp, http_url
 from . import states
+from .exit_reason import exit_reason
 from .log_lines import LogLines
 from .process import WorkerProcess
 from .responder import Responder, Unavailable
@@ -233,7 +234,7 @@ class Slot:
             self.ready_since = None
             if self.phase != states.DRAINING:  # a stop is not a crash
                 self.last_exit_code = worker.exit_code
-                said = "\n".join(x for x in (worker.failure, worker.last_lines()) if x)
+                said = exit_reason(worker.failure, worker.last_lines(40).splitlines())
                 self.last_error = said or f"exited with code {worker.exit_code}"
             ready_for = time.monotonic() - worker.ready_at if worker.ready_at is not None else None
             return Event("worker_exited", code=worker.exit_code, ready_for_s=ready_for)

@@ -181,3 +181,24 @@ def test_lazy_idle_unloaded_upstream_and_the_gateway_read_plainly():
     assert all_ready(s)  # idle and unloaded lazy models serve (on demand)
     s.gateway = GatewayStatus(state="failed", host="127.0.0.1", port=8080, last_error="boom")
     assert not all_ready(s) and "gateway: failed, http://127.0.0.1:8080/  (web page at /), restarts 0\n    boom" in render_status(s)
+
+
+def test_a_dry_run_with_entries_says_each_thing_once():
+    from vllmmlxd.config.diff import diff_models
+    from vllmmlxd.config.schema import Config, ModelConfig
+
+    def config(**models):
+        return Config(models={n: ModelConfig(model="builtin:tiny", port=p) for n, p in models.items()})
+
+    def answer(old, new):
+        plan = diff_models(old, new)  # as the daemon sends it: its text with details, and the entries
+        return ReloadResponse(ok=True, dry_run=True, plan=f"{plan.render()}\nmemory: 300 MB needed\n  default: 300 MB",
+                              entries=plan.entries(), config_path="/etc/v.yaml")
+
+    same = render_reload(answer(config(default=8000), config(default=8000)))
+    assert same == ("would apply /etc/v.yaml:\n    no changes\n    unchanged: default\n"
+                    "    memory: 300 MB needed\n      default: 300 MB")
+    moved = render_reload(answer(config(default=8000, b=8001), config(default=8002, b=8001, c=8003)))
+    assert moved.count("default") == 2 and moved.count("unchanged: b") == 1  # the table's row, and memory's
+    assert not any(line.strip().startswith("changed: ") for line in moved.splitlines())
+    assert "new worker" in moved and "added" in moved
