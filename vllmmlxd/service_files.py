@@ -17,6 +17,7 @@ import pwd
 import re
 import shlex
 import shutil
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -328,6 +329,62 @@ def write_service_file(service: ServiceFile) -> Path:
         os.unlink(tmp)
         raise
     return service.path
+
+
+# A system unit's PrivateTmp=yes gives the service empty ones of its own.
+PRIVATE_TMP = (Path("/tmp"), Path("/var/tmp"))
+INSTALL_HINT = "install vllmmlxd where the service can reach it (docs/operations.md: Where to install for a service)"
+
+
+def _mode(path: Path) -> int | None:
+    try:
+        return path.stat().st_mode
+    except OSError:
+        return None
+
+
+def service_paths(exe: str, config: Path) -> dict[str, Path]:
+    """The files a service must reach, by what they are: its executable, the Python that runs it
+    (a venv script's ``#!`` line, resolved: a venv's python links to its base interpreter), its config."""
+    paths = {"the executable": Path(exe)}
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(4096)
+    except OSError:
+        first = b""
+    if first.startswith(b"#!") and first[2:].split():
+        python = Path(first[2:].split()[0].decode(errors="replace"))
+        paths["its Python"] = Path(os.path.realpath(python))
+    paths["the config"] = Path(config)
+    return paths
+
+
+def reach_warnings(kind: Kind, user: bool, paths: dict[str, Path], mode_of=_mode) -> list[str]:
+    """Why a system unit's account could not reach ``paths``: under /tmp (hidden by PrivateTmp=yes),
+    or inside a folder others may not enter (a 0700 home: the service runs as an account of its own).
+
+    Only a system systemd unit runs as another account with a private /tmp; ``mode_of`` gives a
+    path's st_mode (None: missing, then nothing is said about it)."""
+    if kind != "systemd" or user:
+        return []
+    out = []
+    for what, path in paths.items():
+        path = Path(os.path.normpath(path))
+        tmp = next((t for t in PRIVATE_TMP if path.is_relative_to(t)), None)
+        if tmp is not None:
+            out.append(f"{what} {path} is under {tmp}, which the unit's PrivateTmp=yes hides from the service: "
+                       f"it would not start; {INSTALL_HINT}")
+            continue
+        for folder in reversed(path.parents[:-1]):  # from the top down, / left out
+            mode = mode_of(folder)
+            if mode is None:
+                break
+            if not mode & stat.S_IXOTH:
+                out.append(f"{what} {path} is inside {folder} (mode {stat.S_IMODE(mode):o}), which other accounts "
+                           f"cannot enter, and the service runs as an account of its own (DynamicUser=yes, or User=): it could not "
+                           f"reach it; {INSTALL_HINT}")
+                break
+    return out
 
 
 def render_templates() -> dict[str, bytes]:

@@ -343,3 +343,47 @@ def test_imports_no_mlx_or_fastapi():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_system_unit_warns_of_paths_under_tmp():
+    paths = {"the executable": Path("/tmp/clone/.venv/bin/vllmmlxd"), "the config": Path("/etc/vllmmlxd/config.yaml")}
+    [warning] = sf.reach_warnings("systemd", False, paths, mode_of=lambda p: 0o40755)
+    assert warning.startswith("the executable /tmp/clone/.venv/bin/vllmmlxd is under /tmp, which the unit's "
+                              "PrivateTmp=yes hides from the service")
+    assert "Where to install for a service" in warning
+    # A user unit runs as you, with your /tmp; launchd has no private /tmp.
+    assert sf.reach_warnings("systemd", True, paths) == [] and sf.reach_warnings("launchd", False, paths) == []
+
+
+def test_a_system_unit_warns_of_paths_in_a_private_home():
+    modes = {Path("/home"): 0o40755, Path("/home/ann"): 0o40700}
+    paths = {"its Python": Path("/home/ann/.pyenv/versions/3.11.7/bin/python3.11")}
+    [warning] = sf.reach_warnings("systemd", False, paths, mode_of=lambda p: modes.get(p, 0o40755))
+    assert warning.startswith("its Python /home/ann/.pyenv/versions/3.11.7/bin/python3.11 is inside /home/ann "
+                              "(mode 700), which other accounts cannot enter")
+    assert sf.reach_warnings("systemd", False, {"x": Path("/opt/vllmmlxd/bin/vllmmlxd")}, mode_of=lambda p: 0o40755) == []
+    assert sf.reach_warnings("systemd", False, {"x": Path("/nowhere/bin/x")}, mode_of=lambda p: None) == []
+
+
+def test_service_paths_follow_a_venv_script_to_its_base_python(tmp_path):
+    base = tmp_path / "base" / "python3"
+    base.parent.mkdir()
+    base.write_text("")
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.symlink_to(base)
+    exe = venv_python.parent / "vllmmlxd"
+    exe.write_text(f"#!{venv_python}\nimport sys\n")
+    paths = sf.service_paths(str(exe), Path("/etc/c.yaml"))
+    assert paths == {"the executable": exe, "its Python": base, "the config": Path("/etc/c.yaml")}
+
+
+def test_install_service_prints_the_warning(monkeypatch, capsys):
+    from vllmmlxd.ctl.cli import main
+
+    exe = "/tmp/clone/.venv/bin/vllmmlxd"  # a clone in /tmp, as a first try often is
+    monkeypatch.setattr(sf, "default_exe", lambda: str(exe))
+    assert main(["install-service", "--systemd", "--print", "--config", "/etc/vllmmlxd/config.yaml"]) == 0
+    out, err = capsys.readouterr()
+    assert f"ExecStart={exe} run" in out
+    assert f"warning: the executable {exe} is under /tmp, which the unit's PrivateTmp=yes hides" in err

@@ -158,6 +158,8 @@ def cmd_install_service(args: argparse.Namespace) -> int:
     service = sf.make_service_file(kind, args.user, config)
     if not config.expanduser().exists():
         _err(f"note: {config} does not exist yet; write it before starting the service")
+    for warning in sf.reach_warnings(kind, args.user, sf.service_paths(os.path.abspath(sf.default_exe()), config)):
+        _err(f"warning: {warning}")
     if args.print:
         sys.stdout.write(service.content.decode())
         print(f"# it runs the config {config} ({why})", file=sys.stderr)
