@@ -223,29 +223,17 @@ def render_entries(entries: Sequence[dict]) -> list[str]:
     return lines
 
 
-# Plan lines the entries' table says again (with the detail lines under ``changed:``).
-_TABLE_SAYS = ("added: ", "changed: ", "removed: ", "unchanged: ")
-
-
 def _beside_table(lines: list[str]) -> list[str]:
-    """The plan's lines the entries' table does not already say: ``no changes``, daemon and gateway, memory."""
-    out, under_changed = [], False
-    for line in lines:
-        if line.startswith(_TABLE_SAYS):
-            under_changed = line.startswith("changed: ")
-            continue
-        if under_changed and line.startswith("  "):
-            continue
-        under_changed = False
-        out.append(line)
-    return out
+    """The plan's lines without its ``unchanged:`` line, which the entries' table ends with too."""
+    return [line for line in lines if not line.startswith("unchanged: ")]
 
 
 def render_reload(result: ReloadResponse) -> str:
     """The plan, under a line saying whether it was applied; or the error, FILE:LINE:COL first.
 
     A daemon that sends ``entries`` (per entry: ``name``, ``kind``, ``keys``, ``forcing``) gets
-    them as a table in place of the plan's per-entry lines; ``config_path`` names the file that was read.
+    them as a table above the rest of its plan text (``no changes`` first); ``config_path`` names the
+    file that was read.
     """
     plan = [_INDENT + line for line in result.plan.splitlines()]
     entries = getattr(result, "entries", None)  # an extra field: older daemons do not send it

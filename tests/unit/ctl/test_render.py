@@ -199,6 +199,4 @@ def test_a_dry_run_with_entries_says_each_thing_once():
     assert same == ("would apply /etc/v.yaml:\n    no changes\n    unchanged: default\n"
                     "    memory: 300 MB needed\n      default: 300 MB")
     moved = render_reload(answer(config(default=8000, b=8001), config(default=8002, b=8001, c=8003)))
-    assert moved.count("default") == 2 and moved.count("unchanged: b") == 1  # the table's row, and memory's
-    assert not any(line.strip().startswith("changed: ") for line in moved.splitlines())
-    assert "new worker" in moved and "added" in moved
+    assert moved.count("unchanged: b") == 1 and "new worker  port" in moved and "added: c" in moved
