@@ -30,8 +30,8 @@ def url():
 
 
 def test_the_readme_says_to_install_the_sdks_its_examples_import():
-    text = README.read_text()
-    assert blocks("python") and ".venv/bin/pip install\nopenai anthropic" in text.replace("`", "")
+    words = " ".join(README.read_text().replace("`", "").split())
+    assert blocks("python") and ".venv/bin/pip install openai anthropic" in words
 
 
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
