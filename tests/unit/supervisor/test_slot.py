@@ -5,7 +5,6 @@ worker, crashes back off then fail, a failed swap keeps the old worker, the stan
 from __future__ import annotations
 
 import asyncio
-import itertools
 import socket
 from pathlib import Path
 
