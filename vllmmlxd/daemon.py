@@ -55,7 +55,10 @@ class Daemon:
         daemon_cfg = loaded.config.daemon
         settings = SlotSettings(state_dir=state_dir, drain_timeout=daemon_cfg.drain_timeout,
                                 log_level=daemon_cfg.log_level, tuning=Tuning.from_env())
-        self.supervisor = Supervisor(loaded, settings, on_change=self._report, push_settings=_live_settings_pusher())
+        self.control_socket = control_socket_path(daemon_cfg.control_socket, state_dir)
+        # The gateway asks the daemon's control socket for lazy models to load.
+        self.supervisor = Supervisor(loaded, settings, on_change=self._report, push_settings=_live_settings_pusher(),
+                                     control_socket=self.control_socket)
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
         self._watchdog_task: asyncio.Task | None = None
@@ -97,8 +100,7 @@ class Daemon:
             loop.add_signal_handler(sig, self.stop_event.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.reload()))
 
-        sock_path = control_socket_path(self.loaded.config.daemon.control_socket, self.state_dir)
-        self.supervisor.control_socket = sock_path  # the gateway asks there for lazy models to load
+        sock_path = self.control_socket
         control = await serve_control(make_control_app(_ControlFacade(self)), sock_path)
         log_event(logger, "daemon.started", pid=os.getpid(), config=str(self.loaded.path), control_socket=str(sock_path),
                   models=len(self.loaded.config.models))
@@ -155,7 +157,7 @@ class Daemon:
         return digest == self.supervisor.loaded.text_hash and (last is None or last.ok)
 
     def _config_missing(self, missing: bool) -> None:
-        self.supervisor.config_missing = missing
+        self.supervisor.note_config_missing(missing)
         log_event(logger, "config.missing" if missing else "config.back", logging.WARNING if missing else logging.INFO,
                   path=str(self.loaded.path), running=self.supervisor.loaded.short_hash)
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import httpx
 
-from ..config.schema import ModelConfig
+from .process import UnitConfig
 
 SETTINGS_PATH = "/internal/settings"
 
 
-async def push_settings(health_socket: Path, config: ModelConfig, timeout: float = 5) -> tuple[bool, str | None]:
+async def push_settings(health_socket: Path, config: UnitConfig, timeout: float = 5) -> tuple[bool, str | None]:
     """``(True, config_hash)`` once the worker runs ``config``; ``(False, reason)`` when it did not take it."""
     transport = httpx.AsyncHTTPTransport(uds=str(health_socket))
     try:

@@ -16,11 +16,10 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import httpx
 
-from ..config.schema import ModelConfig
 from ..log import event_line, log_event
 from .notify import strip_notify_env
 
@@ -33,6 +32,18 @@ MAX_LINE = 64 * 1024  # a longer stderr line is cut here (and marked): one log l
 _CHUNK = 64 * 1024
 
 
+class UnitConfig(Protocol):
+    """What a supervised process runs: a model entry, or the gateway's spec (sent on its stdin)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    def to_worker_json(self) -> str: ...
+
+
 class SpawnError(OSError):
     """The worker could not be started: exec failed, or it died before taking its config."""
 
@@ -40,7 +51,7 @@ class SpawnError(OSError):
 class WorkerProcess:
     """A running (or exited) worker for one model entry."""
 
-    def __init__(self, name: str, config: ModelConfig, proc: asyncio.subprocess.Process, health_socket: Path, sink: LogSink):
+    def __init__(self, name: str, config: UnitConfig, proc: asyncio.subprocess.Process, health_socket: Path, sink: LogSink):
         self.name = name
         self.config = config
         self.proc = proc
@@ -63,7 +74,7 @@ class WorkerProcess:
     async def spawn(
         cls,
         name: str,
-        config: ModelConfig,
+        config: UnitConfig,
         *,
         listen_fd: int,
         state_dir: Path,
@@ -175,8 +186,11 @@ class WorkerProcess:
             return None
 
     async def healthy(self, timeout: float = 5) -> bool:
-        """Answers, and not ``"status": "degraded"`` (waiting requests, no engine step for a while)."""
+        """Answers, and not ``"status": "degraded"`` (waiting requests, no engine step for a while).
+        The answer's load figures are kept: idle times stay fresh between status calls."""
         body = await self.health(timeout)
+        if body is not None:
+            self.note(body)
         return body is not None and body.get("status") != "degraded"
 
     async def wait(self) -> int:

@@ -32,6 +32,20 @@ class Unavailable:
     retry_after_s: int
 
 
+def unavailable(name: str, phase: str, fail_reason: str | None, last_error: str | None) -> Unavailable:
+    """What the stand-in answers on a model's port in ``phase`` (its slot's), and why. Pure."""
+    if phase == "failed":
+        detail = (last_error or "").strip().splitlines()[-1:] or [""]
+        reason = "; ".join(x for x in (fail_reason, detail[0][:500]) if x)
+        return Unavailable("failed", f"model {name} failed: {reason}", 30)
+    if phase == "unloaded":
+        return Unavailable("unloaded", f"model {name} was not loaded: it is loading now; retry after a few "
+                                       "seconds, or send requests through the gateway, which waits for it", 5)
+    if phase == "stopped":
+        return Unavailable("stopped", f"model {name} is stopped", 30)
+    return Unavailable("loading", f"model {name} is loading", 5)
+
+
 def answer(why: Unavailable, path: str) -> bytes:
     """The whole HTTP response for a request to ``path``. Pure."""
     if path.split("?", 1)[0] == "/health":

@@ -11,6 +11,9 @@ result through a future attached to their command.
 The daemon owns the listening socket: a new worker inherits it and starts accepting while
 the old one drains, so a swap drops nothing. While no worker serves it, the slot's
 ``Responder`` answers 503 there instead of leaving clients in the accept queue.
+
+Nothing outside the actor assigns a slot's attributes: the supervisor changes a slot only
+through its commands (a lazy model's load and unload, new settings, a planned share too).
 """
 
 from __future__ import annotations
@@ -24,23 +27,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable, Literal
 
-from ..config.schema import ModelConfig
 from ..log import event_line, log_event
 from ..runtime.cpus import CpuShare
 from ..sockets import bind_tcp, http_url
 from . import states
 from .exit_reason import exit_reason
 from .log_lines import LogLines
-from .process import WorkerProcess
-from .responder import Responder, Unavailable
-from .transitions import SWAPPING, Counters, Decision, Event, Phase, decide, public_state
+from .process import UnitConfig, WorkerProcess
+from .responder import Responder, Unavailable, unavailable
+from .transitions import (
+    COMMANDS, EVENTS, SWAPPING, UNLOADED, Counters, Decision, Event, EventKind, Phase, decide, public_state,
+)
 from .tuning import Tuning
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
 Result = tuple[bool, "str | None"]  # ok, and why not
+
+
 # supervisor/live.py's push_settings: (True, config hash) once the worker runs the config, else (False, why).
-PushSettings = Callable[[Path, ModelConfig], Awaitable["tuple[bool, str | None]"]]
+PushSettings = Callable[[Path, UnitConfig], Awaitable["tuple[bool, str | None]"]]
 
 
 @dataclass(frozen=True)
@@ -55,31 +61,33 @@ class SlotSettings:
 class _Msg:
     """One item on a slot's queue: a command (with its caller's future) or an event about a worker."""
 
-    kind: str  # an EventKind, or "listening" / "release_socket" (the actor's own business)
+    kind: str  # an EventKind, or the actor's own business: "listening", "release_socket", "settings"...
     event: Event | None = None
     worker: WorkerProcess | None = None
     future: asyncio.Future | None = None
     waits: Literal["serving", "stopped"] | None = None
-    config: ModelConfig | None = None
+    config: UnitConfig | None = None
     share: CpuShare | None = None
     sock: socket.socket | None = None
     token: int = 0
+    settings: SlotSettings | None = None
 
 
 class Slot:
     """Supervises the workers of one model entry; see the module's docstring."""
 
     def __init__(
-        self, name: str, config: ModelConfig, settings: SlotSettings, on_change: Callable[[], None],
+        self, name: str, config: UnitConfig, settings: SlotSettings, on_change: Callable[[], None],
         share: CpuShare | None = None, *, sock: socket.socket | None = None, push_settings: PushSettings | None = None,
-        module: str = "vllmmlxd.worker",
+        module: str = "vllmmlxd.worker", lazy: bool = False, on_demand: Callable[[], None] = lambda: None,
     ):
         self.name = name
         self.config = config  # the target: what the next worker runs (a failed swap restores the old)
         self.share = share  # the cores its worker is pinned to (None: not pinned)
         self.planned_share = share  # where a reload's plan puts it when it next restarts
         self.settings = settings
-        self.phase: Phase = states.STOPPED
+        # A lazy model waits unloaded: its port answers 503 saying why, and such a request loads it (on_demand).
+        self.phase: Phase = UNLOADED if lazy else states.STOPPED
         self.counters = Counters()
         self.worker: WorkerProcess | None = None  # the current one: starting, or serving
         self.held: WorkerProcess | None = None  # swapping: the previous one, serving until the new is ready
@@ -90,10 +98,7 @@ class Slot:
         self.log = LogLines()  # its workers' lines and the daemon's about it, for `logs`
         self.sock = sock
         self.module = module  # the program its workers run
-        # A lazy model that is not loaded (never started, or unloaded when idle): stopped, but it
-        # loads on demand, and the stand-in says so. A `vllmmlxctl stop` clears it.
-        self.unloaded = False
-        self.on_demand: Callable[[], None] | None = None  # a request came for it while unloaded: load it
+        self._on_demand = on_demand  # a request came for it while unloaded: the supervisor loads it
         self._on_change = on_change
         self._push_settings = push_settings
         self._queue: asyncio.Queue[_Msg] = asyncio.Queue()
@@ -106,6 +111,8 @@ class Slot:
         self._responder: Responder | None = None
         self._closed = False
         self._actor = asyncio.create_task(self._run(), name=f"slot-{name}")
+        if lazy:  # bound now: clients get a 503 saying why, not a refused connection
+            self._post("open")
 
     # -- commands: each waits on its future, never on a lock --------------
 
@@ -117,12 +124,21 @@ class Slot:
         """Stop the worker (a starting one is killed at once); the socket stays, answering 503."""
         return (await self._command("stop", "stopped"))[0]
 
+    async def load(self) -> Result:
+        """A lazy model's load (a request needs it): start a worker unless one runs; a model stopped on
+        purpose or failed stays so (refused). Once ready, or why not."""
+        return await self._command("load", "serving")
+
+    async def unload(self) -> Result:
+        """Give a lazy model's memory back: stop its worker (draining) and wait unloaded, loading on demand."""
+        return await self._command("unload", "stopped")
+
     async def restart(self, *, hold_both: bool = True) -> bool:
         """A fresh worker of the same config (zero downtime when one is ready and ``hold_both``)."""
         return (await self._command("restart", "serving", hold_both=hold_both))[0]
 
     async def replace(
-        self, config: ModelConfig, share: CpuShare | None = None, *, hold_both: bool = True,
+        self, config: UnitConfig, share: CpuShare | None = None, *, hold_both: bool = True,
         sock: socket.socket | None = None,
     ) -> Result:
         """Swap in a worker for ``config`` (on ``share``'s cores). With ``hold_both`` the old one serves until
@@ -130,13 +146,18 @@ class Slot:
         listening socket for a new address, handed over by the supervisor."""
         return await self._command("replace", "serving", hold_both=hold_both, config=config, share=share, sock=sock)
 
-    async def apply_settings(self, config: ModelConfig) -> Result:
-        """Take ``config``'s live settings without a new worker (pushed to the running one)."""
-        return await self._command("apply_settings", None, config=config)
+    async def apply_settings(self, config: UnitConfig, sock: socket.socket | None = None) -> Result:
+        """Take ``config``'s live settings without a new worker (pushed to the running one). ``sock``: a
+        listening socket for its address, handed over by the supervisor (a model that runs no worker)."""
+        return await self._command("apply_settings", None, config=config, sock=sock)
 
-    def answer_on_socket(self) -> None:
-        """Start the stand-in on the slot's socket now if no worker serves it (a lazy model not loaded yet)."""
-        self._post("sync_responder")
+    def use_settings(self, settings: SlotSettings) -> None:
+        """Workers started from now on get these settings (drain timeout, log level)."""
+        self._post("settings", settings=settings)
+
+    def plan_share(self, share: CpuShare | None) -> None:
+        """The cores its next worker gets (a running one keeps its own)."""
+        self._post("plan_share", share=share)
 
     async def release_socket(self) -> socket.socket | None:
         """Hand the listening socket over (to another slot); the slot must be stopped."""
@@ -164,7 +185,7 @@ class Slot:
         if self._actor.done():
             return False, f"model {self.name} is shut down"
         future = asyncio.get_running_loop().create_future()
-        event = Event(kind, hold_both=hold_both)  # type: ignore[arg-type]
+        event = Event(_command_kind(kind), hold_both=hold_both)
         self._queue.put_nowait(_Msg(kind, event=event, future=future, waits=waits, **payload))
         return await future
 
@@ -187,8 +208,15 @@ class Slot:
                 _resolve(msg.future, (False, f"internal error: {exc}"))
 
     async def _handle(self, msg: _Msg) -> None:
-        if msg.kind == "sync_responder":
+        if msg.kind == "open":
+            self._bind()
             await self._sync_responder()
+            return
+        if msg.kind == "settings" and msg.settings is not None:
+            self.settings = msg.settings
+            return
+        if msg.kind == "plan_share":
+            self.planned_share = msg.share
             return
         if msg.kind == "listening":  # a starting worker is about to accept: the stand-in steps aside
             if msg.worker is self.worker:
@@ -242,7 +270,7 @@ class Slot:
             return None
         if msg.kind == "start_timeout":  # kept for when its exit (the kill) is reported
             worker.failure = f"did not become ready within {self.settings.tuning.ready_timeout_s:g}s"
-        return Event(msg.kind)  # type: ignore[arg-type]
+        return Event(_worker_event_kind(msg.kind))
 
     async def _apply(self, d: Decision, msg: _Msg, event: Event) -> None:
         before = (public_state(self.phase), self.pid)
@@ -270,6 +298,8 @@ class Slot:
     async def _do(self, action: str, msg: _Msg, d: Decision) -> Event | None:
         if action == "adopt":
             self._adopt(msg)
+            if self.phase == UNLOADED:
+                self._bind()
         elif action == "spawn":
             return await self._spawn()
         elif action == "hold_and_spawn":
@@ -311,6 +341,16 @@ class Slot:
             self.sock.close()
             self.sock = None
         self.config = new
+
+    def _bind(self) -> None:
+        """Bind the slot's address now if it has no socket (a lazy model's stand-in answers there)."""
+        if self.sock is not None:
+            return
+        try:
+            self.sock = bind_tcp(self.config.host, self.config.port)
+        except OSError as exc:
+            self.last_error = f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror or exc}"
+            log_event(logger, "slot.bind_failed", logging.WARNING, model=self.name, error=self.last_error)
 
     async def _spawn(self) -> Event | None:
         """Start a worker for the target; a failure is a crash (returned as its exit event), never an exception."""
@@ -375,7 +415,7 @@ class Slot:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def _push(self, worker: WorkerProcess, config: ModelConfig, future: asyncio.Future | None) -> None:
+    async def _push(self, worker: WorkerProcess, config: UnitConfig, future: asyncio.Future | None) -> None:
         ok, why = False, "no way to push settings"
         if self._push_settings is not None:
             try:
@@ -437,11 +477,12 @@ class Slot:
 
     def _settle(self, outcome: str) -> None:
         """Resolve the callers waiting for this outcome."""
-        error = None if outcome in ("ready", "stopped", "gone") else self._why_not(outcome)
+        error = None if outcome in ("ready", "stopped", "gone", "kept") else self._why_not(outcome)
         keep = []
         for future, waits in self._waiters:
             if waits == "serving" and outcome != "gone":
-                _resolve(future, (outcome == "ready", error if outcome != "stopped" else "stopped before it was ready"))
+                ok = outcome in ("ready", "kept")
+                _resolve(future, (ok, error if outcome != "stopped" else "stopped before it was ready"))
             elif waits == "stopped" and outcome in ("stopped", "gone"):
                 _resolve(future, (True, None))
             else:
@@ -454,25 +495,16 @@ class Slot:
         return self.last_error or outcome
 
     def _answered(self, why: Unavailable) -> None:
-        if why.status == "unloaded" and self.on_demand is not None:
-            self.on_demand()
+        if why.status == "unloaded":
+            self._on_demand()
 
     def unavailable(self) -> Unavailable:
         """What the stand-in answers on the port, and why."""
-        if self.phase == states.FAILED:
-            detail = (self.last_error or "").strip().splitlines()[-1:] or [""]
-            reason = "; ".join(x for x in (self.fail_reason, detail[0][:500]) if x)
-            return Unavailable("failed", f"model {self.name} failed: {reason}", 30)
-        if self.phase == states.STOPPED and self.unloaded:
-            return Unavailable("unloaded", f"model {self.name} was not loaded: it is loading now; retry after a few "
-                                           "seconds, or send requests through the gateway, which waits for it", 5)
-        if self.phase == states.STOPPED:
-            return Unavailable("stopped", f"model {self.name} is stopped", 30)
-        return Unavailable("loading", f"model {self.name} is loading", 5)
+        return unavailable(self.name, self.phase, self.fail_reason, self.last_error)
 
     async def _sync_responder(self) -> None:
         """Run the stand-in exactly while no worker serves, or is about to, on the slot's socket."""
-        idle = self.phase in (states.STARTING, states.BACKOFF, states.FAILED, states.STOPPED)
+        idle = self.phase in (states.STARTING, states.BACKOFF, states.FAILED, states.STOPPED, UNLOADED)
         worker_accepts = self.worker is not None and self.worker.listening
         if self.sock is not None and idle and not worker_accepts and not self._closed:
             if self._responder is None:
@@ -491,7 +523,7 @@ class Slot:
             self._responder = None
 
     @property
-    def state(self) -> states.State:
+    def state(self) -> states.Shown:
         return public_state(self.phase)
 
     @property
@@ -512,6 +544,21 @@ class Slot:
     def serving(self) -> WorkerProcess | None:
         worker = self.held if self.phase == SWAPPING and self.held is not None else self.worker
         return worker if worker is not None and worker.alive else None
+
+
+_KINDS: dict[str, EventKind] = {kind: kind for kind in EVENTS}  # a message's kind, typed as the event it is
+
+
+def _command_kind(kind: str) -> EventKind:
+    if kind not in COMMANDS:
+        raise ValueError(f"not a slot command: {kind}")
+    return _KINDS[kind]
+
+
+def _worker_event_kind(kind: str) -> EventKind:
+    if kind not in _KINDS or kind in COMMANDS:
+        raise ValueError(f"not a worker event: {kind}")
+    return _KINDS[kind]
 
 
 def _resolve(future: asyncio.Future | None, value) -> None:

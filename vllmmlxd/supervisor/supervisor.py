@@ -1,55 +1,78 @@
-"""The supervisor: one slot per model entry, reloads applied as a diff.
+"""The supervisor: one task, one queue, over every unit the daemon runs.
 
-Unchanged entries are never touched; added ones start; removed ones drain and stop;
-changed ones are swapped with no downtime (or, where the old and new worker do not fit in
-memory together, stopped then started). An invalid config, or one whose models do not fit
-in memory, changes nothing.
+Everything that changes what runs arrives on the queue: the control API's reload, load,
+start, stop and restart, the idle ticker's tick, the units' own news (a state changed), and
+the end of the supervisor's operations. The task is the only writer of the unit collection
+and of what it knows about operations in flight (``busy``); it decides with the pure ``plan``
+functions and carries decisions out as *operations*: tasks that only drive units through
+their commands and post their result back. Each unit's state is written by its own actor.
+
+Reloads: unchanged entries are never touched; added ones start; removed ones drain and stop;
+changed ones take the new settings live or are swapped with no downtime (or, where the old
+and new worker do not fit in memory together, stopped then started). An invalid config, or
+one whose models do not fit in memory, changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import os
 import socket
 import time
 from pathlib import Path
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from .. import __version__
-from ..config.diff import ReloadPlan, diff_models
+from ..config.diff import ReloadPlan
 from ..config.gateway import GatewayConfig
-from ..config.load import LoadedConfig, load_config
+from ..config.load import LoadedConfig
 from ..config.schema import Config, DaemonConfig, ModelConfig
-from ..errors import ConfigError
 from ..log import log_event
 from ..runtime import cpus
 from . import states
-from .gateway import GATEWAY, GatewayAndUpstreams, GatewayPublisher
-from .lazy_models import LazyModels
-from .memory import MemoryPlan, load_memory_plan
+from .gateway import GATEWAY, Publication, build_spec
+from .memory import entry_footprints, load_memory_plan, read_capacity
+from .plan import Answer, Busy, Join, Load, LoadWanted, Tick, Unload, UnitFacts, plan
+from .reload import plan_shares, prepare, swap_or_say_why
 from .slot import PushSettings, Slot, SlotSettings
-from .upstream import UpstreamSlot
-from .views import ActionReply, DaemonView, ModelView, ReloadRecord, ReloadReply, StatusView
+from .units import GatewayUnit, ModelUnit, Unit, UpstreamUnit
+from .upstream import UpstreamChecks
+from .views import ActionReply, DaemonView, ReloadRecord, ReloadReply, StatusView
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
+IDLE_CHECK_S = 1.0  # how often lazy models' idle time is read from their workers and compared with idle_unload_s
+GATEWAY_KEY = ":gateway"  # the gateway's key among the units: no entry name starts with ':'
 
-def address(config: ModelConfig) -> tuple[str, int]:
-    return config.host, config.port
+
+@dataclasses.dataclass
+class _Msg:
+    kind: str
+    future: asyncio.Future | None = None
+    name: str = ""
+    value: Any = None
 
 
-class Supervisor(LazyModels, GatewayAndUpstreams):
-    """Owns the slots; the control API and the daemon's signal handlers call into it."""
+@dataclasses.dataclass
+class _Op:
+    task: asyncio.Task
+    names: tuple[str, ...]
+    done: Callable[[Any, BaseException | None], None] | None
+
+
+class Supervisor:
+    """Owns the units; the control API and the daemon's signal handlers call into it (see the module)."""
 
     def __init__(
         self, loaded: LoadedConfig, settings: SlotSettings, on_change: Callable[[], None] = lambda: None,
-        push_settings: PushSettings | None = None,
+        push_settings: PushSettings | None = None, control_socket: Path | None = None,
     ):
         self.loaded = loaded
         self.settings = settings
-        self.slots: dict[str, Slot] = {}
+        self.units: dict[str, Unit] = {}  # entries in the config's order, then the gateway
         self.started = time.time()
         self.last_reload: ReloadRecord | None = None
         self.config_missing = False
@@ -57,147 +80,483 @@ class Supervisor(LazyModels, GatewayAndUpstreams):
         self.push_settings = push_settings
         # The daemon section in force: state_dir and control_socket change only with a restart.
         self.daemon_config = loaded.config.daemon
-        self.shares = self._plan_shares(loaded.config)
-        self._reload_lock = asyncio.Lock()
+        self.shares = plan_shares(loaded.config)
+        self.control_socket = control_socket  # the daemon's: the gateway asks there for lazy models to load
         self._on_change_outer = on_change
-        self.upstreams: dict[str, UpstreamSlot] = {}  # entries served by another host
-        self.gateway_config: GatewayConfig | None = loaded.config.gateway
-        self.gateway_slot: Slot | None = None
-        self.publisher: GatewayPublisher | None = None
-        self.control_socket: Path | None = None  # the daemon's, set by it: the gateway asks there for lazy loads
-        self._load_lock = asyncio.Lock()  # one memory admission at a time: loads and idle unloads
-        self._loading: set[str] = set()  # admitted, not yet ready: their memory counts
-        self._demanded: set[str] = set()  # loads asked for by a request on the model's own port
-        self._background: set[asyncio.Task] = set()
-        self._idle_task: asyncio.Task | None = None
+        self._queue: asyncio.Queue[_Msg] = asyncio.Queue()
+        self._busy: dict[str, tuple[Busy, int]] = {}  # unit name -> what an operation does to it, and which
+        self._ops: dict[int, _Op] = {}
+        self._op_ids = itertools.count(1)
+        self._loads: dict[str, list[asyncio.Future]] = {}  # callers waiting for a load in flight
+        self._reloading = False
+        self._reloads: list[_Msg] = []  # reloads asked for while one runs: one after the other
+        self._publication = Publication()
+        self._publishing = False
+        self._change_queued = False
+        self._closing = False
+        self._tasks: set[asyncio.Task] = set()  # joins and publications: short, tracked
+        self._ticker: asyncio.Task | None = None
+        self._task: asyncio.Task | None = None  # started by the first message (the daemon is built before its loop)
 
-    def _on_change(self) -> None:
-        self._on_change_outer()
-        if self.publisher is not None:
-            self.publisher.changed()
-
-    def _slot(self, name: str) -> Slot:
-        try:
-            return self.slots[name]
-        except KeyError:
-            raise KeyError(f"no model named {name!r}; models: {', '.join(self.slots) or 'none'}") from None
-
-    def _new_slot(self, name: str, config: ModelConfig, sock: socket.socket | None = None) -> Slot:
-        slot = Slot(name, config, self.settings, self._on_change, self.shares.get(name), sock=sock,
-                    push_settings=self.push_settings)
-        self.slots[name] = slot
-        return slot
-
-    def _add_entry(self, name: str, config: ModelConfig, sock: socket.socket | None = None) -> Slot | None:
-        """A slot for a local entry (a lazy one waits unloaded, its port answering why), or an upstream's checks."""
-        if config.is_upstream:
-            self.upstreams[name] = UpstreamSlot(name, config, self._upstream_interval(), self._on_change)
-            return None
-        slot = self._new_slot(name, config, sock)
-        if config.load == "lazy":
-            self._wait_unloaded(slot)
-        return slot
-
-    @staticmethod
-    def _plan_shares(config: Config) -> dict[str, cpus.CpuShare]:
-        """Each entry's cores (Linux): an even split unless an entry sets ``threads``."""
-        if not cpus.can_pin():
-            return {}
-        local = {name: entry.threads for name, entry in config.models.items() if not entry.is_upstream}
-        plan = cpus.plan_shares(local, cpus.available_cpus())
-        if any(share.oversubscribed for share in plan.values()):
-            log_event(logger, "cpu.oversubscribed", logging.WARNING, cores=len(cpus.available_cpus()),
-                      shares=",".join(f"{n}:{s.render()}" for n, s in plan.items()))
-        return plan
+    # -- the face: each call is a message, answered through its future ------------------------
 
     async def start_all(self) -> None:
-        """Start every eager entry's worker (and the gateway) concurrently; returns when each is ready or has
+        """Create every unit and start the eager ones (and the gateway); returns when each is ready or
         failed. Lazy entries wait unloaded; upstream entries start their health checks."""
-        for name, config in self.loaded.config.models.items():
-            self._add_entry(name, config)
-        if self.gateway_config is not None:
-            self._start_gateway_slot()
-        self._idle_task = asyncio.create_task(self._unload_idle(), name="idle-unloader")
-        starting = [slot.start() for slot in self.slots.values() if slot.config.load == "eager"]
-        if self.gateway_slot is not None:
-            starting.append(self.gateway_slot.start())
-        await asyncio.gather(*starting)
-
-    def _entries(self) -> dict[str, ModelConfig]:
-        """The entries running, local and upstream, in the config's order."""
-        found = {n: s.config for n, s in self.slots.items()} | {n: u.config for n, u in self.upstreams.items()}
-        order = list(self.loaded.config.models)
-        return dict(sorted(found.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
-
-    def running_config(self) -> Config:
-        """What is actually running: a failed swap leaves the old entry in place."""
-        # Built, not validated: each entry is already valid and holds its resolved keys.
-        return Config.model_construct(daemon=self.daemon_config, api_keys=self.loaded.config.api_keys,
-                                      gateway=self.gateway_config, models=self._entries())
-
-    # -- reload -----------------------------------------------------------
+        await self._call("start_all")
 
     async def reload(self, dry_run: bool = False, file: str | None = None) -> ReloadReply:
         """Re-read the config file and apply the difference (or only show it); ``file``: preview that
         file against what runs instead (dry runs only)."""
-        path = file or self.loaded.path
-        if file and not dry_run:
-            return ReloadReply(ok=False, dry_run=False, plan="", config_path=str(path),
-                               error="another file can only be previewed (dry run): a reload reads the daemon's own config")
-        async with self._reload_lock:
-            reply, plan = await self._reload(path, dry_run)
-        entries = plan.entries() if plan is not None and hasattr(plan, "entries") else []
-        # config_path names a previewed file only (vllmmlxctl reads it as "this is the file I read").
-        return dataclasses.replace(reply, config_path=str(path) if file else None, entries=entries)
+        return await self._call("reload", value=(dry_run, file))
 
-    async def _reload(self, path: str, dry_run: bool) -> tuple[ReloadReply, ReloadPlan | None]:
-        """Under the reload lock: read ``path``, plan, check memory, and apply unless a dry run."""
-        try:
-            new = load_config(path)
-        except ConfigError as exc:
-            if not dry_run:
-                self.last_reload = ReloadRecord(ok=False, at=time.time(), error=str(exc), plan=None)
-                log_event(logger, "reload.invalid", logging.ERROR, error=str(exc))
-                self._on_change()
-            return ReloadReply(ok=False, dry_run=dry_run, plan="", error=str(exc)), None
-        shares = self._plan_shares(new.config)
-        plan = diff_models(self.running_config(), new.config)
-        # A changed entry's swap holds its running worker beside the new one.
-        swapped = _new_worker(plan) if self.push_settings is not None else tuple(plan.changed)
-        replacing = {n: self.slots[n].config for n in swapped if n in self.slots and self.slots[n].pid is not None
-                     and not new.config.models[n].is_upstream}
-        memory = await asyncio.to_thread(load_memory_plan, new.config, self.settings.state_dir, replacing)
-        text = f"{plan.render()}\n{memory.render()}"
-        if not memory.fits:
-            return self._refuse(memory, text, dry_run), plan
-        if dry_run:
-            return ReloadReply(ok=True, dry_run=True, plan=text, error=None), plan
-        self._take_daemon_keys(plan, new.config)
-        self._keep_shares(plan, shares)
-        local, upstream = self._split(plan, new.config)
-        errors = await self._apply(local, new, memory)
-        self._apply_upstreams(upstream, new.config)
-        self.loaded = new
-        errors += await self._apply_gateway(new.config.gateway)
-        error = "\n".join(errors) or None
-        self.last_reload = ReloadRecord(ok=not errors, at=time.time(), error=error, plan=text)
-        log_event(
-            logger, "reload.done" if not errors else "reload.failed", logging.INFO if not errors else logging.ERROR,
-            added=",".join(plan.added), changed=",".join(plan.changed), removed=",".join(plan.removed),
-            needed_mb=memory.needed_mb, usable_mb=memory.capacity.usable_mb, error=error,
+    async def load(self, name: str) -> ActionReply:
+        """Make ``name`` serve (the gateway asks, for a request that needs it): start a lazy model that is not
+        loaded, unloading idle lazy ones first if memory needs it; answers once it is ready, or why not."""
+        return await self._call("load", name)
+
+    async def start(self, name: str) -> ActionReply:
+        return await self._call("start", name)
+
+    async def stop(self, name: str) -> ActionReply:
+        return await self._call("stop", name)
+
+    async def restart(self, name: str) -> ActionReply:
+        return await self._call("restart", name)
+
+    def use_daemon_config(self, daemon: DaemonConfig) -> None:
+        """Workers started from now on get this drain timeout and log level."""
+        self._post(_Msg("daemon_config", value=daemon))
+
+    def note_config_missing(self, missing: bool) -> None:
+        self._post(_Msg("config_missing", value=missing))
+
+    async def stop_all(self) -> None:
+        """Shut every unit down in parallel: starting workers are killed, ready ones drain; sockets close."""
+        if self._task is not None and not self._task.done():
+            await self._call("shutdown")
+
+    def kill_all(self) -> list[int]:
+        """SIGKILL whatever worker is left, in every unit; their pids."""
+        return [pid for unit in self.units.values() for pid in unit.kill_all()]
+
+    async def _call(self, kind: str, name: str = "", value: Any = None) -> Any:
+        if self._task is not None and self._task.done():
+            raise RuntimeError("the supervisor has stopped")
+        future = asyncio.get_running_loop().create_future()
+        self._post(_Msg(kind, future, name, value))
+        return await future
+
+    def _post(self, msg: _Msg) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="supervisor")
+        self._queue.put_nowait(msg)
+
+    def _changed(self) -> None:
+        """A unit's news (its actor calls this): one "changed" message however many come at once."""
+        if not self._change_queued:
+            self._change_queued = True
+            self._post(_Msg("changed"))
+
+    # -- reads: plain data, from any task --------------------------------------------------------
+
+    def entry_units(self) -> dict[str, ModelUnit | UpstreamUnit]:
+        return {n: u for n, u in self.units.items() if isinstance(u, (ModelUnit, UpstreamUnit))}
+
+    def gateway(self) -> GatewayUnit | None:
+        unit = self.units.get(GATEWAY_KEY)
+        return unit if isinstance(unit, GatewayUnit) else None
+
+    def shown(self, name: str) -> tuple[states.Shown, str | None]:
+        return self.units[name].shown()
+
+    def running_config(self) -> Config:
+        """What is actually running: a failed swap leaves the old entry in place."""
+        gateway = self.gateway()
+        # Built, not validated: each entry is already valid and holds its resolved keys.
+        return Config.model_construct(daemon=self.daemon_config, api_keys=self.loaded.config.api_keys,
+                                      gateway=gateway.config if gateway else None,
+                                      models={n: u.config for n, u in self.entry_units().items()})
+
+    def status(self) -> StatusView:
+        now = time.time()
+        gateway = self.gateway()
+        return StatusView(
+            daemon=DaemonView(
+                pid=os.getpid(), uptime_s=round(now - self.started, 1), config_path=str(self.loaded.path),
+                config_hash=self.loaded.short_hash, last_reload=self.last_reload, version=__version__,
+                config_missing=self.config_missing,
+            ),
+            models=[u.view(now) for u in self.entry_units().values()],
+            gateway=gateway.view(now) if gateway else None,
         )
-        self._on_change()
-        return ReloadReply(ok=not errors, dry_run=False, plan=text, error=error), plan
 
-    def _refuse(self, memory: MemoryPlan, text: str, dry_run: bool) -> ReloadReply:
-        """A config whose models do not fit: nothing changes, and the error names each entry with its numbers."""
-        error = memory.refusal()
-        if not dry_run:
-            self.last_reload = ReloadRecord(ok=False, at=time.time(), error=error, plan=text)
-            log_event(logger, "reload.refused", logging.ERROR, **memory.fields(),
-                      entries=",".join(f"{n}:{f.total_mb}" for n, f in memory.entries.items()), error=error)
-            self._on_change()
-        return ReloadReply(ok=False, dry_run=dry_run, plan=text, error=error)
+    async def refresh(self) -> None:
+        """Fresh load figures from every running worker, in parallel, before a status is read."""
+        await asyncio.gather(*(u.refresh() for u in list(self.units.values())), return_exceptions=True)
+
+    def ready_count(self) -> tuple[int, int]:
+        shown = [u.shown()[0] for u in self.entry_units().values()]
+        return sum(s in (states.READY, states.IDLE) for s in shown), len(shown)
+
+    def _log_unit(self, name: str) -> Unit:
+        unit = self.entry_units().get(name) or (self.gateway() if name == GATEWAY else None)
+        if unit is None:
+            raise KeyError(f"no model named {name!r}; models: {', '.join(self.entry_units()) or 'none'}")
+        return unit
+
+    def logs(self, name: str, lines: int) -> list[str]:
+        return self._log_unit(name).log.tail(lines)
+
+    def follow(self, name: str) -> AsyncIterator[str]:
+        return self._log_unit(name).log.follow()
+
+    # -- the task --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            msg = await self._queue.get()
+            try:
+                handler = getattr(self, f"_on_{msg.kind}")
+                result = handler(msg)
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception as exc:  # a bug here must not leave the daemon without its supervisor
+                log_event(logger, "supervisor.error", logging.ERROR, kind=msg.kind, error=f"{type(exc).__name__}: {exc}")
+                _fail(msg.future, exc)
+            if msg.kind == "shutdown":
+                return
+
+    def _operation(self, busy: dict[str, Busy], work: Awaitable[Any],
+                   done: Callable[[Any, BaseException | None], None] | None = None) -> None:
+        """Run ``work`` beside the task with ``busy`` marked on its units; ``done`` runs in the task after it."""
+        op_id = next(self._op_ids)
+        self._busy.update({name: (what, op_id) for name, what in busy.items()})
+
+        async def run() -> None:
+            result, error = None, None
+            try:
+                result = await work
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                error = exc
+            self._post(_Msg("op_done", value=(op_id, result, error)))
+
+        self._ops[op_id] = _Op(asyncio.create_task(run(), name=f"op-{op_id}"), tuple(busy), done)
+
+    def _on_op_done(self, msg: _Msg) -> None:
+        op_id, result, error = msg.value
+        op = self._ops.pop(op_id, None)
+        if op is None:
+            return
+        for name in op.names:  # a later operation may have taken the unit over
+            if self._busy.get(name, (None, None))[1] == op_id:
+                del self._busy[name]
+        if error is not None:
+            log_event(logger, "supervisor.operation_failed", logging.ERROR, units=",".join(op.names),
+                      error=f"{type(error).__name__}: {error}")
+        if op.done is not None:
+            op.done(result, error)
+        self._changed()
+
+    def _pending(self, names) -> list[asyncio.Task]:
+        """The operations on these units still running: a new one on them waits for them first."""
+        ids = {self._busy[n][1] for n in names if n in self._busy}
+        return [self._ops[i].task for i in ids if i in self._ops]
+
+    def _track(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _facts(self, footprints: dict[str, int] | None = None) -> dict[str, UnitFacts]:
+        out: dict[str, UnitFacts] = {}
+        for name, unit in self.entry_units().items():
+            if isinstance(unit, ModelUnit):
+                out[name] = unit.facts((footprints or {}).get(name, 0), self._busy.get(name, (None, 0))[0])
+            else:
+                out[name] = unit.facts()
+        return out
+
+    # -- messages --------------------------------------------------------------------------------
+
+    def _on_changed(self, msg: _Msg) -> None:
+        self._change_queued = False
+        self._on_change_outer()
+        self._publish()
+
+    def _on_daemon_config(self, msg: _Msg) -> None:
+        daemon: DaemonConfig = msg.value
+        self.settings = dataclasses.replace(self.settings, drain_timeout=daemon.drain_timeout, log_level=daemon.log_level)
+        for unit in self.units.values():
+            if isinstance(unit, (ModelUnit, GatewayUnit)):
+                unit.slot.use_settings(self.settings)
+
+    def _on_config_missing(self, msg: _Msg) -> None:
+        self.config_missing = msg.value
+
+    def _on_start_all(self, msg: _Msg) -> None:
+        for name, entry in self.loaded.config.models.items():
+            self._add_entry(name, entry)
+        if self.loaded.config.gateway is not None:
+            self._add_gateway(self.loaded.config.gateway)
+        self._ticker = asyncio.create_task(self._tick_loop(), name="idle-ticker")
+        starting = [u.slot.start() for u in self.units.values()
+                    if isinstance(u, GatewayUnit) or isinstance(u, ModelUnit) and not u.lazy]
+        self._operation({}, asyncio.gather(*starting), lambda _r, _e: _resolve(msg.future, None))
+        self._changed()
+
+    def _add_entry(self, name: str, config: ModelConfig, sock: socket.socket | None = None) -> None:
+        """A unit for an entry: a slot for a model served here (a lazy one waits unloaded), checks for an upstream."""
+        if config.upstream is not None:
+            self.units[name] = UpstreamUnit(name, UpstreamChecks(name, config, self._upstream_interval(), self._changed))
+            return
+        self.units[name] = ModelUnit(name, Slot(
+            name, config, self.settings, self._changed, self.shares.get(name), sock=sock,
+            push_settings=self.push_settings, lazy=config.load == "lazy",
+            on_demand=lambda: self._post(_Msg("demand", name=name)),
+        ))
+
+    def _add_gateway(self, config: GatewayConfig) -> GatewayUnit:
+        from .live import push_settings
+
+        spec = self._publication.stamp(self._spec(config))
+        self._publication.applied = spec.config_hash()  # it starts with it, on stdin
+        unit = GatewayUnit(Slot(GATEWAY, spec, self.settings, self._changed, module="vllmmlxd.gateway",
+                                push_settings=push_settings), config)
+        self.units[GATEWAY_KEY] = unit
+        return unit
+
+    def _upstream_interval(self) -> float:
+        gateway = self.loaded.config.gateway
+        return (gateway or GatewayConfig()).upstream_health_interval_s
+
+    # -- the gateway's routing table -------------------------------------------------------------
+
+    def _spec(self, config: GatewayConfig):
+        entries = self.entry_units()
+        return build_spec(config, {n: u.config for n, u in entries.items()},
+                          {n: u.shown() for n, u in entries.items()}, self.control_socket)
+
+    def _publish(self) -> None:
+        """Hand the gateway a new routing table when its content changed (one hand-over at a time)."""
+        gateway = self.gateway()
+        if gateway is None or self._publishing:
+            return
+        spec = self._publication.stamp(self._spec(gateway.config))
+        if not self._publication.due(spec):
+            return
+        self._publishing = True
+
+        async def hand_over() -> None:
+            ok, why = await gateway.slot.apply_settings(spec)
+            if ok:
+                log_event(logger, "gateway.routes", logging.DEBUG, version=spec.version, routes=len(spec.routes))
+            else:
+                log_event(logger, "gateway.push_failed", logging.WARNING, pid=gateway.slot.pid, error=why)
+            self._post(_Msg("published", value=(spec.config_hash(), ok)))
+
+        self._track(hand_over())
+
+    def _on_published(self, msg: _Msg) -> None:
+        content, ok = msg.value
+        self._publishing = False
+        if ok:
+            self._publication.applied = content
+            self._publish()  # a change may have come meanwhile
+
+    # -- loads and idle unloads ------------------------------------------------------------------
+
+    def _on_demand(self, msg: _Msg) -> None:
+        """A request on an unloaded model's own port (answered 503): load it, as the gateway would."""
+        log_event(logger, "model.demanded", model=msg.name, reason="a request on its port")
+        return self._on_load(msg)
+
+    async def _on_load(self, msg: _Msg) -> None:
+        await self._admit(msg, start=False)
+
+    async def _admit(self, msg: _Msg, *, start: bool) -> None:
+        """Decide a load (``start``: a `vllmmlxctl start`, which also loads a model stopped on purpose)."""
+        name = msg.name
+        event = LoadWanted(name, start=start)
+        actions = plan(self._facts(), None, event)
+        if any(isinstance(a, Load) for a in actions):  # admission: now with fresh idle times, footprints, memory
+            await asyncio.gather(*(u.refresh() for u in self.entry_units().values() if isinstance(u, ModelUnit)
+                                   and u.lazy and u.slot.serving is not None), return_exceptions=True)
+            capacity, footprints = await asyncio.to_thread(self._footprints)
+            actions = plan(self._facts(footprints), capacity.usable_mb, event)
+        for action in actions:
+            if isinstance(action, Answer):
+                if not action.ok:
+                    log_event(logger, "memory.load_refused" if "memory" in action.message else "model.load_refused",
+                              logging.WARNING, model=name, error=action.message)
+                _resolve(msg.future, ActionReply(action.ok, name, action.message))
+            elif isinstance(action, Join):
+                self._join(name, msg.future)
+        unloads = [a for a in actions if isinstance(a, Unload)]
+        load = next((a for a in actions if isinstance(a, Load)), None)
+        if load is None:
+            return
+        unit = self.units[name]
+        assert isinstance(unit, ModelUnit)
+        for victim in unloads:
+            log_event(logger, "model.unloading", model=victim.name, reason="memory", for_model=name)
+        log_event(logger, "model.loading", model=name, reason="start" if start else "on demand")
+        self._loads[name] = [msg.future] if msg.future is not None else []
+        victims = [self.units[v.name] for v in unloads]
+        before = self._pending([name, *(v.name for v in unloads)])
+
+        async def work() -> tuple[bool, str | None]:
+            if before:
+                await asyncio.wait(before)
+            await asyncio.gather(*(v.slot.unload() for v in victims if isinstance(v, ModelUnit)))
+            if start:  # from stopped too
+                return await unit.slot.start(), unit.slot.last_error
+            return await unit.slot.load()
+
+        def done(result, error) -> None:
+            ok, why = result if error is None else (False, str(error))
+            reply = ActionReply(ok, name, "ready" if ok else f"did not become ready: {why}")
+            for future in self._loads.pop(name, []):
+                _resolve(future, reply)
+
+        self._operation({name: "loading", **{v.name: "unloading" for v in unloads}}, work(), done)
+
+    def _join(self, name: str, future: asyncio.Future | None) -> None:
+        """Wait for ``name`` to be ready: with the load in flight if there is one, else on its slot."""
+        if name in self._loads:
+            if future is not None:
+                self._loads[name].append(future)
+            return
+        unit = self.units[name]
+        if not isinstance(unit, ModelUnit):
+            return
+
+        async def wait() -> None:
+            ok, why = await unit.slot.load()
+            _resolve(future, ActionReply(ok, name, "ready" if ok else f"did not become ready: {why}"))
+
+        self._track(wait())
+
+    def _footprints(self):
+        """The machine's usable memory and every model unit's footprint (reads model files: off the task)."""
+        capacity = read_capacity(self.daemon_config.memory_reserve_mb)
+        entries = {n: u.config for n, u in self.entry_units().items() if isinstance(u, ModelUnit)}
+        found = entry_footprints(entries, self.settings.state_dir, capacity.physical_mb)
+        return capacity, {n: f.total_mb for n, f in found.items()}
+
+    async def _tick_loop(self) -> None:
+        """Every second: fresh load figures from lazy models' ready workers, then a tick to decide on."""
+        while True:
+            await asyncio.sleep(IDLE_CHECK_S)
+            watched = [u for u in self.entry_units().values()
+                       if isinstance(u, ModelUnit) and u.config.idle_unload_s is not None and u.slot.state == states.READY]
+            await asyncio.gather(*(u.refresh() for u in watched), return_exceptions=True)
+            self._post(_Msg("tick"))
+
+    def _on_tick(self, msg: _Msg) -> None:
+        for action in plan(self._facts(), None, Tick()):
+            if isinstance(action, Unload):
+                self._unload_idle(action.name)
+
+    def _unload_idle(self, name: str) -> None:
+        unit = self.units[name]
+        assert isinstance(unit, ModelUnit)
+        idle, limit = unit.idle_s(), unit.config.idle_unload_s
+        log_event(logger, "model.unloading", model=name, reason="idle", idle_s=round(idle or 0, 1), idle_unload_s=limit)
+        self._operation({name: "unloading"}, unit.slot.unload())
+
+    # -- start, stop, restart --------------------------------------------------------------------
+
+    def _model(self, msg: _Msg) -> ModelUnit | None:
+        """The model unit a command names, or None after answering why not."""
+        unit = self.entry_units().get(msg.name)
+        if unit is None:
+            _fail(msg.future, KeyError(f"no model named {msg.name!r}; models: {', '.join(self.entry_units()) or 'none'}"))
+            return None
+        if isinstance(unit, UpstreamUnit):
+            _resolve(msg.future, ActionReply(False, msg.name, f"{msg.name} is served by {unit.config.upstream}: "
+                                                               "start, stop and restart it on that host"))
+            return None
+        return unit
+
+    async def _on_start(self, msg: _Msg) -> None:
+        unit = self._model(msg)
+        if unit is None:
+            return
+        if unit.lazy:  # through memory admission, as a request would load it
+            await self._admit(msg, start=True)
+            return
+
+        async def work() -> None:
+            ok = await unit.slot.start()
+            _resolve(msg.future, ActionReply(ok, msg.name, "ready" if ok else f"did not become ready: {unit.slot.last_error}"))
+
+        self._track(work())
+
+    def _on_stop(self, msg: _Msg) -> None:
+        unit = self._model(msg)
+        if unit is None:
+            return
+
+        async def work() -> None:
+            ok = await unit.slot.stop()  # stopped on purpose: no request loads it again until `start`
+            _resolve(msg.future, ActionReply(ok, msg.name, "stopped" if ok else "could not be stopped"))
+
+        self._operation({msg.name: "stopping"}, work())
+
+    async def _on_restart(self, msg: _Msg) -> None:
+        unit = self._model(msg)
+        if unit is None:
+            return
+        replacing = {msg.name: unit.config} if unit.slot.pid is not None else {}
+        memory = await asyncio.to_thread(load_memory_plan, self.running_config(), self.settings.state_dir, replacing)
+        swap = swap_or_say_why(memory, msg.name)
+
+        async def work() -> None:
+            ok = await unit.slot.restart(hold_both=swap)
+            message = ("restarted" if swap else "restarted (stopped first: not enough memory for both)") if ok \
+                else f"did not become ready: {unit.slot.last_error}"
+            _resolve(msg.future, ActionReply(ok, msg.name, message))
+
+        self._track(work())
+
+    # -- reload ----------------------------------------------------------------------------------
+
+    async def _on_reload(self, msg: _Msg) -> None:
+        dry_run, file = msg.value
+        if self._reloading:  # one at a time, in the order asked
+            self._reloads.append(msg)
+            return
+        run = await prepare(self, file or str(self.loaded.path), dry_run, previewing=file is not None)
+        if isinstance(run, ReloadReply):
+            self._reply(msg, run, file)
+            self._next_reload()
+            return
+        self._reloading = True
+        run.start(lambda reply: self._finish_reload(msg, reply, file))
+
+    def _reply(self, msg: _Msg, reply: ReloadReply, file: str | None) -> None:
+        # config_path names a previewed file only (vllmmlxctl reads it as "this is the file I read").
+        _resolve(msg.future, dataclasses.replace(reply, config_path=str(file) if file else None))
+
+    def _finish_reload(self, msg: _Msg, reply: ReloadReply, file: str | None) -> None:
+        """In the task, once a reload's operations are done: record it, answer, and take the next one."""
+        self.last_reload = ReloadRecord(ok=reply.ok, at=time.time(), error=reply.error, plan=reply.plan)
+        self._reply(msg, reply, file)
+        self._reloading = False
+        self._changed()
+        self._next_reload()
+
+    def _next_reload(self) -> None:
+        if self._reloads:
+            self._post(self._reloads.pop(0))
+
+    def _record_failure(self, error: str, plan: str | None) -> None:
+        """A reload refused before anything changed (invalid, or too big for memory)."""
+        self.last_reload = ReloadRecord(ok=False, at=time.time(), error=error, plan=plan)
+        self._changed()
 
     def _take_daemon_keys(self, plan: ReloadPlan, new: Config) -> None:
         """Keep the daemon keys that apply live (the daemon applies them: ``use_daemon_config``)."""
@@ -205,247 +564,46 @@ class Supervisor(LazyModels, GatewayAndUpstreams):
         if live:
             self.daemon_config = self.daemon_config.model_copy(update=live)
 
-    def use_daemon_config(self, daemon: DaemonConfig) -> None:
-        """Workers started from now on get this drain timeout and log level."""
-        self.settings = dataclasses.replace(self.settings, drain_timeout=daemon.drain_timeout, log_level=daemon.log_level)
-        for slot in self.slots.values():
-            slot.settings = self.settings
-
     def _keep_shares(self, plan: ReloadPlan, shares: dict[str, cpus.CpuShare]) -> None:
         """Adopt the new plan for the workers about to start; running ones keep their cores.
 
         Restarting an unchanged model only to move it to other cores would reload its weights
         for nothing: it moves when it next restarts (``vllmmlxctl restart NAME``).
         """
-        for name in (n for n in plan.unchanged if n in self.slots):
-            held, planned = self.slots[name].share, shares.get(name)
+        for name in plan.unchanged:
+            unit = self.units.get(name)
+            if not isinstance(unit, ModelUnit):
+                continue
+            held, planned = unit.slot.share, shares.get(name)
             if held != planned:
                 log_event(logger, "cpu.share_kept", model=name, cpus=held and held.render(),
                           planned=planned and planned.render(), applies="at its next restart")
-                self.slots[name].planned_share = planned
+                unit.slot.plan_share(planned)
         self.shares = shares
 
-    def _track(self, coro) -> asyncio.Task:
-        task = asyncio.create_task(coro)
-        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
-        return task
+    # -- the end ---------------------------------------------------------------------------------
 
-    async def _apply(self, plan: ReloadPlan, new: LoadedConfig, memory: MemoryPlan) -> list[str]:
-        """Removals and moves first, then changes and additions, with the listening sockets handed over.
-
-        An entry that moves to another address is stopped, then started on its new one: its
-        old socket may be the one another entry moves to (two entries exchanging ports), so
-        sockets freed by removals and moves go to a pool and are taken from it before anything
-        binds, never re-bound while another slot still holds them.
-        """
-        errors: list[str] = []
-        if plan.restart_required:
-            errors.append(f"daemon.{', daemon.'.join(plan.restart_required)} changed: restart the daemon to apply")
-        models = new.config.models
-        moving = [n for n in plan.changed if address(self.slots[n].config) != address(models[n])]
-        pool: dict[tuple[str, int], socket.socket] = {}
-
-        async def remove(name: str) -> None:
-            slot = self.slots[name]
-            sock = await slot.shutdown(keep_socket=True)
-            del self.slots[name]
-            if sock is not None:
-                pool[address(slot.config)] = sock
-
-        async def release(name: str) -> None:
-            slot = self.slots[name]
-            await slot.stop()
-            sock = await slot.release_socket()
-            if sock is not None:
-                pool[address(slot.config)] = sock
-
-        async def change(name: str) -> None:
-            slot, config = self.slots[name], models[name]
-            if slot.unloaded and slot.state == states.STOPPED:  # a lazy model not loaded: its next start takes it
-                await slot.apply_settings(config)
-                if slot.sock is None:
-                    slot.sock = pool.pop(address(config), None)
-                if config.load == "lazy":
-                    self._wait_unloaded(slot)
-                elif not (await self.load(name)).ok:
-                    errors.append(f"{name}: did not become ready: {slot.last_error}")
-                return
-            if name in moving:
-                ok, error = await slot.replace(config, self.shares.get(name), hold_both=False,
-                                               sock=pool.pop(address(config), None))
-                if not ok:
-                    errors.append(f"{name}: moved to {config.host}:{config.port}; the new worker did not become ready: {error}")
-                return
-            if name not in _new_worker(plan) and self.push_settings is not None:
-                ok, error = await slot.apply_settings(config)
-                if ok:
-                    return
-                log_event(logger, "reload.live_failed", logging.WARNING, model=name, error=error, then="new worker")
-            swap = _swap_or_say_why(memory, name)
-            ok, error = await slot.replace(config, self.shares.get(name), hold_both=swap)
-            if not ok and swap:
-                errors.append(f"{name}: the new worker did not become ready; the old one keeps serving: {error}")
-            elif not ok:
-                errors.append(f"{name}: stopped to make room (not enough memory for both); "
-                              f"the new worker did not become ready: {error}")
-
-        async def add(name: str) -> None:
-            slot = self._add_entry(name, models[name], sock=pool.pop(address(models[name]), None))
-            if slot is not None and models[name].load == "eager" and not await slot.start():
-                errors.append(f"{name}: did not become ready: {slot.last_error}")
-
-        await asyncio.gather(*(remove(n) for n in plan.removed), *(release(n) for n in moving))
-        await asyncio.gather(*(change(n) for n in plan.changed), *(add(n) for n in plan.added))
-        for sock in pool.values():  # freed and not taken
-            sock.close()
-        return errors
-
-    # -- control API ----------------------------------------------------
-
-    def status(self) -> StatusView:
-        now = time.time()
-        models = []
-        for name, entry in self._entries().items():
-            state, error = self.shown(name)
-            if name in self.upstreams:
-                upstream = self.upstreams[name]
-                host, port = _host_port(entry.upstream or "")
-                models.append(ModelView(
-                    name=name, state=state, pid=None, host=host, port=port, restarts=0,
-                    uptime_s=round(now - upstream.ready_since, 1) if upstream.ready_since else None, last_exit_code=None,
-                    served_model_name=entry.display_name(name), last_error=error,
-                    keys=None if entry.is_open else entry.key_names(), upstream=entry.upstream,
-                ))
-                continue
-            slot = self.slots[name]
-            idle = self._idle_s(slot)
-            models.append(ModelView(
-                name=name, state=state, pid=slot.pid, host=slot.config.host, port=slot.config.port,
-                restarts=slot.restarts, uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None,
-                last_exit_code=slot.last_exit_code, served_model_name=slot.config.display_name(name),
-                last_error=error, runtime=_runtime_fields(slot),
-                keys=None if slot.config.is_open else slot.config.key_names(),
-                load=slot.config.load, idle_unload_s=slot.config.idle_unload_s,
-                idle_s=round(idle, 1) if idle is not None else None,
-            ))
-        return StatusView(
-            daemon=DaemonView(
-                pid=os.getpid(), uptime_s=round(now - self.started, 1), config_path=str(self.loaded.path),
-                config_hash=self.loaded.short_hash, last_reload=self.last_reload, version=__version__,
-                config_missing=self.config_missing,
-            ),
-            models=models,
-            gateway=self._gateway_view(now),
-        )
-
-    async def refresh(self) -> None:
-        """Fresh load figures from every running worker, in parallel, before a status is read."""
-        workers = [s.serving for s in self.slots.values() if s.serving is not None]
-        await asyncio.gather(*(w.refresh() for w in workers), return_exceptions=True)
-
-    def _not_here(self, name: str) -> ActionReply | None:
-        if name in self.upstreams:
-            return ActionReply(ok=False, name=name, message=f"{name} is served by {self.upstreams[name].config.upstream}: "
-                                                             "start, stop and restart it on that host")
-        return None
-
-    async def restart(self, name: str) -> ActionReply:
-        if (upstream := self._not_here(name)) is not None:
-            return upstream
-        slot = self._slot(name)
-        replacing = {name: slot.config} if slot.pid is not None else {}
-        memory = await asyncio.to_thread(load_memory_plan, self.running_config(), self.settings.state_dir, replacing)
-        swap = _swap_or_say_why(memory, name)
-        ok = await slot.restart(hold_both=swap)
-        if not ok:
-            return ActionReply(ok=False, name=name, message=f"did not become ready: {slot.last_error}")
-        message = "restarted" if swap else "restarted (stopped first: not enough memory for both)"
-        return ActionReply(ok=True, name=name, message=message)
-
-    async def stop(self, name: str) -> ActionReply:
-        if (upstream := self._not_here(name)) is not None:
-            return upstream
-        slot = self._slot(name)
-        slot.unloaded = False  # stopped on purpose: no request loads it again until `start`
-        ok = await slot.stop()
-        return ActionReply(ok=ok, name=name, message="stopped" if ok else "could not be stopped")
-
-    async def start(self, name: str) -> ActionReply:
-        if (upstream := self._not_here(name)) is not None:
-            return upstream
-        slot = self._slot(name)
-        if slot.config.load == "lazy":  # through memory admission, as a request would load it
-            slot.unloaded = slot.unloaded or slot.state == states.STOPPED
-            return await self.load(name)
-        ok = await slot.start()
-        return ActionReply(ok=ok, name=name, message="ready" if ok else f"did not become ready: {slot.last_error}")
-
-    def _logs_slot(self, name: str) -> Slot:
-        if name == GATEWAY and name not in self.slots and self.gateway_slot is not None:
-            return self.gateway_slot
-        return self._slot(name)
-
-    def logs(self, name: str, lines: int) -> list[str]:
-        return self._logs_slot(name).log.tail(lines)
-
-    def follow(self, name: str) -> AsyncIterator[str]:
-        return self._logs_slot(name).log.follow()
-
-    # -- shutdown -------------------------------------------------------
-
-    async def stop_all(self) -> None:
-        """Shut every slot down in parallel: starting workers are killed, ready ones drain; sockets close."""
-        if self._idle_task is not None:
-            self._idle_task.cancel()
-        for upstream in self.upstreams.values():
-            await upstream.close()
-        slots = dict(self.slots)
-        if self.gateway_slot is not None:
-            slots[f"{GATEWAY}\0"] = self.gateway_slot
-        results = await asyncio.gather(*(slot.shutdown() for slot in slots.values()), return_exceptions=True)
-        for name, result in zip(slots, results):
+    async def _on_shutdown(self, msg: _Msg) -> None:
+        self._closing = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for op in list(self._ops.values()):  # the units carry on with what was asked; their shutdown follows it
+            op.task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        units = dict(self.units)
+        results = await asyncio.gather(*(u.shutdown() for u in units.values()), return_exceptions=True)
+        for name, result in zip(units, results):
             if isinstance(result, BaseException):
-                log_event(logger, "slot.shutdown_failed", logging.ERROR, model=name.rstrip("\0"), error=repr(result))
-
-    def kill_all(self) -> list[int]:
-        """SIGKILL whatever worker is left, in every slot (and the gateway); their pids."""
-        slots = [*self.slots.values(), *([self.gateway_slot] if self.gateway_slot is not None else [])]
-        return [pid for slot in slots for pid in slot.kill_all()]
-
-    def ready_count(self) -> tuple[int, int]:
-        shown = [self.shown(n)[0] for n in self._entries()]
-        return sum(s in (states.READY, states.IDLE) for s in shown), len(shown)
+                log_event(logger, "slot.shutdown_failed", logging.ERROR, model=name.lstrip(":"), error=repr(result))
+        _resolve(msg.future, None)
 
 
-def _swap_or_say_why(memory: MemoryPlan, name: str) -> bool:
-    """Whether ``name`` is swapped with no downtime; logs why not when it is stopped first."""
-    if memory.swap(name):
-        return True
-    log_event(logger, "memory.restart", logging.WARNING, model=name, reason="not enough memory for both",
-              peak_mb=memory.changes[name].peak_mb, usable_mb=memory.capacity.usable_mb)
-    return False
+def _resolve(future: asyncio.Future | None, value) -> None:
+    if future is not None and not future.done():
+        future.set_result(value)
 
 
-def _new_worker(plan: ReloadPlan) -> tuple[str, ...]:
-    """Changed entries that need a new worker (all of them with a plan that does not say)."""
-    return tuple(getattr(plan, "new_worker", plan.changed))
-
-
-def _runtime_fields(slot: Slot) -> dict:
-    """BLAS, threads, cores and load of the slot's serving worker, as it reported them."""
-    worker = slot.serving
-    runtime, load = (worker.runtime, worker.load) if worker is not None else ({}, {})
-    fields = {key: runtime.get(key) for key in ("blas", "blas_path", "blas_warning", "threads", "cpus")}
-    return fields | {key: load.get(key) for key in ("running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb",
-                                                    "embedding_model", "embedding_requests", "embedding_inputs", "mcp")}
-
-
-def _host_port(url: str) -> tuple[str, int]:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    return parts.hostname or "", port or (443 if parts.scheme == "https" else 80)
+def _fail(future: asyncio.Future | None, exc: BaseException) -> None:
+    if future is not None and not future.done():
+        future.set_exception(exc)

@@ -6,7 +6,9 @@ carries out the actions it returns; nothing else changes a slot's phase. A pair 
 no sense (a backoff timer firing while ready) is refused with an error and changes nothing.
 
 Phases are the public states plus ``swapping``: a new worker loads while the previous one
-(the *held* worker) keeps serving; ``vllmmlxctl status`` shows it as ready.
+(the *held* worker) keeps serving; ``vllmmlxctl status`` shows it as ready. A lazy model's
+slot has one more, ``unloaded``: no worker, but a ``load`` (a request needs it) starts one,
+where ``stopped`` (on purpose) waits for a ``start``. Unloading is a stop that ends there.
 """
 
 from __future__ import annotations
@@ -18,23 +20,24 @@ from typing import Literal
 from . import states
 from .backoff import BackoffPolicy
 
-Phase = Literal["starting", "ready", "swapping", "draining", "backoff", "failed", "stopped"]
+Phase = Literal["starting", "ready", "swapping", "draining", "backoff", "failed", "stopped", "unloaded"]
 SWAPPING: Phase = "swapping"
-PHASES: tuple[Phase, ...] = (*states.ALL, SWAPPING)
+UNLOADED: Phase = "unloaded"
+PHASES: tuple[Phase, ...] = (*states.ALL, SWAPPING, UNLOADED)
 
 
-def public_state(phase: Phase) -> states.State:
+def public_state(phase: Phase) -> states.Shown:
     """What status shows: a swap is invisible, the held worker is still serving."""
     return states.READY if phase == SWAPPING else phase
 
 
 EventKind = Literal[
     # commands (from the supervisor, the control API, shutdown)
-    "start", "stop", "restart", "replace", "apply_settings", "shutdown",
+    "start", "stop", "restart", "replace", "apply_settings", "shutdown", "load", "unload",
     # events about the slot's workers and timers
     "worker_ready", "worker_exited", "held_exited", "health_failed", "start_timeout", "backoff_elapsed",
 ]
-COMMANDS: tuple[EventKind, ...] = ("start", "stop", "restart", "replace", "apply_settings", "shutdown")
+COMMANDS: tuple[EventKind, ...] = ("start", "stop", "restart", "replace", "apply_settings", "shutdown", "load", "unload")
 EVENTS: tuple[EventKind, ...] = (
     *COMMANDS, "worker_ready", "worker_exited", "held_exited", "health_failed", "start_timeout", "backoff_elapsed",
 )
@@ -55,6 +58,7 @@ class Counters:
     fast_crashes: int = 0  # crashes in a row, each before or soon after READY
     restarts: int = 0  # shown in status: crash restarts and `vllmmlxctl restart`
     then_start: bool = False  # draining: start a worker (the target config) once this one is gone
+    then_unload: bool = False  # draining: end unloaded (a lazy model's idle or memory unload), not stopped
     closing: bool = False  # shut down: nothing starts any more
 
 
@@ -74,7 +78,8 @@ Action = Literal[
 
 # How waiting callers learn the outcome: a start/restart/replace waits for "serving" outcomes,
 # a stop for "stopped" (or "gone": the worker is gone and a start follows).
-Outcome = Literal["ready", "restored", "crashed", "failed", "stopped", "gone"]
+Outcome = Literal["ready", "restored", "crashed", "failed", "stopped", "gone", "kept"]
+# "kept": a command done without a worker (a replace of an unloaded model: its next load runs the new config).
 
 
 @dataclass(frozen=True)
@@ -97,24 +102,39 @@ def decide(phase: Phase, event: Event, counters: Counters, policy: BackoffPolicy
         return Decision(to, actions, dataclasses.replace(c, **changes) if changes else c, outcome)
 
     def refuse(why: str) -> Decision:
-        return Decision(phase, (), c, error=f"{kind} while {phase}: {why}")
+        return Decision(phase, (), c, error=f"{event.kind} while {phase}: {why}")
 
-    if c.closing and kind in ("start", "restart", "replace", "backoff_elapsed"):
+    if c.closing and kind in ("start", "restart", "replace", "backoff_elapsed", "load"):
         return refuse("the daemon is shutting down")
+
+    if kind == "unload":
+        return _unload(phase, c, go, refuse)
+
+    if kind == "load":  # a request needs the model: as a start, but a model stopped on purpose stays stopped
+        if phase == states.STOPPED:
+            return refuse("stopped on purpose (vllmmlxctl start loads it)")
+        if phase == states.FAILED:
+            return refuse("failed (a reload, start or restart tries again)")
+        if phase == states.DRAINING and c.then_unload:  # unloading: load again once that worker is gone
+            return go(states.DRAINING, then_start=True, then_unload=False)
+        if phase == states.DRAINING and not c.then_start:
+            return refuse("stopping")
+        kind = "start"
 
     if kind in ("stop", "shutdown"):
         closing = c.closing or kind == "shutdown"
-        if phase in (states.STOPPED, states.FAILED):
-            return go(states.STOPPED, outcome="stopped", closing=closing, then_start=False)
+        if phase in (states.STOPPED, states.FAILED, UNLOADED):
+            return go(states.STOPPED, outcome="stopped", closing=closing, then_start=False, then_unload=False)
+        stop = {"closing": closing, "then_start": False, "then_unload": False}
         if phase == states.BACKOFF:
-            return go(states.STOPPED, "cancel_backoff", outcome="stopped", closing=closing, then_start=False)
+            return go(states.STOPPED, "cancel_backoff", outcome="stopped", **stop)
         if phase == states.STARTING:  # a half-started worker is killed, not waited for
-            return go(states.DRAINING, "kill", closing=closing, then_start=False)
+            return go(states.DRAINING, "kill", **stop)
         if phase == states.READY:
-            return go(states.DRAINING, "drain", closing=closing, then_start=False)
+            return go(states.DRAINING, "drain", **stop)
         if phase == SWAPPING:
-            return go(states.DRAINING, "kill", "release_held", closing=closing, then_start=False)
-        return go(states.DRAINING, closing=closing, then_start=False)  # draining already
+            return go(states.DRAINING, "kill", "release_held", **stop)
+        return go(states.DRAINING, **stop)  # draining already
 
     if kind in ("start", "restart", "replace"):
         adopt: tuple[Action, ...] = ("adopt",) if kind == "replace" else ()
@@ -122,8 +142,10 @@ def decide(phase: Phase, event: Event, counters: Counters, policy: BackoffPolicy
         if phase in (SWAPPING, states.DRAINING) and kind != "start":
             return refuse("busy: a swap or a stop is in progress")
         if phase == states.DRAINING:  # start after a stop: once the old worker is gone
-            return go(states.DRAINING, then_start=True)
-        if phase in (states.STOPPED, states.FAILED):
+            return go(states.DRAINING, then_start=True, then_unload=False)
+        if phase == UNLOADED and kind == "replace":  # nothing runs: the next load takes the new config
+            return go(UNLOADED, "adopt", outcome="kept")
+        if phase in (states.STOPPED, states.FAILED, UNLOADED):
             return go(states.STARTING, *adopt, "spawn", fast_crashes=0, restarts=counted)
         if phase == states.BACKOFF:
             return go(states.STARTING, "cancel_backoff", *adopt, "spawn", fast_crashes=0, restarts=counted)
@@ -138,7 +160,7 @@ def decide(phase: Phase, event: Event, counters: Counters, policy: BackoffPolicy
     if kind == "apply_settings":
         if phase == states.READY:
             return go(states.READY, "adopt", "push_settings")
-        if phase in (states.STOPPED, states.FAILED, states.BACKOFF):
+        if phase in (states.STOPPED, states.FAILED, states.BACKOFF, UNLOADED, states.DRAINING):
             return go(phase, "adopt")  # the next worker starts with them
         if phase == states.STARTING:  # it loaded the old settings: start again with the new
             return go(states.DRAINING, "adopt", "kill", then_start=True)
@@ -155,6 +177,8 @@ def decide(phase: Phase, event: Event, counters: Counters, policy: BackoffPolicy
         if phase == states.DRAINING:
             if c.then_start and not c.closing:
                 return go(states.STARTING, "spawn", outcome="gone", then_start=False, fast_crashes=0)
+            if c.then_unload and not c.closing:
+                return go(UNLOADED, outcome="stopped", then_unload=False)
             return go(states.STOPPED, outcome="stopped", then_start=False)
         if phase == SWAPPING:  # the new worker failed: the old one keeps serving
             return go(states.READY, "restore_held", outcome="restored")
@@ -183,6 +207,22 @@ def decide(phase: Phase, event: Event, counters: Counters, policy: BackoffPolicy
         return refuse("no restart is pending")
 
     return refuse("unknown event")
+
+
+def _unload(phase: Phase, c: Counters, go, refuse) -> Decision:
+    """A lazy model gives its memory back (idle, or room for another): it ends unloaded, loading on demand."""
+    if c.closing:
+        return refuse("the daemon is shutting down")
+    if phase == UNLOADED:
+        return go(UNLOADED, outcome="stopped")
+    if phase == states.BACKOFF:
+        return go(UNLOADED, "cancel_backoff", outcome="stopped")
+    if phase == states.READY:
+        return go(states.DRAINING, "drain", then_unload=True, then_start=False)
+    if phase == states.STARTING:
+        return go(states.DRAINING, "kill", then_unload=True, then_start=False)
+    return refuse("busy: a swap or a stop is in progress" if phase in (SWAPPING, states.DRAINING)
+                  else "stopped or failed: there is nothing to unload")
 
 
 def _crashed(event: Event, c: Counters, policy: BackoffPolicy) -> Decision:

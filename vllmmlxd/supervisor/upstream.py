@@ -17,24 +17,26 @@ import httpx
 
 from ..config.schema import ModelConfig
 from ..log import log_event
+from . import states
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
-CHECKING = "starting"  # before the first answer
-READY = "ready"
-UNREACHABLE = "unreachable"
+CHECKING: states.Shown = states.STARTING  # before the first answer
+READY: states.Shown = states.READY
+UNREACHABLE: states.Shown = states.UNREACHABLE
 CHECK_TIMEOUT_S = 3.0
 SLOW_CHECKS = 2  # a host that answers slowly this many times in a row is unreachable; a refusal counts at once
 
 
-class UpstreamSlot:
-    """Health checks of one upstream entry; ``state`` and ``last_error`` as of the last check."""
+class UpstreamChecks:
+    """Health checks of one upstream entry; ``state`` and ``last_error`` as of the last check, written
+    by its own task only (a reload's new entry reaches it through ``update``)."""
 
     def __init__(self, name: str, config: ModelConfig, interval_s: float, on_change: Callable[[], None]):
         self.name = name
         self.config = config
         self.interval_s = interval_s
-        self.state = CHECKING
+        self.state: states.Shown = CHECKING
         self.last_error: str | None = None
         self.ready_since: float | None = None
         self.checks = 0
@@ -54,7 +56,7 @@ class UpstreamSlot:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
 
-    async def check(self) -> tuple[str, str | None]:
+    async def check(self) -> tuple[states.Shown, str | None]:
         """One health check: ``(ready, None)`` or ``(unreachable, why)``."""
         headers = {}
         if self.config.upstream_api_key is not None:

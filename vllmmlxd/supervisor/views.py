@@ -68,7 +68,7 @@ class ModelView:
 
 @dataclass(frozen=True)
 class GatewayView:
-    state: states.State
+    state: states.Shown
     pid: int | None
     host: str
     port: int

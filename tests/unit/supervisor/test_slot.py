@@ -5,7 +5,6 @@ worker, crashes back off then fail, a failed swap keeps the old worker, the stan
 from __future__ import annotations
 
 import asyncio
-import itertools
 import socket
 from pathlib import Path
 
@@ -15,86 +14,9 @@ from vllmmlxd.config.schema import ModelConfig
 from vllmmlxd.supervisor import slot as slot_module
 from vllmmlxd.supervisor import states
 from vllmmlxd.supervisor.backoff import BackoffPolicy
-from vllmmlxd.supervisor.process import SpawnError
 from vllmmlxd.supervisor.slot import Slot, SlotSettings
 from vllmmlxd.supervisor.tuning import Tuning
-
-_pids = itertools.count(1000)
-
-
-class FakeWorker:
-    """Behaves as told: ``ready`` (loads and serves), ``hang`` (never ready), or an exit code during its load."""
-
-    script: list = []  # what the next spawns do; "ready" once it is empty
-    spawned: list["FakeWorker"] = []
-    spawn_error: str | None = None
-
-    def __init__(self, config: ModelConfig, behaviour):
-        self.config = config
-        self.behaviour = behaviour
-        self.pid = next(_pids)
-        self.health_socket = Path("/nonexistent")
-        self.listening = False
-        self.ready_at = None
-        self.share = None
-        self.failure = None
-        self.exit_code = None
-        self.runtime, self.load = {}, {}
-        self.answers = True
-        self.proc = self  # the slot waits on worker.proc.wait()
-        self._exit = asyncio.get_running_loop().create_future()
-
-    @classmethod
-    async def spawn(cls, name, config, **kw):
-        if cls.spawn_error:
-            raise SpawnError(cls.spawn_error)
-        worker = cls(config, cls.script.pop(0) if cls.script else "ready")
-        cls.spawned.append(worker)
-        return worker
-
-    def _finish(self, code: int) -> None:
-        if not self._exit.done():
-            self.exit_code = code
-            self._exit.set_result(code)
-
-    async def wait_ready(self, timeout, on_listening=lambda: None):
-        await asyncio.sleep(0.01)
-        if self.behaviour == "ready":
-            self.listening = True
-            on_listening()
-            return True
-        if isinstance(self.behaviour, int):
-            self._finish(self.behaviour)
-            return False
-        try:
-            await asyncio.wait_for(asyncio.shield(self._exit), timeout)
-        except asyncio.TimeoutError:
-            pass
-        return False
-
-    async def healthy(self, timeout=5):
-        return self.answers
-
-    async def wait(self):
-        return await self._exit
-
-    def kill(self):
-        self._finish(-9)
-
-    def terminate(self):
-        self._finish(0)
-
-    async def stop(self, drain_timeout):
-        self.terminate()
-        return await self.wait()
-
-    def last_lines(self, n=10):
-        return f"fake worker {self.pid} said goodbye"
-
-    @property
-    def alive(self):
-        return not self._exit.done()
-
+from tests.support.fake_worker import FakeWorker
 
 @pytest.fixture(autouse=True)
 def fake_workers(monkeypatch):

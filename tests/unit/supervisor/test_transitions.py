@@ -12,6 +12,7 @@ from vllmmlxd.supervisor.transitions import (
     EVENTS,
     PHASES,
     SWAPPING,
+    UNLOADED,
     Counters,
     Event,
     decide,
@@ -20,6 +21,7 @@ from vllmmlxd.supervisor.transitions import (
 
 POLICY = BackoffPolicy(initial_s=0.5, factor=2, max_s=30, fast_crash_s=10, max_fast_crashes=3)
 S, R, D, B, F, X, W = states.STARTING, states.READY, states.DRAINING, states.BACKOFF, states.FAILED, states.STOPPED, SWAPPING
+U = UNLOADED
 
 # (phase, event kind) → (next phase, actions, outcome); absent pairs are illegal (refused).
 # Exits here are crashes of a worker that was ready briefly (exit code 1); other cases are below.
@@ -71,6 +73,23 @@ TABLE: dict[tuple[str, str], tuple[str, tuple[str, ...], str | None]] = {
     (S, "start_timeout"): (S, ("kill",), None),
     (W, "start_timeout"): (W, ("kill",), None),
     (B, "backoff_elapsed"): (S, ("spawn",), None),
+    (D, "apply_settings"): (D, ("adopt",), None),  # the worker that starts after the drain takes them
+    # A lazy model: unloaded is where an unload ends and a load starts from; stopped (on purpose) refuses a load.
+    (U, "start"): (S, ("spawn",), None),
+    (U, "restart"): (S, ("spawn",), None),
+    (U, "load"): (S, ("spawn",), None),
+    (U, "replace"): (U, ("adopt",), "kept"),
+    (U, "apply_settings"): (U, ("adopt",), None),
+    (U, "stop"): (X, (), "stopped"),
+    (U, "shutdown"): (X, (), "stopped"),
+    (U, "unload"): (U, (), "stopped"),
+    (S, "load"): (S, (), None),
+    (R, "load"): (R, (), "ready"),
+    (W, "load"): (W, (), None),
+    (B, "load"): (S, ("cancel_backoff", "spawn"), None),
+    (R, "unload"): (D, ("drain",), None),
+    (S, "unload"): (D, ("kill",), None),
+    (B, "unload"): (U, ("cancel_backoff",), "stopped"),
 }
 
 
@@ -113,6 +132,24 @@ def test_a_stop_interrupts_a_start_and_a_start_waits_for_the_drain():
     c = decide(D, Event("start"), Counters(), POLICY).counters
     c = decide(D, Event("stop"), c, POLICY).counters
     assert decide(D, Event("worker_exited", code=0), c, POLICY).phase == X
+
+
+def test_an_unload_ends_unloaded_and_a_load_meanwhile_starts_again():
+    d = decide(R, Event("unload"), Counters(), POLICY)
+    assert d.counters.then_unload
+    done = decide(D, Event("worker_exited", code=0), d.counters, POLICY)
+    assert (done.phase, done.outcome) == (U, "stopped")
+    again = decide(D, Event("load"), d.counters, POLICY)
+    assert again.counters.then_start and not again.counters.then_unload
+    assert decide(D, Event("worker_exited", code=0), again.counters, POLICY).actions == ("spawn",)
+
+
+def test_a_load_never_starts_a_model_stopped_on_purpose():
+    for phase in (X, F):
+        assert "load while" in (decide(phase, Event("load"), Counters(), POLICY).error or "")
+    stopping = decide(R, Event("stop"), Counters(), POLICY).counters
+    assert decide(D, Event("load"), stopping, POLICY).error
+    assert decide(X, Event("start"), Counters(), POLICY).actions == ("spawn",)  # a start does
 
 
 def test_a_cold_replace_drains_then_starts():

@@ -1,0 +1,252 @@
+"""One reload, carried out: the steps ``plan.plan_reload`` chose, in two waves of operations.
+
+The first wave shuts down removed entries and stops those that move, freeing their
+listening sockets into a pool (two entries can exchange ports in one reload: a socket is
+never bound again while another unit still holds it). Between the waves, in the
+supervisor's task, removed units leave the collection and new ones join it, each taking its
+address's socket from the pool. The second wave applies changes and starts additions. The
+operations drive units through their commands only; the collection is changed only in the
+task (``between``), so a reload and an idle unload or a load never write the same thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import TYPE_CHECKING, Callable
+
+from ..config.diff import ReloadPlan, diff_models
+from ..config.load import LoadedConfig, load_config
+from ..config.schema import Config, ModelConfig
+from ..errors import ConfigError
+from ..log import log_event
+from ..runtime import cpus
+from .gateway import needs_new_process
+from .memory import MemoryPlan, load_memory_plan
+from .plan import EntryFacts, ReloadSteps, plan_reload
+from .units import GatewayUnit, ModelUnit, UpstreamUnit
+from .views import ReloadReply
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
+
+logger = logging.getLogger("vllmmlxd.supervisor")
+Address = tuple[str, int]
+
+
+def address(config: ModelConfig) -> Address:
+    return config.host, config.port
+
+
+async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -> ReloadReply | ReloadRun:
+    """In the task: read ``path``, plan, check memory. The reply for a dry run or a refusal (nothing
+    changes), else the run that applies it."""
+    if previewing and not dry_run:
+        return ReloadReply(ok=False, dry_run=False, plan="", config_path=path,
+                           error="another file can only be previewed (dry run): a reload reads the daemon's own config")
+    try:
+        new = await asyncio.to_thread(load_config, path)
+    except ConfigError as exc:
+        if not dry_run:
+            log_event(logger, "reload.invalid", logging.ERROR, error=str(exc))
+            sup._record_failure(str(exc), None)
+        return ReloadReply(ok=False, dry_run=dry_run, plan="", error=str(exc))
+    diff = diff_models(sup.running_config(), new.config)
+    # A changed entry's swap holds its running worker beside the new one.
+    swapped = diff.new_worker if sup.push_settings is not None else tuple(diff.changed)
+    models = {n: u for n, u in sup.entry_units().items() if isinstance(u, ModelUnit)}
+    replacing = {n: models[n].config for n in swapped if n in models and models[n].slot.pid is not None
+                 and new.config.models[n].upstream is None}
+    memory = await asyncio.to_thread(load_memory_plan, new.config, sup.settings.state_dir, replacing)
+    text = f"{diff.render()}\n{memory.render()}"
+    if not memory.fits:  # nothing changes, and the error names each entry with its numbers
+        error = memory.refusal()
+        if not dry_run:
+            log_event(logger, "reload.refused", logging.ERROR, **memory.fields(),
+                      entries=",".join(f"{n}:{f.total_mb}" for n, f in memory.entries.items()), error=error)
+            sup._record_failure(error, text)
+        return ReloadReply(ok=False, dry_run=dry_run, plan=text, error=error, entries=diff.entries())
+    if dry_run:
+        return ReloadReply(ok=True, dry_run=True, plan=text, error=None, entries=diff.entries())
+    sup._take_daemon_keys(diff, new.config)
+    sup._keep_shares(diff, plan_shares(new.config))
+    entries = {n: EntryFacts("upstream" if e.upstream is not None else "model",
+                             None if e.upstream is not None else (e.host, e.port), e.load == "lazy")
+               for n, e in new.config.models.items()}
+    addresses = {n: (u.config.host, u.config.port) if isinstance(u, ModelUnit) else None
+                 for n, u in sup.entry_units().items()}
+    steps = plan_reload(diff, sup._facts(), addresses, entries, frozenset(n for n in diff.changed if memory.swap(n)),
+                        sup.push_settings is not None)
+    return ReloadRun(sup, new, diff, memory, steps, text)
+
+
+def plan_shares(config: Config) -> dict[str, cpus.CpuShare]:
+    """Each entry's cores (Linux): an even split unless an entry sets ``threads``."""
+    if not cpus.can_pin():
+        return {}
+    local = {name: entry.threads for name, entry in config.models.items() if entry.upstream is None}
+    shares = cpus.plan_shares(local, cpus.available_cpus())
+    if any(share.oversubscribed for share in shares.values()):
+        log_event(logger, "cpu.oversubscribed", logging.WARNING, cores=len(cpus.available_cpus()),
+                  shares=",".join(f"{n}:{s.render()}" for n, s in shares.items()))
+    return shares
+
+
+class ReloadRun:
+    """A reload between its plan and its record; see the module's docstring."""
+
+    def __init__(self, sup: Supervisor, new: LoadedConfig, diff: ReloadPlan, memory: MemoryPlan, steps: ReloadSteps,
+                 text: str):
+        self.sup, self.new, self.diff, self.memory, self.steps, self.text = sup, new, diff, memory, steps, text
+        self.errors: list[str] = []
+        if diff.restart_required:
+            self.errors.append(f"daemon.{', daemon.'.join(diff.restart_required)} changed: restart the daemon to apply")
+        self.pool: dict[Address, socket.socket] = {}
+        self._done: Callable[[ReloadReply], None] = lambda reply: None
+
+    def start(self, done: Callable[[ReloadReply], None]) -> None:
+        """In the task: run the first wave; ``done`` (in the task too) gets the reply at the end."""
+        self._done = done
+        names = self.steps.names()
+        before = self.sup._pending(names)  # an idle unload or a load on one of them finishes first
+        self.sup._operation({n: "reloading" for n in names}, self._first(before), self._between)
+
+    async def _first(self, before: list[asyncio.Task]) -> None:
+        if before:
+            await asyncio.wait(before)
+        units = self.sup.units
+
+        async def remove(name: str) -> None:
+            unit = units[name]
+            sock = await unit.shutdown(keep_socket=True)
+            if sock is not None and isinstance(unit, ModelUnit):
+                self.pool[address(unit.config)] = sock
+
+        async def release(name: str) -> None:
+            unit = units[name]
+            assert isinstance(unit, ModelUnit)
+            await unit.slot.stop()
+            sock = await unit.slot.release_socket()
+            if sock is not None:
+                self.pool[address(unit.config)] = sock
+
+        await asyncio.gather(*(remove(n) if step == "remove" else release(n) for n, step in self.steps.first))
+
+    def _between(self, result, error: BaseException | None) -> None:
+        """In the task: the collection changes here, and only here."""
+        sup, models = self.sup, self.new.config.models
+        if error is not None:
+            self.errors.append(f"reload: {error}")
+        for name, step in self.steps.first:
+            if step == "remove":
+                sup.units.pop(name, None)
+        sup.loaded = self.new
+        for name, step in self.steps.then:
+            entry = models[name]
+            if step == "add":
+                sup._add_entry(name, entry, sock=self.pool.pop(address(entry), None) if entry.upstream is None else None)
+            elif step == "live" and isinstance(unit := sup.units[name], UpstreamUnit):
+                unit.checks.update(entry, sup._upstream_interval())  # the checks take it at their next round
+        for unit in sup.units.values():  # the gateway's interval may have changed
+            if isinstance(unit, UpstreamUnit):
+                unit.checks.update(unit.config, sup._upstream_interval())
+        order = [*models, ":gateway"]  # the config's order (and the gateway last)
+        sup.units = dict(sorted(sup.units.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+        gateway_step = self._gateway_step()
+        names = self.steps.names()
+        sup._operation({n: "reloading" for n in names}, self._second(gateway_step), self._end)
+
+    def _gateway_step(self) -> tuple[str, GatewayUnit | None]:
+        """What happens to the gateway, decided (and its unit made or dropped) in the task."""
+        sup, new = self.sup, self.new.config.gateway
+        unit = sup.gateway()
+        if new is None and unit is not None:
+            sup.units.pop(":gateway", None)
+            return "remove", unit
+        if new is None:
+            return "none", None
+        if unit is None:
+            return "start", sup._add_gateway(new)
+        old, unit.config = unit.config, new
+        return ("move" if needs_new_process(old, new) else "none"), unit
+
+    async def _second(self, gateway: tuple[str, GatewayUnit | None]) -> None:
+        units, models = self.sup.units, self.new.config.models
+        await asyncio.gather(*(self._apply(name, step, units.get(name), models[name]) for name, step in self.steps.then))
+        for sock in self.pool.values():  # freed and not taken
+            sock.close()
+        what, unit = gateway
+        if unit is None or what == "none":
+            return
+        if what == "remove":
+            await unit.shutdown()
+        elif what == "start" and not await unit.slot.start():
+            self.errors.append(f"gateway: did not become ready: {unit.slot.last_error}")
+        elif what == "move":
+            spec = self.sup._publication.stamp(self.sup._spec(unit.config))
+            ok, error = await unit.slot.replace(spec, hold_both=False)
+            if not ok:
+                self.errors.append(f"gateway: moved to {unit.config.host}:{unit.config.port}; it did not become ready: "
+                                   f"{error}")
+
+    async def _apply(self, name: str, step: str, unit, config: ModelConfig) -> None:
+        """One entry's step of the second wave (an error is kept for the reply, never raised)."""
+        share = self.sup.shares.get(name)
+        if isinstance(unit, UpstreamUnit):
+            return  # added or updated in the task already
+        if not isinstance(unit, ModelUnit):
+            return
+        slot = unit.slot
+        if step == "add":
+            if config.load == "eager" and not await slot.start():
+                self.errors.append(f"{name}: did not become ready: {slot.last_error}")
+            return
+        if step == "move":
+            ok, error = await slot.replace(config, share, hold_both=False, sock=self.pool.pop(address(config), None))
+            if not ok:
+                self.errors.append(f"{name}: moved to {config.host}:{config.port}; the new worker did not become ready: "
+                                   f"{error}")
+            return
+        if step == "adopt":  # not loaded: its next load takes the entry (an eager one loads now)
+            await slot.apply_settings(config, sock=self.pool.pop(address(config), None))
+            if config.load == "eager":
+                ok, error = await slot.load()
+                if not ok:
+                    self.errors.append(f"{name}: did not become ready: {error}")
+            return
+        if step == "live":
+            ok, error = await slot.apply_settings(config)
+            if ok:
+                return
+            log_event(logger, "reload.live_failed", logging.WARNING, model=name, error=error, then="new worker")
+        swap = swap_or_say_why(self.memory, name)
+        ok, error = await slot.replace(config, share, hold_both=swap)
+        if not ok and swap:
+            self.errors.append(f"{name}: the new worker did not become ready; the old one keeps serving: {error}")
+        elif not ok:
+            self.errors.append(f"{name}: stopped to make room (not enough memory for both); "
+                               f"the new worker did not become ready: {error}")
+
+    def _end(self, result, error: BaseException | None) -> None:
+        if error is not None:
+            self.errors.append(f"reload: {error}")
+        plan, memory = self.diff, self.memory
+        error_text = "\n".join(self.errors) or None
+        log_event(
+            logger, "reload.done" if not self.errors else "reload.failed",
+            logging.INFO if not self.errors else logging.ERROR,
+            added=",".join(plan.added), changed=",".join(plan.changed), removed=",".join(plan.removed),
+            needed_mb=memory.needed_mb, usable_mb=memory.capacity.usable_mb, error=error_text,
+        )
+        self._done(ReloadReply(ok=not self.errors, dry_run=False, plan=self.text, error=error_text,
+                               entries=plan.entries()))
+
+
+def swap_or_say_why(memory: MemoryPlan, name: str) -> bool:
+    """Whether ``name`` is swapped with no downtime; logs why not when it is stopped first."""
+    if memory.swap(name):
+        return True
+    log_event(logger, "memory.restart", logging.WARNING, model=name, reason="not enough memory for both",
+              peak_mb=memory.changes[name].peak_mb, usable_mb=memory.capacity.usable_mb)
+    return False

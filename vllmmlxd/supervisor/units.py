@@ -1,0 +1,236 @@
+"""The units the daemon runs, each behind one small protocol: what it is, what it shows, how it ends.
+
+- ``ModelUnit``: a model entry served here (eager or lazy), one ``Slot`` running its workers.
+- ``UpstreamUnit``: a model entry served by another host's daemon: health checks, no process.
+- ``GatewayUnit``: the gateway process, a ``Slot`` running ``vllmmlxd.gateway`` on its spec.
+
+A new kind (a sharded model's ranks, a replica set) is a new class here. Units are created and
+dropped only by the supervisor's task; each one's state is written by its own actor (the slot,
+or the upstream's checking task), and read here to be shown and to feed ``plan``.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from typing import Protocol, Union
+from urllib.parse import urlsplit
+
+from ..config.gateway import GatewayConfig, GatewaySpec
+from ..config.schema import ModelConfig
+from . import lazy, states
+from .log_lines import LogLines
+from .plan import Kind, UnitFacts
+from .slot import Slot
+from .upstream import UpstreamChecks
+from .views import GatewayView, ModelView
+
+
+class Unit(Protocol):
+    """What the supervisor needs of every unit."""
+
+    name: str
+    kind: Kind
+
+    @property
+    def log(self) -> LogLines:
+        """Its processes' lines and the daemon's about it, for `vllmmlxctl logs`."""
+        ...
+
+    def shown(self) -> tuple[states.Shown, str | None]:
+        """Its state as status and the gateway show it, and why it is not serving."""
+        ...
+
+    async def refresh(self) -> None:
+        """Fresh load figures from its process, if it has one."""
+        ...
+
+    async def shutdown(self, *, keep_socket: bool = False) -> socket.socket | None:
+        """Stop for good (drain what runs); its listening socket when ``keep_socket``."""
+        ...
+
+    def kill_all(self) -> list[int]:
+        """SIGKILL whatever process is left (the daemon's last resort); their pids."""
+        ...
+
+
+@dataclass
+class ModelUnit:
+    """A model entry served here: its slot runs the workers; the entry's ``load`` says when."""
+
+    name: str
+    slot: Slot
+    kind: Kind = "model"
+
+    @property
+    def config(self) -> ModelConfig:
+        config = self.slot.config
+        assert isinstance(config, ModelConfig)
+        return config
+
+    @property
+    def log(self) -> LogLines:
+        return self.slot.log
+
+    @property
+    def lazy(self) -> bool:
+        return self.config.load == "lazy"
+
+    def idle_s(self, now: float | None = None) -> float | None:
+        """How long its ready worker has gone without a request (None: busy, unknown, or not ready)."""
+        worker = self.slot.serving
+        if worker is None or self.slot.state != states.READY:
+            return None
+        return lazy.idle_for(worker.load.get("idle_s"), worker.load_at, time.monotonic() if now is None else now)
+
+    def shown(self) -> tuple[states.Shown, str | None]:
+        state = self.slot.state
+        if self.lazy:
+            if state == states.STARTING:
+                state = states.LOADING
+            elif state == states.READY and self.idle_s() is not None:
+                state = states.IDLE
+        return state, slot_error(self.slot)
+
+    def facts(self, footprint_mb: int = 0, busy=None) -> UnitFacts:
+        return UnitFacts(self.name, "model", self.slot.state, self.lazy, footprint_mb, self.idle_s(),
+                         self.config.idle_unload_s, busy, slot_error(self.slot))
+
+    def view(self, now: float) -> ModelView:
+        slot, config = self.slot, self.config
+        idle = self.idle_s()
+        return ModelView(
+            name=self.name, state=self.shown()[0], pid=slot.pid, host=config.host, port=config.port,
+            restarts=slot.restarts, uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None,
+            last_exit_code=slot.last_exit_code, served_model_name=config.display_name(self.name),
+            last_error=slot_error(slot), runtime=runtime_fields(slot),
+            keys=None if config.is_open else config.key_names(), load=config.load,
+            idle_unload_s=config.idle_unload_s, idle_s=round(idle, 1) if idle is not None else None,
+        )
+
+    async def refresh(self) -> None:
+        if self.slot.serving is not None:
+            await self.slot.serving.refresh()
+
+    async def shutdown(self, *, keep_socket: bool = False) -> socket.socket | None:
+        return await self.slot.shutdown(keep_socket=keep_socket)
+
+    def kill_all(self) -> list[int]:
+        return self.slot.kill_all()
+
+
+@dataclass
+class UpstreamUnit:
+    """A model entry another host serves: the gateway routes to it while its health checks pass."""
+
+    name: str
+    checks: UpstreamChecks
+    kind: Kind = "upstream"
+
+    def __post_init__(self) -> None:
+        self._log = LogLines()  # nothing runs here; `vllmmlxctl logs` shows an empty list
+
+    @property
+    def log(self) -> LogLines:
+        return self._log
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.checks.config
+
+    def shown(self) -> tuple[states.Shown, str | None]:
+        return self.checks.state, self.checks.last_error
+
+    def facts(self) -> UnitFacts:
+        return UnitFacts(self.name, "upstream", self.checks.state, error=self.checks.last_error)
+
+    def view(self, now: float) -> ModelView:
+        config, checks = self.config, self.checks
+        host, port = host_port(config.upstream or "")
+        return ModelView(
+            name=self.name, state=checks.state, pid=None, host=host, port=port, restarts=0,
+            uptime_s=round(now - checks.ready_since, 1) if checks.ready_since else None, last_exit_code=None,
+            served_model_name=config.display_name(self.name), last_error=checks.last_error,
+            keys=None if config.is_open else config.key_names(), upstream=config.upstream,
+        )
+
+    async def refresh(self) -> None:
+        return None
+
+    async def shutdown(self, *, keep_socket: bool = False) -> socket.socket | None:
+        await self.checks.close()
+        return None
+
+    def kill_all(self) -> list[int]:
+        return []
+
+
+@dataclass
+class GatewayUnit:
+    """The gateway process: supervised like a worker, fed the routing table the supervisor builds."""
+
+    slot: Slot
+    config: GatewayConfig
+    name: str = "gateway"
+    kind: Kind = "gateway"
+
+    @property
+    def log(self) -> LogLines:
+        return self.slot.log
+
+    @property
+    def spec(self) -> GatewaySpec:
+        spec = self.slot.config
+        assert isinstance(spec, GatewaySpec)
+        return spec
+
+    def shown(self) -> tuple[states.Shown, str | None]:
+        return self.slot.state, slot_error(self.slot)
+
+    def view(self, now: float) -> GatewayView:
+        slot, config = self.slot, self.config
+        return GatewayView(
+            state=slot.state, pid=slot.pid, host=config.host, port=config.port, restarts=slot.restarts,
+            uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None, last_error=slot_error(slot),
+            ui=config.ui, version=self.spec.version,
+        )
+
+    async def refresh(self) -> None:
+        return None
+
+    async def shutdown(self, *, keep_socket: bool = False) -> socket.socket | None:
+        return await self.slot.shutdown(keep_socket=keep_socket)
+
+    def kill_all(self) -> list[int]:
+        return self.slot.kill_all()
+
+
+EntryUnit = Union[ModelUnit, UpstreamUnit]
+
+
+def slot_error(slot: Slot) -> str | None:
+    """Why a slot is not serving: its failure (with the reason it gave up) or its last crash."""
+    if slot.state == states.FAILED:
+        return f"{slot.fail_reason}: {slot.last_error}" if slot.fail_reason else slot.last_error
+    if slot.state == states.BACKOFF:
+        return slot.last_error
+    return None
+
+
+def runtime_fields(slot: Slot) -> dict:
+    """BLAS, threads, cores and load of the slot's serving worker, as it reported them."""
+    worker = slot.serving
+    runtime, load = (worker.runtime, worker.load) if worker is not None else ({}, {})
+    fields = {key: runtime.get(key) for key in ("blas", "blas_path", "blas_warning", "threads", "cpus")}
+    return fields | {key: load.get(key) for key in ("running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb",
+                                                    "embedding_model", "embedding_requests", "embedding_inputs", "mcp")}
+
+
+def host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return parts.hostname or "", port or (443 if parts.scheme == "https" else 80)
