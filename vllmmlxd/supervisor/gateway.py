@@ -48,6 +48,7 @@ def build_route(name: str, entry: ModelConfig, state: str, last_error: str | Non
         load=entry.load, state=state, owned_by=entry.owned_by, timeout=entry.timeout,
         api_key=entry.api_key, api_keys=entry.api_keys, key_grants=entry.key_grants,
         upstream_api_key=entry.upstream_api_key, last_error=last_error,
+        gateway_token=None if upstream else entry.gateway_token,
     )
 
 
