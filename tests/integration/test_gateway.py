@@ -384,9 +384,9 @@ def test_a_model_that_is_not_ready_is_503_and_whoever_holds_its_port_gets_nothin
     spec["routes"] += [
         {"name": "taken", "served_model_name": "taken", "url": squatter, "state": "failed",
          "last_error": "cannot listen on 127.0.0.1:8000: Address already in use"},
-        {"name": "early", "served_model_name": "early", "url": squatter, "state": "starting"}]
+        {"name": "later", "served_model_name": "later", "url": squatter, "state": "backoff"}]
     with pushed(gateway, spec):
-        for model in ("taken", "early"):
+        for model in ("taken", "later"):
             r = httpx.post(gateway.url + "/v1/chat/completions", json={"model": model, "messages": [
                 {"role": "user", "content": "hi"}]}, headers={"authorization": "Bearer sk-client"}, timeout=30)
             assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
@@ -510,3 +510,17 @@ def test_workers_believe_the_client_the_gateway_names_and_no_local_program(gatew
         assert token not in worker.log() and token not in gateway.log()
     finally:
         assert worker.stop() == 0, worker.log()[-3000:]
+
+
+def test_a_request_for_a_starting_model_waits_for_the_push_that_shows_it_ready(gateway, workers):
+    spec = base_spec(workers, gateway.port)
+    spec["routes"][0]["state"] = "starting"
+    with pushed(gateway, spec), gateway.private() as private, cf.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(chat, oai(gateway), "tiny-a")
+        deadline = time.monotonic() + 10
+        while private.get("/health").json()["load"]["requests"] == 0:  # the request waits in the gateway
+            assert time.monotonic() < deadline and not answer.done(), answer.result()
+            time.sleep(0.02)
+        spec["routes"][0]["state"] = "ready"
+        assert private.post("/internal/settings", json=spec).status_code == 200
+        assert answer.result(timeout=30).model == "tiny-a"

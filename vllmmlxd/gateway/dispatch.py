@@ -30,7 +30,7 @@ from ..log import log_event
 from .lazy import DaemonClient
 from .proxy import (CONNECT_ERRORS, UPSTREAM_ERRORS, RawResponse, Relay, Upstream, close_quietly, new_client,
                     open_stream, pump, request_headers, until_disconnect)
-from .routing import Table, needs_load, serving
+from .routing import Table, coming_up, needs_load, serving
 
 logger = logging.getLogger("vllmmlxd.gateway")
 
@@ -38,6 +38,9 @@ LOADING_COMMENT_EVERY_S = 5.0
 STATE_HEADER = "x-vllmmlxd-state"  # set by the daemon's stand-in on a model's port
 NOT_LOADED_STATES = frozenset({"unloaded", "loading"})
 UPSTREAM_RETRY_AFTER_S = 5
+# How long a request for a starting model waits for the daemon's push that shows it ready: the push
+# follows the state change by milliseconds, so a client that saw "ready" in status is not refused.
+STARTING_WAIT_S = 5.0
 Done = Callable[[int, bool], None]
 
 
@@ -91,6 +94,7 @@ def sse_error_from(anthropic: bool, status: int, body: bytes) -> bytes:
 class Gateway:
     def __init__(self, table: Table):
         self.table = table
+        self._swapped = asyncio.Event()  # set (and replaced) at each swap
         self.client = new_client()
         self.daemon = DaemonClient(lambda: self.table.spec)
         self.started = time.time()
@@ -99,6 +103,26 @@ class Gateway:
 
     def swap(self, table: Table) -> None:
         self.table = table  # one assignment on the loop: requests hold the table they took
+        swapped, self._swapped = self._swapped, asyncio.Event()
+        swapped.set()
+
+    async def until_serving(self, route: Route) -> Route:
+        """``route`` as a later table shows it once it serves; a starting model is waited for a
+        moment (``STARTING_WAIT_S``), any other state that is not serving is a 503 at once."""
+        deadline = asyncio.get_running_loop().time() + STARTING_WAIT_S
+        while not serving(route):
+            left = deadline - asyncio.get_running_loop().time()
+            if not coming_up(route) or left <= 0:
+                raise Unavailable(f"model {route.served_model_name} is not serving ({route.state})", retry_after=1)
+            try:
+                await asyncio.wait_for(self._swapped.wait(), left)
+            except asyncio.TimeoutError:
+                continue
+            now = next((r for r in self.table.routes if r.name == route.name and r.kind == route.kind), None)
+            if now is None:
+                raise Unavailable(f"model {route.served_model_name} is not served here any more", retry_after=1)
+            route = now
+        return route
 
     @property
     def max_body_bytes(self) -> int:
@@ -130,7 +154,7 @@ class Gateway:
                     return LoadingStream(self, request, route, path, body, done)
                 await self.load(route)
             elif not serving(route):
-                raise Unavailable(f"model {route.served_model_name} is not serving ({route.state})", retry_after=1)
+                route = await self.until_serving(route)
             return Relay(await self.open(request, route, path, body), done)
         except BaseException as exc:
             done(getattr(exc, "status_code", 499 if isinstance(exc, asyncio.CancelledError) else 500), False)

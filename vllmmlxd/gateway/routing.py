@@ -16,6 +16,8 @@ from ..http.access import Access
 
 # States in which a lazy model needs no load before a request is sent to it.
 SERVING_STATES = frozenset({"ready", "idle"})
+# A local model starting (or not yet shown, in a spec built before its state was known).
+STARTING_STATES = frozenset({"starting", "unknown"})
 # A lazy model in these states is healthy: it will be loaded on the first request.
 LAZY_HEALTHY_STATES = frozenset({"ready", "idle", "unloaded", "loading"})
 
@@ -120,6 +122,11 @@ def serving(route: Route) -> bool:
     ready (or idle): its port is then the daemon's socket and its worker the daemon's. In any other state
     (failed, say because another program holds the port) the address may be anyone's: nothing is sent."""
     return route.kind == "upstream" or route.state in SERVING_STATES
+
+
+def coming_up(route: Route) -> bool:
+    """Is this local model on its way to ready (the daemon's push saying so may be a moment behind)?"""
+    return route.kind == "local" and route.state in STARTING_STATES
 
 
 def route_ok(route: Route) -> bool:

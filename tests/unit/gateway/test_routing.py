@@ -6,7 +6,8 @@ from starlette.requests import Request
 from vllmmlxd.config.gateway import GatewaySpec, Route
 from vllmmlxd.config.keys import KeyGrant, key_digest
 from vllmmlxd.errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
-from vllmmlxd.gateway.routing import TableError, build_table, health_summary, needs_load, route_ok, serving
+from vllmmlxd.gateway.routing import (TableError, build_table, coming_up, health_summary, needs_load, route_ok,
+                                     serving)
 
 
 def route(name, served=None, **kw):
@@ -111,6 +112,9 @@ def test_a_local_model_is_sent_requests_only_while_ready_or_idle():
     # A lazy one that is not loaded is loaded first (needs_load); an upstream has its own health.
     assert needs_load(route("m", load="lazy", state="failed"))
     assert serving(route("u", kind="upstream", state="unknown"))
+    # Starting: the daemon's push showing it ready may be a moment behind (a request waits for it).
+    assert [coming_up(route("m", state=s)) for s in ("starting", "unknown", "failed", "backoff", "ready")] == [
+        True, True, False, False, False]
 
 
 def test_a_wrong_name_lists_only_the_models_the_caller_may_use():
