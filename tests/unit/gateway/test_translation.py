@@ -127,3 +127,16 @@ def test_spec_round_trips_through_its_worker_json_token_included():
     assert build_table(again).routes[0].upstream_api_key.get_secret_value() == "sk"
     assert build_table(again).routes[1].gateway_token.get_secret_value() == "t0k"
     assert "t0k" not in repr(spec) and "t0k" not in str(spec.model_dump())
+
+
+def test_the_daemons_routes_carry_each_local_workers_token_and_no_upstream_gets_one():
+    from vllmmlxd.config.schema import Config
+    from vllmmlxd.supervisor.gateway import build_spec
+
+    config = Config.model_validate({"gateway": {}, "models": {
+        "here": {"model": "builtin:tiny", "port": 8001}, "far": {"upstream": "http://h:1"}}})
+    here, far = build_spec(config.gateway, config.models, {}, None).routes
+    assert here.gateway_token == config.models["here"].gateway_token is not None
+    assert far.gateway_token is None
+    table = build_table(GatewaySpec.model_validate_json(build_spec(config.gateway, config.models, {}, None).to_worker_json()))
+    assert table.routes[0].gateway_token == here.gateway_token
