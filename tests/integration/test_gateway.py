@@ -23,12 +23,12 @@ import httpx
 import openai
 import pytest
 
+from tests.support.servers import free_port, start_serve
 from vllmmlxd.config.gateway import GatewaySpec
 from vllmmlxd.config.keys import key_digest
 from vllmmlxd.config.load import parse_config
 from vllmmlxd.supervisor.gateway import build_route
 from vllmmlxd.supervisor.live import push_settings
-from tests.support.servers import free_port, start_serve
 
 ALICE, BOB = "sk-alice-gw", "sk-bob-gw"
 

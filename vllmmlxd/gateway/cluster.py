@@ -64,10 +64,6 @@ def model_entry(route: Route) -> dict:
             "kind": route.kind, "load": route.load, "owned_by": route.owned_by, "embedding_model": route.embedding_model}
 
 
-def visible_routes(table: Table, key: str | None) -> list[Route]:
-    return table.visible(key)
-
-
 def require_some_route(table: Table, key: str | None) -> list[Route]:
     """The routes ``key`` may use; 401 when it may use none and some need a key, so the page asks for
     a key instead of showing an empty list."""

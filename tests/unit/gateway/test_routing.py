@@ -6,8 +6,15 @@ from starlette.requests import Request
 from vllmmlxd.config.gateway import GatewaySpec, Route
 from vllmmlxd.config.keys import KeyGrant, key_digest
 from vllmmlxd.errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
-from vllmmlxd.gateway.routing import (TableError, build_table, coming_up, health_summary, needs_load, route_ok,
-                                     serving)
+from vllmmlxd.gateway.routing import (
+    TableError,
+    build_table,
+    coming_up,
+    health_summary,
+    needs_load,
+    route_ok,
+    serving,
+)
 
 
 def route(name, served=None, **kw):
@@ -87,6 +94,9 @@ def test_keyed_route_checks_keys_like_a_worker():
 def test_trusted_proxies_come_from_the_gateway():
     t = table(route("open"), trusted_proxies=["10.0.0.0/8"])
     assert t.access["open"].client_address(request_with(client="10.0.0.9", xff="203.0.113.5")) == "203.0.113.5"
+    # What the gateway tells a worker its client is (with the daemon's token).
+    assert t.client_address(request_with(client="10.0.0.9", xff="203.0.113.5")) == "203.0.113.5"
+    assert t.client_address(request_with(client="192.0.2.1", xff="203.0.113.5")) == "192.0.2.1"
 
 
 def test_lazy_models_need_a_load_unless_ready_or_idle():
