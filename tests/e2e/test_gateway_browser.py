@@ -15,6 +15,7 @@ import pytest
 
 from tests.support.browser import artifacts_dir, chromium, chromium_or_skip, wait_until
 from tests.support.daemon import free_port, make_daemon, model_entry, wait_gone
+from vllmmlxd.config.keys import key_digest
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -138,7 +139,8 @@ def walk_the_page(driver, base: str, running, completion_tokens) -> None:
     row = wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#status-table tr[data-model='tiny']"),
                      what="tiny's row in the status table")[0]
     wait_until(driver, lambda d: "ready" in row.text, timeout=10, what="tiny ready in the status table")
-    assert "daemon pid" in driver.find_element(By.ID, "daemon-info").text
+    info = driver.find_element(By.ID, "daemon-info").text
+    assert info.startswith("daemon · up ") and "gateway ready" in info and "config" not in info, info
 
     # A phone: one column, nothing scrolls sideways, on every tab.
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
@@ -149,3 +151,38 @@ def walk_the_page(driver, base: str, running, completion_tokens) -> None:
         width = js("return document.documentElement.scrollWidth")
         assert width <= 375, f"{tab}: the page is {width}px wide at 375px"
         driver.save_screenshot(str(shots / f"gateway-phone-{tab}.png"))
+
+
+def test_the_page_asks_for_a_key_when_every_model_needs_one():
+    """A gateway whose every model is keyed (started by hand: /api/models needs no worker): the page
+    says a key is needed and opens Settings, and the key typed there brings the models in."""
+    chromium_or_skip()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    from tests.integration.test_gateway import Gateway
+
+    key = "sk-page-k3y"
+    port = free_port()
+    grants = [{"name": "alice", "sha256": key_digest(key), "allowed": True}]
+    gw = Gateway({"gateway": {"host": "127.0.0.1", "port": port}, "routes": [
+        {"name": "locked", "served_model_name": "locked-1", "url": f"http://127.0.0.1:{free_port()}", "state": "ready",
+         "api_keys": ["alice"], "key_grants": grants}]}, port)
+    try:
+        with chromium() as driver:
+            driver.get(gw.url + "/")
+            notice = driver.find_element(By.ID, "notice")
+            wait_until(driver, lambda d: notice.is_displayed() and "needs an API key" in notice.text,
+                       what="the notice that a key is needed")
+            assert driver.find_element(By.ID, "settings").get_attribute("open") is not None
+            picker = lambda d: [o.text for o in d.find_elements(By.CSS_SELECTOR, "#model option")]  # noqa: E731
+            wait_until(driver, lambda d: picker(d) == ["API key needed"], what="the picker saying a key is needed")
+            driver.save_screenshot(str(artifacts_dir() / "gateway-key-needed.png"))
+            box = driver.find_element(By.ID, "api-key")
+            box.send_keys(key)
+            box.send_keys(Keys.TAB)  # the change event
+            wait_until(driver, lambda d: any("locked" in t for t in picker(d)), what="the keyed model in the picker")
+            assert not notice.is_displayed()
+    finally:
+        gw.proc.terminate()
+        assert gw.wait() == 0, gw.log()[-3000:]

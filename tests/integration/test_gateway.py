@@ -4,12 +4,17 @@ loads the daemon makes: tests/e2e/test_daemon_gateway.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
+import contextlib
+import http.server
 import json
 import signal
+import socketserver
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -18,8 +23,12 @@ import httpx
 import openai
 import pytest
 
-from vllmmlxd.config.keys import key_digest
 from tests.support.servers import free_port, start_serve
+from vllmmlxd.config.gateway import GatewaySpec
+from vllmmlxd.config.keys import key_digest
+from vllmmlxd.config.load import parse_config
+from vllmmlxd.supervisor.gateway import build_route
+from vllmmlxd.supervisor.live import push_settings
 
 ALICE, BOB = "sk-alice-gw", "sk-bob-gw"
 
@@ -59,6 +68,7 @@ def base_spec(workers, port: int) -> dict:
 class Gateway:
     def __init__(self, spec: dict, port: int):
         self.port = port
+        self.spec = spec
         self.dir = Path(tempfile.mkdtemp(prefix="vllmmlxd-gw-"))
         self.socket = self.dir / "gw.sock"
         self.log_path = self.dir / "gateway.log"
@@ -170,13 +180,18 @@ def test_unknown_model_is_404_in_each_family_with_the_names(gateway):
     assert r.status_code == 404
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" or err["code"] == "model_not_found"
-    assert err["code"] == "model_not_found" and "tiny-a" in err["message"] and "tiny-b" in err["message"]
+    # Only the names the caller may use: tiny-b needs alice's key.
+    assert err["code"] == "model_not_found" and "tiny-a" in err["message"] and "tiny-b" not in err["message"]
+    r = httpx.post(gateway.url + "/v1/chat/completions", json={"model": "gpt-9", "messages": []},
+                   headers={"authorization": f"Bearer {ALICE}"})
+    assert "tiny-a" in r.json()["error"]["message"] and "tiny-b" in r.json()["error"]["message"]
     r = httpx.post(gateway.url + "/v1/messages", json={"model": "claude-9", "max_tokens": 3, "messages": []})
     assert r.status_code == 404
     body = r.json()
     assert body["type"] == "error" and body["error"]["type"] == "not_found_error" and "tiny-a" in body["error"]["message"]
+    assert "tiny-b" not in body["error"]["message"]
     r = httpx.post(gateway.url + "/v1/chat/completions", json={"messages": []})
-    assert r.status_code == 400 and "tiny-a" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "tiny-a" in r.json()["error"]["message"] and "tiny-b" not in r.text
     r = httpx.post(gateway.url + "/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"})
     assert r.status_code == 400
 
@@ -246,8 +261,11 @@ def test_api_models_and_health(gateway):
                        "load": "eager", "owned_by": "vllmmlxd", "embedding_model": None}
     keyed = httpx.get(gateway.url + "/api/models", headers={"authorization": f"Bearer {ALICE}"}).json()["data"]
     assert [m["id"] for m in keyed] == ["alpha", "beta", "remote", "dead"]
+    # Health names only the models the caller may use (the summary counts them all).
     health = httpx.get(gateway.url + "/api/health").json()
-    assert health["status"] == "ok" and health["models"]["beta"] == {"state": "ready", "model": "tiny-b", "ok": True}
+    assert health["status"] == "ok" and list(health["models"]) == ["alpha", "remote", "dead"]
+    health = httpx.get(gateway.url + "/api/health", headers={"x-api-key": ALICE}).json()
+    assert health["models"]["beta"] == {"state": "ready", "model": "tiny-b", "ok": True}
     assert httpx.get(gateway.url + "/health").json() == {"status": "ok", "models": 4}
 
 
@@ -312,3 +330,197 @@ def test_exits_0_on_sigterm_and_on_stdin_eof():
     assert by_signal.wait() == 0, by_signal.log()
     assert by_eof.wait() == 0, by_eof.log()
     assert "gateway.orphaned" in by_eof.log() and not by_eof.socket.exists()
+
+
+class Squatter(http.server.BaseHTTPRequestHandler):
+    """Another program on a port: answers anything with 200, naming another model, and notes what it got."""
+
+    seen: list[dict] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        Squatter.seen.append({k.lower(): v for k, v in self.headers.items()})
+        body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "someone-else",
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": "not yours"}}]}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def squatter():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Squatter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Squatter.seen = []
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@contextlib.contextmanager
+def pushed(gateway, spec):
+    """The gateway on ``spec`` (a dict, or a GatewaySpec with its secrets), then back on its first one."""
+    body = spec.to_worker_json() if isinstance(spec, GatewaySpec) else json.dumps(spec)
+    with gateway.private() as private:
+        r = private.post("/internal/settings", content=body)
+        assert r.status_code == 200, r.text
+        try:
+            yield
+        finally:
+            private.post("/internal/settings", json=gateway.spec)
+
+
+def test_a_model_that_is_not_ready_is_503_and_whoever_holds_its_port_gets_nothing(gateway, workers, squatter):
+    # The model could not listen (another program holds its port): the daemon shows it failed.
+    spec = base_spec(workers, gateway.port)
+    spec["routes"] += [
+        {"name": "taken", "served_model_name": "taken", "url": squatter, "state": "failed",
+         "last_error": "cannot listen on 127.0.0.1:8000: Address already in use"},
+        {"name": "later", "served_model_name": "later", "url": squatter, "state": "backoff"}]
+    with pushed(gateway, spec):
+        for model in ("taken", "later"):
+            r = httpx.post(gateway.url + "/v1/chat/completions", json={"model": model, "messages": [
+                {"role": "user", "content": "hi"}]}, headers={"authorization": "Bearer sk-client"}, timeout=30)
+            assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+            assert f"model {model} is not serving" in r.json()["error"]["message"]
+        r = httpx.post(gateway.url + "/api/chat", json={"model": "taken", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503
+        r = httpx.post(gateway.url + "/v1/messages", json={"model": "taken", "max_tokens": 3, "messages": [
+            {"role": "user", "content": "hi"}]})
+        assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error"
+    assert Squatter.seen == []
+
+
+def test_an_upstream_without_its_own_key_is_never_sent_the_clients(gateway, workers, squatter):
+    spec = base_spec(workers, gateway.port)
+    spec["routes"].append({"name": "far", "served_model_name": "far", "kind": "upstream", "url": squatter,
+                           "state": "ready"})
+    with pushed(gateway, spec):
+        r = httpx.post(gateway.url + "/v1/chat/completions", json={"model": "far", "messages": [
+            {"role": "user", "content": "hi"}]}, headers={"authorization": "Bearer sk-local", "x-api-key": "sk-local",
+                                                          "x-vllmmlxd-gateway-token": "forged"})
+        assert r.status_code == 200
+    (seen,) = Squatter.seen
+    assert not {"authorization", "x-api-key", "x-vllmmlxd-gateway-token", "x-vllmmlxd-client"} & seen.keys(), seen
+    assert "sk-local" not in json.dumps(seen)
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@contextlib.contextmanager
+def control_socket(status: dict):
+    """A stand-in for the daemon's control socket answering ``GET /status`` with ``status``."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps(status).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def address_string(self):
+            return "daemon"
+
+        def log_message(self, *args):
+            pass
+
+    path = Path(tempfile.mkdtemp(prefix="vllmmlxd-ctl-")) / "control.sock"
+    server = _UnixHTTPServer(str(path), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield str(path)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_api_status_shows_a_key_only_its_models_and_no_process_output(gateway, workers):
+    status = {
+        "daemon": {"pid": 4100, "uptime_s": 5.0, "config_path": "/etc/vllmmlxd/config.yaml", "config_hash": "h",
+                   "version": "0.1"},
+        "models": [
+            {"name": "alpha", "state": "ready", "pid": 4101, "host": "127.0.0.1", "port": 1, "served_model_name": "tiny-a",
+             "keys": None, "mcp": [{"name": "files", "transport": "stdio", "state": "failed", "tools": 0,
+                                    "last_error": "closed (stderr: TOKEN=sk-mcp-env)", "stderr": ["TOKEN=sk-mcp-env"]}]},
+            {"name": "beta", "state": "ready", "pid": 4102, "host": "127.0.0.1", "port": 2, "served_model_name": "tiny-b",
+             "keys": ["alice", "carol"]},
+        ],
+    }
+    with control_socket(status) as path, pushed(gateway, {**base_spec(workers, gateway.port), "control_socket": path}):
+        assert httpx.get(gateway.url + "/api/status").status_code == 401  # beta is keyed: some key is needed
+        shown = httpx.get(gateway.url + "/api/status", headers={"authorization": f"Bearer {ALICE}"}).json()
+        assert [m["name"] for m in shown["models"]] == ["alpha", "beta"]
+        assert shown["models"][1]["keys"] == ["alice"] and shown["daemon"] == {"uptime_s": 5.0, "version": "0.1"}
+        for hidden in ("pid", "config_path", "sk-mcp-env", "stderr", "last_error", "carol"):
+            assert hidden not in json.dumps(shown), hidden
+        # A key allowed only elsewhere sees the open models alone.
+        bob = httpx.get(gateway.url + "/api/status", headers={"authorization": f"Bearer {BOB}"})
+        assert bob.status_code == 401
+
+
+def test_the_model_list_asks_for_a_key_when_every_model_needs_one(gateway, workers):
+    spec = base_spec(workers, gateway.port)
+    spec["routes"] = [r for r in spec["routes"] if r["name"] == "beta"]
+    with pushed(gateway, spec):
+        r = httpx.get(gateway.url + "/api/models")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(gateway.url + "/api/models", headers={"x-api-key": BOB}).status_code == 401
+        keyed = httpx.get(gateway.url + "/api/models", headers={"x-api-key": ALICE})
+        assert [m["id"] for m in keyed.json()["data"]] == ["beta"]
+
+
+def test_workers_believe_the_client_the_gateway_names_and_no_local_program(gateway, workers):
+    # An entry as the daemon hands it out with a gateway section: the daemon's token, no trusted loopback.
+    sock = Path(tempfile.mkdtemp(prefix="vllmmlxd-gwtok-")) / "w.sock"
+    port = free_port()
+    worker = start_serve("builtin:tiny", "--health-socket", str(sock), port=port)
+    try:
+        config = parse_config(f"gateway: {{trusted_proxies: [127.0.0.1]}}\nmodels:\n"
+                              f"  m: {{model: builtin:tiny, served_model_name: tiny-m, port: {port}, rate_limit: 1}}\n").config
+        entry = config.models["m"]
+        ok, detail = asyncio.run(push_settings(sock, entry))
+        assert ok, detail
+        small = {"model": "tiny-m", "prompt": "x", "max_tokens": 2}
+        # Straight to the worker's port: one client (this machine), whatever its headers claim.
+        direct = [httpx.post(worker.url + "/v1/completions", json=small, timeout=60, headers={
+            "x-forwarded-for": f"9.9.6.{i}", "x-vllmmlxd-client": f"9.9.6.{i}", "x-vllmmlxd-gateway-token": "guess"}
+        ).status_code for i in range(2)]
+        assert direct == [200, 429]
+        token = entry.gateway_token.get_secret_value()
+        spec = GatewaySpec.model_validate({**base_spec(workers, gateway.port), "gateway": {
+            "host": "127.0.0.1", "port": gateway.port, "trusted_proxies": ["127.0.0.1"]}})
+        spec = spec.model_copy(update={"routes": (build_route("m", entry, "ready", None),)})
+        with pushed(gateway, spec):
+            # Through the gateway (which believes this test's X-Forwarded-For): each client its own budget.
+            via = [httpx.post(gateway.url + "/v1/completions", json=small, timeout=60,
+                              headers={"x-forwarded-for": f"9.9.5.{i}"}).status_code for i in (1, 2, 1)]
+            assert via == [200, 200, 429]
+        assert token not in worker.log() and token not in gateway.log()
+    finally:
+        assert worker.stop() == 0, worker.log()[-3000:]
+
+
+def test_a_request_for_a_starting_model_waits_for_the_push_that_shows_it_ready(gateway, workers):
+    spec = base_spec(workers, gateway.port)
+    spec["routes"][0]["state"] = "starting"
+    with pushed(gateway, spec), gateway.private() as private, cf.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(chat, oai(gateway), "tiny-a")
+        deadline = time.monotonic() + 10
+        while private.get("/health").json()["load"]["requests"] == 0:  # the request waits in the gateway
+            assert time.monotonic() < deadline and not answer.done(), answer.result()
+            time.sleep(0.02)
+        spec["routes"][0]["state"] = "ready"
+        assert private.post("/internal/settings", json=spec).status_code == 200
+        assert answer.result(timeout=30).model == "tiny-a"

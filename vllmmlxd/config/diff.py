@@ -27,7 +27,7 @@ LIVE_FIELDS = frozenset({
     "max_request_tokens", "max_queue", "stream_interval", "served_model_name", "aliases", "owned_by",
     "enable_metrics", "strict_model_name", "enable_auto_tool_choice", "max_body_mb", "use_paged_cache",
     "api_keys", "key_grants", "tokens_per_minute", "trusted_proxies", "allowed_hosts", "cors_origins",
-    "health_requires_key", "metrics_requires_key",
+    "health_requires_key", "metrics_requires_key", "gateway_token",
     # MCP: the worker reconnects its MCP clients in place; the model stays loaded.
     "mcp", "mcp_auto_execute", "mcp_max_tool_calls", "mcp_config", "mcp_servers_resolved",
     # Read by the daemon (when to load and unload) and the gateway (where an upstream is), not by a worker.

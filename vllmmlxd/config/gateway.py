@@ -63,6 +63,7 @@ class Route(_Strict):
     api_keys: tuple[str, ...] | None = None
     key_grants: tuple[KeyGrant, ...] = ()
     upstream_api_key: SecretStr | None = None  # sent to an upstream as its Bearer key (never shown)
+    gateway_token: SecretStr | None = None  # the daemon's token its worker believes (never shown, never to an upstream)
     last_error: str | None = None  # why it is failed / unreachable
 
     @property
@@ -101,7 +102,7 @@ class GatewaySpec(_Strict):
         """The spec with secrets revealed: only ever sent down the gateway's stdin or private socket."""
         data = self.model_dump(mode="json")
         for route, raw in zip(self.routes, data["routes"]):
-            for secret in ("api_key", "upstream_api_key"):
+            for secret in ("api_key", "upstream_api_key", "gateway_token"):
                 value = getattr(route, secret)
                 raw[secret] = value.get_secret_value() if value is not None else None
         return json.dumps(data)

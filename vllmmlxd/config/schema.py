@@ -8,9 +8,11 @@ Option names mirror the reference server's flags in snake_case.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
+import secrets
 from pathlib import Path
 from typing import Literal
 
@@ -32,10 +34,15 @@ BUILTIN_MODELS = (  # as vllmmlxd/engine/builtin.py has them (a test keeps them 
 BUILTIN_PREFIX = "builtin:"
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # Fields vllmmlxd fills itself (from the top-level api_keys section): never written by hand.
-INTERNAL_FIELDS = frozenset({"key_grants", "mcp_servers_resolved"})
-# With a gateway, each worker believes the X-Forwarded-For of requests from this machine (its rate limits count
-# per client, not per gateway): the gateway connects from loopback.
-GATEWAY_PEERS = ("127.0.0.1/32", "::1/128")
+INTERNAL_FIELDS = frozenset({"key_grants", "mcp_servers_resolved", "gateway_token"})
+
+
+@functools.cache
+def gateway_token() -> SecretStr:
+    """The token between this daemon's gateway and its workers, made once per process (a daemon's run).
+    With it the gateway says who its client is (rate limits count per client, not per gateway);
+    without it a request from loopback is one more client, whatever its X-Forwarded-For says."""
+    return SecretStr(secrets.token_urlsafe(32))
 
 
 class ModelConfig(_Strict):
@@ -57,6 +64,7 @@ class ModelConfig(_Strict):
         None, description="names from the api_keys section allowed here ('*': every key whose models match); unset: open"
     )
     key_grants: tuple[KeyGrant, ...] = ()  # INTERNAL_FIELDS: the api_keys section, resolved for this entry
+    gateway_token: SecretStr | None = None  # INTERNAL_FIELDS: set with a gateway section (gateway_token())
     timeout: float = Field(300.0, gt=0)
     max_tokens: int = Field(32768, ge=1)
     max_request_tokens: int = Field(32768, ge=1)
@@ -246,6 +254,8 @@ class ModelConfig(_Strict):
         data["mcp_servers_resolved"] = {n: s.revealed() for n, s in self.mcp_servers_resolved.items()}
         if self.upstream_api_key is not None:
             data["upstream_api_key"] = self.upstream_api_key.get_secret_value()
+        if self.gateway_token is not None:
+            data["gateway_token"] = self.gateway_token.get_secret_value()
         return json.dumps(data)
 
     def config_hash(self) -> str:
@@ -389,7 +399,7 @@ class Config(_Strict):
     @model_validator(mode="after")
     def _gateway_routes(self):
         # Through the gateway a name must lead to one model, and the workers believe the
-        # client address the gateway passes on (X-Forwarded-For from this machine).
+        # client address the gateway passes on with the daemon's token.
         if self.gateway is None:
             return self
         owner: dict[str, str] = {}
@@ -399,10 +409,8 @@ class Config(_Strict):
                 if owner.setdefault(n, name) != name:
                     raise ValueError(f"models {owner[n]!r} and {name!r} both answer to {n!r}: the gateway routes by "
                                      "name, so served_model_name, entry keys and aliases must differ")
-        models = {}
-        for name, entry in self.models.items():
-            missing = tuple(p for p in GATEWAY_PEERS if p not in entry.trusted_proxies)
-            models[name] = entry.model_copy(update={"trusted_proxies": entry.trusted_proxies + missing}) \
-                if missing and not entry.is_upstream else entry
+        token = gateway_token()
+        models = {name: entry if entry.is_upstream else entry.model_copy(update={"gateway_token": token})
+                  for name, entry in self.models.items()}
         object.__setattr__(self, "models", models)
         return self

@@ -3,8 +3,10 @@
 ``/api/chat`` and ``/api/complete`` take a short body (the entry key, served name or alias as
 ``model``; ``system`` beside the messages) and forward it as the OpenAI request it stands for,
 streamed, so the page reads one OpenAI SSE stream whatever the model. ``/api/models`` and
-``/api/health`` describe the routes; ``/api/status`` passes the daemon's status through.
-The body translations and the listings are pure functions, tested without a server.
+``/api/health`` describe the routes; ``/api/status`` shows the daemon's status as far as the
+caller's key reaches: the models it may use, without pids, paths, key names other than its own,
+or any process's error output (that is for operators: ``vllmmlxctl status``, the logs).
+The body translations, the listings and that view are pure functions, tested without a server.
 """
 
 from __future__ import annotations
@@ -62,8 +64,51 @@ def model_entry(route: Route) -> dict:
             "kind": route.kind, "load": route.load, "owned_by": route.owned_by, "embedding_model": route.embedding_model}
 
 
-def visible_routes(table: Table, key: str | None) -> list[Route]:
-    return [r for r in table.routes if table.may_use(r, key)]
+def require_some_route(table: Table, key: str | None) -> list[Route]:
+    """The routes ``key`` may use; 401 when it may use none and some need a key, so the page asks for
+    a key instead of showing an empty list."""
+    visible = table.visible(key)
+    if not visible and any(not r.is_open for r in table.routes):
+        raise Unauthorized("a key valid for at least one model is required", code="invalid_api_key")
+    return visible
+
+
+# What an API client may see of the daemon's status (an allowlist: a field the daemon adds later stays
+# hidden until it is judged fit). Never pids, paths, the config, or anyone's error output.
+_DAEMON_SHOWN = ("uptime_s", "version")
+_GATEWAY_SHOWN = ("state", "host", "port", "restarts", "uptime_s", "ui", "version")
+_MODEL_SHOWN = ("name", "state", "host", "port", "restarts", "uptime_s", "served_model_name", "blas", "threads",
+                "cpus", "running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb", "embedding_model",
+                "embedding_requests", "embedding_inputs", "load", "idle_unload_s", "idle_s", "upstream")
+_MCP_SHOWN = ("name", "transport", "state", "tools", "connects")
+
+
+def _picked(data: object, fields: tuple[str, ...]) -> dict | None:
+    return {k: data[k] for k in fields if k in data} if isinstance(data, dict) else None
+
+
+def status_for(status: object, table: Table, key: str | None) -> dict:
+    """The daemon's ``/status`` as a caller presenting ``key`` may see it: the models it may use (each
+    with its own key's name only, and the MCP servers that key may use), no pid, path or error text."""
+    status = status if isinstance(status, dict) else {}
+    models = []
+    for row in status.get("models") or ():
+        route = table.by_name.get(row.get("name")) if isinstance(row, dict) else None
+        if route is None or route.name != row.get("name") or not table.may_use(route, key):
+            continue
+        grant = table.access[route.name].match(key) if key and not route.is_open else None
+        shown = _picked(row, _MODEL_SHOWN) or {}
+        keys = row.get("keys")
+        shown["keys"] = None if keys is None else [k for k in keys if grant is not None and k == grant.name]
+        if isinstance(row.get("mcp"), list):
+            scope = grant.mcp if grant is not None else None
+            shown["mcp"] = [_picked(m, _MCP_SHOWN) for m in row["mcp"]
+                            if isinstance(m, dict) and (scope is None or m.get("name") in scope)]
+        models.append(shown)
+    out = {"daemon": _picked(status.get("daemon"), _DAEMON_SHOWN) or {}, "models": models}
+    if status.get("gateway") is not None:
+        out["gateway"] = _picked(status.get("gateway"), _GATEWAY_SHOWN)
+    return out
 
 
 def make_router(gateway: Gateway) -> APIRouter:
@@ -72,7 +117,7 @@ def make_router(gateway: Gateway) -> APIRouter:
     async def translated(request: Request, path: str, translate) -> Response:
         data = parse_object(await gateway.read_body(request))
         table = gateway.table
-        route = table.resolve(data.get("model"))
+        route = table.resolve(data.get("model"), key=presented_key(request))
         table.access[route.name].identify(request)
         body = translate(data)
         if route.kind == "upstream":
@@ -89,12 +134,13 @@ def make_router(gateway: Gateway) -> APIRouter:
 
     @router.get("/api/models")
     async def models(request: Request):
-        routes = visible_routes(gateway.table, presented_key(request))
+        routes = require_some_route(gateway.table, presented_key(request))
         return {"object": "list", "data": [model_entry(r) for r in routes]}
 
     @router.get("/api/health")
-    async def health():
-        status, per_model = health_summary(gateway.table.routes)
+    async def health(request: Request):
+        table = gateway.table
+        status, per_model = health_summary(table.routes, table.visible(presented_key(request)))
         return JSONResponse({"status": status, "models": per_model}, status_code=503 if status == "down" else 200)
 
     @router.get("/api/status")
@@ -106,9 +152,12 @@ def make_router(gateway: Gateway) -> APIRouter:
             raise Unauthorized("a key valid for at least one model is required", code="invalid_api_key")
         try:
             answer = await gateway.daemon.status()
-        except httpx.HTTPError:
+            body = answer.json()
+        except (httpx.HTTPError, ValueError):
             raise Unavailable("the daemon's status cannot be read now", code="daemon_unavailable") from None
-        return Response(answer.content, status_code=answer.status_code,
-                        media_type=answer.headers.get("content-type", "application/json"))
+        if answer.status_code != 200:
+            raise Unavailable(f"the daemon's status cannot be read now (HTTP {answer.status_code})",
+                              code="daemon_unavailable")
+        return JSONResponse(status_for(body, table, key))
 
     return router

@@ -25,11 +25,12 @@ from ..api.body import read_body
 from ..api.errors import anthropic_error, is_anthropic, openai_error
 from ..config.gateway import Route
 from ..errors import InvalidRequest, Overloaded, RequestError, RequestTimeout
+from ..http.access import presented_key
 from ..log import log_event
 from .lazy import DaemonClient
 from .proxy import (CONNECT_ERRORS, UPSTREAM_ERRORS, RawResponse, Relay, Upstream, close_quietly, new_client,
                     open_stream, pump, request_headers, until_disconnect)
-from .routing import Table, needs_load
+from .routing import Table, coming_up, needs_load, serving
 
 logger = logging.getLogger("vllmmlxd.gateway")
 
@@ -37,6 +38,9 @@ LOADING_COMMENT_EVERY_S = 5.0
 STATE_HEADER = "x-vllmmlxd-state"  # set by the daemon's stand-in on a model's port
 NOT_LOADED_STATES = frozenset({"unloaded", "loading"})
 UPSTREAM_RETRY_AFTER_S = 5
+# How long a request for a starting model waits for the daemon's push that shows it ready: the push
+# follows the state change by milliseconds, so a client that saw "ready" in status is not refused.
+STARTING_WAIT_S = 5.0
 Done = Callable[[int, bool], None]
 
 
@@ -90,6 +94,7 @@ def sse_error_from(anthropic: bool, status: int, body: bytes) -> bytes:
 class Gateway:
     def __init__(self, table: Table):
         self.table = table
+        self._swapped = asyncio.Event()  # set (and replaced) at each swap
         self.client = new_client()
         self.daemon = DaemonClient(lambda: self.table.spec)
         self.started = time.time()
@@ -98,6 +103,26 @@ class Gateway:
 
     def swap(self, table: Table) -> None:
         self.table = table  # one assignment on the loop: requests hold the table they took
+        swapped, self._swapped = self._swapped, asyncio.Event()
+        swapped.set()
+
+    async def until_serving(self, route: Route) -> Route:
+        """``route`` as a later table shows it once it serves; a starting model is waited for a
+        moment (``STARTING_WAIT_S``), any other state that is not serving is a 503 at once."""
+        deadline = asyncio.get_running_loop().time() + STARTING_WAIT_S
+        while not serving(route):
+            left = deadline - asyncio.get_running_loop().time()
+            if not coming_up(route) or left <= 0:
+                raise Unavailable(f"model {route.served_model_name} is not serving ({route.state})", retry_after=1)
+            try:
+                await asyncio.wait_for(self._swapped.wait(), left)
+            except asyncio.TimeoutError:
+                continue
+            now = next((r for r in self.table.routes if r.name == route.name and r.kind == route.kind), None)
+            if now is None:
+                raise Unavailable(f"model {route.served_model_name} is not served here any more", retry_after=1)
+            route = now
+        return route
 
     @property
     def max_body_bytes(self) -> int:
@@ -111,7 +136,7 @@ class Gateway:
         raw = await self.read_body(request)
         data = parse_object(raw)
         table = self.table
-        route = table.resolve(data.get("model"), embeddings)
+        route = table.resolve(data.get("model"), embeddings, presented_key(request))
         table.access[route.name].identify(request)
         return await self.forward(request, route, path, body_for(route, data, raw), data.get("stream") is True)
 
@@ -128,6 +153,8 @@ class Gateway:
                 if stream:
                     return LoadingStream(self, request, route, path, body, done)
                 await self.load(route)
+            elif not serving(route):
+                route = await self.until_serving(route)
             return Relay(await self.open(request, route, path, body), done)
         except BaseException as exc:
             done(getattr(exc, "status_code", 499 if isinstance(exc, asyncio.CancelledError) else 500), False)
@@ -140,8 +167,7 @@ class Gateway:
 
     async def open(self, request: Request, route: Route, path: str, body: bytes, retry: bool = True) -> Upstream:
         """Send the request to the route; return with the response's head. Errors in the family's terms."""
-        upstream_key = route.upstream_api_key.get_secret_value() if route.kind == "upstream" and route.upstream_api_key else None
-        headers = request_headers(request.headers.raw, request.client.host if request.client else "unknown", upstream_key)
+        headers = self.headers_for(request, route)
         query = request.scope.get("query_string", b"")  # as sent: no parsing on the hot path
         url = route.url.rstrip("/") + path + ("?" + query.decode("latin-1") if query else "")
         try:
@@ -162,6 +188,17 @@ class Gateway:
             await self.load(route)
             return await self.open(request, route, path, body, retry=False)
         return upstream
+
+    def headers_for(self, request: Request, route: Route) -> list[tuple[bytes, bytes]]:
+        """The headers to send ``route``: an upstream gets its own key (never the client's), a local
+        worker the daemon's token and the client's address as this gateway judged it."""
+        peer = request.client.host if request.client else "unknown"
+        if route.kind == "upstream":
+            key = route.upstream_api_key.get_secret_value() if route.upstream_api_key else None
+            return request_headers(request.headers.raw, peer, upstream=True, upstream_key=key)
+        token = route.gateway_token.get_secret_value() if route.gateway_token else None
+        return request_headers(request.headers.raw, peer, token=token,
+                               client=self.table.client_address(request) if token else None)
 
     def _finisher(self, request: Request, route: Route, path: str) -> Done:
         started = time.perf_counter()

@@ -24,6 +24,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from ..http.access import GATEWAY_CLIENT_HEADER, GATEWAY_TOKEN_HEADER
 from ..log import log_event
 
 logger = logging.getLogger("vllmmlxd.gateway")
@@ -35,6 +36,10 @@ HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"te", b"trailer", b"trans
 # The browser's own headers stop here: the gateway has checked the page's Origin (http/browser.py), and a
 # worker would refuse an origin that is not its own. Cookies mean nothing to a worker.
 _REQUEST_DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"origin", b"referer", b"cookie"}
+# Written by the gateway alone: a client's own would claim to be the gateway.
+_GATEWAY_HEADERS = (GATEWAY_TOKEN_HEADER.encode(), GATEWAY_CLIENT_HEADER.encode())
+# A client's key is for this host: an upstream (another host's daemon) gets its own key or none.
+_KEY_HEADERS = (b"authorization", b"x-api-key")
 # uvicorn writes its own date and server headers; the worker's would be doubled.
 _RESPONSE_DROPPED = HOP_BY_HOP | {b"date", b"server"}
 CONNECT_TIMEOUT_S = 5.0
@@ -53,24 +58,30 @@ def _dropped(name: bytes, fixed: frozenset[bytes], named: set[bytes]) -> bool:
     return name in fixed or name.startswith((b"proxy-", b"sec-fetch-")) or name in named
 
 
-def request_headers(headers: RawHeaders, client: str, upstream_key: str | None = None) -> RawHeaders:
-    """The headers to send on: hop-by-hop ones dropped, the client appended to X-Forwarded-For,
-    and for an upstream with its own key, that key in place of the client's."""
+def request_headers(headers: RawHeaders, peer: str, *, upstream: bool = False, upstream_key: str | None = None,
+                    token: str | None = None, client: str | None = None) -> RawHeaders:
+    """The headers to send on: hop-by-hop ones and any claiming to be the gateway dropped, the peer
+    appended to X-Forwarded-For. To an ``upstream``: never the client's key, its own ``upstream_key``
+    when it has one. To a local worker: the client's key, and with the daemon's ``token``, the
+    ``client`` address this gateway judged (the worker believes it on the token's word alone)."""
     named = _connection_tokens(headers)
     out: RawHeaders = []
     forwarded: list[bytes] = []
     for name, value in headers:
         name = name.lower()
-        if _dropped(name, _REQUEST_DROPPED, named):
+        if _dropped(name, _REQUEST_DROPPED, named) or name in _GATEWAY_HEADERS:
             continue
         if name == b"x-forwarded-for":
             forwarded.append(value)
-        elif upstream_key is None or name not in (b"authorization", b"x-api-key"):
+        elif not upstream or name not in _KEY_HEADERS:
             out.append((name, value))
-    forwarded.append(client.encode("latin-1", "replace"))
+    forwarded.append(peer.encode("latin-1", "replace"))
     out.append((b"x-forwarded-for", b", ".join(forwarded)))
-    if upstream_key is not None:
+    if upstream and upstream_key is not None:
         out.append((b"authorization", b"Bearer " + upstream_key.encode("latin-1", "replace")))
+    if not upstream and token is not None:
+        out.append((_GATEWAY_HEADERS[0], token.encode("latin-1", "replace")))
+        out.append((_GATEWAY_HEADERS[1], (client or peer).encode("latin-1", "replace")))
     return out
 
 

@@ -16,6 +16,8 @@ from ..http.access import Access
 
 # States in which a lazy model needs no load before a request is sent to it.
 SERVING_STATES = frozenset({"ready", "idle"})
+# A local model starting (or not yet shown, in a spec built before its state was known).
+STARTING_STATES = frozenset({"starting", "unknown"})
 # A lazy model in these states is healthy: it will be loaded on the first request.
 LAZY_HEALTHY_STATES = frozenset({"ready", "idle", "unloaded", "loading"})
 
@@ -24,11 +26,13 @@ class TableError(ValueError):
     """The spec cannot be routed (two routes claim one name)."""
 
 
-def route_access(route: Route, trusted_proxies: tuple[str, ...]) -> Access:
-    """The key check of one route: ``Access`` reads a config's key fields and trusted proxies."""
-    config = types.SimpleNamespace(is_open=route.is_open, trusted_proxies=trusted_proxies,
-                                   key_grants=route.key_grants, api_key=route.api_key)
-    return Access(config)  # type: ignore[arg-type]  # duck-typed: the four fields it reads
+def route_access(route: Route | None, trusted_proxies: tuple[str, ...]) -> Access:
+    """The key check of one route (None: an open one, for the client's address alone): ``Access``
+    reads a config's key fields and trusted proxies."""
+    config = types.SimpleNamespace(is_open=route is None or route.is_open, trusted_proxies=trusted_proxies,
+                                   key_grants=route.key_grants if route else (), api_key=route.api_key if route else None,
+                                   gateway_token=None)  # the gateway's clients are never the gateway
+    return Access(config)  # type: ignore[arg-type]  # duck-typed: the fields it reads
 
 
 @dataclass(frozen=True)
@@ -37,36 +41,49 @@ class Table:
     by_name: dict[str, Route] = field(default_factory=dict)
     by_embedding: dict[str, Route] = field(default_factory=dict)
     access: dict[str, Access] = field(default_factory=dict)  # by entry key
+    peers: Access | None = None  # who the client is, behind the gateway's trusted proxies
 
     @property
     def routes(self) -> tuple[Route, ...]:
         return self.spec.routes
 
-    def names(self, embeddings: bool = False) -> list[str]:
-        """The names to show a client who named none or a wrong one: served names (and embedding models)."""
-        shown = [r.served_model_name for r in self.routes]
+    def names(self, embeddings: bool = False, key: str | None = None) -> list[str]:
+        """The names to show a client who named none or a wrong one: served names (and embedding models)
+        of the routes its ``key`` may use, and no others."""
+        routes = self.visible(key)
+        shown = [r.served_model_name for r in routes]
         if embeddings:
-            shown += [r.embedding_model for r in self.routes if r.embedding_model]
+            shown += [r.embedding_model for r in routes if r.embedding_model]
         return list(dict.fromkeys(shown))
+
+    def visible(self, key: str | None) -> list[Route]:
+        """The routes a caller presenting ``key`` may use: all it may learn of (listings, health, errors)."""
+        return [r for r in self.routes if self.may_use(r, key)]
+
+    def client_address(self, request) -> str:
+        """The client's address as the gateway judges it (its peer, or behind a trusted proxy, the client)."""
+        assert self.peers is not None
+        return self.peers.client_address(request)
 
     def lookup(self, model: str, embeddings: bool = False) -> Route | None:
         if embeddings and model in self.by_embedding:
             return self.by_embedding[model]
         return self.by_name.get(model)
 
-    def resolve(self, model: object, embeddings: bool = False) -> Route:
-        """The route for a request's ``model``: 400 when missing (and not implied), 404 when unknown."""
+    def resolve(self, model: object, embeddings: bool = False, key: str | None = None) -> Route:
+        """The route for a request's ``model``: 400 when missing (and not implied), 404 when unknown.
+        The names listed are those ``key`` may use."""
         if model is None or model == "":
             if len(self.routes) == 1:
                 return self.routes[0]
-            raise InvalidRequest(f"model is required; available models: {', '.join(self.names(embeddings)) or 'none'}",
+            raise InvalidRequest(f"model is required; available models: {', '.join(self.names(embeddings, key)) or 'none'}",
                                  param="model", code="model_required")
         if not isinstance(model, str):
             raise InvalidRequest("model must be a string", param="model")
         route = self.lookup(model, embeddings)
         if route is None:
             raise ModelNotFound(f"model {model!r} does not exist; available models: "
-                                f"{', '.join(self.names(embeddings)) or 'none'}")
+                                f"{', '.join(self.names(embeddings, key)) or 'none'}")
         return route
 
     def may_use(self, route: Route, key: str | None) -> bool:
@@ -91,12 +108,25 @@ def build_table(spec: GatewaySpec) -> Table:
             by_embedding.setdefault(route.embedding_model, route)
     proxies = spec.gateway.trusted_proxies
     access = {r.name: route_access(r, proxies) for r in spec.routes}
-    return Table(spec=spec, by_name=by_name, by_embedding=by_embedding, access=access)
+    return Table(spec=spec, by_name=by_name, by_embedding=by_embedding, access=access,
+                 peers=route_access(None, proxies))
 
 
 def needs_load(route: Route) -> bool:
     """Must the daemon load this route's model before a request can go to it?"""
     return route.kind == "local" and route.load == "lazy" and route.state not in SERVING_STATES
+
+
+def serving(route: Route) -> bool:
+    """May a request be sent to this route's address now? A local model only while the daemon shows it
+    ready (or idle): its port is then the daemon's socket and its worker the daemon's. In any other state
+    (failed, say because another program holds the port) the address may be anyone's: nothing is sent."""
+    return route.kind == "upstream" or route.state in SERVING_STATES
+
+
+def coming_up(route: Route) -> bool:
+    """Is this local model on its way to ready (the daemon's push saying so may be a moment behind)?"""
+    return route.kind == "local" and route.state in STARTING_STATES
 
 
 def route_ok(route: Route) -> bool:
@@ -106,14 +136,16 @@ def route_ok(route: Route) -> bool:
     return route.state in SERVING_STATES
 
 
-def health_summary(routes: tuple[Route, ...]) -> tuple[str, dict[str, dict]]:
-    """``ok`` when every route is fine, ``down`` when none is, else ``degraded``; and each route's line."""
-    models = {r.name: {"state": r.state, "model": r.served_model_name, "ok": route_ok(r)} for r in routes}
-    fine = sum(m["ok"] for m in models.values())
-    if fine == len(models):
+def health_summary(routes: tuple[Route, ...], shown: list[Route] | None = None) -> tuple[str, dict[str, dict]]:
+    """``ok`` when every route is fine, ``down`` when none is, else ``degraded``; and the line of each
+    route in ``shown`` (default: all), so a caller learns only of the models it may use."""
+    fine = sum(route_ok(r) for r in routes)
+    if fine == len(routes):
         status = "ok"
     elif fine == 0:
         status = "down"
     else:
         status = "degraded"
+    models = {r.name: {"state": r.state, "model": r.served_model_name, "ok": route_ok(r)}
+              for r in (routes if shown is None else shown)}
     return status, models

@@ -4,6 +4,12 @@ A model entry is open (no ``api_key``, no ``api_keys``), or it names the keys th
 it. A worker holds only digests: its entry's own ``api_key`` and the named keys of the
 config's ``api_keys`` section, each marked allowed here or not. A missing or unknown key
 is a 401; a known key that may not use this model is a 403.
+
+Who the client is (its limits are counted by address when it has no key) is the peer's address,
+or behind one of ``trusted_proxies`` the nearest hop of ``X-Forwarded-For`` they did not write.
+The daemon's own gateway proves itself otherwise: it sends the token the daemon gave it and its
+workers (``gateway_token``), and the client's address as it judged it. Loopback alone proves
+nothing: any local program can connect to a worker and write ``X-Forwarded-For``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,12 @@ from ..config.schema import ModelConfig
 from ..errors import Forbidden, Unauthorized
 
 OWN_KEY = "api_key"  # the name the entry's own api_key goes by
+GATEWAY_TOKEN_HEADER = "x-vllmmlxd-gateway-token"  # the daemon's token, sent by its gateway alone
+GATEWAY_CLIENT_HEADER = "x-vllmmlxd-client"  # the client's address, as the gateway judged it
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest().encode()
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,8 @@ class Access:
             digest = config.api_key.get_secret_value().removeprefix(DIGEST_PREFIX)
             grants.insert(0, KeyGrant(name=OWN_KEY, sha256=digest, allowed=True))
         self.grants = tuple(grants)
+        token = getattr(config, "gateway_token", None)
+        self._gateway = _digest(token.get_secret_value()) if token is not None else None
 
     def identify(self, request: Request) -> Caller:
         """The caller, or ``Unauthorized`` / ``Forbidden``."""
@@ -69,7 +83,7 @@ class Access:
 
     def match(self, given: str) -> KeyGrant | None:
         """The grant whose digest is the given key's, compared in constant time against every grant."""
-        digest = hashlib.sha256(given.encode("utf-8", "surrogatepass")).hexdigest().encode()
+        digest = _digest(given)
         found = None
         for grant in self.grants:  # no early exit: the time taken does not say which grant matched
             if secrets.compare_digest(digest, grant.sha256.encode()) and found is None:
@@ -79,6 +93,8 @@ class Access:
     def client_address(self, request: Request) -> str:
         """The peer's address; behind a trusted proxy, the nearest untrusted X-Forwarded-For hop."""
         peer = request.client.host if request.client else "unknown"
+        if self.from_gateway(request):
+            return request.headers.get(GATEWAY_CLIENT_HEADER) or peer
         if not self.proxies or not self._trusted(peer):
             return peer  # a client's own X-Forwarded-For is never believed
         hops = [h.strip() for h in ",".join(request.headers.getlist("x-forwarded-for")).split(",") if h.strip()]
@@ -86,6 +102,11 @@ class Access:
             if not self._trusted(hop):
                 return hop
         return hops[0] if hops else peer
+
+    def from_gateway(self, request: Request) -> bool:
+        """Does the request carry the daemon's gateway token? (Compared as digests, in constant time.)"""
+        given = request.headers.get(GATEWAY_TOKEN_HEADER) if self._gateway is not None else None
+        return given is not None and secrets.compare_digest(_digest(given), self._gateway)  # type: ignore[arg-type]
 
     def _trusted(self, address: str) -> bool:
         try:

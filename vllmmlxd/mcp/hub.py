@@ -125,8 +125,12 @@ class McpHub:
         return out
 
     def status(self) -> list[dict]:
-        """Per server: name, transport, state, tools (a count), last_error, connects, last stderr lines."""
+        """Per server, for operators: name, transport, state, tools (a count), last_error, connects, last stderr lines."""
         return [link.status() for link in list(self._links.values())]
+
+    def public_status(self) -> list[dict]:
+        """``status`` as API clients see it: a generic ``last_error``, no stderr."""
+        return [link.public_status() for link in list(self._links.values())]
 
     def server_of(self, name: str) -> str | None:
         """The server part of ``server__tool`` when that server is one of this worker's."""
@@ -143,7 +147,7 @@ class McpHub:
                                  f"(servers: {', '.join(self._links) or 'none'})")
         if link.state != READY or link.session is None:
             return _failed(f"MCP server {server!r} is not available ({link.state}"
-                           f"{': ' + link.last_error if link.last_error else ''})")
+                           f"{': ' + link.reason if link.reason else ''})")
         tool = next((t for t in link.tools if t.name == tool_name), None)
         if tool is None:
             raise McpUnknownTool(f"MCP server {server!r} offers no tool {tool_name!r}")
@@ -159,15 +163,21 @@ class McpHub:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the server's problem, told to the caller as a tool error
-            reason = link._describe(exc)
-            if _is_protocol_error(exc):
-                out = _failed(f"MCP tool {name} failed: {reason}")
-            else:  # the connection broke under the call: reconnect now
-                link.lost(reason)
-                out = _failed(f"MCP server {server!r} failed during the call: {reason}")
+            if _is_protocol_error(exc):  # the server's own answer to this call: the caller's to read
+                out = _failed(f"MCP tool {name} failed: {_first_line(exc)}")
+            else:  # the connection broke under the call: reconnect now (why, with its stderr, is the operator's)
+                link.lost(exc)
+                out = _failed(f"MCP server {server!r} failed during the call: {link.reason}")
+                log_event(logger, "mcp.call_broke", logging.WARNING, model=self.model, server=server, tool=tool_name,
+                          error=link.last_error)
         log_event(logger, "mcp.execute", model=self.model, server=server, tool=tool_name,
                   duration_ms=round((time.perf_counter() - started) * 1000), ok=not out.is_error)
         return out
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:400] if text else type(exc).__name__
 
 
 def _is_protocol_error(exc: BaseException) -> bool:

@@ -1,8 +1,9 @@
 """One MCP server as a worker sees it: connected, watched, reconnected with backoff.
 
 A stdio server is this worker's child: if it exits (or stops answering pings), the link
-notices, keeps its last stderr lines as the error, and starts it again after a growing
-pause. An HTTP server is reconnected the same way. A server that cannot start never stops
+notices, keeps its last stderr lines for the operator's error, and starts it again after a
+growing pause. API clients (and a model calling the tools) are told a generic reason: a
+server's stderr may hold anything, the values of its ``env`` included. An HTTP server is reconnected the same way. A server that cannot start never stops
 the model serving: its tools are simply absent and the failure is reported in ``status``.
 """
 
@@ -26,6 +27,7 @@ STABLE_AFTER_S = 10.0  # connected this long: the next failure starts the backof
 STDERR_LINES = 20
 
 STARTING, READY, FAILED, DISABLED, STOPPED = "starting", "ready", "failed", "disabled", "stopped"
+FAILED_REASON = "the server failed or closed the connection"  # what clients hear of an error not shown them
 
 
 class _Tail(asyncio.Protocol):
@@ -47,7 +49,8 @@ class Link:
         self.name, self.config, self.model = name, config, model
         self.state = DISABLED if not config.enabled else STARTING
         self.tools: tuple = ()  # the SDK's Tool objects the config lets through
-        self.last_error: str | None = None
+        self.last_error: str | None = None  # for operators (status, logs): may quote the server's stderr
+        self.reason: str | None = None  # the same failure as API clients are told it
         self.stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
         self.connects = 0  # successful connections: a reconnect shows as one more
         self.session = None
@@ -67,15 +70,23 @@ class Link:
         self.session, self.tools = None, ()
         self.state = DISABLED if not self.config.enabled else STOPPED
 
-    def lost(self, reason: str) -> None:
+    def lost(self, exc: BaseException) -> None:
         """A call found the connection broken: reconnect now, not at the next ping."""
-        self.last_error = reason
+        self.failed(exc)
         self._lost.set()
+
+    def failed(self, exc: BaseException | str) -> None:
+        """Note why the server went (an exception, or a reason that is fit for anyone)."""
+        self.reason, self.last_error = (exc, exc) if isinstance(exc, str) else self.describe(exc)
 
     def status(self) -> dict:
         return {"name": self.name, "transport": self.config.transport, "state": self.state,
                 "tools": len(self.tools), "last_error": self.last_error, "connects": self.connects,
                 "stderr": list(self.stderr)[-5:]}
+
+    def public_status(self) -> dict:
+        """``status`` as an API client sees it: the generic reason, no stderr."""
+        return {**{k: v for k, v in self.status().items() if k != "stderr"}, "last_error": self.reason}
 
     async def _run(self) -> None:
         pause = BACKOFF_FIRST_S
@@ -96,10 +107,11 @@ class Link:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # noqa: BLE001 - anything a server does ends in a retry, never a crash
-                self.last_error = self._describe(exc)
+                self.failed(exc)
             self.session, self.tools = None, ()
             self.state = FAILED
-            self.last_error = self.last_error or "connection closed"
+            if self.last_error is None:
+                self.failed("connection closed")
             log_event(logger, "mcp.failed", logging.WARNING, model=self.model, server=self.name,
                       error=self.last_error, retry_s=pause)
             if connected_at is not None and time.monotonic() - connected_at > STABLE_AFTER_S:
@@ -119,10 +131,10 @@ class Link:
             try:
                 await asyncio.wait_for(session.send_ping(), min(self.config.timeout, 10.0))
             except asyncio.TimeoutError:
-                self.last_error = "did not answer a ping"
+                self.failed("did not answer a ping")
                 return
             except Exception as exc:  # noqa: BLE001
-                self.last_error = self._describe(exc)
+                self.failed(exc)
                 return
 
     @contextlib.asynccontextmanager
@@ -174,22 +186,24 @@ class Link:
         async with create_mcp_http_client(headers=headers) as http, streamable_http_client(c.url, http_client=http) as streams:
             yield streams
 
-    def _describe(self, exc: BaseException) -> str:
-        """A short reason: the exception's innermost message, the server's last stderr line."""
+    def describe(self, exc: BaseException) -> tuple[str, str]:
+        """Short reasons for a failure: (for API clients, for operators). A timeout or the OS's reason
+        ("connection refused") is told to both; otherwise clients get a generic reason and operators
+        the exception's innermost message. Operators also get the server's last stderr line."""
         while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
             exc = exc.exceptions[0]
         if isinstance(exc, asyncio.TimeoutError):
-            text = f"no answer within {self.config.timeout:g}s"
+            public = text = f"no answer within {self.config.timeout:g}s"
         else:
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            public, text = FAILED_REASON, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             cause, depth = exc, 0
             while cause is not None and depth < 6:  # the OS's reason says most ("connection refused")
                 if isinstance(cause, BaseExceptionGroup) and cause.exceptions:
                     cause = cause.exceptions[0]
                 if isinstance(cause, OSError) and cause.strerror:
-                    text = (os.strerror(cause.errno) if cause.errno else cause.strerror).lower()
+                    public = text = (os.strerror(cause.errno) if cause.errno else cause.strerror).lower()
                     break
                 cause, depth = cause.__cause__ or cause.__context__, depth + 1
         if self.stderr and self.config.transport == "stdio":
             text += f" (stderr: {self.stderr[-1][:200]})"
-        return text[:400]
+        return public, text[:400]

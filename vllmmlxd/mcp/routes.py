@@ -36,8 +36,8 @@ def make_router(live: LiveContext) -> APIRouter:
     @router.get("/v1/mcp/servers")
     async def servers(request: Request):
         hub, allowed = _scope(live.capture(request), request)
-        rows = hub.status() if hub is not None else []
-        data = [{k: v for k, v in row.items() if k != "stderr"} for row in rows if allowed is None or row["name"] in allowed]
+        rows = hub.public_status() if hub is not None else []  # the stderr and its quotes are the operator's
+        data = [row for row in rows if allowed is None or row["name"] in allowed]
         return {"object": "list", "data": data}
 
     @router.get("/v1/mcp/tools")

@@ -29,14 +29,18 @@ def connect_url(host: str, port: int) -> str:
 
 def build_route(name: str, entry: ModelConfig, state: str, last_error: str | None) -> Route:
     """One entry as the gateway routes to it (pure)."""
+    # The daemon binds "localhost" as IPv4 (sockets.bind_tcp); dialled by name it may resolve to ::1 first,
+    # a port another program may hold.
+    host = "127.0.0.1" if entry.host == "localhost" else entry.host
     return Route(
         name=name, served_model_name=entry.display_name(name), aliases=entry.aliases,
         embedding_model=embedding_display_name(entry.embedding_model),
         kind="upstream" if entry.upstream is not None else "local",
-        url=entry.upstream if entry.upstream is not None else connect_url(entry.host, entry.port),
+        url=entry.upstream if entry.upstream is not None else connect_url(host, entry.port),
         load=entry.load, state=state, owned_by=entry.owned_by, timeout=entry.timeout,
         api_key=entry.api_key, api_keys=entry.api_keys, key_grants=entry.key_grants,
         upstream_api_key=entry.upstream_api_key, last_error=last_error,
+        gateway_token=None if entry.upstream is not None else entry.gateway_token,
     )
 
 

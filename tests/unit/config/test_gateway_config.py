@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from vllmmlxd.config.diff import diff_models
-from vllmmlxd.config.schema import GATEWAY_PEERS, Config, ModelConfig
+from vllmmlxd.config.schema import INTERNAL_FIELDS, Config, ModelConfig, gateway_token
 
 
 def config(models: dict, **top) -> Config:
@@ -56,12 +56,19 @@ def test_the_gateway_port_is_not_a_models_port_and_upstreams_listen_nowhere():
     assert ok.gateway.port == 8080
 
 
-def test_workers_behind_a_gateway_believe_its_forwarded_client_address():
+def test_workers_behind_a_gateway_get_the_daemons_token_not_a_trusted_loopback():
     models = {"a": {"model": "builtin:tiny", "trusted_proxies": ["10.0.0.0/8"]}, "far": {"upstream": "http://h:1"}}
     with_gateway = config(models, gateway={})
-    assert with_gateway.models["a"].trusted_proxies == ("10.0.0.0/8", *GATEWAY_PEERS)
-    assert with_gateway.models["far"].trusted_proxies == ()
-    assert config(models).models["a"].trusted_proxies == ("10.0.0.0/8",)
+    # Loopback is not trusted as a proxy: any local program could forge X-Forwarded-For.
+    assert with_gateway.models["a"].trusted_proxies == ("10.0.0.0/8",)
+    token = with_gateway.models["a"].gateway_token
+    assert token == gateway_token() == config(models, gateway={}).models["a"].gateway_token  # one per daemon run
+    assert len(token.get_secret_value()) >= 40 and token.get_secret_value() not in repr(with_gateway)
+    assert f'"gateway_token": "{token.get_secret_value()}"' in with_gateway.models["a"].to_worker_json()
+    assert with_gateway.models["far"].gateway_token is None and config(models).models["a"].gateway_token is None
+    assert "gateway_token" in INTERNAL_FIELDS
+    with pytest.raises(ValidationError, match="models.a.gateway_token is filled in by vllmmlxd"):
+        config({"a": {"model": "builtin:tiny", "gateway_token": "mine"}}, gateway={})
 
 
 def test_the_reload_plan_says_what_changes_in_the_gateway_and_lazy_keys_are_live():
@@ -69,7 +76,7 @@ def test_the_reload_plan_says_what_changes_in_the_gateway_and_lazy_keys_are_live
     new = config({"a": {"model": "builtin:tiny", "load": "lazy", "idle_unload_s": 60}}, gateway={"port": 9000})
     plan = diff_models(old, new)
     assert plan.gateway_changed == ("added",) and "gateway: added" in plan.render()
-    assert plan.change("a").live and set(plan.changed["a"]) == {"load", "idle_unload_s", "trusted_proxies"}
+    assert plan.change("a").live and set(plan.changed["a"]) == {"load", "idle_unload_s", "gateway_token"}
     again = config({"a": {"model": "builtin:tiny"}}, gateway={"port": 9001, "ui": False})
     assert diff_models(config({"a": {"model": "builtin:tiny"}}, gateway={"port": 9000}), again).gateway_changed == ("port", "ui")
     assert diff_models(again, old).gateway_changed == ("removed",)

@@ -6,7 +6,15 @@ from starlette.requests import Request
 from vllmmlxd.config.gateway import GatewaySpec, Route
 from vllmmlxd.config.keys import KeyGrant, key_digest
 from vllmmlxd.errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
-from vllmmlxd.gateway.routing import TableError, build_table, health_summary, needs_load, route_ok
+from vllmmlxd.gateway.routing import (
+    TableError,
+    build_table,
+    coming_up,
+    health_summary,
+    needs_load,
+    route_ok,
+    serving,
+)
 
 
 def route(name, served=None, **kw):
@@ -86,6 +94,9 @@ def test_keyed_route_checks_keys_like_a_worker():
 def test_trusted_proxies_come_from_the_gateway():
     t = table(route("open"), trusted_proxies=["10.0.0.0/8"])
     assert t.access["open"].client_address(request_with(client="10.0.0.9", xff="203.0.113.5")) == "203.0.113.5"
+    # What the gateway tells a worker its client is (with the daemon's token).
+    assert t.client_address(request_with(client="10.0.0.9", xff="203.0.113.5")) == "203.0.113.5"
+    assert t.client_address(request_with(client="192.0.2.1", xff="203.0.113.5")) == "192.0.2.1"
 
 
 def test_lazy_models_need_a_load_unless_ready_or_idle():
@@ -102,3 +113,39 @@ def test_health_is_ok_degraded_or_down():
     assert health_summary((ready, route("c", state="failed")))[0] == "degraded"
     assert health_summary((route("c", state="loading"), route("u", kind="upstream", state="unreachable")))[0] == "down"
     assert route_ok(route("l", load="lazy", state="loading")) and not route_ok(route("l", load="lazy", state="failed"))
+
+
+def test_a_local_model_is_sent_requests_only_while_ready_or_idle():
+    # Not ready, its port may be anyone's (another program took it: the model failed to listen).
+    assert [serving(route("m", state=s)) for s in ("ready", "idle", "failed", "starting", "backoff", "stopped",
+                                                   "draining", "unknown")] == [True, True] + [False] * 6
+    # A lazy one that is not loaded is loaded first (needs_load); an upstream has its own health.
+    assert needs_load(route("m", load="lazy", state="failed"))
+    assert serving(route("u", kind="upstream", state="unknown"))
+    # Starting: the daemon's push showing it ready may be a moment behind (a request waits for it).
+    assert [coming_up(route("m", state=s)) for s in ("starting", "unknown", "failed", "backoff", "ready")] == [
+        True, True, False, False, False]
+
+
+def test_a_wrong_name_lists_only_the_models_the_caller_may_use():
+    t = table(keyed_route(), route("open", "open-1", embedding_model="e5"))
+    with pytest.raises(ModelNotFound) as err:
+        t.resolve("gpt-4")
+    assert "open-1" in err.value.message and "secret" not in err.value.message
+    with pytest.raises(ModelNotFound) as err:
+        t.resolve("gpt-4", key="sk-bob")  # a known key, not allowed on secret
+    assert "secret" not in err.value.message
+    with pytest.raises(ModelNotFound) as err:
+        t.resolve("gpt-4", embeddings=True, key="sk-alice")
+    assert "secret, open-1, e5" in err.value.message
+    with pytest.raises(InvalidRequest) as err:
+        t.resolve(None)
+    assert "available models: open-1;" not in err.value.message and "open-1" in err.value.message
+    assert "secret" not in err.value.message
+
+
+def test_health_lines_are_only_the_callers_models():
+    t = table(keyed_route().model_copy(update={"state": "ready"}), route("open", state="failed"))
+    status, lines = health_summary(t.routes, t.visible(None))
+    assert status == "degraded" and list(lines) == ["open"]
+    assert list(health_summary(t.routes, t.visible("sk-alice"))[1]) == ["secret", "open"]

@@ -32,8 +32,30 @@ def test_a_browsers_own_headers_stop_at_the_gateway():
 
 
 def test_upstream_key_replaces_the_clients():
-    out = dict(request_headers([(b"authorization", b"Bearer sk-client"), (b"x-api-key", b"k")], "::1", "sk-up"))
+    out = dict(request_headers([(b"authorization", b"Bearer sk-client"), (b"x-api-key", b"k")], "::1",
+                               upstream=True, upstream_key="sk-up"))
     assert out == {b"x-forwarded-for": b"::1", b"authorization": b"Bearer sk-up"}
+
+
+def test_an_upstream_without_its_own_key_never_gets_the_clients():
+    # The client's key is for this host; another host's daemon gets none rather than that one.
+    given = [(b"Authorization", b"Bearer sk-local"), (b"X-Api-Key", b"sk-local"), (b"content-type", b"application/json")]
+    out = request_headers(given, "10.0.0.2", upstream=True)
+    assert out == [(b"content-type", b"application/json"), (b"x-forwarded-for", b"10.0.0.2")]
+    # Nor the daemon's token, were one given.
+    assert dict(request_headers(given, "10.0.0.2", upstream=True, token="t0k")).keys() == {
+        b"content-type", b"x-forwarded-for"}
+
+
+def test_a_local_worker_gets_the_clients_key_the_token_and_the_judged_client():
+    given = [(b"authorization", b"Bearer sk-local"), (b"X-Vllmmlxd-Gateway-Token", b"forged"),
+             (b"x-vllmmlxd-client", b"6.6.6.6"), (b"x-forwarded-for", b"6.6.6.6")]
+    # A client's own claim to be the gateway is dropped, whether or not the gateway has a token.
+    assert request_headers(given, "127.0.0.1") == [(b"authorization", b"Bearer sk-local"),
+                                                  (b"x-forwarded-for", b"6.6.6.6, 127.0.0.1")]
+    out = request_headers(given, "10.0.0.1", token="t0k", client="203.0.113.7")
+    assert out == [(b"authorization", b"Bearer sk-local"), (b"x-forwarded-for", b"6.6.6.6, 10.0.0.1"),
+                   (b"x-vllmmlxd-gateway-token", b"t0k"), (b"x-vllmmlxd-client", b"203.0.113.7")]
 
 
 def test_response_headers_keep_length_and_drop_hop_by_hop():
@@ -97,8 +119,33 @@ def test_listings():
     assert cards[0]["object"] == "model" and cards[0]["created"] == 7 and cards[0]["aliases"] == ["l"]
 
 
-def test_spec_round_trips_through_its_worker_json():
-    spec = GatewaySpec(routes=(Route(name="a", served_model_name="a", url="http://x", upstream_api_key="sk"),))
+def test_spec_round_trips_through_its_worker_json_token_included():
+    spec = GatewaySpec(routes=(Route(name="a", served_model_name="a", url="http://x", upstream_api_key="sk"),
+                               Route(name="b", served_model_name="b", url="http://y", gateway_token="t0k")))
     again = GatewaySpec.model_validate_json(spec.to_worker_json())
     assert again.config_hash() == spec.config_hash()
     assert build_table(again).routes[0].upstream_api_key.get_secret_value() == "sk"
+    assert build_table(again).routes[1].gateway_token.get_secret_value() == "t0k"
+    assert "t0k" not in repr(spec) and "t0k" not in str(spec.model_dump())
+
+
+def test_the_daemons_routes_carry_each_local_workers_token_and_no_upstream_gets_one():
+    from vllmmlxd.config.schema import Config
+    from vllmmlxd.supervisor.gateway import build_spec
+
+    config = Config.model_validate({"gateway": {}, "models": {
+        "here": {"model": "builtin:tiny", "port": 8001}, "far": {"upstream": "http://h:1"}}})
+    here, far = build_spec(config.gateway, config.models, {}, None).routes
+    assert here.gateway_token == config.models["here"].gateway_token is not None
+    assert far.gateway_token is None
+    table = build_table(GatewaySpec.model_validate_json(build_spec(config.gateway, config.models, {}, None).to_worker_json()))
+    assert table.routes[0].gateway_token == here.gateway_token
+
+
+def test_a_worker_bound_to_localhost_is_dialled_at_the_address_the_daemon_bound():
+    # bind_tcp binds "localhost" as 127.0.0.1; the name could resolve to ::1 first, which another program may hold.
+    from vllmmlxd.config.schema import ModelConfig
+    from vllmmlxd.supervisor.gateway import build_route
+
+    assert build_route("m", ModelConfig(model="builtin:tiny", host="localhost", port=8001), "ready", None).url == \
+        "http://127.0.0.1:8001"

@@ -94,3 +94,33 @@ def test_forwarded_for_is_believed_only_from_a_trusted_proxy():
     chain = {"X-Forwarded-For": "6.6.6.6, 5.5.5.5, 10.1.1.1"}
     assert proxied.client_address(request(chain, client=("127.0.0.1", 1))) == "5.5.5.5"
     assert proxied.client_address(request(spoofed, client=("192.168.1.9", 1))) == "192.168.1.9"
+
+
+GATEWAY_CONFIG = """
+gateway: {}
+models:
+  m: {model: builtin:tiny}
+"""
+
+
+def test_behind_a_gateway_only_the_daemons_token_names_the_client(monkeypatch):
+    entry = parse_config(GATEWAY_CONFIG).config.models["m"]
+    token = entry.gateway_token.get_secret_value()
+    behind = access.Access(entry)
+    # A local program talking to the worker's port is one client whatever it writes, loopback or not.
+    forged = {"X-Forwarded-For": "1.2.3.4", access.GATEWAY_CLIENT_HEADER: "1.2.3.5"}
+    assert behind.client_address(request(forged, client=("127.0.0.1", 1))) == "127.0.0.1"
+    assert behind.client_address(request({**forged, access.GATEWAY_TOKEN_HEADER: token + "x"},
+                                         client=("::1", 1))) == "::1"
+    # The gateway, with the token, says who its client is.
+    assert behind.client_address(request({**forged, access.GATEWAY_TOKEN_HEADER: token},
+                                         client=("127.0.0.1", 1))) == "1.2.3.5"
+    # Compared as digests in constant time.
+    calls = []
+    real = secrets.compare_digest
+    monkeypatch.setattr(access.secrets, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+    behind.client_address(request({access.GATEWAY_TOKEN_HEADER: "guess"}, client=("127.0.0.1", 1)))
+    assert calls and all(len(a) == len(b) == 64 for a, b in calls)
+    # A worker started by hand has no token: the header means nothing there.
+    plain = access.Access(ModelConfig(model="builtin:tiny"))
+    assert plain.client_address(request({access.GATEWAY_TOKEN_HEADER: "", **forged}, client=("127.0.0.1", 1))) == "127.0.0.1"

@@ -65,6 +65,10 @@ def test_tools_calls_and_a_restart(caplog):
             await until(lambda: hub.status()[0]["connects"] == 2 and hub.status()[0]["state"] == "ready")
             status = hub.status()[0]
             assert "crashing on purpose" in status["last_error"] and "crashing on purpose" in status["stderr"]
+            # The server's stderr is the operator's: the caller (and a model in the tool loop) gets a generic reason.
+            assert "crashing on purpose" not in crashed.text() and "failed during the call" in crashed.text()
+            public = hub.public_status()[0]
+            assert "stderr" not in public and public["last_error"] and "crashing" not in public["last_error"]
             second = (await hub.call("files__whoami", {})).text()
             assert second.split()[0] != first.split()[0]  # a new process
             pid = int(second.split()[0])
@@ -118,3 +122,20 @@ def test_a_key_narrows_the_servers():
     assert allowed_servers(Caller("key:all", grant.model_copy(update={"mcp": None})), config) is None
     assert allowed_servers(Caller("addr:127.0.0.1"), config) is None
     assert allowed_servers(None, config) is None
+
+
+def test_a_servers_stderr_reaches_operators_only():
+    # A server that cannot start writes to stderr (what it prints may hold its env's secrets).
+    async def scenario():
+        hub = McpHub({"bad": stdio(env={"MCP_TEST_REFUSE": "sk-env-secret"})}, model="m")
+        async with hub.lifespan():
+            await until(lambda: hub.status()[0]["state"] == "failed" and hub.status()[0]["stderr"])
+            await until(lambda: "MCP_TEST_REFUSE" in (hub.status()[0]["last_error"] or ""))
+            called = await hub.call("bad__add", {"a": 1, "b": 2})
+            return hub.status()[0], hub.public_status()[0], called
+
+    operator, public, called = asyncio.run(scenario())
+    assert "MCP_TEST_REFUSE" in operator["last_error"] and any("MCP_TEST_REFUSE" in l for l in operator["stderr"])
+    assert "stderr" not in public and public["state"] == "failed" and public["last_error"]
+    assert "MCP_TEST_REFUSE" not in repr(public) and "MCP_TEST_REFUSE" not in called.text()
+    assert called.is_error and "not available (failed: " in called.text()

@@ -182,7 +182,9 @@ async function refreshModels() {
     if (models.some((m) => m.id === current)) select.value = current;
     updateCode();
   } catch (err) {
-    if (!select.options.length) select.append(new Option("models unavailable", ""));
+    // 401/403: every model needs a key this page lacks (request() has said so and opened Settings).
+    if (err.status === 401 || err.status === 403) select.replaceChildren(new Option("API key needed", ""));
+    else if (!select.options.length) select.append(new Option("models unavailable", ""));
   }
 }
 
@@ -558,7 +560,8 @@ function statusRow(m) {
 
 function daemonLine(d) {
   if (!d) return "";
-  const parts = ["daemon pid " + d.pid, "up " + duration(d.uptime_s)];
+  // Pids, the config's path and error output are the operator's (vllmmlxctl status): the gateway leaves them out.
+  const parts = [d.pid ? "daemon pid " + d.pid : "daemon", "up " + duration(d.uptime_s)];
   if (d.version) parts.push("version " + d.version);
   if (d.config_path) parts.push("config " + d.config_path + (d.config_missing ? " (missing)" : ""));
   const r = d.last_reload;
@@ -568,7 +571,8 @@ function daemonLine(d) {
 
 function gatewayLine(g) {
   if (!g) return "";
-  const parts = ["gateway " + g.state, "pid " + dash(g.pid), g.host + ":" + g.port, "up " + duration(g.uptime_s)];
+  const parts = ["gateway " + g.state, ...(g.pid ? ["pid " + g.pid] : []), g.host + ":" + g.port,
+    "up " + duration(g.uptime_s)];
   if (g.restarts) parts.push(g.restarts + " restarts");
   if (g.last_error && g.state !== "ready") parts.push(g.last_error);
   return parts.join(" · ");
