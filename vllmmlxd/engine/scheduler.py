@@ -60,6 +60,7 @@ class Scheduler:
         self.gen = self._new_generator()
         self._retired: list[Sequence] = []  # finished this step, events not posted yet
         self._generated = 0  # tokens generated since start, for the recent rate
+        self.clock = time.perf_counter  # times steps for the step timer (a test's fake model brings its own)
 
     def _new_generator(self) -> BatchGenerator:
         return BatchGenerator(
@@ -72,22 +73,37 @@ class Scheduler:
     # -- the thread -------------------------------------------------------
 
     def run(self) -> None:
-        stopping = False
-        while not stopping:
+        """The engine thread: serve what arrives in ``inbox`` until ``None`` does."""
+        while True:
             if not self.running and not self.waiting:
                 item = self.inbox.get()
                 if item is None:
                     break
                 self.stats.last_step_at = time.monotonic()  # idle until now: not a stalled step
                 self.waiting.append(item)
-            stopping = self._drain_inbox()
-            self._drop_cancelled()
-            self._admit()
-            if self.running:
-                self._step()
-            self._post()
+            if not self.step():
+                break
+        self.shutdown()
+
+    def step(self) -> bool:
+        """One round: take new requests, drop the cancelled, admit, advance the batch, post events.
+
+        Returns False once the inbox asked the engine to stop. A round does one decode step and
+        one bounded prefill chunk, so a cancel is seen at the next round, within one chunk.
+        """
+        stopping = self._drain_inbox()
+        self._drop_cancelled()
+        self._admit()
+        if self.running:
+            self._step()
+        self._post()
+        return not stopping
+
+    def shutdown(self) -> None:
+        """End every request still here (cancelled) and post their last events."""
         for seq in [*self.waiting, *self.running.values()]:
             seq.finish("cancelled")
+        self.waiting.clear()
         self._post()
 
     def _drain_inbox(self) -> bool:
@@ -155,7 +171,7 @@ class Scheduler:
         prompts = sum(1 for s in self.running.values() if s.progress.first_token_at is None)
         decoding = len(self.running) > prompts
         self.gen.prefill_step_size = self.timer.chunk(self.options.prefill_step_size, decoding=decoding, prompts=prompts)
-        started = time.perf_counter()
+        started = self.clock()
         try:
             prompt_responses, responses = self.gen.next()
         except Exception as exc:  # e.g. out of memory: every sequence of the batch fails, the engine lives on
@@ -166,7 +182,7 @@ class Scheduler:
             self.gen = self._new_generator()
             return
         prefilled = self._note_prefill(prompt_responses)
-        self.timer.observe(time.perf_counter() - started, decoded=bool(responses), prefilled=prefilled)
+        self.timer.observe(self.clock() - started, decoded=bool(responses), prefilled=prefilled)
         self.stats.steps_executed += 1
         self.stats.last_step_at = time.monotonic()  # read by /health's liveness check
         self._generated += len(responses)
