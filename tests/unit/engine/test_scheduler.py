@@ -26,8 +26,12 @@ def finished(h: Harness, seq) -> Finished:
     return last
 
 
-def in_batch(h: Harness, seq) -> bool:
-    return bool(h.scheduler.gen._find_uids([seq.uid])) if seq.uid is not None else False
+def left_the_batch(h: Harness) -> bool:
+    """Nothing is left in the generator: a new request runs alone (one row in every call)."""
+    calls = len(h.model.calls)
+    seq = h.submit(counting(400, 6), max_tokens=3)
+    h.finish(seq)
+    return h.text(seq) == decode_ids([406, 407, 408]) and all(rows == 1 for rows, _ in h.model.calls[calls:])
 
 
 def cached_tokens_of(h: Harness, tokens: list[int]) -> tuple[int, str, list[int]]:
@@ -102,9 +106,10 @@ def test_a_request_cancelled_while_prefilling_leaves_the_batch_and_caches_nothin
     calls = len(h.model.calls)
     seq.request.cancelled.set()
     h.step()
-    assert seq.finished == "cancelled" and not in_batch(h, seq) and not h.scheduler.running
+    assert seq.finished == "cancelled" and not h.scheduler.running
     assert len(h.model.calls) == calls  # not one more chunk
     assert len(h.scheduler.cache) == 0  # a half-prefilled prompt is not kept
+    assert left_the_batch(h)
 
 
 def test_a_request_cancelled_after_its_first_token_leaves_its_kv_in_the_cache(h):
@@ -113,12 +118,13 @@ def test_a_request_cancelled_after_its_first_token_leaves_its_kv_in_the_cache(h)
     h.run_until(lambda: seq.produced >= 3)
     seq.request.cancelled.set()
     h.step()
-    assert seq.finished == "cancelled" and not in_batch(h, seq)
+    assert seq.finished == "cancelled" and not h.scheduler.running
     generated = list(range(41, 41 + seq.produced))
     count, kind, ids = cached_tokens_of(h, prompt + generated)
     # The whole sequence so far, prompt and answer, with the KV of exactly those tokens.
     assert (count, kind) == (len(prompt) + len(generated), "prefix") and ids == prompt + generated
     assert finished(h, seq).usage.completion_tokens == seq.produced
+    assert left_the_batch(h)
 
 
 # -- the prefix wait ----------------------------------------------------------
