@@ -15,6 +15,9 @@ Two bounds size the chunk, and the tighter wins:
   stream's gap between tokens grows to at most ``1 + share`` decode steps.
 
 Before anything is measured a prompt starts with a few tokens: one cheap step tells the cost.
+The fit is trusted up to ``GROWTH`` times the largest step it has seen, so a fit from small
+noisy steps never sends a step far past the budget: a fast machine reaches its configured
+step within a few steps.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 MIN_CHUNK = 4  # prompt tokens per step at least, so a prompt always advances
 PREFILL_SHARE = 2.0  # a step's prefill may take this many decode steps: gaps stay under 3x
 MAX_STEP_S = 1.0  # a step's prefill takes about this long at most: progress and cancels stay live
+GROWTH = 4  # a step prefills at most this many times the most tokens measured in one step
 
 
 class StepTimer:
@@ -34,6 +38,7 @@ class StepTimer:
         self.decode_s: float | None = None
         # Decayed sums for the fit of prefill seconds against tokens: weight, x, x², y, xy.
         self._sums = [0.0] * 5
+        self._largest = 0  # the most prompt tokens one measured step prefilled
 
     def observe(self, seconds: float, *, decoded: bool, prefilled: int) -> None:
         """One step: how long it took, whether it decoded, how many prompt tokens it prefilled."""
@@ -44,6 +49,7 @@ class StepTimer:
         spent = seconds - ((self.decode_s or 0.0) if decoded else 0.0)
         if spent <= 0:
             return
+        self._largest = max(self._largest, prefilled)
         keep = 1 - self.alpha
         x, y = float(prefilled), spent
         for i, term in enumerate((1.0, x, x * x, y, x * y)):
@@ -74,5 +80,5 @@ class StepTimer:
         if cost is None:
             return min(max_chunk, MIN_CHUNK * 2 if decoding else MIN_CHUNK)  # one cheap step to measure
         per_call, per_token = cost
-        tokens = (self.budget_s(decoding=decoding) - per_call) / per_token
+        tokens = min((self.budget_s(decoding=decoding) - per_call) / per_token, GROWTH * self._largest)
         return int(min(max(tokens / max(prompts, 1), MIN_CHUNK), max_chunk))

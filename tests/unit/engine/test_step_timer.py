@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllmmlxd.engine.step_timer import MIN_CHUNK, StepTimer
+from vllmmlxd.engine.step_timer import GROWTH, MIN_CHUNK, StepTimer
 
 
 def machine(timer: StepTimer, decode: float, per_call: float, per_token: float, chunks) -> None:
@@ -83,3 +83,14 @@ def test_steps_that_say_nothing_are_ignored_and_prefill_alone_counts_whole():
     assert timer.decode_s is None and timer.cost() is None
     timer.observe(0.2, decoded=False, prefilled=100)  # no decode in this step: all of it was prefill
     assert timer.cost() == pytest.approx((0.0, 0.002))
+
+
+def test_a_fit_from_small_steps_is_trusted_only_a_few_times_further():
+    timer = StepTimer(alpha=0.2)
+    # Two small steps whose noise makes a token look nearly free: the fit alone would say 512.
+    timer.observe(0.500, decoded=False, prefilled=4)
+    timer.observe(0.5001, decoded=False, prefilled=8)
+    assert timer.chunk(512, decoding=False, prompts=1) == GROWTH * 8
+    timer.observe(0.51, decoded=False, prefilled=32)
+    assert timer.chunk(512, decoding=False, prompts=1) == GROWTH * 32
+    assert timer.chunk(512, decoding=False, prompts=4) == 32  # the step's tokens, shared
