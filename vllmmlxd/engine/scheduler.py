@@ -8,9 +8,11 @@ the prefix cache. The events of a step are posted to the asyncio loop in one cal
 
 mlx-lm's BatchGenerator brings what is hard to get right (per-sequence samplers and logits
 processors, batched KV caches with padding, insert/remove at any step); two things it lacks
-are written here: the prefill chunk is sized each step from measured speeds so a long
-prompt does not stall running streams (``step_timer``), and a prompt that shares a long
-start with one being prefilled waits for it, so it reuses that prefill from the cache.
+are written here: the prefill chunk is sized each step from measured speeds so a step
+takes about a second at most and a long prompt does not stall running streams
+(``step_timer``; its progress shows and a cancel is heard chunk by chunk), and a prompt that
+shares a long start with one being prefilled waits for it, so it reuses that prefill from
+the cache.
 """
 
 from __future__ import annotations

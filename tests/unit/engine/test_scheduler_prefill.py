@@ -20,6 +20,7 @@ class Steps:
     def __init__(self, h: Harness):
         self.h = h
         self.rows: list[dict] = []
+        self.asked: list[tuple[int, bool, int]] = []  # (chunk, decoding, prompts) asked this step
         timer = h.scheduler.timer
         ask = timer.chunk
 
@@ -29,7 +30,6 @@ class Steps:
             return got
 
         timer.chunk = chunk
-        self.asked: list[tuple[int, bool, int]] = []
 
     def step(self, seq=None) -> dict:
         h = self.h
