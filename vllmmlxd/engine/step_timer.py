@@ -22,7 +22,7 @@ step within a few steps.
 
 from __future__ import annotations
 
-MIN_CHUNK = 4  # prompt tokens per step at least, so a prompt always advances
+MIN_CHUNK = 4  # prompt tokens per step at least (one a prompt when many share it), so prompts advance
 PREFILL_SHARE = 2.0  # a step's prefill may take this many decode steps: gaps stay under 3x
 MAX_STEP_S = 1.0  # a step's prefill takes about this long at most: progress and cancels stay live
 GROWTH = 4  # a step prefills at most this many times the most tokens measured in one step
@@ -76,9 +76,11 @@ class StepTimer:
 
     def chunk(self, max_chunk: int, *, decoding: bool, prompts: int) -> int:
         """Prompt tokens per prefilling sequence this step, never above ``max_chunk``."""
+        prompts = max(prompts, 1)
+        least = max(MIN_CHUNK // prompts, 1)  # a step advances by MIN_CHUNK tokens at least, in all
         cost = self.cost()
         if cost is None:
-            return min(max_chunk, MIN_CHUNK * 2 if decoding else MIN_CHUNK)  # one cheap step to measure
+            return min(max_chunk, least * 2 if decoding else least)  # one cheap step to measure
         per_call, per_token = cost
         tokens = min((self.budget_s(decoding=decoding) - per_call) / per_token, GROWTH * self._largest)
-        return int(min(max(tokens / max(prompts, 1), MIN_CHUNK), max_chunk))
+        return int(min(max(tokens / prompts, least), max_chunk))

@@ -97,6 +97,16 @@ def test_where_512_tokens_take_a_minute_a_chunk_still_takes_a_second_at_most():
     assert all(row["steps"] == 1 for row in rows)
 
 
+def test_eight_prompts_at_once_share_the_second():
+    h = Harness(max_num_seqs=8, **SLOW)
+    seqs = [h.submit(counting(50 * i, 30), max_tokens=2) for i in range(8)]  # prefilled side by side
+    steps = Steps(h)
+    while any(s.progress.first_token_at is None for s in seqs):
+        assert len(steps.rows) < 500
+        steps.step()
+    assert max(row["seconds"] for row in steps.rows) <= A_SECOND  # a token a prompt, not MIN_CHUNK each
+
+
 def test_a_resent_history_prefills_its_new_part_in_chunks_of_a_second_too():
     h = Harness(**SLOW)
     first = h.submit(counting(1, 60), max_tokens=3)

@@ -22,6 +22,7 @@ def test_a_first_chunk_is_small_until_a_step_has_been_measured():
     timer.observe(0.05, decoded=True, prefilled=0)
     assert timer.chunk(512, decoding=True, prompts=1) == MIN_CHUNK * 2  # no prefill measured: a small start
     assert timer.chunk(2, decoding=False, prompts=1) == 2  # never above the configured step
+    assert StepTimer().chunk(512, decoding=False, prompts=8) == 1  # eight prompts: eight tokens in all
 
 
 def test_alone_a_chunk_takes_about_a_second_at_most():
@@ -30,7 +31,8 @@ def test_alone_a_chunk_takes_about_a_second_at_most():
     for c in (4, 5, 8, 6):
         timer.observe(0.010 + 0.1 * c, decoded=False, prefilled=c)
     assert timer.chunk(512, decoding=False, prompts=1) == 9  # (1 - 0.010) / 0.1 tokens
-    assert timer.chunk(512, decoding=False, prompts=4) == MIN_CHUNK  # the minimum wins over the budget
+    assert timer.chunk(512, decoding=False, prompts=4) == 2  # the second is shared by the prompts
+    assert timer.chunk(512, decoding=False, prompts=16) == 1  # a token each at least, not MIN_CHUNK each
     timer = StepTimer(alpha=0.2)
     for c in (4, 64, 32, 128):
         timer.observe(0.010 + 0.004 * c, decoded=False, prefilled=c)
