@@ -4,6 +4,7 @@ it stops the work within the chunk in flight, timed against the chunks measured 
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import threading
@@ -82,7 +83,7 @@ def test_a_client_that_hangs_up_during_prefill_stops_it_within_a_chunk(server):
         seen = watch_prefill(client, server.url, changes=8)
         assert len(seen) == 8 and seen[-1][1] < 0.9, seen  # mid-prefill, with chunks measured
         # The longest a chunk took, as the polls saw it (two chunks between polls only makes it longer).
-        chunk_s = max(b[0] - a[0] for a, b in zip(seen, seen[1:]))
+        chunk_s = max(b[0] - a[0] for a, b in itertools.pairwise(seen))
         before = ours(client, server.url)[1]
         conn.close()
         hung_up = time.monotonic()

@@ -11,16 +11,21 @@ machine the tests run on.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx import nn
 
 from vllmmlxd.engine.detokenize import IncrementalDetokenizer
 from vllmmlxd.engine.options import EngineOptions
 from vllmmlxd.engine.scheduler import Scheduler
 from vllmmlxd.engine.sequence import Sequence
-from vllmmlxd.engine.types import EngineEvent, EngineStats, GenerationRequest, SamplingParams
+from vllmmlxd.engine.types import (
+    EngineEvent,
+    EngineStats,
+    GenerationRequest,
+    SamplingParams,
+)
 
 VOCAB = 512
 EOS = VOCAB - 1
