@@ -8,9 +8,11 @@ the prefix cache. The events of a step are posted to the asyncio loop in one cal
 
 mlx-lm's BatchGenerator brings what is hard to get right (per-sequence samplers and logits
 processors, batched KV caches with padding, insert/remove at any step); two things it lacks
-are written here: the prefill chunk is sized each step from measured speeds so a long
-prompt does not stall running streams (``step_timer``), and a prompt that shares a long
-start with one being prefilled waits for it, so it reuses that prefill from the cache.
+are written here: the prefill chunk is sized each step from measured speeds so a step
+takes about a second at most and a long prompt does not stall running streams
+(``step_timer``; its progress shows and a cancel is heard chunk by chunk), and a prompt that
+shares a long start with one being prefilled waits for it, so it reuses that prefill from
+the cache.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class Scheduler:
         self.gen = self._new_generator()
         self._retired: list[Sequence] = []  # finished this step, events not posted yet
         self._generated = 0  # tokens generated since start, for the recent rate
+        self.clock = time.perf_counter  # times steps for the step timer (a test's fake model brings its own)
 
     def _new_generator(self) -> BatchGenerator:
         return BatchGenerator(
@@ -72,22 +75,37 @@ class Scheduler:
     # -- the thread -------------------------------------------------------
 
     def run(self) -> None:
-        stopping = False
-        while not stopping:
+        """The engine thread: serve what arrives in ``inbox`` until ``None`` does."""
+        while True:
             if not self.running and not self.waiting:
                 item = self.inbox.get()
                 if item is None:
                     break
                 self.stats.last_step_at = time.monotonic()  # idle until now: not a stalled step
                 self.waiting.append(item)
-            stopping = self._drain_inbox()
-            self._drop_cancelled()
-            self._admit()
-            if self.running:
-                self._step()
-            self._post()
+            if not self.step():
+                break
+        self.shutdown()
+
+    def step(self) -> bool:
+        """One round: take new requests, drop the cancelled, admit, advance the batch, post events.
+
+        Returns False once the inbox asked the engine to stop. A round does one decode step and
+        one bounded prefill chunk, so a cancel is seen at the next round, within one chunk.
+        """
+        stopping = self._drain_inbox()
+        self._drop_cancelled()
+        self._admit()
+        if self.running:
+            self._step()
+        self._post()
+        return not stopping
+
+    def shutdown(self) -> None:
+        """End every request still here (cancelled) and post their last events."""
         for seq in [*self.waiting, *self.running.values()]:
             seq.finish("cancelled")
+        self.waiting.clear()
         self._post()
 
     def _drain_inbox(self) -> bool:
@@ -155,7 +173,7 @@ class Scheduler:
         prompts = sum(1 for s in self.running.values() if s.progress.first_token_at is None)
         decoding = len(self.running) > prompts
         self.gen.prefill_step_size = self.timer.chunk(self.options.prefill_step_size, decoding=decoding, prompts=prompts)
-        started = time.perf_counter()
+        started = self.clock()
         try:
             prompt_responses, responses = self.gen.next()
         except Exception as exc:  # e.g. out of memory: every sequence of the batch fails, the engine lives on
@@ -166,7 +184,7 @@ class Scheduler:
             self.gen = self._new_generator()
             return
         prefilled = self._note_prefill(prompt_responses)
-        self.timer.observe(time.perf_counter() - started, decoded=bool(responses), prefilled=prefilled)
+        self.timer.observe(self.clock() - started, decoded=bool(responses), prefilled=prefilled)
         self.stats.steps_executed += 1
         self.stats.last_step_at = time.monotonic()  # read by /health's liveness check
         self._generated += len(responses)

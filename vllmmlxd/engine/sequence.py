@@ -125,7 +125,7 @@ class Sequence:
         """It joined the batch as ``uid``, with ``cached_tokens`` of its prompt taken from the prefix cache."""
         self.uid = uid
         self.progress.started_at = time.monotonic()
-        self.progress.cached_tokens = cached_tokens
+        self.progress.cached_tokens = self.progress.prefilled_tokens = cached_tokens
         self.progress.cache_hit_type = hit_type
 
     def feed(self, token: int) -> FinishReason | None:

@@ -1,28 +1,44 @@
-"""How many prompt tokens to prefill in a step while other requests stream. Pure; no mlx.
+"""How many prompt tokens to prefill in a step. Pure; no mlx.
 
-A step runs one decode step of the batch, then a chunk of each prompt being prefilled. The
-chunk is sized so a running stream's gap between tokens grows to at most ``1 + share``
-decode steps while a prompt is admitted: measured, not guessed, because it depends on the
-model and the machine. A prefill call costs roughly ``a + b * tokens`` (``a``: reading the
-weights once, ``b``: the compute per token); both are fitted by exponentially weighted least
-squares over recent steps, so the chunk follows the machine as load changes.
+A step runs one decode step of the batch, then a chunk of each prompt being prefilled. A
+prefill call costs roughly ``a + b * tokens`` (``a``: reading the weights once, ``b``: the
+compute per token); both are fitted by exponentially weighted least squares over recent
+steps, so the chunk follows the machine as load changes. Measured, not guessed, because it
+depends on the model and the machine: 512 tokens take a few milliseconds on one and two
+minutes on another.
+
+Two bounds size the chunk, and the tighter wins:
+
+- a step's prefill takes at most ``max_step_s`` seconds (about one), alone or not, so that a
+  prompt's progress is seen and a cancel is heard at least that often;
+- while others stream, a step's prefill takes at most ``share`` decode steps, so a running
+  stream's gap between tokens grows to at most ``1 + share`` decode steps.
+
+Before anything is measured a prompt starts with a few tokens: one cheap step tells the cost.
+The fit is trusted up to ``GROWTH`` times the largest step it has seen, so a fit from small
+noisy steps never sends a step far past the budget: a fast machine reaches its configured
+step within a few steps.
 """
 
 from __future__ import annotations
 
-MIN_CHUNK = 4  # prompt tokens per step at least, so a prompt always advances
+MIN_CHUNK = 4  # prompt tokens per step at least (one a prompt when many share it), so prompts advance
 PREFILL_SHARE = 2.0  # a step's prefill may take this many decode steps: gaps stay under 3x
+MAX_STEP_S = 1.0  # a step's prefill takes about this long at most: progress and cancels stay live
+GROWTH = 4  # a step prefills at most this many times the most tokens measured in one step
 
 
 class StepTimer:
     """Measures decode steps and prefill calls; sizes the next prefill chunk."""
 
-    def __init__(self, alpha: float = 0.2, share: float = PREFILL_SHARE):
+    def __init__(self, alpha: float = 0.2, share: float = PREFILL_SHARE, max_step_s: float = MAX_STEP_S):
         self.alpha = alpha
         self.share = share
+        self.max_step_s = max_step_s
         self.decode_s: float | None = None
         # Decayed sums for the fit of prefill seconds against tokens: weight, x, x², y, xy.
         self._sums = [0.0] * 5
+        self._largest = 0  # the most prompt tokens one measured step prefilled
 
     def observe(self, seconds: float, *, decoded: bool, prefilled: int) -> None:
         """One step: how long it took, whether it decoded, how many prompt tokens it prefilled."""
@@ -33,6 +49,7 @@ class StepTimer:
         spent = seconds - ((self.decode_s or 0.0) if decoded else 0.0)
         if spent <= 0:
             return
+        self._largest = max(self._largest, prefilled)
         keep = 1 - self.alpha
         x, y = float(prefilled), spent
         for i, term in enumerate((1.0, x, x * x, y, x * y)):
@@ -51,13 +68,19 @@ class StepTimer:
                 return per_call, per_token
         return 0.0, sy / sx  # one chunk size seen so far (or a fit that makes no sense): proportional
 
+    def budget_s(self, *, decoding: bool) -> float:
+        """Seconds a step's prefill may take: about a second, less while others stream."""
+        if decoding and self.decode_s is not None:
+            return min(self.max_step_s, self.share * self.decode_s)
+        return self.max_step_s
+
     def chunk(self, max_chunk: int, *, decoding: bool, prompts: int) -> int:
-        """Prompt tokens per prefilling sequence this step: all it may take when nothing streams."""
-        if not decoding or self.decode_s is None:
-            return max_chunk
+        """Prompt tokens per prefilling sequence this step, never above ``max_chunk``."""
+        prompts = max(prompts, 1)
+        least = max(MIN_CHUNK // prompts, 1)  # a step advances by MIN_CHUNK tokens at least, in all
         cost = self.cost()
         if cost is None:
-            return min(max_chunk, MIN_CHUNK * 2)
+            return min(max_chunk, least * 2 if decoding else least)  # one cheap step to measure
         per_call, per_token = cost
-        tokens = (self.share * self.decode_s - per_call) / per_token
-        return int(min(max(tokens / max(prompts, 1), MIN_CHUNK), max_chunk))
+        tokens = min((self.budget_s(decoding=decoding) - per_call) / per_token, GROWTH * self._largest)
+        return int(min(max(tokens / prompts, least), max_chunk))

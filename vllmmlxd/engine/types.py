@@ -171,10 +171,18 @@ class RequestProgress:
             "prompt_tokens": self.prompt_tokens,
             "cache_hit_type": self.cache_hit_type,
             "cached_tokens": self.cached_tokens,
+            "prefilled_tokens": self.prefilled_tokens,
             "generated_tokens": self.generated_tokens,
             "max_tokens": self.max_tokens,
-            "progress": round(self.generated_tokens / self.max_tokens, 3) if self.max_tokens else None,
+            "progress": self.fraction_done(),
         }
+
+    def fraction_done(self) -> float | None:
+        """How far the current phase is: the prompt's tokens prefilled (cached ones included)
+        while it is prefilled, then the tokens generated of ``max_tokens``."""
+        if self.first_token_at is None:
+            return round(self.prefilled_tokens / self.prompt_tokens, 4) if self.prompt_tokens else 0.0
+        return round(self.generated_tokens / self.max_tokens, 4) if self.max_tokens else None
 
 
 # Seconds; time to first token spans a queue and a prefill, a gap between tokens one step.

@@ -1,10 +1,11 @@
-"""step_timer.py: the prefill chunk that keeps a stream's gaps under 1 + share decode steps."""
+"""step_timer.py: the prefill chunk that takes about a second at most and keeps a stream's gaps
+under 1 + share decode steps."""
 
 from __future__ import annotations
 
 import pytest
 
-from vllmmlxd.engine.step_timer import MIN_CHUNK, StepTimer
+from vllmmlxd.engine.step_timer import GROWTH, MIN_CHUNK, StepTimer
 
 
 def machine(timer: StepTimer, decode: float, per_call: float, per_token: float, chunks) -> None:
@@ -14,12 +15,38 @@ def machine(timer: StepTimer, decode: float, per_call: float, per_token: float, 
         timer.observe(decode + per_call + per_token * c, decoded=True, prefilled=c)
 
 
-def test_everything_at_once_when_nothing_streams_or_nothing_is_known():
+def test_a_first_chunk_is_small_until_a_step_has_been_measured():
     timer = StepTimer()
-    assert timer.chunk(512, decoding=False, prompts=1) == 512
-    assert timer.chunk(512, decoding=True, prompts=1) == 512  # no decode step measured yet
+    assert timer.chunk(512, decoding=False, prompts=1) == MIN_CHUNK  # alone: a few tokens tell the cost
+    assert timer.chunk(512, decoding=True, prompts=1) == MIN_CHUNK * 2
     timer.observe(0.05, decoded=True, prefilled=0)
     assert timer.chunk(512, decoding=True, prompts=1) == MIN_CHUNK * 2  # no prefill measured: a small start
+    assert timer.chunk(2, decoding=False, prompts=1) == 2  # never above the configured step
+    assert StepTimer().chunk(512, decoding=False, prompts=8) == 1  # eight prompts: eight tokens in all
+
+
+def test_alone_a_chunk_takes_about_a_second_at_most():
+    # A slow machine (one BLAS thread): 512 tokens would take a minute; a chunk still ends within a second.
+    timer = StepTimer(alpha=0.2)
+    for c in (4, 5, 8, 6):
+        timer.observe(0.010 + 0.1 * c, decoded=False, prefilled=c)
+    assert timer.chunk(512, decoding=False, prompts=1) == 9  # (1 - 0.010) / 0.1 tokens
+    assert timer.chunk(512, decoding=False, prompts=4) == 2  # the second is shared by the prompts
+    assert timer.chunk(512, decoding=False, prompts=16) == 1  # a token each at least, not MIN_CHUNK each
+    timer = StepTimer(alpha=0.2)
+    for c in (4, 64, 32, 128):
+        timer.observe(0.010 + 0.004 * c, decoded=False, prefilled=c)
+    c = timer.chunk(512, decoding=False, prompts=1)
+    assert c == int((1.0 - 0.010) / 0.004) and 0.010 + 0.004 * c <= 1.0  # 247 tokens, within the second
+    assert timer.chunk(512, decoding=False, prompts=2) == c // 2  # the second is shared by the prompts
+    assert timer.chunk(128, decoding=False, prompts=1) == 128  # a fast machine: the configured step
+
+
+def test_a_slow_decode_step_does_not_stretch_the_chunk_past_the_second():
+    timer = StepTimer(alpha=0.2, share=2.0)
+    machine(timer, 2.0, 0.010, 0.004, [4, 64, 32, 128])  # decode steps of 2 s: share allows 4 s
+    assert timer.budget_s(decoding=True) == 1.0
+    assert timer.chunk(512, decoding=True, prompts=1) == int((1.0 - 0.010) / 0.004)
 
 
 def test_the_fit_recovers_the_cost_of_a_call_and_of_a_token():
@@ -58,3 +85,14 @@ def test_steps_that_say_nothing_are_ignored_and_prefill_alone_counts_whole():
     assert timer.decode_s is None and timer.cost() is None
     timer.observe(0.2, decoded=False, prefilled=100)  # no decode in this step: all of it was prefill
     assert timer.cost() == pytest.approx((0.0, 0.002))
+
+
+def test_a_fit_from_small_steps_is_trusted_only_a_few_times_further():
+    timer = StepTimer(alpha=0.2)
+    # Two small steps whose noise makes a token look nearly free: the fit alone would say 512.
+    timer.observe(0.500, decoded=False, prefilled=4)
+    timer.observe(0.5001, decoded=False, prefilled=8)
+    assert timer.chunk(512, decoding=False, prompts=1) == GROWTH * 8
+    timer.observe(0.51, decoded=False, prefilled=32)
+    assert timer.chunk(512, decoding=False, prompts=1) == GROWTH * 32
+    assert timer.chunk(512, decoding=False, prompts=4) == 32  # the step's tokens, shared
