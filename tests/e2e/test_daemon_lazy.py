@@ -109,3 +109,72 @@ def test_the_least_recently_used_idle_lazy_model_makes_room(daemon):
     assert ms["l2"]["state"] == "unloaded" and {ms["l1"]["state"], ms["l3"]["state"]} <= {"ready", "idle"}
     evicted = [line for line in d.log().splitlines() if "event=model.unloading" in line]
     assert len(evicted) == 1 and "model=l2" in evicted[0] and "reason=memory" in evicted[0] and "for_model=l3" in evicted[0]
+
+
+def _wait_log(d, needle: str, timeout: float, after: int = 0) -> float:
+    """Wait for ``needle`` in the daemon's log past offset ``after`` (no status call: nobody watches)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if needle in d.log()[after:]:
+            return time.monotonic()
+        assert d.proc.poll() is None, d.log()[-3000:]
+        time.sleep(0.05)
+    raise AssertionError(f"{needle!r} not logged within {timeout}s:\n{d.log()[-3000:]}")
+
+
+def _stream_for(client, seconds: float) -> None:
+    """Stream answers back to back for at least ``seconds``: one request busy across several idle checks."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        stream = client.chat.completions.create(model="b", messages=[{"role": "user", "content": "hi"}], stream=True,
+                                                max_tokens=400, seed=1, extra_body={"ignore_eos": True})
+        assert sum(1 for _ in stream) > 0
+
+
+def test_an_idle_unload_happens_on_time_after_a_long_stream_with_nobody_watching(daemon):
+    """Found by outside checks: a lazy model stayed loaded minutes past idle_unload_s until someone asked
+    for status (the routine health check did not refresh its idle time). No status call here."""
+    d = daemon
+    port, gateway = free_port(), free_port()
+    d.write({"b": model_entry(port, cache_memory_mb=64, load="lazy", idle_unload_s=2)},
+            daemon={"drain_timeout": 5}, gateway={"port": gateway, "load_timeout": 120})
+    d.start(env=FAST)
+    d.wait_for(lambda ms: ms["b"]["state"] == "unloaded", what="b unloaded")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway}/v1", api_key="x", max_retries=0, timeout=120)
+    _stream_for(client, 5.0)  # longer than idle_unload_s, so idle checks find it busy
+    ended, offset = time.monotonic(), len(d.log())
+    assert "event=model.unloading" not in d.log()  # never while a request ran
+    unloaded = _wait_log(d, "event=model.unloading model=b reason=idle", timeout=30, after=offset)
+    assert unloaded - ended < 2 + 2.5, f"unloaded {unloaded - ended:.1f}s after the last request"
+
+
+def test_an_idle_unload_and_a_reload_of_the_same_model_at_once(daemon):
+    """The idle unloader and a reload's swap of one lazy model meet: requests keep succeeding through the
+    gateway, and the model ends in one state with the new entry (the decisions: test_plan, test_supervisor)."""
+    import concurrent.futures
+
+    d = daemon
+    port, gateway = free_port(), free_port()
+    entry = model_entry(port, cache_memory_mb=64, load="lazy", idle_unload_s=2)
+    d.write({"b": entry}, daemon={"drain_timeout": 5}, gateway={"port": gateway, "load_timeout": 120})
+    d.start(env=FAST)
+    d.wait_for(lambda ms: ms["b"]["state"] == "unloaded", what="b unloaded")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway}/v1", api_key="x", max_retries=0, timeout=120)
+    assert client.completions.create(model="b", prompt="hi", max_tokens=2).choices
+    offset = len(d.log())
+    _wait_log(d, "event=model.unloading model=b reason=idle", timeout=30, after=offset)
+    d.write({"b": {**entry, "max_num_seqs": 4}}, daemon={"drain_timeout": 5},  # a key that needs a new worker
+            gateway={"port": gateway, "load_timeout": 120})
+    reload = d.ctl("reload")
+
+    def ask(i: int) -> str:
+        return client.completions.create(model="b", prompt=f"hi {i}", max_tokens=2, seed=i).choices[0].finish_reason
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(ask, range(6)))
+    assert reload.returncode == 0, reload.stdout + reload.stderr
+    assert all(a in ("stop", "length") for a in answers)
+    assert "slot.illegal_transition" not in d.log() and "supervisor.error" not in d.log()
+    ms = d.models()
+    assert ms["b"]["state"] in ("ready", "idle", "unloaded") and d.status()["daemon"]["last_reload"]["ok"]
+    assert (ms["b"]["pid"] is None) == (ms["b"]["state"] == "unloaded")
