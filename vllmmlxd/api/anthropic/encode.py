@@ -77,6 +77,19 @@ def message_response(message_id: str, model: str, folded: Folded) -> dict:
     }
 
 
+class MessagesEncoding:
+    """The Messages API's two ways of writing a response (``api.chat.ChatEncoding``)."""
+
+    def __init__(self, model: str):
+        self.model = model
+
+    def stream_encoder(self, rid: str, prompt_tokens: int) -> "MessagesStreamEncoder":
+        return MessagesStreamEncoder(rid, self.model, prompt_tokens)
+
+    def response(self, rid: str, folded: Folded) -> dict:
+        return message_response(rid, self.model, folded)
+
+
 class MessagesStreamEncoder:
     """Anthropic's ``message_start`` ... ``message_stop`` frames for one response.
 
