@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidRequest
 from .sampling import SamplingRequest
 from .structured import OutputFormat
 from .tooling import ToolChoice
@@ -44,3 +45,11 @@ def tool_result_text(text: str, is_error: bool) -> str:
         return text
     return f"Error: {text}" if text else "Error"
 
+
+def refuse_client_template(fields: dict[str, Any]) -> None:
+    """A request's own ``chat_template`` is a 400 naming it: the worker renders with the model's
+    template (or the entry's), never with one a client sends, which would run client code in the
+    renderer and change what the entry's settings promise."""
+    if fields.get("chat_template") is not None:
+        raise InvalidRequest("chat_template is not supported by this server: prompts are rendered with the "
+                             "model's own chat template", param="chat_template")

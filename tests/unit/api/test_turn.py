@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from vllmmlxd.api.anthropic import translate as anthropic
 from vllmmlxd.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from vllmmlxd.api.body import validate
@@ -10,6 +12,7 @@ from vllmmlxd.api.openai.protocol import ChatCompletionRequest
 from vllmmlxd.api.sampling import SamplingRequest
 from vllmmlxd.api.tooling import ToolChoice
 from vllmmlxd.api.turn import ChatPrompt, tool_result_text
+from vllmmlxd.errors import InvalidRequest
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "",
                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -66,3 +69,15 @@ def test_the_three_places_that_show_tool_results_share_the_rule():
     assert anthropic.to_turn(a).prompt.messages[-1]["content"] == "Error: boom"
     assert [m["content"] for m in openai.to_turn(o).prompt.messages if m["role"] == "tool"] == ["Error: boom"]
 
+
+@pytest.mark.parametrize("template", ["{{ messages }}", ""])
+def test_a_client_chat_template_is_a_400_naming_it_in_both_families(template):
+    ask = [{"role": "user", "content": "hi"}]
+    with pytest.raises(InvalidRequest) as got:
+        openai.to_turn(validate(ChatCompletionRequest, {"messages": ask, "chat_template": template}))
+    assert got.value.param == "chat_template"
+    for model, extra in ((MessagesRequest, {"max_tokens": 5}), (CountTokensRequest, {})):
+        with pytest.raises(InvalidRequest) as got:
+            anthropic.to_prompt(validate(model, {"messages": ask, "chat_template": template, **extra}))
+        assert got.value.param == "chat_template"
+    openai.to_turn(validate(ChatCompletionRequest, {"messages": ask, "chat_template": None}))  # asks for nothing

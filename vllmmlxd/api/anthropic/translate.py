@@ -11,7 +11,7 @@ from ...errors import InvalidRequest
 from ..sampling import SamplingRequest
 from ..structured import anthropic_output_format
 from ..tooling import anthropic_tool_choice
-from ..turn import ChatPrompt, ChatTurn, tool_result_text
+from ..turn import ChatPrompt, ChatTurn, refuse_client_template, tool_result_text
 from .protocol import (
     CountTokensRequest, DocumentBlock, ImageBlock, McpToolResultBlock, MessagesRequest, RedactedThinkingBlock,
     TextBlock, ThinkingBlock, Tool, ToolResultBlock, ToolUseBlock,
@@ -28,6 +28,7 @@ MESSAGE_ID_PREFIX = "msg_"
 
 def to_prompt(req: CountTokensRequest) -> ChatPrompt:
     """What shapes the prompt (``/v1/messages`` and ``count_tokens`` alike)."""
+    refuse_client_template(req.model_extra or {})
     messages, tools = to_template_messages(req)
     return ChatPrompt(messages, tools, thinking_switch(req))
 

@@ -9,7 +9,7 @@ from ...errors import InvalidRequest
 from ..sampling import SamplingRequest
 from ..structured import openai_output_format
 from ..tooling import openai_tool_choice
-from ..turn import ChatPrompt, ChatTurn, tool_result_text
+from ..turn import ChatPrompt, ChatTurn, refuse_client_template, tool_result_text
 from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
 
 CHAT_ID_PREFIX = "chatcmpl-"
@@ -52,12 +52,14 @@ UNHONOURED = {
     "modalities": lambda v: v in (None, ["text"]),
     "audio": lambda v: v is None,
     "prediction": lambda v: v is None,
+    "chat_template": lambda v: v is None,  # vLLM's per-request template (see turn.refuse_client_template)
 }
 
 
 def refuse_unhonoured(req: _SamplingFields) -> None:
     """A field this server would not honour is a 400 naming it, never silently dropped."""
-    data = req.model_dump(exclude_unset=True)
+    data = {**(req.model_extra or {}), **req.model_dump(exclude_unset=True)}
+    refuse_client_template(data)
     for name, honoured in UNHONOURED.items():
         if name in data and not honoured(data[name]):
             raise InvalidRequest(f"{name} is not supported by this server (got {data[name]!r})", param=name)
