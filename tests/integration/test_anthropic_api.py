@@ -127,3 +127,23 @@ def test_a_real_model_names_paris_through_the_anthropic_sdk():
             assert "".join(st.text_stream) == m.content[0].text
     finally:
         assert s.stop() == 0
+
+
+def post(server, path, body):
+    return httpx.post(server.url + path, json=body, headers={"x-api-key": KEY}, timeout=60)
+
+
+def test_schemas_that_cannot_be_held_are_named_400s_never_500s(server):
+    ask = {"max_tokens": 200, "messages": HI, "seed": 1}
+    r = post(server, "/v1/messages", {**ask, "output_format": {"type": "json_schema", "schema": {"$ref": "#"}}})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "no output can satisfy" in r.json()["error"]["message"]
+    endless = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}  # fails mid-decode
+    r = post(server, "/v1/messages", {**ask, "output_format": {"type": "json_schema", "schema": endless}})
+    assert r.status_code == 400 and "grammar" in r.json()["error"]["message"], r.text
+
+
+def test_a_client_chat_template_is_refused_on_messages_and_count_tokens(server):
+    for path, extra in (("/v1/messages", {"max_tokens": 2}), ("/v1/messages/count_tokens", {})):
+        r = post(server, path, {"messages": HI, "chat_template": "{{ 'pwned' }}", **extra})
+        assert r.status_code == 400 and "chat_template" in r.json()["error"]["message"], r.text

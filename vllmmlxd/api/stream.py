@@ -21,6 +21,7 @@ from ..errors import EngineFailure, RequestTimeout
 from ..log import log_event
 from .body import ClientDisconnected, unless_disconnected
 from .context import ServingContext
+from .structured import ConstraintFailed
 from .tool_loop import McpCall, McpOutcome, ToolLoop
 
 logger = logging.getLogger("vllmmlxd.api")
@@ -38,7 +39,8 @@ class StreamEncoder(Protocol):
         ...
 
     def error(self, message: str, kind: str) -> list[str]:
-        """Frames for a failure mid-stream; ``kind`` is ``timeout`` or ``server``."""
+        """Frames for a failure mid-stream; ``kind`` is ``timeout``, ``constraint`` (the request's
+        grammar could not be held: the client's error) or ``server``."""
         ...
 
     def end(self) -> list[str]:
@@ -121,8 +123,16 @@ async def fold(ctx: ServingContext, request: Request, gen: Generation) -> Folded
         log_event(logger, "request.disconnected", request_id=gen.request_id)
         raise
     if folded.finish is None or folded.finish.reason == "error":
-        raise EngineFailure(folded.finish.error if folded.finish else "generation ended without a result")
+        raise failure(folded.finish)
     return folded
+
+
+def failure(finish: Finished | None) -> Exception:
+    """The error a failed generation is answered with: the client's (its grammar could not be
+    held, named) or the server's."""
+    if finish is not None and finish.error_kind == "constraint":
+        return ConstraintFailed(finish.error or "the output could not be held to its grammar")
+    return EngineFailure(finish.error if finish else "generation ended without a result")
 
 
 def stream(ctx: ServingContext, request: Request, gen: Generation, encoder: StreamEncoder) -> StreamingResponse:
@@ -138,7 +148,8 @@ def stream(ctx: ServingContext, request: Request, gen: Generation, encoder: Stre
                     if isinstance(event, Finished):
                         ctx.charge(request, event.usage)
                     if isinstance(event, Finished) and event.reason == "error":
-                        for frame in encoder.error(event.error or "generation failed", "server"):
+                        kind = "constraint" if event.error_kind == "constraint" else "server"
+                        for frame in encoder.error(event.error or "generation failed", kind):
                             yield frame
                         break
                     for frame in encoder.event(event):

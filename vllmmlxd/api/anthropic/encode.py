@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # only its attributes are read; api.stream itself imports sta
 LOCAL_SIGNATURE = "vllmmlxd-local-unsigned"
 
 # Mid-stream failures, by kind: Anthropic's types for the same failures answered before the stream.
-_ERROR_TYPES = {"timeout": "timeout_error", "overloaded": "overloaded_error"}
+_ERROR_TYPES = {"timeout": "timeout_error", "overloaded": "overloaded_error", "constraint": "invalid_request_error"}
 CALL_PREFIX = "toolu_"
 SERVER_CALL_PREFIX = "srvtoolu_"  # as Anthropic numbers the calls its server runs
 

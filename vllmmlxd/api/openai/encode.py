@@ -108,6 +108,8 @@ class _Encoder:
     def error(self, message: str, kind: str) -> list[str]:
         if kind == "timeout":
             return [sse_data(openai_error(message, "timeout_error", code="timeout"))]
+        if kind == "constraint":
+            return [sse_data(openai_error(message, "invalid_request_error", code="constraint_failed"))]
         return [sse_data(openai_error(message, "server_error"))]
 
     def end(self) -> list[str]:
