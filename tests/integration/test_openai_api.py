@@ -318,3 +318,15 @@ def test_a_grammar_that_fails_while_decoding_is_a_named_client_error_never_a_500
 def test_a_client_chat_template_is_refused_naming_it(server):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "chat_template": "{{ 'pwned' }}"}
     assert_openai_error(httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60), 400, "chat_template")
+
+
+def test_every_top_level_key_of_the_status_is_documented(server):
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+    section = docs.read_text().split("\n## Status\n", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("| `")]
+    documented = {key for line in table for key in line.split("|")[1].replace("`", " ").replace(",", " ").split()}
+    status = httpx.get(server.url + "/v1/status").json()
+    assert set(status) - documented == set()
+    assert {"blas", "threads", "cpus"} <= set(status["runtime"])  # the BLAS block is under runtime
