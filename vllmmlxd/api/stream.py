@@ -3,7 +3,7 @@ encoder, or the fold of the same events into one response.
 
 A family supplies a :class:`StreamEncoder` (its wire format) and builds its response body
 from a :class:`Folded`; timeouts, client disconnects, engine errors and cancellation are
-handled here, once.
+handled here, once, and so are the numbers the access log writes (``http.access_log``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from starlette.responses import StreamingResponse
 
 from ..engine.types import EngineEvent, Finished, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
 from ..errors import EngineFailure, RequestTimeout
+from ..http.access_log import SERVED
 from ..log import log_event
 from .body import ClientDisconnected, unless_disconnected
 from .context import ServingContext
@@ -95,13 +96,29 @@ class Folded:
 Generation = Union[GenerationRequest, ToolLoop]
 
 
-def _events(ctx: ServingContext, gen: Generation) -> AsyncIterator:
-    return gen.open() if isinstance(gen, ToolLoop) else ctx.engine.generate(gen)
+def _events(ctx: ServingContext, request: Request, gen: Generation) -> AsyncIterator:
+    """Admit ``gen`` and return its events; what the access log reports is taken from the
+    engine's progress of the (first) turn, which the engine keeps from admission on."""
+    events = gen.open() if isinstance(gen, ToolLoop) else ctx.engine.generate(gen)
+    request.state.progress = ctx.engine.stats.requests.get(gen.request_id)
+    return events
+
+
+def _finished(ctx: ServingContext, request: Request, event: Finished) -> None:
+    """The response's last event: charge its tokens, and leave its numbers for the access log."""
+    ctx.charge(request, event.usage)
+    progress = getattr(request.state, "progress", None)
+    first, queued = getattr(progress, "first_token_at", None), getattr(progress, "queued_at", None)
+    setattr(request.state, SERVED, {
+        "prompt_tokens": event.usage.prompt_tokens, "completion_tokens": event.usage.completion_tokens,
+        "cached_tokens": getattr(progress, "cached_tokens", None),
+        "ttft_s": round(first - queued, 3) if first is not None and queued is not None else None,
+    })
 
 
 async def fold(ctx: ServingContext, request: Request, gen: Generation) -> Folded:
     """Run ``gen`` to its end; 504 past the timeout, nothing left running if the client goes."""
-    events = _events(ctx, gen)
+    events = _events(ctx, request, gen)
 
     async def run() -> Folded:
         folded = Folded()
@@ -110,7 +127,7 @@ async def fold(ctx: ServingContext, request: Request, gen: Generation) -> Folded
                 async for event in events:
                     folded.add(event)
                     if isinstance(event, Finished):
-                        ctx.charge(request, event.usage)
+                        _finished(ctx, request, event)
         finally:
             gen.cancelled.set()  # also when cancelled before the first event
         return folded
@@ -137,7 +154,7 @@ def failure(finish: Finished | None) -> Exception:
 
 def stream(ctx: ServingContext, request: Request, gen: Generation, encoder: StreamEncoder) -> StreamingResponse:
     """Admit ``gen`` now (a full queue is a 503 before any byte is sent), then stream its frames."""
-    events = _events(ctx, gen)
+    events = _events(ctx, request, gen)
 
     async def body() -> AsyncIterator[str]:
         try:
@@ -146,7 +163,7 @@ def stream(ctx: ServingContext, request: Request, gen: Generation, encoder: Stre
             async with asyncio.timeout(ctx.config.timeout):
                 async for event in events:
                     if isinstance(event, Finished):
-                        ctx.charge(request, event.usage)
+                        _finished(ctx, request, event)
                     if isinstance(event, Finished) and event.reason == "error":
                         kind = "constraint" if event.error_kind == "constraint" else "server"
                         for frame in encoder.error(event.error or "generation failed", kind):
