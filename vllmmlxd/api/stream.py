@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol, Union
+from typing import Any, AsyncIterator, Protocol, Union
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -92,14 +92,28 @@ class Folded:
             self.parts.append((kind, text))
 
 
-# One generation, or a tool loop's turns read as one (api.tool_loop).
-Generation = Union[GenerationRequest, ToolLoop]
+class Opens(Protocol):
+    """Events read as one generation's: a tool loop's turns (api.tool_loop), a forced call (api.chat)."""
+
+    request_id: str
+    cancelled: Any  # set() when the response ends or its client goes
+
+    def open(self) -> AsyncIterator: ...
+
+
+# One generation, or what reads as one.
+Generation = Union[GenerationRequest, ToolLoop, Opens]
+
+
+def open_events(ctx: ServingContext, gen: Generation) -> AsyncIterator:
+    """Admit ``gen`` (an engine request, or anything that opens its own events) and return its events."""
+    return ctx.engine.generate(gen) if isinstance(gen, GenerationRequest) else gen.open()
 
 
 def _events(ctx: ServingContext, request: Request, gen: Generation) -> AsyncIterator:
     """Admit ``gen`` and return its events; what the access log reports is taken from the
     engine's progress of the (first) turn, which the engine keeps from admission on."""
-    events = gen.open() if isinstance(gen, ToolLoop) else ctx.engine.generate(gen)
+    events = open_events(ctx, gen)
     request.state.progress = ctx.engine.stats.requests.get(gen.request_id)
     return events
 
