@@ -10,7 +10,6 @@ Anthropic's ``count_tokens`` counts exactly what ``/v1/messages`` sends to the e
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, AsyncIterator, Protocol
 
 from starlette.requests import Request

@@ -8,7 +8,7 @@ Anthropic's ``count_tokens`` takes a ``ChatPrompt`` alone and renders it as a tu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequest
@@ -33,7 +33,7 @@ class ChatTurn:
     prompt: ChatPrompt
     sampling: SamplingRequest
     id_prefix: str  # the family's response id prefix (``chatcmpl-``, ``msg_``)
-    tool_choice: ToolChoice = ToolChoice()
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
     output: OutputFormat | None = None  # the answer held to a JSON schema
     stream: bool = False
 
