@@ -35,7 +35,7 @@ def served_fields(state: dict[str, Any]) -> dict[str, Any]:
 
 
 class AccessLogMiddleware:
-    """Logs each HTTP request once it is answered (or failed); ``model`` names the served model."""
+    """Logs each HTTP request once it is answered (or failed); ``model`` names the model entry."""
 
     def __init__(self, app: ASGIApp, model: Callable[[], str]):
         self.app = app
