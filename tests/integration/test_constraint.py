@@ -204,3 +204,10 @@ def test_a_grammar_that_fails_while_decoding_ends_its_request_with_a_constraint_
     (_, bad), (_, good) = run(engine, request(engine, json_grammar(endless)), free)
     assert bad.reason == "error" and bad.error_kind == "constraint" and "grammar" in bad.error
     assert good.reason == "length" and good.usage.completion_tokens == 8
+
+
+def test_a_grammar_that_does_not_compile_on_the_engine_thread_is_a_constraint_error(engine):
+    # The API checks first; a grammar that still fails to compile when the request starts
+    # (evicted from the cache, then too slow) ends that request as the client's error.
+    (_, bad), = run(engine, request(engine, "start: nowhere"))
+    assert bad.reason == "error" and bad.error_kind == "constraint" and "unknown name" in bad.error

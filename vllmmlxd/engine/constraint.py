@@ -96,14 +96,26 @@ class Grammars:
         return first_step_problem(template.deep_copy(), self.tokenizer.vocab_size)
 
     def processor(self, constraint: Constraint, request_id: str = "", prompt: list[int] = ()) -> "GrammarProcessor":
-        """A fresh processor for one request; raises ValueError for a grammar that does not compile.
+        """A fresh processor for one request. A grammar that does not compile now (the API's check
+        passed it, but it left the cache and took too long to compile again) gives a processor
+        that has already failed: the request ends at once with a constraint error, its client is
+        told why, and nothing is raised (raises ValueError only when the model's tokenizer has no
+        constrained decoding at all).
 
         ``after_reasoning``: when ``prompt`` opened a thinking section, the grammar holds from
         ``</think>``; otherwise the first token may be ``<think>`` (then the same) or the grammar's
         first token (a model that answers without thinking is held at once). On a model without
         those tokens the grammar holds from the start.
         """
-        template = self._template(constraint.grammar)
+        try:
+            template = self._template(constraint.grammar)
+        except ValueError as exc:
+            if self._tokenizer is None:
+                raise
+            failed = GrammarProcessor(None, self._tokenizer.vocab_size, self._eos, None, request_id,
+                                      report=constraint.failures.append)
+            failed._fail(str(exc))
+            return failed
         think = None
         if constraint.after_reasoning and self._think_end is not None:
             tail = list(prompt[-PROMPT_OPENED_WINDOW:])
@@ -169,7 +181,7 @@ class GrammarProcessor:
     grammar allows (no thinking: the grammar holds from there).
     """
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_ids: list[int],
+    def __init__(self, matcher: llguidance.LLMatcher | None, vocab_size: int, eos_ids: list[int],
                  think: tuple[int | None, int] | None = None, request_id: str = "",
                  report: Callable[[str], None] | None = None):
         self.matcher = matcher
