@@ -127,3 +127,59 @@ def test_a_real_model_names_paris_through_the_anthropic_sdk():
             assert "".join(st.text_stream) == m.content[0].text
     finally:
         assert s.stop() == 0
+
+
+def post(server, path, body):
+    return httpx.post(server.url + path, json=body, headers={"x-api-key": KEY}, timeout=60)
+
+
+def test_schemas_that_cannot_be_held_are_named_400s_never_500s(server):
+    ask = {"max_tokens": 200, "messages": HI, "seed": 1}
+    r = post(server, "/v1/messages", {**ask, "output_format": {"type": "json_schema", "schema": {"$ref": "#"}}})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "no output can satisfy" in r.json()["error"]["message"]
+    endless = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}  # fails mid-decode
+    r = post(server, "/v1/messages", {**ask, "output_format": {"type": "json_schema", "schema": endless}})
+    assert r.status_code == 400 and "grammar" in r.json()["error"]["message"], r.text
+
+
+def test_a_client_chat_template_is_refused_on_messages_and_count_tokens(server):
+    for path, extra in (("/v1/messages", {"max_tokens": 2}), ("/v1/messages/count_tokens", {})):
+        r = post(server, path, {"messages": HI, "chat_template": "{{ 'pwned' }}", **extra})
+        assert r.status_code == 400 and "chat_template" in r.json()["error"]["message"], r.text
+
+
+def served_line(server, request_id: str, timeout: float = 10.0) -> dict:
+    """The worker's access-log line for ``request_id`` (written as the response's last byte goes out)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        for line in server.log().splitlines():
+            if "event=request.served" in line and f"request_id={request_id} " in line:
+                return dict(field.split("=", 1) for field in line.split() if "=" in field)
+        assert time.monotonic() < deadline, f"no access-log line for {request_id}"
+        time.sleep(0.05)
+
+
+def test_each_request_gets_one_access_log_line_without_content_or_keys(server):
+    secret = "Zanzibar-prompt-7781"
+    whole = post(server, "/v1/messages", {"max_tokens": 3, "messages": [{"role": "user", "content": secret}]})
+    line = served_line(server, whole.json()["id"])
+    assert line["level"] == "info" and line["method"] == "POST" and line["route"] == "/v1/messages"
+    assert line["status"] == "200" and line["model"] and int(line["prompt_tokens"]) > 0
+    assert line["completion_tokens"] == "3" and int(line["cached_tokens"]) >= 0
+    assert float(line["ttft_s"]) <= float(line["duration_s"])
+    chat = {"messages": [{"role": "user", "content": secret}], "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=chat, headers={"x-api-key": KEY},
+                      timeout=60) as r:
+        rid = r.headers["x-request-id"]
+        r.read()
+    line = served_line(server, rid)
+    assert line["route"] == "/v1/chat/completions" and line["status"] == "200" and line["completion_tokens"] == "2"
+    refused = httpx.post(server.url + "/v1/messages", json={"max_tokens": 2, "messages": HI},
+                         headers={"x-api-key": "sk-wrong-key-55", "x-request-id": "trace-refused"}, timeout=60)
+    assert served_line(server, "trace-refused")["status"] == str(refused.status_code) == "401"
+    log = server.log()
+    assert secret not in log and KEY not in log and "sk-wrong-key-55" not in log
+    assert sum(1 for ln in log.splitlines() if "event=request.served" in ln and f"request_id={rid} " in ln) == 1

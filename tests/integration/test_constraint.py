@@ -192,3 +192,22 @@ def test_a_request_with_a_bad_grammar_ends_with_an_error_not_the_batch(engine):
     (_, bad), (_, good) = run(engine, request(engine, "start: nowhere"), free)
     assert bad.reason == "error" and "unknown name" in bad.error
     assert good.reason == "length" and good.usage.completion_tokens == 8
+
+
+def test_a_schema_with_no_finite_value_is_refused_by_the_check(engine):
+    assert "no output can satisfy" in (engine.check_constraint(Constraint(json_grammar({"$ref": "#"}))) or "")
+
+
+def test_a_grammar_that_fails_while_decoding_ends_its_request_with_a_constraint_error(engine):
+    endless = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}  # starts, then cannot go on
+    free = request(engine, None, temperature=0, seed=None, max_tokens=8, ignore_eos=True)
+    (_, bad), (_, good) = run(engine, request(engine, json_grammar(endless)), free)
+    assert bad.reason == "error" and bad.error_kind == "constraint" and "grammar" in bad.error
+    assert good.reason == "length" and good.usage.completion_tokens == 8
+
+
+def test_a_grammar_that_does_not_compile_on_the_engine_thread_is_a_constraint_error(engine):
+    # The API checks first; a grammar that still fails to compile when the request starts
+    # (evicted from the cache, then too slow) ends that request as the client's error.
+    (_, bad), = run(engine, request(engine, "start: nowhere"))
+    assert bad.reason == "error" and bad.error_kind == "constraint" and "unknown name" in bad.error

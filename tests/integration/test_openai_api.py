@@ -285,3 +285,48 @@ def test_every_response_carries_the_id_of_its_body(server):
     r = httpx.get(server.url + "/v1/models", headers={"x-request-id": "trace-7"})
     assert r.headers["x-request-id"] == "trace-7"
     assert httpx.get(server.url + "/nope").headers["x-request-id"].startswith("req_")
+
+
+NO_FINITE_VALUE = {"$ref": "#"}  # compiles, and no JSON value can ever satisfy it
+ENDLESS = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}  # starts, then fails mid-decode
+
+
+def schema_format(schema):
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def test_a_schema_no_output_can_satisfy_is_a_400_before_decoding(server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20,
+            "response_format": schema_format(NO_FINITE_VALUE)}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert_openai_error(r, 400, "response_format.json_schema.schema")
+    assert "no output can satisfy" in r.json()["error"]["message"]
+
+
+def test_a_grammar_that_fails_while_decoding_is_a_named_client_error_never_a_500(server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "seed": 1,
+            "response_format": schema_format(ENDLESS)}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert_openai_error(r, 400)
+    assert r.json()["error"]["code"] == "constraint_failed" and "grammar" in r.json()["error"]["message"]
+    frames = [json.loads(line[len("data: "):]) for line in sse_lines(server, "/v1/chat/completions",
+                                                                       {**body, "stream": True})
+              if line.startswith("data: {")]
+    assert frames[-1]["error"]["type"] == "invalid_request_error" and frames[-1]["error"]["code"] == "constraint_failed"
+
+
+def test_a_client_chat_template_is_refused_naming_it(server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "chat_template": "{{ 'pwned' }}"}
+    assert_openai_error(httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60), 400, "chat_template")
+
+
+def test_every_top_level_key_of_the_status_is_documented(server):
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+    section = docs.read_text().split("\n## Status\n", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in section.splitlines() if line.startswith("| `")]
+    documented = {key for line in table for key in line.split("|")[1].replace("`", " ").replace(",", " ").split()}
+    status = httpx.get(server.url + "/v1/status").json()
+    assert set(status) - documented == set()
+    assert {"blas", "threads", "cpus"} <= set(status["runtime"])  # the BLAS block is under runtime

@@ -227,3 +227,24 @@ def test_bad_schemas_and_choices_are_400s_naming_the_field(server):
                                                       "tool_choice": {"type": "tool", "name": "nope"}})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_a_forced_call_cut_by_max_tokens_is_a_partial_call_in_both_families(oai, ant):
+    # Held to the call format, every token is the call's, and the shortest whole call takes more than 16.
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    r = oai.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=16,
+                                    extra_body=SAMPLING)
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "length" and msg.content is None
+    assert [c.function.name for c in msg.tool_calls] == ["get_weather"]
+    calls, finish = streamed_openai_calls(oai.chat.completions.create(
+        model="m", messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=16, stream=True, extra_body=SAMPLING))
+    assert finish == "length" and [c["arguments"] for c in calls.values()] == [msg.tool_calls[0].function.arguments]
+    body = dict(model="m", max_tokens=16, messages=ASK, tools=ANTHROPIC_TOOLS,
+                tool_choice={"type": "tool", "name": "get_weather"}, extra_body=SAMPLING)
+    m = ant.messages.create(**body)
+    assert m.stop_reason == "max_tokens" and [(b.type, b.name) for b in m.content] == [("tool_use", "get_weather")]
+    assert isinstance(m.content[0].input, dict)
+    with ant.messages.stream(**body) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "max_tokens" and [b.input for b in final.content] == [m.content[0].input]

@@ -3,7 +3,7 @@ encoder, or the fold of the same events into one response.
 
 A family supplies a :class:`StreamEncoder` (its wire format) and builds its response body
 from a :class:`Folded`; timeouts, client disconnects, engine errors and cancellation are
-handled here, once.
+handled here, once, and so are the numbers the access log writes (``http.access_log``).
 """
 
 from __future__ import annotations
@@ -11,16 +11,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol, Union
+from typing import Any, AsyncIterator, Protocol, Union
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from ..engine.types import EngineEvent, Finished, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
 from ..errors import EngineFailure, RequestTimeout
+from ..http.access_log import SERVED
 from ..log import log_event
 from .body import ClientDisconnected, unless_disconnected
 from .context import ServingContext
+from .structured import ConstraintFailed
 from .tool_loop import McpCall, McpOutcome, ToolLoop
 
 logger = logging.getLogger("vllmmlxd.api")
@@ -38,7 +40,8 @@ class StreamEncoder(Protocol):
         ...
 
     def error(self, message: str, kind: str) -> list[str]:
-        """Frames for a failure mid-stream; ``kind`` is ``timeout`` or ``server``."""
+        """Frames for a failure mid-stream; ``kind`` is ``timeout``, ``constraint`` (the request's
+        grammar could not be held: the client's error) or ``server``."""
         ...
 
     def end(self) -> list[str]:
@@ -89,17 +92,47 @@ class Folded:
             self.parts.append((kind, text))
 
 
-# One generation, or a tool loop's turns read as one (api.tool_loop).
-Generation = Union[GenerationRequest, ToolLoop]
+class Opens(Protocol):
+    """Events read as one generation's: a tool loop's turns (api.tool_loop), a forced call (api.chat)."""
+
+    request_id: str
+    cancelled: Any  # set() when the response ends or its client goes
+
+    def open(self) -> AsyncIterator: ...
 
 
-def _events(ctx: ServingContext, gen: Generation) -> AsyncIterator:
-    return gen.open() if isinstance(gen, ToolLoop) else ctx.engine.generate(gen)
+# One generation, or what reads as one.
+Generation = Union[GenerationRequest, ToolLoop, Opens]
+
+
+def open_events(ctx: ServingContext, gen: Generation) -> AsyncIterator:
+    """Admit ``gen`` (an engine request, or anything that opens its own events) and return its events."""
+    return ctx.engine.generate(gen) if isinstance(gen, GenerationRequest) else gen.open()
+
+
+def _events(ctx: ServingContext, request: Request, gen: Generation) -> AsyncIterator:
+    """Admit ``gen`` and return its events; what the access log reports is taken from the
+    engine's progress of the (first) turn, which the engine keeps from admission on."""
+    events = open_events(ctx, gen)
+    request.state.progress = ctx.engine.stats.requests.get(gen.request_id)
+    return events
+
+
+def _finished(ctx: ServingContext, request: Request, event: Finished) -> None:
+    """The response's last event: charge its tokens, and leave its numbers for the access log."""
+    ctx.charge(request, event.usage)
+    progress = getattr(request.state, "progress", None)
+    first, queued = getattr(progress, "first_token_at", None), getattr(progress, "queued_at", None)
+    setattr(request.state, SERVED, {
+        "prompt_tokens": event.usage.prompt_tokens, "completion_tokens": event.usage.completion_tokens,
+        "cached_tokens": getattr(progress, "cached_tokens", None),
+        "ttft_s": round(first - queued, 3) if first is not None and queued is not None else None,
+    })
 
 
 async def fold(ctx: ServingContext, request: Request, gen: Generation) -> Folded:
     """Run ``gen`` to its end; 504 past the timeout, nothing left running if the client goes."""
-    events = _events(ctx, gen)
+    events = _events(ctx, request, gen)
 
     async def run() -> Folded:
         folded = Folded()
@@ -108,7 +141,7 @@ async def fold(ctx: ServingContext, request: Request, gen: Generation) -> Folded
                 async for event in events:
                     folded.add(event)
                     if isinstance(event, Finished):
-                        ctx.charge(request, event.usage)
+                        _finished(ctx, request, event)
         finally:
             gen.cancelled.set()  # also when cancelled before the first event
         return folded
@@ -121,13 +154,21 @@ async def fold(ctx: ServingContext, request: Request, gen: Generation) -> Folded
         log_event(logger, "request.disconnected", request_id=gen.request_id)
         raise
     if folded.finish is None or folded.finish.reason == "error":
-        raise EngineFailure(folded.finish.error if folded.finish else "generation ended without a result")
+        raise failure(folded.finish)
     return folded
+
+
+def failure(finish: Finished | None) -> Exception:
+    """The error a failed generation is answered with: the client's (its grammar could not be
+    held, named) or the server's."""
+    if finish is not None and finish.error_kind == "constraint":
+        return ConstraintFailed(finish.error or "the output could not be held to its grammar")
+    return EngineFailure(finish.error if finish else "generation ended without a result")
 
 
 def stream(ctx: ServingContext, request: Request, gen: Generation, encoder: StreamEncoder) -> StreamingResponse:
     """Admit ``gen`` now (a full queue is a 503 before any byte is sent), then stream its frames."""
-    events = _events(ctx, gen)
+    events = _events(ctx, request, gen)
 
     async def body() -> AsyncIterator[str]:
         try:
@@ -136,9 +177,10 @@ def stream(ctx: ServingContext, request: Request, gen: Generation, encoder: Stre
             async with asyncio.timeout(ctx.config.timeout):
                 async for event in events:
                     if isinstance(event, Finished):
-                        ctx.charge(request, event.usage)
+                        _finished(ctx, request, event)
                     if isinstance(event, Finished) and event.reason == "error":
-                        for frame in encoder.error(event.error or "generation failed", "server"):
+                        kind = "constraint" if event.error_kind == "constraint" else "server"
+                        for frame in encoder.error(event.error or "generation failed", kind):
                             yield frame
                         break
                     for frame in encoder.event(event):

@@ -16,11 +16,30 @@ from typing import Any
 import jsonschema
 
 from ..engine.types import Constraint
-from ..errors import EngineFailure, InvalidRequest
+from ..errors import InvalidRequest, RequestError
 from ..parsers.grammar import json_grammar
 
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_SCHEMA_DEPTH = 32
+
+
+class ConstraintFailed(InvalidRequest):
+    """The request's grammar (its schema, its forced call) could not be held while decoding:
+    a 400 saying why, never a server error. (A schema that cannot even start is refused before
+    decoding, by the engine's check.)"""
+
+    def __init__(self, message: str):
+        super().__init__(message, code="constraint_failed")
+
+
+class OutputCheckFailed(RequestError):
+    """A grammar-held answer that still fails its schema: the server's shortcoming (500), named."""
+
+    status_code = 500
+    error_type = "server_error"
+
+    def __init__(self, message: str):
+        super().__init__(message, code="output_check_failed")
 
 
 @dataclass(frozen=True)
@@ -45,12 +64,12 @@ class OutputFormat:
 
 def ensure_valid(output: OutputFormat | None, text: str, reason: str) -> None:
     """The whole answer is checked against its schema before it is returned. A grammar-held
-    answer that ended by itself and still fails is the server's fault: a 500, never bad data."""
+    answer that ended by itself and still fails is the server's fault: a 500 that says why, never bad data."""
     if output is None or reason != "stop":  # cut by max_tokens: the finish reason tells the truth
         return
     problem = output.problem(text)
     if problem:
-        raise EngineFailure(f"the structured output failed its check: {problem}")
+        raise OutputCheckFailed(f"the structured output failed its check: {problem}")
 
 
 def openai_output_format(response_format: dict[str, Any] | None) -> OutputFormat | None:

@@ -44,6 +44,7 @@ from .prompt import make_generation, render_template, thinking_on, tool_plan
 from .sampling import SamplingRequest
 from .structured import OutputFormat
 from .tooling import ToolChoice, call_id
+from .turn import tool_result_text
 
 logger = logging.getLogger("vllmmlxd.api")
 
@@ -245,9 +246,8 @@ class ToolLoop:
             assistant["reasoning_content"] = reasoning
         tool_messages = []
         for i, r in zip(ids, results):
-            # Templates have no error flag: the text is all the model sees, so it must say it failed.
-            content = r.text if not r.is_error or r.text.lower().startswith("error") else f"Error: {r.text}"
-            tool_messages.append({"role": "tool", "tool_call_id": i, "name": r.call.name, "content": content})
+            tool_messages.append({"role": "tool", "tool_call_id": i, "name": r.call.name,
+                                  "content": tool_result_text(r.text, r.is_error)})
         return [assistant, *tool_messages]
 
     async def _next_turn(self, turn: int, left: int) -> GenerationRequest | None:

@@ -95,3 +95,25 @@ def anthropic_tool_choice(kind: str | None, name: str | None, disable_parallel: 
 def call_id(prefix: str, request_id: str, index: int) -> str:
     """A tool call's id, the same in a stream and in the whole response of one request."""
     return prefix + hashlib.sha256(f"{request_id}:{index}".encode()).hexdigest()[:24]
+
+
+def cut_call(text: str, tools: list[dict], choice: ToolChoice) -> tuple[str, str] | None:
+    """A forced call that ``max_tokens`` cut short, read out of its text in any family's format:
+    the tool's name and the arguments as far as they were written (from the first ``{`` after
+    the name; empty before it), or None when no tool can be named.
+
+    The tool is the named one, the only one, or the one whose name the text shows first. Every
+    family writes the name before the arguments, so what follows the name is the arguments."""
+    if not text.strip():
+        return None
+    names = [choice.name] if choice.mode == "named" and choice.name else sorted(tool_names(tools))
+    found = [(text.find(n), -len(n), n) for n in names if n in text]
+    if found:
+        at, _, name = min(found)
+        rest = text[at + len(name):]
+    elif len(names) == 1:  # the name itself was cut
+        name, rest = names[0], ""
+    else:
+        return None
+    brace = rest.find("{")
+    return name, (rest[brace:].rstrip() if brace >= 0 else "")

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import llguidance
 import mlx.core as mx
@@ -90,26 +90,39 @@ class Grammars:
     def check(self, grammar: str) -> str | None:
         """Why ``grammar`` cannot be used with this model (for a 400), or None when it compiles."""
         try:
-            self._template(grammar)
+            template = self._template(grammar)
         except ValueError as exc:
             return str(exc)
-        return None
+        return first_step_problem(template.deep_copy(), self.tokenizer.vocab_size)
 
     def processor(self, constraint: Constraint, request_id: str = "", prompt: list[int] = ()) -> "GrammarProcessor":
-        """A fresh processor for one request; raises ValueError for a grammar that does not compile.
+        """A fresh processor for one request. A grammar that does not compile now (the API's check
+        passed it, but it left the cache and took too long to compile again) gives a processor
+        that has already failed: the request ends at once with a constraint error, its client is
+        told why, and nothing is raised (raises ValueError only when the model's tokenizer has no
+        constrained decoding at all).
 
         ``after_reasoning``: when ``prompt`` opened a thinking section, the grammar holds from
         ``</think>``; otherwise the first token may be ``<think>`` (then the same) or the grammar's
         first token (a model that answers without thinking is held at once). On a model without
         those tokens the grammar holds from the start.
         """
-        template = self._template(constraint.grammar)
+        try:
+            template = self._template(constraint.grammar)
+        except ValueError as exc:
+            if self._tokenizer is None:
+                raise
+            failed = GrammarProcessor(None, self._tokenizer.vocab_size, self._eos, None, request_id,
+                                      report=constraint.failures.append)
+            failed._fail(str(exc))
+            return failed
         think = None
         if constraint.after_reasoning and self._think_end is not None:
             tail = list(prompt[-PROMPT_OPENED_WINDOW:])
             opened = self._think_start in tail and self._think_end not in tail
             think = (None if opened else self._think_start, self._think_end)
-        return GrammarProcessor(template.deep_copy(), self.tokenizer.vocab_size, self._eos, think, request_id)
+        return GrammarProcessor(template.deep_copy(), self.tokenizer.vocab_size, self._eos, think, request_id,
+                                report=constraint.failures.append)
 
     def _template(self, grammar: str) -> llguidance.LLMatcher:
         """The compiled grammar in its start state (shared: callers deep-copy it).
@@ -168,8 +181,9 @@ class GrammarProcessor:
     grammar allows (no thinking: the grammar holds from there).
     """
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_ids: list[int],
-                 think: tuple[int | None, int] | None = None, request_id: str = ""):
+    def __init__(self, matcher: llguidance.LLMatcher | None, vocab_size: int, eos_ids: list[int],
+                 think: tuple[int | None, int] | None = None, request_id: str = "",
+                 report: Callable[[str], None] | None = None):
         self.matcher = matcher
         self.eos = list(eos_ids)
         self.think_start, self.think_end = think if think else (None, None)
@@ -177,6 +191,7 @@ class GrammarProcessor:
         # The token that ends thinking, while the model thinks; None: the grammar holds.
         self.waiting_for = self.think_end if think and self.think_start is None else None
         self.request_id = request_id
+        self.report = report  # told why, once, when the grammar fails (the request then ends with error)
         self.failed = False
         self.calls = 0
         self._bitmask = allocate_token_bitmask(1, vocab_size)
@@ -242,7 +257,30 @@ class GrammarProcessor:
 
     def _fail(self, error: str) -> None:
         self.failed = True
-        log_event(logger, "constraint.error", logging.WARNING, request_id=self.request_id, error=error.strip()[:500])
+        reason = readable_error(error)
+        log_event(logger, "constraint.error", logging.WARNING, request_id=self.request_id, error=reason[:500])
+        if self.report is not None:
+            self.report(reason[:500])
+
+
+def readable_error(error: str) -> str:
+    """llguidance's error without its markup (non-verbose errors end with a ``<non-verbose/>`` tag)."""
+    text = error.replace("<non-verbose/>", "").strip()
+    if text == "NoExtensionBias":  # llguidance's word for a state from which no token can follow
+        return "nothing can follow what was written (the schema admits no finite value there)"
+    return text or "the grammar failed"
+
+
+def first_step_problem(matcher: llguidance.LLMatcher, vocab_size: int) -> str | None:
+    """Why a compiled grammar cannot even start (a schema with no finite value, such as
+    ``{"$ref": "#"}``: it compiles, and fails at its first mask), or None. ``matcher`` is a copy."""
+    try:
+        fill_next_token_bitmask(matcher, allocate_token_bitmask(1, vocab_size))
+    except Exception as exc:  # an API misuse or a bug: still a refusal, not a crash
+        return f"the grammar cannot start: {exc!r}"
+    if matcher.is_error():
+        return f"no output can satisfy it: {readable_error(matcher.get_error())}"
+    return None
 
 
 def _logits_width(model: Any) -> int | None:

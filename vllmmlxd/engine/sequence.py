@@ -152,6 +152,12 @@ class Sequence:
         """The last events: the text still held back (unless cancelled or failed), then Finished."""
         if self.finished is not None:
             return
+        kind = None
+        constraint = self.request.constraint
+        if constraint is not None and constraint.failures and reason not in ("cancelled", "error"):
+            # The grammar failed and let only EOS through: what was written is no answer.
+            reason, error, kind = "error", f"the output could not be held to its grammar: {constraint.failures[0]}", \
+                "constraint"
         if reason not in ("cancelled", "error"):
             if not self._stops.stopped:
                 self._detok.finalize()
@@ -165,7 +171,7 @@ class Sequence:
             reason = "tool_calls"  # the model ended its turn to have its calls run
         self.finished = reason
         usage = Usage(len(self.request.prompt_tokens), self.progress.generated_tokens)
-        self._outbox.append(Finished(reason, usage, error=error, stop_sequence=self._stops.matched))
+        self._outbox.append(Finished(reason, usage, error=error, stop_sequence=self._stops.matched, error_kind=kind))
 
     def take_events(self) -> list[EngineEvent]:
         """The events produced since the last call (the scheduler posts a step's events at once)."""

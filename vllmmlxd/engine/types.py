@@ -43,6 +43,9 @@ class Constraint:
 
     grammar: str
     after_reasoning: bool = False
+    # Written by the engine when the grammar could not be held while decoding (why, first):
+    # the request then ends with ``error`` of kind ``constraint``, never as a normal answer.
+    failures: list[str] = field(default_factory=list, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,9 @@ class Finished:
     usage: Usage
     error: str | None = None
     stop_sequence: str | None = None
+    # With ``error``: "constraint" when the request's grammar could not be held (its schema's
+    # fault, a 4xx), None for the engine's own failures.
+    error_kind: str | None = None
 
 
 EngineEvent = Union[TextDelta, ReasoningDelta, ToolCallDelta, Finished]

@@ -26,6 +26,7 @@ from ..config.schema import ModelConfig
 from ..engine.types import Engine
 from ..errors import Unauthorized
 from ..http.access import Caller
+from ..http.access_log import AccessLogMiddleware
 from ..http.activity import Activity, ActivityMiddleware
 from ..http.ratelimit import STATE_KEY, RateLimitHeaders
 from ..http.browser import BrowserDefences
@@ -123,6 +124,8 @@ def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | No
     app.add_middleware(ActivityMiddleware, activity=app.state.activity)
     install_openapi(app)  # app.openapi(): bodies, statuses and keys, never served (openapi_url is None)
     app.add_middleware(BrowserDefences, config=lambda: live.current.config)  # web pages must not drive the API
+    # One line per request, refusals too; model= is the entry's name, as on the worker's other lines.
+    app.add_middleware(AccessLogMiddleware, model=lambda: live.current.key)
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, errors included, gets its id
     return app
 

@@ -16,6 +16,7 @@ import json
 from typing import TYPE_CHECKING
 
 from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta
+from ...parsers.partial_json import partial_object
 from ..sse import sse_event
 from ..tool_loop import McpCall, McpOutcome
 from ..tooling import call_id
@@ -31,14 +32,31 @@ if TYPE_CHECKING:  # only its attributes are read; api.stream itself imports sta
 LOCAL_SIGNATURE = "vllmmlxd-local-unsigned"
 
 # Mid-stream failures, by kind: Anthropic's types for the same failures answered before the stream.
-_ERROR_TYPES = {"timeout": "timeout_error", "overloaded": "overloaded_error"}
+_ERROR_TYPES = {"timeout": "timeout_error", "overloaded": "overloaded_error", "constraint": "invalid_request_error"}
 CALL_PREFIX = "toolu_"
 SERVER_CALL_PREFIX = "srvtoolu_"  # as Anthropic numbers the calls its server runs
 
 
+def tool_input(arguments: str) -> dict:
+    """A call's ``input``, always an object: its arguments, or for a call cut short by
+    ``max_tokens`` what of them parses (``parsers.partial_json``), else ``{}``."""
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        value = partial_object(arguments)
+    return value if isinstance(value, dict) else {}
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
 def tool_use_block(message_id: str, call: ToolCallDelta) -> dict:
     return {"type": "tool_use", "id": call_id(CALL_PREFIX, message_id, call.index), "name": call.name,
-            "input": json.loads(call.arguments)}
+            "input": tool_input(call.arguments)}
 
 
 def server_tool_use_block(message_id: str, call: ToolCallDelta) -> dict:
@@ -77,6 +95,19 @@ def message_response(message_id: str, model: str, folded: Folded) -> dict:
     }
 
 
+class MessagesEncoding:
+    """The Messages API's two ways of writing a response (``api.chat.ChatEncoding``)."""
+
+    def __init__(self, model: str):
+        self.model = model
+
+    def stream_encoder(self, rid: str, prompt_tokens: int) -> "MessagesStreamEncoder":
+        return MessagesStreamEncoder(rid, self.model, prompt_tokens)
+
+    def response(self, rid: str, folded: Folded) -> dict:
+        return message_response(rid, self.model, folded)
+
+
 class MessagesStreamEncoder:
     """Anthropic's ``message_start`` ... ``message_stop`` frames for one response.
 
@@ -112,12 +143,15 @@ class MessagesStreamEncoder:
                 event, block, self._ran_tools = event.call, server_tool_use_block(self.message_id, event.call), True
             else:
                 block = tool_use_block(self.message_id, event)
+            partial = event.arguments
+            if block["type"] == "tool_use" and not _is_object(partial):  # cut short: what of it parses, as whole
+                partial = json.dumps(block["input"], ensure_ascii=False)
             block = {**block, "input": {}}
             frames = self._close()
             self._open, self._blocks = "tool_use", self._blocks + 1
             frames.append(_frame({"type": "content_block_start", "index": self._blocks - 1, "content_block": block}))
             frames.append(_frame({"type": "content_block_delta", "index": self._blocks - 1,
-                                  "delta": {"type": "input_json_delta", "partial_json": event.arguments}}))
+                                  "delta": {"type": "input_json_delta", "partial_json": partial}}))
             return frames + self._close()
         if isinstance(event, McpOutcome):
             frames = self._close()

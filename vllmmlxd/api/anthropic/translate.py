@@ -9,6 +9,9 @@ from typing import Any
 from ...engine.types import Finished
 from ...errors import InvalidRequest
 from ..sampling import SamplingRequest
+from ..structured import anthropic_output_format
+from ..tooling import anthropic_tool_choice
+from ..turn import ChatPrompt, ChatTurn, refuse_client_template, tool_result_text
 from .protocol import (
     CountTokensRequest, DocumentBlock, ImageBlock, McpToolResultBlock, MessagesRequest, RedactedThinkingBlock,
     TextBlock, ThinkingBlock, Tool, ToolResultBlock, ToolUseBlock,
@@ -18,6 +21,25 @@ from .protocol import (
 # apart where gluing them would join the last word of one to the first of the next.
 BLOCK_SEPARATOR = "\n\n"
 _ASSISTANT_ONLY = (ToolUseBlock, ThinkingBlock, RedactedThinkingBlock, McpToolResultBlock)  # and their subclasses
+
+
+MESSAGE_ID_PREFIX = "msg_"
+
+
+def to_prompt(req: CountTokensRequest) -> ChatPrompt:
+    """What shapes the prompt (``/v1/messages`` and ``count_tokens`` alike)."""
+    refuse_client_template(req.model_extra or {})
+    messages, tools = to_template_messages(req)
+    return ChatPrompt(messages, tools, thinking_switch(req))
+
+
+def to_turn(req: MessagesRequest) -> ChatTurn:
+    """A Messages request as the neutral turn ``api.chat.serve_chat`` serves, computed once."""
+    choice = req.tool_choice
+    return ChatTurn(to_prompt(req), sampling_request(req), MESSAGE_ID_PREFIX,
+                    tool_choice=anthropic_tool_choice(choice and choice.type, choice and choice.name,
+                                                      choice and choice.disable_parallel_tool_use),
+                    output=anthropic_output_format(req.output_format), stream=req.stream)
 
 
 def to_template_messages(req: CountTokensRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
@@ -145,11 +167,8 @@ def _tool_message(block: ToolResultBlock | McpToolResultBlock, names: dict[str, 
         if not isinstance(part, TextBlock):
             raise InvalidRequest(f"{param}.content[{k}]: this model takes text only; {part.type} blocks are not "
                                  "supported", param=f"{param}.content[{k}]")
-    text = _joined(block.content)
-    if block.is_error and not text.lower().startswith("error"):
-        # Templates have no error flag; the text is all the model sees, so it must say it failed.
-        text = f"Error: {text}" if text else "Error"
-    item = {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}
+    item = {"role": "tool", "tool_call_id": block.tool_use_id, "content": tool_result_text(_joined(block.content),
+                                                                                           block.is_error)}
     if block.tool_use_id in names:
         item["name"] = names[block.tool_use_id]
     return item

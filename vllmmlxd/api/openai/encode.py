@@ -75,6 +75,19 @@ def completion_response(rid: str, created: int, model: str, folded: Folded) -> d
     return envelope(rid, "text_completion", created, model, [choice], folded.finish.usage)
 
 
+class ChatEncoding:
+    """Chat completions' two ways of writing a response (``api.chat.ChatEncoding``)."""
+
+    def __init__(self, created: int, model: str, include_usage: bool):
+        self.created, self.model, self.include_usage = created, model, include_usage
+
+    def stream_encoder(self, rid: str, prompt_tokens: int) -> "ChatStreamEncoder":
+        return ChatStreamEncoder(rid, self.created, self.model, self.include_usage)
+
+    def response(self, rid: str, folded: Folded) -> dict:
+        return chat_response(rid, self.created, self.model, folded)
+
+
 class _Encoder:
     """Shared by chat and text completions: the envelope, the usage chunk, errors and [DONE]."""
 
@@ -95,6 +108,8 @@ class _Encoder:
     def error(self, message: str, kind: str) -> list[str]:
         if kind == "timeout":
             return [sse_data(openai_error(message, "timeout_error", code="timeout"))]
+        if kind == "constraint":
+            return [sse_data(openai_error(message, "invalid_request_error", code="constraint_failed"))]
         return [sse_data(openai_error(message, "server_error"))]
 
     def end(self) -> list[str]:

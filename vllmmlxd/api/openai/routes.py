@@ -1,8 +1,9 @@
 """OpenAI-compatible routes: chat and text completions (streamed or not), models.
 
 Auth and rate limits are the router's dependencies (worker/app.py), so no handler can forget
-them. Both response kinds read the same engine events: a stream encodes them
-(``encode.py``), a whole response is their fold (``api.stream``).
+them. A chat request is translated into a neutral turn (``translate.to_turn``) and served by
+``api.chat.serve_chat``; both response kinds read the same engine events: a stream encodes
+them (``encode.py``), a whole response is their fold (``api.stream``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,10 @@ from starlette.requests import Request
 
 from ...errors import InvalidRequest, ModelNotFound
 from ..body import read_json, validate
+from ..chat import serve_chat
 from ..context import LiveContext, ServingContext
-from ..prompt import make_generation, render_template, thinking_on, tool_plan
+from ..prompt import make_generation
 from ..stream import fold, stream
-from ..structured import ensure_valid, openai_output_format
-from ..tool_loop import ToolLoop, offer
-from ..tooling import openai_tool_choice
 from . import encode
 from . import translate as tr
 from .protocol import ChatCompletionRequest, CompletionRequest
@@ -51,26 +50,8 @@ def make_router(live: LiveContext) -> APIRouter:
         ctx = live.capture(request)
         req = validate(ChatCompletionRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
-        tr.refuse_unhonoured(req)
-        offered = offer(ctx, request, req.tools)  # MCP tools the worker runs itself; None: none for this request
-        tool_defs = offered.tools if offered else req.tools
-        tools = tool_plan(ctx, tool_defs, openai_tool_choice(req.tool_choice, req.parallel_tool_calls),
-                          req.chat_template_kwargs)
-        output = openai_output_format(req.response_format)
-        prompt = await _render_chat(ctx, req, tool_defs)
-        rid = ctx.request_id(request, "chatcmpl-")
-        gen = await make_generation(ctx, tr.sampling_request(req), prompt, rid, reasoning=True, tools=tools, output=output,
-                              after_reasoning=thinking_on(ctx, req.chat_template_kwargs))
-        if offered:
-            gen = ToolLoop(ctx, offered, tr.to_template_messages(req.messages), req.chat_template_kwargs,
-                           tr.sampling_request(req), output, gen)
-        created = int(time.time())
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return stream(ctx, request, gen, encode.ChatStreamEncoder(rid, created, ctx.name, include_usage))
-        folded = await fold(ctx, request, gen)
-        ensure_valid(output, folded.text, folded.finish.reason)
-        return encode.chat_response(rid, created, ctx.name, folded)
+        return await serve_chat(ctx, request, tr.to_turn(req),
+                                encode.ChatEncoding(int(time.time()), ctx.name, tr.include_usage(req)))
 
     @router.post("/v1/completions")
     async def completions(request: Request):
@@ -86,8 +67,7 @@ def make_router(live: LiveContext) -> APIRouter:
         gen = await make_generation(ctx, tr.sampling_request(req), tokens, rid, reasoning=False)
         created = int(time.time())
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return stream(ctx, request, gen, encode.CompletionStreamEncoder(rid, created, ctx.name, include_usage))
+            return stream(ctx, request, gen, encode.CompletionStreamEncoder(rid, created, ctx.name, tr.include_usage(req)))
         return encode.completion_response(rid, created, ctx.name, await fold(ctx, request, gen))
 
     return router
@@ -108,6 +88,3 @@ def _model_cards(ctx: ServingContext) -> list[dict]:
         cards.append({**cards[0], "id": embedder.info.name, "max_model_len": embedder.info.max_tokens})
     return cards
 
-
-async def _render_chat(ctx: ServingContext, req: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
-    return await render_template(ctx, tr.to_template_messages(req.messages), tools, req.chat_template_kwargs)

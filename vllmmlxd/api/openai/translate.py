@@ -7,7 +7,27 @@ from typing import Any
 
 from ...errors import InvalidRequest
 from ..sampling import SamplingRequest
-from .protocol import ChatMessage, CompletionRequest, _SamplingFields
+from ..structured import openai_output_format
+from ..tooling import openai_tool_choice
+from ..turn import ChatPrompt, ChatTurn, refuse_client_template, tool_result_text
+from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
+
+CHAT_ID_PREFIX = "chatcmpl-"
+
+
+def to_turn(req: ChatCompletionRequest) -> ChatTurn:
+    """A chat completion request as the neutral turn ``api.chat.serve_chat`` serves, computed once;
+    fields this server would not honour are a 400 first."""
+    refuse_unhonoured(req)
+    prompt = ChatPrompt(to_template_messages(req.messages), req.tools, req.chat_template_kwargs)
+    return ChatTurn(prompt, sampling_request(req), CHAT_ID_PREFIX,
+                    tool_choice=openai_tool_choice(req.tool_choice, req.parallel_tool_calls),
+                    output=openai_output_format(req.response_format), stream=req.stream)
+
+
+def include_usage(req: _SamplingFields) -> bool:
+    """Does a streamed response end with a usage chunk (``stream_options.include_usage``)?"""
+    return bool(req.stream_options and req.stream_options.include_usage)
 
 def sampling_request(req: _SamplingFields) -> SamplingRequest:
     """The request's sampling fields, in no family's words."""
@@ -32,12 +52,14 @@ UNHONOURED = {
     "modalities": lambda v: v in (None, ["text"]),
     "audio": lambda v: v is None,
     "prediction": lambda v: v is None,
+    "chat_template": lambda v: v is None,  # vLLM's per-request template (see turn.refuse_client_template)
 }
 
 
 def refuse_unhonoured(req: _SamplingFields) -> None:
     """A field this server would not honour is a 400 naming it, never silently dropped."""
-    data = req.model_dump(exclude_unset=True)
+    data = {**(req.model_extra or {}), **req.model_dump(exclude_unset=True)}
+    refuse_client_template(data)
     for name, honoured in UNHONOURED.items():
         if name in data and not honoured(data[name]):
             raise InvalidRequest(f"{name} is not supported by this server (got {data[name]!r})", param=name)
@@ -71,8 +93,7 @@ def _ran_by_server(mcp_calls: object) -> list[dict[str, Any]]:
         result = c.get("result") if isinstance(c.get("result"), dict) else {}
         blocks = result.get("content") if isinstance(result.get("content"), list) else []
         text = "\n\n".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict) and b.get("type") == "text")
-        if result.get("is_error") and not text.lower().startswith("error"):
-            text = f"Error: {text}" if text else "Error"  # templates have no error flag: the text must say it
+        text = tool_result_text(text, bool(result.get("is_error")))
         turns.append({"role": "tool", "tool_call_id": c.get("id"), "name": c["function"]["name"], "content": text})
     return turns
 

@@ -1,0 +1,109 @@
+"""One chat pipeline for every API family: a family translates its request into a
+:class:`~vllmmlxd.api.turn.ChatTurn` and hands it here with its :class:`ChatEncoding`.
+
+``serve_chat`` runs, in this order: the MCP tools the worker may run itself (``offer``), the
+tool plan (what is parsed, what is forced), rendering, the engine request, the tool loop,
+then a stream through the family's encoder or the fold checked against the output format
+and given to the family's body. ``render_prompt`` is the one rendering of a prompt, so
+Anthropic's ``count_tokens`` counts exactly what ``/v1/messages`` sends to the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Protocol
+
+from starlette.requests import Request
+
+from ..engine.types import Finished, TextDelta, ToolCallDelta
+from .context import ServingContext
+from .prompt import make_generation, render_template, thinking_on, tool_plan
+from .stream import Folded, Generation, StreamEncoder, fold, open_events, stream
+from .structured import ensure_valid
+from .tool_loop import McpCall, McpOutcome, Offer, ToolLoop, offer
+from .tooling import ToolChoice, cut_call
+from .turn import ChatPrompt, ChatTurn
+
+
+class ChatEncoding(Protocol):
+    """A family's two ways of writing one response."""
+
+    def stream_encoder(self, rid: str, prompt_tokens: int) -> StreamEncoder:
+        """A fresh encoder for a streamed response with id ``rid``."""
+        ...
+
+    def response(self, rid: str, folded: Folded) -> Any:
+        """The whole response's body."""
+        ...
+
+
+def offered_tools(prompt: ChatPrompt, offered: Offer | None) -> list[dict] | None:
+    """The tools the prompt shows: the client's, then the worker's own when it offers some."""
+    return offered.tools if offered else prompt.tools
+
+
+async def render_prompt(ctx: ServingContext, prompt: ChatPrompt, offered: Offer | None) -> list[int]:
+    """The prompt's tokens, with the tools ``offered`` (``tool_loop.offer``) beside the client's."""
+    return await render_template(ctx, prompt.messages, offered_tools(prompt, offered), prompt.template_kwargs)
+
+
+async def serve_chat(ctx: ServingContext, request: Request, turn: ChatTurn, encoding: ChatEncoding) -> Any:
+    """Serve one chat turn: a streamed response, or the family's whole body."""
+    prompt = turn.prompt
+    offered = offer(ctx, request, prompt.tools)  # MCP tools the worker runs itself; None: none for this request
+    plan = tool_plan(ctx, offered_tools(prompt, offered), turn.tool_choice, prompt.template_kwargs)
+    tokens = await render_prompt(ctx, prompt, offered)
+    rid = ctx.request_id(request, turn.id_prefix)
+    gen = await make_generation(ctx, turn.sampling, tokens, rid, reasoning=True, tools=plan, output=turn.output,
+                                after_reasoning=thinking_on(ctx, prompt.template_kwargs))
+    if offered:
+        gen = ToolLoop(ctx, offered, prompt.messages, prompt.template_kwargs, turn.sampling, turn.output, gen)
+    if plan.constraint is not None:  # a forced call that max_tokens cuts short is still a call
+        gen = ForcedCall(ctx, gen, offered_tools(prompt, offered) or [], turn.tool_choice)
+    if turn.stream:
+        return stream(ctx, request, gen, encoding.stream_encoder(rid, len(tokens)))
+    folded = await fold(ctx, request, gen)
+    ensure_valid(turn.output, folded.text, folded.finish.reason)
+    return encoding.response(rid, folded)
+
+
+class ForcedCall:
+    """A forced turn read as its engine events, except that a call cut short by ``max_tokens``
+    (which the engine gives back as text) is a call: as the official APIs answer it, the
+    partial call with the finish reason ``length``. Read by ``stream``/``fold`` like a generation.
+
+    The engine holds a call's text back until the call is complete, so holding the text here
+    delays nothing; once the worker ran a call itself (a later turn, no longer forced), events
+    pass as they are."""
+
+    def __init__(self, ctx: ServingContext, inner: Generation, tools: list[dict], choice: ToolChoice):
+        self.ctx, self.inner, self.tools, self.choice = ctx, inner, tools, choice
+        self.request_id = inner.request_id
+        self.cancelled = inner.cancelled
+
+    def open(self) -> AsyncIterator:
+        """Admit the turn now (a full queue is a 503 before any byte), then read its events."""
+        return self._events(open_events(self.ctx, self.inner))
+
+    async def _events(self, events: AsyncIterator) -> AsyncIterator:
+        held: list[TextDelta] = []
+        calls, forced = 0, True
+        try:
+            async for event in events:
+                if isinstance(event, (McpCall, McpOutcome)):
+                    forced = False
+                if forced and isinstance(event, TextDelta):
+                    held.append(event)
+                    continue
+                if isinstance(event, ToolCallDelta):
+                    calls = max(calls, event.index + 1)
+                if isinstance(event, Finished) and event.reason == "length" and held:
+                    text = "".join(e.text for e in held)
+                    cut = cut_call(text, self.tools, self.choice)
+                    if cut is not None:
+                        held = [ToolCallDelta(calls, cut[0], cut[1], sum(e.token_count for e in held))]
+                for e in held:
+                    yield e
+                held = []
+                yield event
+        finally:
+            await events.aclose()
