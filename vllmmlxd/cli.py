@@ -122,11 +122,11 @@ def describe_flag_errors(exc) -> str:
 
 
 def serve_config(args):
-    """The ModelConfig ``vllmmlxd serve`` runs: the flags given, the entry's defaults for the rest."""
-    from .config.schema import ModelConfig
+    """The ResolvedModel ``vllmmlxd serve`` runs: the flags given, the entry's defaults for the rest."""
+    from .config.schema import ResolvedModel
 
     given = {key: getattr(args, key) for key in _PASSED_THROUGH if getattr(args, key) is not None}
-    return ModelConfig(model=args.model, served_model_name=args.served_model_name or args.model, **given)
+    return ResolvedModel(model=args.model, served_model_name=args.served_model_name or args.model, **given)
 
 
 def _run_serve(args, parser: argparse.ArgumentParser) -> int:

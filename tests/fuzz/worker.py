@@ -24,10 +24,10 @@ FAMILY_PREFIX = "/v1/messages"  # Anthropic's error shape there, OpenAI's everyw
 def described() -> dict:
     """The worker's OpenAPI description, as ``app.openapi()`` gives it."""
     from tests.unit.http.test_metrics import FakeEngine  # a stand-in engine: only the routes are read
-    from vllmmlxd.config.schema import ModelConfig
+    from vllmmlxd.config.schema import ResolvedModel
     from vllmmlxd.worker.app import create_app
 
-    return create_app(FakeEngine(), ModelConfig(model="x"), "m").openapi()  # the same whatever the entry says
+    return create_app(FakeEngine(), ResolvedModel(model="x"), "m").openapi()  # the same whatever the entry says
 
 
 def start_worker() -> Server:

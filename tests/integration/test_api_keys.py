@@ -19,7 +19,7 @@ import pytest
 from tests.support.servers import free_port, start_serve
 from vllmmlxd.config.load import parse_config
 from vllmmlxd.config.keys import key_digest
-from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.supervisor.live import push_settings
 
 MODEL = "builtin:tiny"
@@ -28,7 +28,7 @@ SMALL = {"prompt": "x", "max_tokens": 2}
 MSGS = [{"role": "user", "content": "hi"}]
 
 
-def entry(port: int, models_section: str, api_keys: str) -> ModelConfig:
+def entry(port: int, models_section: str, api_keys: str) -> ResolvedModel:
     text = f"""
 api_keys:
   alice: {{key: {ALICE}, models: ["*"]}}
@@ -57,7 +57,7 @@ def worker():
     assert not any(k in log for k in (ALICE, CI, BOB, TOK))
 
 
-def apply(sock: Path, config: ModelConfig) -> None:
+def apply(sock: Path, config: ResolvedModel) -> None:
     ok, detail = asyncio.run(push_settings(sock, config))
     assert ok and detail == config.config_hash(), detail
 
@@ -129,12 +129,12 @@ def test_generated_tokens_are_charged_to_a_keys_token_budget_streamed_or_not(key
 
 def test_an_open_model_counts_clients_by_address_and_ignores_a_forged_forwarded_for(worker):
     s, sock, port = worker
-    apply(sock, ModelConfig(model=MODEL, served_model_name=MODEL, port=port, rate_limit=2))
+    apply(sock, ResolvedModel(model=MODEL, served_model_name=MODEL, port=port, rate_limit=2))
     codes = [httpx.post(s.url + "/v1/completions", json=SMALL, headers={"X-Forwarded-For": f"9.9.9.{i}"}).status_code
              for i in range(3)]
     assert codes == [200, 200, 429]  # a new X-Forwarded-For is not a new client
     # Behind a trusted proxy (here: the loopback peer) the header names the client.
-    apply(sock, ModelConfig(model=MODEL, served_model_name=MODEL, port=port, rate_limit=1, trusted_proxies=["127.0.0.1"]))
+    apply(sock, ResolvedModel(model=MODEL, served_model_name=MODEL, port=port, rate_limit=1, trusted_proxies=["127.0.0.1"]))
     codes = [httpx.post(s.url + "/v1/completions", json=SMALL, headers={"X-Forwarded-For": f"9.9.8.{i}"}).status_code
              for i in range(3)]
     assert codes == [200, 200, 200]

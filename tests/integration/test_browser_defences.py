@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.support.servers import free_port, start_serve
-from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.supervisor.live import push_settings
 
 MODEL = "builtin:tiny"
@@ -25,7 +25,7 @@ def server():
     folder = Path(tempfile.mkdtemp(prefix="vllmmlxd-browser-"))
     sock, port = folder / "w.sock", free_port()
     s = start_serve(MODEL, "--health-socket", str(sock), port=port)
-    yield s, sock, ModelConfig(model=MODEL, served_model_name=MODEL, port=port)
+    yield s, sock, ResolvedModel(model=MODEL, served_model_name=MODEL, port=port)
     assert s.stop() == 0, s.log()[-3000:]
 
 
@@ -33,7 +33,7 @@ def processed(url: str) -> int:
     return httpx.get(url + "/v1/status", timeout=10).json()["total_requests_processed"]
 
 
-def push(sock: Path, config: ModelConfig) -> None:
+def push(sock: Path, config: ResolvedModel) -> None:
     ok, error = asyncio.run(push_settings(sock, config))
     assert ok, error
 
@@ -85,7 +85,7 @@ def test_live_cors_origins_and_allowed_hosts(server):
                  "access-control-request-headers": "content-type, authorization, anthropic-version"}
     assert httpx.options(s.url + "/v1/chat/completions", headers=preflight).status_code == 403
     key = "sk-browser-test"
-    push(sock, ModelConfig(**{**base.model_dump(exclude_defaults=True), "cors_origins": (APP,),
+    push(sock, ResolvedModel(**{**base.model_dump(exclude_defaults=True), "cors_origins": (APP,),
                               "allowed_hosts": ("studio.example",), "api_key": key}))
     try:
         # The preflight carries no key (browsers never send one there) and is answered.

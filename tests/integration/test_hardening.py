@@ -106,11 +106,11 @@ def test_the_environment_variable_gives_the_key():
 
 def test_every_route_but_health_and_metrics_needs_the_key(keyed):
     """Routes enumerated from the app itself: a new route cannot be left open by mistake."""
-    from vllmmlxd.config.schema import ModelConfig
+    from vllmmlxd.config.schema import ResolvedModel
     from vllmmlxd.worker.app import create_app
     from tests.unit.http.test_metrics import FakeEngine  # a stand-in engine: only the routes are read
 
-    app = create_app(FakeEngine(), ModelConfig(model="x", api_key=KEY, enable_metrics=True), "m")
+    app = create_app(FakeEngine(), ResolvedModel(model="x", api_key=KEY, enable_metrics=True), "m")
     # The OpenAPI view lists every route, those of included routers too.
     routes = [(path, method.upper()) for path, ops in app.openapi()["paths"].items() for method in ops]
     assert ("/v1/messages", "POST") in routes and ("/v1/chat/completions", "POST") in routes

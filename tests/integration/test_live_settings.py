@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.support.servers import free_port, start_serve
-from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.supervisor.live import push_settings
 
 KEY = "live-s3cret-key-one"
@@ -26,7 +26,7 @@ def worker():
     sock = folder / "w.sock"
     port = free_port()
     s = start_serve(MODEL, "--api-key", KEY, "--rate-limit", "10000", "--health-socket", str(sock), port=port)
-    base = ModelConfig(model=MODEL, served_model_name=MODEL, port=port, api_key=KEY, rate_limit=10000)
+    base = ResolvedModel(model=MODEL, served_model_name=MODEL, port=port, api_key=KEY, rate_limit=10000)
     yield s, sock, base
     assert s.stop() == 0, s.log()[-3000:]
     log = s.log()
@@ -38,7 +38,7 @@ def private(sock: Path, method: str, path: str, **kw) -> httpx.Response:
         return c.request(method, path, **kw)
 
 
-def push(sock: Path, config: ModelConfig) -> tuple[bool, str | None]:
+def push(sock: Path, config: ResolvedModel) -> tuple[bool, str | None]:
     return asyncio.run(push_settings(sock, config))
 
 
@@ -105,7 +105,7 @@ def test_a_pushed_rate_limit_applies_in_the_same_process_with_no_failed_request_
 
 def test_a_new_key_locks_out_the_old_one_and_names_never_values_in_errors(worker):
     s, sock, base = worker
-    rotated = ModelConfig.model_validate({**base.model_dump(), "api_key": NEW_KEY})  # as the daemon's config holds it
+    rotated = ResolvedModel.model_validate({**base.model_dump(), "api_key": NEW_KEY})  # as the daemon's config holds it
     ok, config_hash = push(sock, rotated)
     assert ok and config_hash == rotated.config_hash()
     small = {"prompt": "x", "max_tokens": 2}

@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.servers import free_port, start_serve
 from vllmmlxd.config.load import parse_config
-from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.supervisor.live import push_settings
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support" / "mcp_servers"
@@ -57,7 +57,7 @@ def worker():
 
 
 def entry(port: int, url: str, *, keys: bool = False, extra_servers: str = "", mcp: str = "[files, search, broken]",
-          search_timeout: float = 30) -> ModelConfig:
+          search_timeout: float = 30) -> ResolvedModel:
     text = f"""
 mcp_servers:
   files: {{command: {sys.executable}, args: ["{SUPPORT / 'stdio_server.py'}"], env: {{MCP_TEST_GREETING: hello}},
@@ -80,7 +80,7 @@ models:
     return parse_config(text).config.models["m"]
 
 
-def apply(sock: Path, config: ModelConfig) -> None:
+def apply(sock: Path, config: ResolvedModel) -> None:
     ok, detail = asyncio.run(push_settings(sock, config))
     assert ok and detail == config.config_hash(), detail
 

@@ -14,7 +14,7 @@ import httpx
 import openai
 
 from tests.support.servers import free_port, start_serve
-from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.supervisor.live import push_settings
 
 MODEL = "builtin:tiny"
@@ -29,7 +29,7 @@ def test_a_bare_server_name_runs_each_of_its_tools():
     sock, port = folder / "w.sock", free_port()
     s = start_serve(MODEL, "--mcp-config", str(mcp_file), "--health-socket", str(sock), "--timeout", "120", port=port)
     try:
-        config = ModelConfig(model=MODEL, served_model_name=MODEL, port=port, timeout=120, mcp_config=str(mcp_file),
+        config = ResolvedModel(model=MODEL, served_model_name=MODEL, port=port, timeout=120, mcp_config=str(mcp_file),
                              mcp_auto_execute=("files",), mcp_max_tool_calls=1)
         assert config.mcp_auto_execute == ("files__*",)
         ok, detail = asyncio.run(push_settings(sock, config))

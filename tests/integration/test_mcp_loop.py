@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from tests.support.servers import free_port, start_serve
-from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.supervisor.live import push_settings
 
 MODEL = "builtin:tiny"
@@ -45,7 +45,7 @@ def server():
     sock, port = folder / "w.sock", free_port()
     s = start_serve(MODEL, "--mcp-config", str(mcp_file), "--health-socket", str(sock), "--timeout", "120", port=port)
     try:
-        config = ModelConfig(model=MODEL, served_model_name=MODEL, port=port, timeout=120, mcp_config=str(mcp_file),
+        config = ResolvedModel(model=MODEL, served_model_name=MODEL, port=port, timeout=120, mcp_config=str(mcp_file),
                              mcp_auto_execute=("files__add", "files__f*"), mcp_max_tool_calls=2)
         ok, detail = asyncio.run(push_settings(sock, config))
         assert ok and detail == config.config_hash(), detail

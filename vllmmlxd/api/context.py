@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
-from ..config.schema import ModelConfig
+from ..config.schema import ResolvedModel
 from ..engine.embedding_types import Embedder
 from ..engine.types import Engine
 from ..errors import ModelNotFound
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 @dataclass
 class ServingContext:
     engine: Engine
-    config: ModelConfig
+    config: ResolvedModel
     key: str  # the config entry's name
     runtime: dict = field(default_factory=dict)  # BLAS, threads and cores of this process
     started: float = field(default_factory=time.time)
@@ -78,7 +78,7 @@ class ServingContext:
 class LiveContext:
     """The worker's current ``ServingContext``, replaced whole by ``swap``."""
 
-    def __init__(self, engine: Engine, config: ModelConfig, key: str, runtime: dict | None = None,
+    def __init__(self, engine: Engine, config: ResolvedModel, key: str, runtime: dict | None = None,
                  embedder: Embedder | None = None, mcp: McpHub | None = None):
         # One store of rate windows for the worker's life: an unchanged limit keeps its budget
         # across settings pushes, a changed one starts fresh.
@@ -91,7 +91,7 @@ class LiveContext:
     def current(self) -> ServingContext:
         return self._ctx
 
-    def swap(self, config: ModelConfig) -> ServingContext:
+    def swap(self, config: ResolvedModel) -> ServingContext:
         """Serve new requests under ``config``; requests already running keep theirs."""
         # One attribute assignment on the event loop: a request sees the old context or the new one.
         self._ctx = dataclasses.replace(self._ctx, config=config, access=Access(config), quotas=Quotas(config, self.rates))

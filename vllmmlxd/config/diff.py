@@ -178,9 +178,14 @@ def _gateway_change(old, new) -> tuple[str, ...]:
     return changed_fields(old, new)
 
 
+_ABSENT = object()
+
+
 def changed_fields(old: BaseModel, new: BaseModel) -> tuple[str, ...]:
-    """Sorted names of the fields whose values differ between two models of the same class."""
-    return tuple(sorted(f for f in type(new).model_fields if not _same(getattr(old, f), getattr(new, f))))
+    """Sorted names of the fields whose values differ; between two kinds of entry (served here, upstream),
+    a field only one of them has is changed too."""
+    names = set(type(old).model_fields) | set(type(new).model_fields)
+    return tuple(sorted(f for f in names if not _same(getattr(old, f, _ABSENT), getattr(new, f, _ABSENT))))
 
 
 def _same(a: object, b: object) -> bool:

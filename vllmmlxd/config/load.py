@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from yaml.nodes import CollectionNode, MappingNode, Node, ScalarNode, SequenceNode
 
+from vllmmlxd.config.entries import ENTRY_KINDS
 from vllmmlxd.config.schema import INTERNAL_FIELDS, Config
 from vllmmlxd.errors import ConfigError
 
@@ -90,7 +91,8 @@ def _parse(text: str, path: str, text_hash: str) -> LoadedConfig:
         config = Config.model_validate(data)
     except ValidationError as e:
         # `from None`: the ValidationError's own text shows input values, secrets included.
-        raise ConfigError("\n".join(reader.describe(err) for err in e.errors(include_url=False))) from None
+        lines = [reader.describe(err) for err in e.errors(include_url=False)]
+        raise ConfigError("\n".join(sorted(lines, key=_position))) from None
     return LoadedConfig(config=config, path=path, text_hash=text_hash)
 
 
@@ -240,12 +242,13 @@ class _Reader:
 
     def describe(self, err: dict) -> str:
         """One pydantic error as ``FILE:LINE:COL: path: message``, without its input value."""
-        loc: Loc = tuple(part for part in err["loc"] if part != "[key]")
+        raw: Loc = tuple(part for part in err["loc"] if part != "[key]")
+        loc: Loc = tuple(part for part in raw if part not in ENTRY_KINDS)  # which kind of entry: not a key
         found = next((loc[:i] for i in range(len(loc), 0, -1) if loc[:i] in self.marks), ())
         marks = self.marks.get(found, _Marks(self.root, self.root, True))
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            return f"{self.path}:{marks.key}: {_dotted(loc)}: {_unknown_key(loc)}"
+            return f"{self.path}:{marks.key}: {_dotted(loc)}: {_unknown_key(raw)}"
         if found == loc and not marks.is_container:
             return f"{self.path}:{marks.value}: {_dotted(loc)}: {message}"
         if found == loc:
@@ -256,6 +259,12 @@ class _Reader:
                 loc = max(named)[1]
                 marks = self.marks[loc]
         return f"{self.path}:{marks.key}: {_dotted(loc) + ': ' if loc else ''}{message}"
+
+
+def _position(line: str) -> tuple[int, int]:
+    """Where a described error points (``FILE:LINE:COL: ...``): errors are listed in the file's order."""
+    m = re.search(r":(\d+):(\d+): ", line)
+    return (int(m[1]), int(m[2])) if m else (0, 0)
 
 
 def _unknown_key(loc: Loc) -> str:
@@ -273,6 +282,9 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
     """The pydantic model that validates the mapping at ``loc`` (``models.x`` -> ``ModelConfig``)."""
     tp: object = Config
     for part in loc:
+        if part in ENTRY_KINDS:  # a model entry's kind, as pydantic's union tags it
+            tp = ENTRY_KINDS[str(part)]
+            continue
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             field = tp.model_fields.get(str(part))
             if field is None:

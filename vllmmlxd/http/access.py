@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from ..config.keys import DIGEST_PREFIX, KeyGrant
-from ..config.schema import ModelConfig
+from ..config.schema import ResolvedModel
 from ..errors import Forbidden, Unauthorized
 
 OWN_KEY = "api_key"  # the name the entry's own api_key goes by
@@ -57,7 +57,7 @@ def presented_key(request: Request) -> str | None:
 class Access:
     """One entry's key table, built from its config (rebuilt when the settings change)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ResolvedModel):
         self.open = config.is_open
         self.proxies = tuple(ipaddress.ip_network(p, strict=False) for p in config.trusted_proxies)
         grants = list(config.key_grants)

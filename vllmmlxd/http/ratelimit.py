@@ -24,7 +24,7 @@ from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 from starlette.types import Scope
 
-from ..config.schema import ModelConfig
+from ..config.schema import ResolvedModel
 from ..errors import RateLimited
 from .access import Caller
 from .response_headers import Headers, ResponseHeaders
@@ -83,7 +83,7 @@ class _Limit:
 class Quotas:
     """The limits of one settings generation over the worker's ``RateStore``."""
 
-    def __init__(self, config: ModelConfig, store: RateStore):
+    def __init__(self, config: ResolvedModel, store: RateStore):
         self.store = store
         self._model_requests = rate_items(config.rate_limit)
         self._model_tokens = token_items(config.tokens_per_minute)

@@ -5,11 +5,11 @@ Kept apart from the hub so the routes and the server-side tool loop apply one ru
 
 from __future__ import annotations
 
-from ..config.schema import ModelConfig
+from ..config.schema import ResolvedModel
 from ..http.access import Caller
 
 
-def allowed_servers(caller: Caller | None, config: ModelConfig) -> frozenset[str] | None:
+def allowed_servers(caller: Caller | None, config: ResolvedModel) -> frozenset[str] | None:
     """The servers ``caller`` may use on this entry; None: every one (an open model, the entry's
     own ``api_key``, or a named key without an ``mcp`` list)."""
     grant = caller.key if caller is not None else None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..config.gateway import GatewayConfig, GatewaySpec, Route, embedding_display_name
-from ..config.schema import ModelConfig
+from ..config.schema import Resolved, ResolvedUpstream
 from ..sockets import http_url
 
 GATEWAY = "gateway"  # its name in logs and `vllmmlxctl logs gateway`
@@ -27,24 +27,22 @@ def connect_url(host: str, port: int) -> str:
     return http_url(host, port, path="")
 
 
-def build_route(name: str, entry: ModelConfig, state: str, last_error: str | None) -> Route:
+def build_route(name: str, entry: Resolved, state: str, last_error: str | None) -> Route:
     """One entry as the gateway routes to it (pure)."""
+    common = dict(name=name, served_model_name=entry.display_name(name), aliases=entry.aliases,
+                  embedding_model=embedding_display_name(entry.embedding_model), state=state, owned_by=entry.owned_by,
+                  timeout=entry.timeout, api_key=entry.api_key, api_keys=entry.api_keys, key_grants=entry.key_grants,
+                  last_error=last_error)
+    if isinstance(entry, ResolvedUpstream):
+        return Route(kind="upstream", url=entry.upstream, upstream_api_key=entry.upstream_api_key, **common)
     # The daemon binds "localhost" as IPv4 (sockets.bind_tcp); dialled by name it may resolve to ::1 first,
     # a port another program may hold.
     host = "127.0.0.1" if entry.host == "localhost" else entry.host
-    return Route(
-        name=name, served_model_name=entry.display_name(name), aliases=entry.aliases,
-        embedding_model=embedding_display_name(entry.embedding_model),
-        kind="upstream" if entry.upstream is not None else "local",
-        url=entry.upstream if entry.upstream is not None else connect_url(host, entry.port),
-        load=entry.load, state=state, owned_by=entry.owned_by, timeout=entry.timeout,
-        api_key=entry.api_key, api_keys=entry.api_keys, key_grants=entry.key_grants,
-        upstream_api_key=entry.upstream_api_key, last_error=last_error,
-        gateway_token=None if entry.upstream is not None else entry.gateway_token,
-    )
+    return Route(kind="local", url=connect_url(host, entry.port), load=entry.load, gateway_token=entry.gateway_token,
+                 **common)
 
 
-def build_spec(gateway: GatewayConfig, entries: Mapping[str, ModelConfig], shown: Mapping[str, tuple[str, str | None]],
+def build_spec(gateway: GatewayConfig, entries: Mapping[str, Resolved], shown: Mapping[str, tuple[str, str | None]],
                control_socket: Path | None) -> GatewaySpec:
     """The gateway's spec: its settings and a route per entry with its shown state (pure, version 0)."""
     routes = tuple(build_route(name, entry, *shown.get(name, ("unknown", None))) for name, entry in entries.items())

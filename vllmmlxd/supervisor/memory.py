@@ -209,7 +209,7 @@ def entry_footprints(entries: Mapping[str, ModelConfig], state_dir: Path, physic
 def load_memory_plan(config: Config, state_dir: Path, replacing: Mapping[str, ModelConfig] = {}) -> MemoryPlan:
     """:func:`plan_memory` for ``config`` on this machine (models served here; upstreams use none)."""
     capacity = read_capacity(config.daemon.memory_reserve_mb)
-    local = {name: entry for name, entry in config.models.items() if not entry.is_upstream}
+    local = {name: entry for name, entry in config.models.items() if isinstance(entry, ModelConfig)}
     footprints = entry_footprints({**local, **{f"\0{n}": e for n, e in replacing.items()}}, state_dir,
                                   capacity.physical_mb)
     return plan_memory(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..config.diff import ReloadPlan, diff_models
 from ..config.load import LoadedConfig, load_config
-from ..config.schema import Config, ModelConfig
+from ..config.schema import Config, ModelConfig, ResolvedModel
 from ..errors import ConfigError
 from ..log import log_event
 from ..runtime import cpus
@@ -57,7 +57,7 @@ async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -
     swapped = diff.new_worker if sup.push_settings is not None else tuple(diff.changed)
     models = {n: u for n, u in sup.entry_units().items() if isinstance(u, ModelUnit)}
     replacing = {n: models[n].config for n in swapped if n in models and models[n].slot.pid is not None
-                 and new.config.models[n].upstream is None}
+                 and isinstance(new.config.models[n], ResolvedModel)}
     memory = await asyncio.to_thread(load_memory_plan, new.config, sup.settings.state_dir, replacing)
     text = f"{diff.render()}\n{memory.render()}"
     if not memory.fits:  # nothing changes, and the error names each entry with its numbers
@@ -71,9 +71,8 @@ async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -
         return ReloadReply(ok=True, dry_run=True, plan=text, error=None, entries=diff.entries())
     sup._take_daemon_keys(diff, new.config)
     sup._keep_shares(diff, plan_shares(new.config))
-    entries = {n: EntryFacts("upstream" if e.upstream is not None else "model",
-                             None if e.upstream is not None else (e.host, e.port), e.load == "lazy")
-               for n, e in new.config.models.items()}
+    entries = {n: EntryFacts("model", (e.host, e.port), e.load == "lazy") if isinstance(e, ModelConfig)
+               else EntryFacts("upstream", None) for n, e in new.config.models.items()}
     addresses = {n: (u.config.host, u.config.port) if isinstance(u, ModelUnit) else None
                  for n, u in sup.entry_units().items()}
     steps = plan_reload(diff, sup._facts(), addresses, entries, frozenset(n for n in diff.changed if memory.swap(n)),
@@ -85,7 +84,7 @@ def plan_shares(config: Config) -> dict[str, cpus.CpuShare]:
     """Each entry's cores (Linux): an even split unless an entry sets ``threads``."""
     if not cpus.can_pin():
         return {}
-    local = {name: entry.threads for name, entry in config.models.items() if entry.upstream is None}
+    local = {name: entry.threads for name, entry in config.models.items() if isinstance(entry, ModelConfig)}
     shares = cpus.plan_shares(local, cpus.available_cpus())
     if any(share.oversubscribed for share in shares.values()):
         log_event(logger, "cpu.oversubscribed", logging.WARNING, cores=len(cpus.available_cpus()),
@@ -145,7 +144,8 @@ class ReloadRun:
         for name, step in self.steps.then:
             entry = models[name]
             if step == "add":
-                sup._add_entry(name, entry, sock=self.pool.pop(address(entry), None) if entry.upstream is None else None)
+                sock = self.pool.pop(address(entry), None) if isinstance(entry, ModelConfig) else None
+                sup._add_entry(name, entry, sock=sock)
             elif step == "live" and isinstance(unit := sup.units[name], UpstreamUnit):
                 unit.checks.update(entry, sup._upstream_interval())  # the checks take it at their next round
         for unit in sup.units.values():  # the gateway's interval may have changed
@@ -195,8 +195,8 @@ class ReloadRun:
         share = self.sup.shares.get(name)
         if isinstance(unit, UpstreamUnit):
             return  # added or updated in the task already
-        if not isinstance(unit, ModelUnit):
-            return
+        if not isinstance(unit, ModelUnit) or not isinstance(config, ResolvedModel):
+            return  # the plan gives a unit of one kind only an entry of the same kind
         slot = unit.slot
         if step == "add":
             if config.load == "eager" and not await slot.start():

@@ -29,7 +29,7 @@ from .. import __version__
 from ..config.diff import ReloadPlan
 from ..config.gateway import GatewayConfig
 from ..config.load import LoadedConfig
-from ..config.schema import Config, DaemonConfig, ModelConfig
+from ..config.schema import Config, DaemonConfig, Resolved, ResolvedUpstream
 from ..log import log_event
 from ..runtime import cpus
 from . import states
@@ -307,9 +307,9 @@ class Supervisor:
         self._operation({}, asyncio.gather(*starting), lambda _r, _e: _resolve(msg.future, None))
         self._changed()
 
-    def _add_entry(self, name: str, config: ModelConfig, sock: socket.socket | None = None) -> None:
+    def _add_entry(self, name: str, config: Resolved, sock: socket.socket | None = None) -> None:
         """A unit for an entry: a slot for a model served here (a lazy one waits unloaded), checks for an upstream."""
-        if config.upstream is not None:
+        if isinstance(config, ResolvedUpstream):
             self.units[name] = UpstreamUnit(name, UpstreamChecks(name, config, self._upstream_interval(), self._changed))
             return
         self.units[name] = ModelUnit(name, Slot(

@@ -18,7 +18,7 @@ from typing import Protocol, Union
 from urllib.parse import urlsplit
 
 from ..config.gateway import GatewayConfig, GatewaySpec
-from ..config.schema import ModelConfig
+from ..config.schema import ResolvedModel, ResolvedUpstream
 from . import lazy, states
 from .log_lines import LogLines
 from .plan import Kind, UnitFacts
@@ -64,9 +64,9 @@ class ModelUnit:
     kind: Kind = "model"
 
     @property
-    def config(self) -> ModelConfig:
+    def config(self) -> ResolvedModel:
         config = self.slot.config
-        assert isinstance(config, ModelConfig)
+        assert isinstance(config, ResolvedModel)
         return config
 
     @property
@@ -136,7 +136,7 @@ class UpstreamUnit:
         return self._log
 
     @property
-    def config(self) -> ModelConfig:
+    def config(self) -> ResolvedUpstream:
         return self.checks.config
 
     def shown(self) -> tuple[states.Shown, str | None]:
@@ -147,7 +147,7 @@ class UpstreamUnit:
 
     def view(self, now: float) -> ModelView:
         config, checks = self.config, self.checks
-        host, port = host_port(config.upstream or "")
+        host, port = host_port(config.upstream)
         return ModelView(
             name=self.name, state=checks.state, pid=None, host=host, port=port, restarts=0,
             uptime_s=round(now - checks.ready_since, 1) if checks.ready_since else None, last_exit_code=None,

@@ -15,7 +15,7 @@ from typing import Callable
 
 import httpx
 
-from ..config.schema import ModelConfig
+from ..config.schema import ResolvedUpstream
 from ..log import log_event
 from . import states
 
@@ -32,7 +32,7 @@ class UpstreamChecks:
     """Health checks of one upstream entry; ``state`` and ``last_error`` as of the last check, written
     by its own task only (a reload's new entry reaches it through ``update``)."""
 
-    def __init__(self, name: str, config: ModelConfig, interval_s: float, on_change: Callable[[], None]):
+    def __init__(self, name: str, config: ResolvedUpstream, interval_s: float, on_change: Callable[[], None]):
         self.name = name
         self.config = config
         self.interval_s = interval_s
@@ -45,7 +45,7 @@ class UpstreamChecks:
         self._wake = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name=f"upstream-{name}")
 
-    def update(self, config: ModelConfig, interval_s: float | None = None) -> None:
+    def update(self, config: ResolvedUpstream, interval_s: float | None = None) -> None:
         """A reload's new entry: checked again at once."""
         self.config = config
         self.interval_s = interval_s or self.interval_s

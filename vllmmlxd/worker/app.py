@@ -22,7 +22,7 @@ from ..api.errors import install_error_handlers
 from ..api.openai.embeddings import make_router as make_embeddings_router
 from ..api.openai.routes import make_router as make_openai_router
 from ..api.openapi import install as install_openapi
-from ..config.schema import ModelConfig
+from ..config.schema import ResolvedModel
 from ..engine.types import Engine
 from ..errors import Unauthorized
 from ..http.access import Caller
@@ -41,7 +41,7 @@ from .settings import SettingsRefused, judge_update
 logger = logging.getLogger("vllmmlxd.worker")
 
 
-def create_app(engine: Engine, config: ModelConfig, key: str, runtime: dict | None = None) -> FastAPI:
+def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | None = None) -> FastAPI:
     """The public app serving ``engine`` as the model entry ``key``; ``runtime``: its BLAS, threads and cores.
 
     ``app.state.live`` holds its settings, which ``create_private_app`` can replace.
@@ -166,7 +166,7 @@ def create_private_app(public: FastAPI, engine: Engine) -> FastAPI:
     return app
 
 
-def apply_settings(live: LiveContext, engine: Engine, config: ModelConfig) -> None:
+def apply_settings(live: LiveContext, engine: Engine, config: ResolvedModel) -> None:
     """New requests run under ``config``; the engine's admission takes its queue bound."""
     live.swap(config)
     if hasattr(engine, "max_queue"):  # read at each admission by the engine

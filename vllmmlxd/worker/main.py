@@ -1,7 +1,7 @@
 """A worker process: load one model, serve it over HTTP until told to stop.
 
 Run by the daemon as ``python -m vllmmlxd.worker --name NAME --fd N --health-socket PATH``
-with its ModelConfig as one JSON line on stdin; stdin staying open is the daemon's
+with its ResolvedModel as one JSON line on stdin; stdin staying open is the daemon's
 lifeline (EOF means the daemon is gone, so the worker drains and exits). Run by
 hand through ``vllmmlxd serve MODEL``, it binds host:port itself.
 """
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..config.schema import ModelConfig
+from ..config.schema import ResolvedModel
 from ..errors import ModelLoadError
 from ..http.serving import make_servers, read_line, serve_both, start_lifeline
 from ..log import log_event, setup_logging
@@ -34,7 +34,7 @@ EXIT_LOAD_FAILED = 3
 EXIT_BIND_FAILED = 4
 
 
-def _entry_from(line: bytes, key: str) -> ModelConfig | None:
+def _entry_from(line: bytes, key: str) -> ResolvedModel | None:
     """The model entry the daemon sent, or None (logged) when it is not one.
 
     Never a traceback: pydantic's would print the input values, and the entry holds key digests.
@@ -42,7 +42,7 @@ def _entry_from(line: bytes, key: str) -> ModelConfig | None:
     from pydantic import ValidationError
 
     try:
-        return ModelConfig.model_validate(json.loads(line))
+        return ResolvedModel.model_validate(json.loads(line))
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
                              for e in exc.errors(include_input=False, include_url=False))
@@ -52,7 +52,7 @@ def _entry_from(line: bytes, key: str) -> ModelConfig | None:
     return None
 
 
-def choose_blas(config: ModelConfig, cpus: tuple[int, ...] | None, state_dir: Path) -> ActiveBlas:
+def choose_blas(config: ResolvedModel, cpus: tuple[int, ...] | None, state_dir: Path) -> ActiveBlas:
     """Load the BLAS MLX will use (before mlx is imported), with this worker's thread count."""
     threads = config.threads or len(cpus or cpu_shares.available_cpus())
     return activate(config.blas, threads, memo_dir=state_dir / "blas")
@@ -75,7 +75,7 @@ def runtime_report(info: BlasInfo, key: str, cpus: tuple[int, ...] | None) -> di
     return report
 
 
-def load_engine(config: ModelConfig, key: str, state_dir: Path):
+def load_engine(config: ResolvedModel, key: str, state_dir: Path):
     """Load the model and start its engine thread (imports mlx: workers only).
 
     An entry whose model is an embedding model gets an engine that only embeds; an entry
@@ -119,7 +119,7 @@ def load_engine(config: ModelConfig, key: str, state_dir: Path):
 
 
 def serve(
-    config: ModelConfig,
+    config: ResolvedModel,
     key: str,
     *,
     state_dir: Path,

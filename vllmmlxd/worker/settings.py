@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from ..config.diff import changed_fields, classify
-from ..config.schema import ModelConfig
+from ..config.schema import ResolvedModel
 
 
 @dataclass(frozen=True)
@@ -23,12 +23,12 @@ class SettingsRefused(Exception):
     forcing: tuple[str, ...] = ()
 
 
-def judge_update(current: ModelConfig, data: object) -> tuple[ModelConfig, tuple[str, ...]]:
+def judge_update(current: ResolvedModel, data: object) -> tuple[ResolvedModel, tuple[str, ...]]:
     """The new config and the keys it changes; raises ``SettingsRefused`` when it cannot apply live."""
     if not isinstance(data, dict):
         raise SettingsRefused(422, "the body must be the model entry as a JSON object")
     try:
-        new = ModelConfig.model_validate(data)
+        new = ResolvedModel.model_validate(data)
     except ValidationError as exc:
         # include_input=False: the offending value may be the API key.
         problems = "; ".join(

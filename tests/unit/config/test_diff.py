@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vllmmlxd.config.diff import LIVE_FIELDS, ReloadPlan, classify, diff_models, needs_new_worker
-from vllmmlxd.config.schema import Config, ModelConfig
+from vllmmlxd.config.schema import Config, ModelConfig, ResolvedModel, ResolvedUpstream
 
 
 def make_config(daemon: dict | None = None, **models: dict) -> Config:
@@ -109,7 +109,7 @@ def test_needs_new_worker_names_the_keys_that_force_it():
 
 
 def test_every_live_key_is_a_model_key_and_engine_keys_are_not_live():
-    assert LIVE_FIELDS <= set(ModelConfig.model_fields)
+    assert LIVE_FIELDS <= set(ResolvedModel.model_fields) | set(ResolvedUpstream.model_fields)
     for key in ("model", "host", "port", "blas", "threads", "continuous_batching", "max_num_seqs", "prefill_step_size",
                 "cache_memory_mb", "cache_memory_percent", "reasoning_parser", "tool_call_parser", "trust_remote_code"):
         assert not classify((key,)).live, key

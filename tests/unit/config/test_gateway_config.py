@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from vllmmlxd.config.diff import diff_models
-from vllmmlxd.config.schema import INTERNAL_FIELDS, Config, ModelConfig, gateway_token
+from vllmmlxd.config.schema import INTERNAL_FIELDS, Config, ResolvedUpstream, UpstreamConfig, gateway_token
 
 
 def config(models: dict, **top) -> Config:
@@ -14,8 +14,9 @@ def config(models: dict, **top) -> Config:
 
 
 def test_an_upstream_entry_needs_no_model_and_keeps_a_base_url():
-    entry = ModelConfig(upstream="http://studio-2.local:8001/v1/", served_model_name="Q")
-    assert entry.is_upstream and entry.model is None and entry.upstream == "http://studio-2.local:8001"
+    entry = UpstreamConfig(upstream="http://studio-2.local:8001/v1/", served_model_name="Q")
+    assert entry.is_upstream and entry.upstream == "http://studio-2.local:8001"
+    assert isinstance(config({"far": {"upstream": "http://h:1"}}).models["far"], ResolvedUpstream)
 
 
 @pytest.mark.parametrize("fields, error", [
@@ -23,18 +24,19 @@ def test_an_upstream_entry_needs_no_model_and_keeps_a_base_url():
     ({"model": "builtin:tiny", "upstream": "http://h:1"}, "give model \\(served here\\) or upstream"),
     ({"upstream": "studio-2.local:8001"}, "upstream must be a base URL"),
     ({"upstream": "ftp://h:1"}, "upstream must be a base URL"),
-    ({"upstream": "http://h:1", "load": "lazy"}, "nothing to load here"),
+    ({"upstream": "http://h:1", "load": "lazy"}, "load is for a model served here"),
+    ({"upstream": "http://h:1", "port": 9000}, "port is for a model served here"),
     ({"model": "builtin:tiny", "idle_unload_s": 60}, "idle_unload_s needs load: lazy"),
     ({"model": "builtin:tiny", "upstream_api_key": "k"}, "upstream_api_key needs upstream"),
     ({"model": "builtin:tiny", "load": "sometimes"}, "'eager' or 'lazy'"),
 ])
 def test_entries_that_cannot_work_are_refused(fields, error):
     with pytest.raises(ValidationError, match=error):
-        ModelConfig(**fields)
+        config({"x": fields})
 
 
 def test_the_upstream_key_is_a_secret_sent_only_down_the_pipe():
-    entry = ModelConfig(upstream="http://h:1", upstream_api_key="s3cret")
+    entry = ResolvedUpstream(upstream="http://h:1", upstream_api_key="s3cret")
     assert "s3cret" not in repr(entry) and "s3cret" not in str(entry.model_dump())
     assert '"upstream_api_key": "s3cret"' in entry.to_worker_json()
 
@@ -65,7 +67,7 @@ def test_workers_behind_a_gateway_get_the_daemons_token_not_a_trusted_loopback()
     assert token == gateway_token() == config(models, gateway={}).models["a"].gateway_token  # one per daemon run
     assert len(token.get_secret_value()) >= 40 and token.get_secret_value() not in repr(with_gateway)
     assert f'"gateway_token": "{token.get_secret_value()}"' in with_gateway.models["a"].to_worker_json()
-    assert with_gateway.models["far"].gateway_token is None and config(models).models["a"].gateway_token is None
+    assert not hasattr(with_gateway.models["far"], "gateway_token") and config(models).models["a"].gateway_token is None
     assert "gateway_token" in INTERNAL_FIELDS
     with pytest.raises(ValidationError, match="models.a.gateway_token is filled in by vllmmlxd"):
         config({"a": {"model": "builtin:tiny", "gateway_token": "mine"}}, gateway={})

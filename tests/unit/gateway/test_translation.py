@@ -144,8 +144,8 @@ def test_the_daemons_routes_carry_each_local_workers_token_and_no_upstream_gets_
 
 def test_a_worker_bound_to_localhost_is_dialled_at_the_address_the_daemon_bound():
     # bind_tcp binds "localhost" as 127.0.0.1; the name could resolve to ::1 first, which another program may hold.
-    from vllmmlxd.config.schema import ModelConfig
+    from vllmmlxd.config.schema import ResolvedModel
     from vllmmlxd.supervisor.gateway import build_route
 
-    assert build_route("m", ModelConfig(model="builtin:tiny", host="localhost", port=8001), "ready", None).url == \
+    assert build_route("m", ResolvedModel(model="builtin:tiny", host="localhost", port=8001), "ready", None).url == \
         "http://127.0.0.1:8001"

@@ -9,7 +9,7 @@ import pytest
 from starlette.requests import Request
 
 from vllmmlxd.config.load import parse_config
-from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.errors import Forbidden, Unauthorized
 from vllmmlxd.http import access
 
@@ -30,7 +30,7 @@ def request(headers: dict[str, str] | None = None, client=("10.0.0.7", 5000)) ->
 
 
 @pytest.fixture(scope="module")
-def entries() -> dict[str, ModelConfig]:
+def entries() -> dict[str, ResolvedModel]:
     return parse_config(CONFIG).config.models
 
 
@@ -86,9 +86,9 @@ def test_digests_are_compared_in_constant_time_against_every_grant(entries, monk
 
 def test_forwarded_for_is_believed_only_from_a_trusted_proxy():
     spoofed = {"X-Forwarded-For": "1.2.3.4"}
-    plain = access.Access(ModelConfig(model="builtin:tiny"))
+    plain = access.Access(ResolvedModel(model="builtin:tiny"))
     assert plain.client_address(request(spoofed, client=("127.0.0.1", 1))) == "127.0.0.1"
-    proxied = access.Access(ModelConfig(model="builtin:tiny", trusted_proxies=["127.0.0.1", "10.0.0.0/8"]))
+    proxied = access.Access(ResolvedModel(model="builtin:tiny", trusted_proxies=["127.0.0.1", "10.0.0.0/8"]))
     assert proxied.client_address(request(spoofed, client=("127.0.0.1", 1))) == "1.2.3.4"
     # The client's own header comes first; the proxies append to the right of it.
     chain = {"X-Forwarded-For": "6.6.6.6, 5.5.5.5, 10.1.1.1"}
@@ -122,5 +122,5 @@ def test_behind_a_gateway_only_the_daemons_token_names_the_client(monkeypatch):
     behind.client_address(request({access.GATEWAY_TOKEN_HEADER: "guess"}, client=("127.0.0.1", 1)))
     assert calls and all(len(a) == len(b) == 64 for a, b in calls)
     # A worker started by hand has no token: the header means nothing there.
-    plain = access.Access(ModelConfig(model="builtin:tiny"))
+    plain = access.Access(ResolvedModel(model="builtin:tiny"))
     assert plain.client_address(request({access.GATEWAY_TOKEN_HEADER: "", **forged}, client=("127.0.0.1", 1))) == "127.0.0.1"

@@ -9,7 +9,7 @@ import pytest
 from vllmmlxd.config.diff import LIVE_FIELDS, classify, changed_fields
 from vllmmlxd.config.load import parse_config
 from vllmmlxd.config.mcp import load_mcp_file
-from vllmmlxd.config.schema import INTERNAL_FIELDS, ModelConfig
+from vllmmlxd.config.schema import INTERNAL_FIELDS, ResolvedModel
 from vllmmlxd.errors import ConfigError
 
 BASE = """
@@ -56,7 +56,7 @@ def test_secrets_of_servers_are_never_printed_but_reach_the_worker():
     assert "t0ps3cret" not in repr(llama) and "t0ps3cret" not in llama.model_dump_json()
     sent = llama.to_worker_json()
     assert "t0ps3cret" in sent
-    again = ModelConfig.model_validate(json.loads(sent))  # what the worker reads from stdin
+    again = ResolvedModel.model_validate(json.loads(sent))  # what the worker reads from stdin
     assert again == llama and again.config_hash() == llama.config_hash()
 
 
@@ -115,7 +115,7 @@ def test_a_claude_desktop_file_imports_as_is(tmp_path):
 
 def test_a_models_own_mcp_config_connects_all_its_servers(tmp_path):
     path = desktop_file(tmp_path, {"fs": {"command": "npx"}, "web": {"url": "http://127.0.0.1:1/mcp"}})
-    entry = ModelConfig(model="builtin:tiny", mcp_config=str(path))  # what `vllmmlxd serve --mcp-config` builds
+    entry = ResolvedModel(model="builtin:tiny", mcp_config=str(path))  # what `vllmmlxd serve --mcp-config` builds
     assert set(entry.mcp_servers_resolved) == {"fs", "web"}
     text = f"models:\n  a: {{model: builtin:tiny, mcp_config: {path.name}}}\n"
     assert set(parse_config(text, str(tmp_path / "c.yaml")).config.models["a"].mcp_servers_resolved) == {"fs", "web"}

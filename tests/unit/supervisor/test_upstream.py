@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.config.schema import ResolvedUpstream
 from vllmmlxd.supervisor import upstream as upstream_module
 from vllmmlxd.supervisor.upstream import READY, UNREACHABLE, UpstreamChecks
 
@@ -27,7 +27,7 @@ async def _server(delay: float = 0.0, status: int = 200):
 def test_ready_then_unreachable_when_the_host_goes_and_its_key_is_sent(monkeypatch):
     async def run():
         server, port, seen = await _server()
-        entry = ModelConfig(upstream=f"http://127.0.0.1:{port}", upstream_api_key="sk-up")
+        entry = ResolvedUpstream(upstream=f"http://127.0.0.1:{port}", upstream_api_key="sk-up")
         slot = UpstreamChecks("far", entry, interval_s=60, on_change=lambda: None)
         await slot.close()  # its own loop stopped: the checks here are the test's
         assert await slot.check() == (READY, None)
@@ -47,7 +47,7 @@ def test_one_slow_answer_is_not_a_fault_two_are(monkeypatch):
 
     async def run():
         server, port, _ = await _server(delay=0.5)
-        slot = UpstreamChecks("far", ModelConfig(upstream=f"http://127.0.0.1:{port}"), interval_s=60, on_change=lambda: None)
+        slot = UpstreamChecks("far", ResolvedUpstream(upstream=f"http://127.0.0.1:{port}"), interval_s=60, on_change=lambda: None)
         await slot.close()  # its own loop stopped: the checks here are the test's
         slot.state = READY
         first = await slot.check()
@@ -64,7 +64,7 @@ def test_one_slow_answer_is_not_a_fault_two_are(monkeypatch):
 def test_an_error_answer_is_unreachable_with_its_status():
     async def run():
         server, port, _ = await _server(status=503)
-        slot = UpstreamChecks("far", ModelConfig(upstream=f"http://127.0.0.1:{port}"), interval_s=60, on_change=lambda: None)
+        slot = UpstreamChecks("far", ResolvedUpstream(upstream=f"http://127.0.0.1:{port}"), interval_s=60, on_change=lambda: None)
         await slot.close()  # its own loop stopped: the checks here are the test's
         state, why = await slot.check()
         await slot.close()

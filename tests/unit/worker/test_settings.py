@@ -8,13 +8,13 @@ from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from vllmmlxd.api.context import LiveContext
-from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.engine.types import EngineStats, ModelInfo
 from vllmmlxd.worker.app import create_app, create_private_app
 from vllmmlxd.worker.settings import SettingsRefused, judge_update
 
 SECRET = "unit-s3cret"
-BASE = ModelConfig(model="builtin:tiny", api_key=SECRET, rate_limit=5)
+BASE = ResolvedModel(model="builtin:tiny", api_key=SECRET, rate_limit=5)
 
 
 class FakeEngine:
@@ -78,7 +78,7 @@ def test_every_settings_generation_counts_in_the_workers_one_rate_store():
     assert second.access is not first.access  # keys are re-read from the new entry
 
 
-def apps(config: ModelConfig = BASE):
+def apps(config: ResolvedModel = BASE):
     engine = FakeEngine()
     public = create_app(engine, config, "k")
     # Host 127.0.0.1: the worker answers only under its own names (a DNS-rebinding defence).
