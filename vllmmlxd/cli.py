@@ -11,6 +11,7 @@ from pathlib import Path
 from .config.schema import REASONING_PARSERS, TOOL_PARSERS
 from .log import setup_logging
 
+
 def _names(text: str) -> tuple[str, ...]:
     """A comma-separated flag value as a tuple of names."""
     return tuple(name.strip() for name in text.split(",") if name.strip())
@@ -23,71 +24,159 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", help="the name clients see (default: the model spec)")
     p.add_argument("--owned-by", default="vllmmlxd")
-    p.add_argument("--api-key", help="require this key as a Bearer token or x-api-key (visible in ps: prefer "
-                                     "--api-key-file or $VLLMMLXD_API_KEY)")
+    p.add_argument(
+        "--api-key",
+        help="require this key as a Bearer token or x-api-key (visible in ps: prefer "
+        "--api-key-file or $VLLMMLXD_API_KEY)",
+    )
     p.add_argument("--api-key-file", help="read the key from this file (its first line)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a request is ended")
     # No defaults here: the entry's own apply, so that a lower cap alone lowers the default too.
-    p.add_argument("--max-tokens", type=int, help="max_tokens when a request gives none (default 32768, at most the cap)")
-    p.add_argument("--max-request-tokens", type=int,
-                   help="the cap on max_tokens: a request asking more gets this many (default 32768, or --max-tokens)")
+    p.add_argument(
+        "--max-tokens", type=int, help="max_tokens when a request gives none (default 32768, at most the cap)"
+    )
+    p.add_argument(
+        "--max-request-tokens",
+        type=int,
+        help="the cap on max_tokens: a request asking more gets this many (default 32768, or --max-tokens)",
+    )
     p.add_argument("--default-temperature", type=float)
     p.add_argument("--default-top-p", type=float)
     p.add_argument("--stream-interval", type=int, default=1, help="tokens per streamed chunk")
     p.add_argument("--max-queue", type=int, default=64, help="requests that may wait before 503")
     p.add_argument("--max-connections", type=int, default=256, help="open connections at most; more get 503")
-    p.add_argument("--allowed-hosts", type=_names, default=(), metavar="NAME,...",
-                   help="Host names to answer under besides the bind address and localhost (DNS rebinding guard)")
-    p.add_argument("--cors-origins", type=_names, default=(), metavar="ORIGIN,...",
-                   help="web origins (https://app.example) allowed to call the API from a browser; default none")
+    p.add_argument(
+        "--allowed-hosts",
+        type=_names,
+        default=(),
+        metavar="NAME,...",
+        help="Host names to answer under besides the bind address and localhost (DNS rebinding guard)",
+    )
+    p.add_argument(
+        "--cors-origins",
+        type=_names,
+        default=(),
+        metavar="ORIGIN,...",
+        help="web origins (https://app.example) allowed to call the API from a browser; default none",
+    )
     p.add_argument("--state-dir", help="caches and converted models (default: $VLLMMLXD_STATE_DIR or the platform's)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--rate-limit", type=int, default=0, help="requests per minute per client (0: off)")
     p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics on /metrics")
-    p.add_argument("--blas", default="auto",
-                   help="Linux: the BLAS for float32 products: auto, mkl, blis, openblas, bundled or a library path")
+    p.add_argument(
+        "--blas",
+        default="auto",
+        help="Linux: the BLAS for float32 products: auto, mkl, blis, openblas, bundled or a library path",
+    )
     p.add_argument("--threads", type=int, help="BLAS threads (default: every core this process may use)")
-    p.add_argument("--continuous-batching", action=argparse.BooleanOptionalAction, default=True,
-                   help="decode concurrent requests together (default); --no-continuous-batching: one at a time")
+    p.add_argument(
+        "--continuous-batching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decode concurrent requests together (default); --no-continuous-batching: one at a time",
+    )
     p.add_argument("--max-num-seqs", type=int, default=16, help="requests decoded together at most")
     p.add_argument("--prefill-step-size", type=int, default=512, help="prompt tokens prefilled per step at most")
     p.add_argument("--cache-memory-mb", type=int, help="prefix cache budget in MB (0: no prefix cache)")
-    p.add_argument("--cache-memory-percent", type=float, default=0.20,
-                   help="prefix cache budget as a fraction of memory, when --cache-memory-mb is not given")
-    p.add_argument("--use-paged-cache", action="store_true", help="accepted for reference command lines: the prefix cache is always on")
+    p.add_argument(
+        "--cache-memory-percent",
+        type=float,
+        default=0.20,
+        help="prefix cache budget as a fraction of memory, when --cache-memory-mb is not given",
+    )
+    p.add_argument(
+        "--use-paged-cache",
+        action="store_true",
+        help="accepted for reference command lines: the prefix cache is always on",
+    )
     # Later features: accepted as flags so the config's validation refuses them with a clear message.
-    p.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=True,
-                   help="read the model's own tool calls out of its answers (default: on)")
-    p.add_argument("--tool-call-parser", choices=TOOL_PARSERS, default="auto",
-                   help="the model's tool-call format (default: auto, from its chat template)")
-    p.add_argument("--reasoning-parser", choices=REASONING_PARSERS,
-                   help="return a reasoning model's thinking apart from its answer")
-    p.add_argument("--strict-model-name", action="store_true",
-                   help="answer 404 to a request naming another model (default: answer it as this one)")
-    p.add_argument("--health-socket", metavar="PATH",
-                   help="also serve the daemon's private API (health with load, settings pushes) on this Unix socket")
-    p.add_argument("--embedding-model", metavar="SPEC",
-                   help="also serve POST /v1/embeddings with this model, preloaded at start: "
-                        "builtin:all-minilm-l6-v2 or a local BERT sentence-transformers folder")
-    p.add_argument("--mcp-config", metavar="FILE",
-                   help="connect the MCP servers of this Claude-Desktop-style mcpServers JSON file (all of them); "
-                        "their tools are served on /v1/mcp/tools and /v1/mcp/execute")
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read the model's own tool calls out of its answers (default: on)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_PARSERS,
+        default="auto",
+        help="the model's tool-call format (default: auto, from its chat template)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        help="return a reasoning model's thinking apart from its answer",
+    )
+    p.add_argument(
+        "--strict-model-name",
+        action="store_true",
+        help="answer 404 to a request naming another model (default: answer it as this one)",
+    )
+    p.add_argument(
+        "--health-socket",
+        metavar="PATH",
+        help="also serve the daemon's private API (health with load, settings pushes) on this Unix socket",
+    )
+    p.add_argument(
+        "--embedding-model",
+        metavar="SPEC",
+        help="also serve POST /v1/embeddings with this model, preloaded at start: "
+        "builtin:all-minilm-l6-v2 or a local BERT sentence-transformers folder",
+    )
+    p.add_argument(
+        "--mcp-config",
+        metavar="FILE",
+        help="connect the MCP servers of this Claude-Desktop-style mcpServers JSON file (all of them); "
+        "their tools are served on /v1/mcp/tools and /v1/mcp/execute",
+    )
     return p
 
 
 _PASSED_THROUGH = (
-    "host", "port", "owned_by", "api_key", "timeout", "max_tokens", "max_request_tokens", "default_temperature",
-    "default_top_p", "stream_interval", "max_queue", "rate_limit", "enable_metrics", "blas", "threads",
-    "continuous_batching", "max_num_seqs", "prefill_step_size", "use_paged_cache", "cache_memory_mb", "cache_memory_percent", "mcp_config", "reasoning_parser",
-    "embedding_model", "enable_auto_tool_choice", "tool_call_parser", "strict_model_name",
-    "max_connections", "allowed_hosts", "cors_origins",
+    "host",
+    "port",
+    "owned_by",
+    "api_key",
+    "timeout",
+    "max_tokens",
+    "max_request_tokens",
+    "default_temperature",
+    "default_top_p",
+    "stream_interval",
+    "max_queue",
+    "rate_limit",
+    "enable_metrics",
+    "blas",
+    "threads",
+    "continuous_batching",
+    "max_num_seqs",
+    "prefill_step_size",
+    "use_paged_cache",
+    "cache_memory_mb",
+    "cache_memory_percent",
+    "mcp_config",
+    "reasoning_parser",
+    "embedding_model",
+    "enable_auto_tool_choice",
+    "tool_call_parser",
+    "strict_model_name",
+    "max_connections",
+    "allowed_hosts",
+    "cors_origins",
 )
 
 
 def _api_key(args, parser: argparse.ArgumentParser) -> str | None:
     """The key from --api-key, --api-key-file or $VLLMMLXD_API_KEY (one of them at most)."""
-    given = [name for name, value in (("--api-key", args.api_key), ("--api-key-file", args.api_key_file),
-                                      ("$VLLMMLXD_API_KEY", os.environ.get("VLLMMLXD_API_KEY"))) if value]
+    given = [
+        name
+        for name, value in (
+            ("--api-key", args.api_key),
+            ("--api-key-file", args.api_key_file),
+            ("$VLLMMLXD_API_KEY", os.environ.get("VLLMMLXD_API_KEY")),
+        )
+        if value
+    ]
     if len(given) > 1:
         parser.error(f"give the API key one way, not {' and '.join(given)}")
     if args.api_key_file:
@@ -145,8 +234,13 @@ def _run_serve(args, parser: argparse.ArgumentParser) -> int:
     from pathlib import Path
 
     health_socket = Path(args.health_socket) if args.health_socket else None
-    return serve(config, "default", state_dir=resolve_state_dir(args.state_dir), log_level=args.log_level,
-                 health_socket=health_socket)
+    return serve(
+        config,
+        "default",
+        state_dir=resolve_state_dir(args.state_dir),
+        log_level=args.log_level,
+        health_socket=health_socket,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser = _serve_parser(sub)
     run_parser = sub.add_parser("run", help="run the daemon: one supervised worker per model entry of a config file")
-    run_parser.add_argument("--config", "-c", required=True, help="the YAML config file (see config/vllmmlxd.example.yaml)")
+    run_parser.add_argument(
+        "--config", "-c", required=True, help="the YAML config file (see config/vllmmlxd.example.yaml)"
+    )
     run_parser.add_argument("--state-dir", help="overrides daemon.state_dir and $VLLMMLXD_STATE_DIR")
     args = parser.parse_args(argv)
     if args.command == "serve":

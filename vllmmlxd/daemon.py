@@ -53,12 +53,21 @@ class Daemon:
         self.notifier = Notifier.from_env()
         self.stop_event = asyncio.Event()
         daemon_cfg = loaded.config.daemon
-        settings = SlotSettings(state_dir=state_dir, drain_timeout=daemon_cfg.drain_timeout,
-                                log_level=daemon_cfg.log_level, tuning=Tuning.from_env())
+        settings = SlotSettings(
+            state_dir=state_dir,
+            drain_timeout=daemon_cfg.drain_timeout,
+            log_level=daemon_cfg.log_level,
+            tuning=Tuning.from_env(),
+        )
         self.control_socket = control_socket_path(daemon_cfg.control_socket, state_dir)
         # The gateway asks the daemon's control socket for lazy models to load.
-        self.supervisor = Supervisor(loaded, settings, on_change=self._report, push_settings=_live_settings_pusher(),
-                                     control_socket=self.control_socket)
+        self.supervisor = Supervisor(
+            loaded,
+            settings,
+            on_change=self._report,
+            push_settings=_live_settings_pusher(),
+            control_socket=self.control_socket,
+        )
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
         self._watchdog_task: asyncio.Task | None = None
@@ -102,8 +111,14 @@ class Daemon:
 
         sock_path = self.control_socket
         control = await serve_control(make_control_app(_ControlFacade(self)), sock_path)
-        log_event(logger, "daemon.started", pid=os.getpid(), config=str(self.loaded.path), control_socket=str(sock_path),
-                  models=len(self.loaded.config.models))
+        log_event(
+            logger,
+            "daemon.started",
+            pid=os.getpid(),
+            config=str(self.loaded.path),
+            control_socket=str(sock_path),
+            models=len(self.loaded.config.models),
+        )
         interval = self.notifier.watchdog_interval()
         if interval:  # its own task, outside _tasks: it goes on through the drain
             self._watchdog_task = asyncio.create_task(self._watchdog(interval))
@@ -158,8 +173,13 @@ class Daemon:
 
     def _config_missing(self, missing: bool) -> None:
         self.supervisor.note_config_missing(missing)
-        log_event(logger, "config.missing" if missing else "config.back", logging.WARNING if missing else logging.INFO,
-                  path=str(self.loaded.path), running=self.supervisor.loaded.short_hash)
+        log_event(
+            logger,
+            "config.missing" if missing else "config.back",
+            logging.WARNING if missing else logging.INFO,
+            path=str(self.loaded.path),
+            running=self.supervisor.loaded.short_hash,
+        )
 
     async def _watchdog(self, interval: float) -> None:
         while True:
@@ -206,9 +226,17 @@ def admit(loaded: LoadedConfig, state_dir: Path) -> bool:
     """Log the memory plan; False (the config is refused) when its models do not fit in memory."""
     plan = load_memory_plan(loaded.config, state_dir)
     for name, fp in plan.entries.items():
-        log_event(logger, "memory.entry", model=name, total_mb=fp.total_mb,
-                  weights_mb=fp.weights_mb if fp.weights_known else "unknown", cache_mb=fp.cache_mb,
-                  worker_mb=fp.worker_mb, weights_from=fp.weights_note, cache_from=fp.cache_note)
+        log_event(
+            logger,
+            "memory.entry",
+            model=name,
+            total_mb=fp.total_mb,
+            weights_mb=fp.weights_mb if fp.weights_known else "unknown",
+            cache_mb=fp.cache_mb,
+            worker_mb=fp.worker_mb,
+            weights_from=fp.weights_note,
+            cache_from=fp.cache_note,
+        )
     if plan.fits:
         log_event(logger, "memory.plan", **plan.fields())
         return True

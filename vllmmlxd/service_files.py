@@ -33,12 +33,16 @@ LOG_NAME = "vllmmlxd.log"
 BASE_PATH = "/opt/homebrew/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 
 TEMPLATE_SYSTEMD = dict(
-    exe="/usr/local/bin/vllmmlxd", config=Path("/etc/vllmmlxd/config.yaml"),
-    state_dir=Path("/var/lib/vllmmlxd"), user=False,
+    exe="/usr/local/bin/vllmmlxd",
+    config=Path("/etc/vllmmlxd/config.yaml"),
+    state_dir=Path("/var/lib/vllmmlxd"),
+    user=False,
 )
 TEMPLATE_LAUNCHD = dict(
-    exe="/opt/homebrew/bin/vllmmlxd", config=Path("/opt/homebrew/etc/vllmmlxd/config.yaml"),
-    state_dir=Path("/opt/homebrew/var/vllmmlxd"), log_dir=Path("/opt/homebrew/var/log"),
+    exe="/opt/homebrew/bin/vllmmlxd",
+    config=Path("/opt/homebrew/etc/vllmmlxd/config.yaml"),
+    state_dir=Path("/opt/homebrew/var/vllmmlxd"),
+    log_dir=Path("/opt/homebrew/var/log"),
 )
 
 SERVICE_ACCOUNT = "vllmmlxd"  # the system unit's User= when DynamicUser= cannot be used
@@ -71,8 +75,10 @@ def _quote(word: str, *, exec_line: bool = True) -> str:
 def render_systemd_unit(exe: str, config: Path, state_dir: Path, user: bool) -> str:
     """The vllmmlxd.service text: a system unit, or a ``--user`` unit without privileged sandboxing."""
     # systemd expands $VARS in the arguments but not in the executable's path.
-    exec_start = " ".join([_quote(_absolute(exe, "exe"), exec_line=False)]
-                          + [_quote(w) for w in ("run", "--config", _absolute(config, "config"))])
+    exec_start = " ".join(
+        [_quote(_absolute(exe, "exe"), exec_line=False)]
+        + [_quote(w) for w in ("run", "--config", _absolute(config, "config"))]
+    )
     state = os.path.normpath(_absolute(state_dir, "state_dir"))
     lines = [
         "# vllmmlxd: serves local LLMs with MLX, one supervised worker process per model.",
@@ -167,7 +173,12 @@ def _system_sandbox(state: Path) -> list[str]:
 
 
 def render_launchd_plist(
-    exe: str, config: Path, state_dir: Path, log_dir: Path, label: str = LABEL, user_name: str | None = None,
+    exe: str,
+    config: Path,
+    state_dir: Path,
+    log_dir: Path,
+    label: str = LABEL,
+    user_name: str | None = None,
 ) -> bytes:
     """The launchd property list: restart on crash only, logs to ``log_dir``/vllmmlxd.log.
 
@@ -231,8 +242,10 @@ def default_daemon_account(environ: dict[str, str] | None = None) -> str:
     environ = dict(os.environ) if environ is None else environ
     name = environ.get("SUDO_USER") if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
     if not name or name == "root":
-        raise ValueError("a system LaunchDaemon must not run as root: run install-service with sudo from the "
-                         "account it should run as (or --user for a LaunchAgent)")
+        raise ValueError(
+            "a system LaunchDaemon must not run as root: run install-service with sudo from the "
+            "account it should run as (or --user for a LaunchAgent)"
+        )
     return name
 
 
@@ -287,8 +300,14 @@ class ServiceFile:
 
 
 def make_service_file(
-    kind: Kind, user: bool, config: Path, *, exe: str | None = None,
-    state_dir: Path | None = None, log_dir: Path | None = None, path: Path | None = None,
+    kind: Kind,
+    user: bool,
+    config: Path,
+    *,
+    exe: str | None = None,
+    state_dir: Path | None = None,
+    log_dir: Path | None = None,
+    path: Path | None = None,
     account: str | None = None,
 ) -> ServiceFile:
     """Render the file for this installation, filling in defaults; writes nothing.
@@ -372,17 +391,21 @@ def reach_warnings(kind: Kind, user: bool, paths: dict[str, Path], mode_of=_mode
         path = Path(os.path.normpath(path))
         tmp = next((t for t in PRIVATE_TMP if path.is_relative_to(t)), None)
         if tmp is not None:
-            out.append(f"{what} {path} is under {tmp}, which the unit's PrivateTmp=yes hides from the service: "
-                       f"it would not start; {INSTALL_HINT}")
+            out.append(
+                f"{what} {path} is under {tmp}, which the unit's PrivateTmp=yes hides from the service: "
+                f"it would not start; {INSTALL_HINT}"
+            )
             continue
         for folder in reversed(path.parents[:-1]):  # from the top down, / left out
             mode = mode_of(folder)
             if mode is None:
                 break
             if not mode & stat.S_IXOTH:
-                out.append(f"{what} {path} is inside {folder} (mode {stat.S_IMODE(mode):o}), which other accounts "
-                           f"cannot enter, and the service runs as an account of its own (DynamicUser=yes, or User=): it could not "
-                           f"reach it; {INSTALL_HINT}")
+                out.append(
+                    f"{what} {path} is inside {folder} (mode {stat.S_IMODE(mode):o}), which other accounts "
+                    f"cannot enter, and the service runs as an account of its own (DynamicUser=yes, or User=): it could not "
+                    f"reach it; {INSTALL_HINT}"
+                )
                 break
     return out
 

@@ -46,7 +46,17 @@ def test_edits_add_change_and_remove_entries_and_vllmmlxctl_drives_it(daemon):
     assert "a" in table.stdout and "ready" in table.stdout
     js = json.loads(daemon.ctl("status", "--json").stdout)
     assert set(js["daemon"]) >= {"pid", "uptime_s", "config_path", "config_hash", "last_reload"}
-    assert set(js["models"][0]) >= {"name", "state", "pid", "host", "port", "restarts", "uptime_s", "last_exit_code", "served_model_name"}
+    assert set(js["models"][0]) >= {
+        "name",
+        "state",
+        "pid",
+        "host",
+        "port",
+        "restarts",
+        "uptime_s",
+        "last_exit_code",
+        "served_model_name",
+    }
     assert js["daemon"]["pid"] == daemon.proc.pid and js["models"][0]["served_model_name"] == "Alpha"
     assert httpx.get(f"http://127.0.0.1:{pa}/health").json() == {"status": "ok", "model": "Alpha"}
 
@@ -59,7 +69,9 @@ def test_edits_add_change_and_remove_entries_and_vllmmlxctl_drives_it(daemon):
     # change a, remove b: applied within 5 s
     a_pid = daemon.models()["a"]["pid"]
     daemon.write({"a": model_entry(pa, served_model_name="Alpha", prefill_step_size=128)})
-    took = daemon.wait_for(lambda ms: set(ms) == {"a"} and ms["a"]["pid"] != a_pid and ms["a"]["state"] == "ready", 30, "swap")
+    took = daemon.wait_for(
+        lambda ms: set(ms) == {"a"} and ms["a"]["pid"] != a_pid and ms["a"]["state"] == "ready", 30, "swap"
+    )
     assert took < 5, f"change+remove took {took:.1f}s"
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{pb}/health")
@@ -211,7 +223,9 @@ def test_kill_9_of_the_daemon_leaves_no_worker(daemon):
 def test_invalid_config_at_startup_exits_78(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("models:\n  a:\n    model: builtin:tiny\n    port: nope\n")
-    r = subprocess.run([sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(cfg)], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 78
     assert "bad.yaml:4:11" in r.stderr and "event=config.invalid" in r.stderr
 
@@ -220,14 +234,21 @@ def test_check_validates_without_a_daemon(tmp_path):
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text("models:\n  a:\n    model: builtin:tiny\n")
     bad.write_text("models:\n  a:\n    modle: builtin:tiny\n")
-    run = lambda f: subprocess.run([sys.executable, "-m", "vllmmlxd.ctl", "check", str(f)], capture_output=True, text=True)  # noqa: E731
+
+    def run(f):
+        return subprocess.run([sys.executable, "-m", "vllmmlxd.ctl", "check", str(f)], capture_output=True, text=True)
+
     assert run(good).returncode == 0
     r = run(bad)
     assert r.returncode == 1 and "bad.yaml:3:5" in (r.stdout + r.stderr)
 
 
 def test_ctl_reports_an_unreachable_daemon(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "vllmmlxd.ctl", "--socket", str(tmp_path / "none.sock"), "status"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "vllmmlxd.ctl", "--socket", str(tmp_path / "none.sock"), "status"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 4 and "cannot reach the daemon" in r.stderr
 
 

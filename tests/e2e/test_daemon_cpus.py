@@ -15,8 +15,10 @@ from vllmmlxd.runtime.blas_find import FINDERS
 
 pytestmark = [
     pytest.mark.timeout(300),
-    pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
-                       reason="CPU shares apply on Linux, and splitting needs two cores"),
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+        reason="CPU shares apply on Linux, and splitting needs two cores",
+    ),
 ]
 
 

@@ -110,8 +110,12 @@ def test_a_hung_worker_is_killed_and_replaced(daemon):
 def test_a_worker_whose_engine_stalls_is_killed_and_replaced(daemon):
     port = free_port()
     daemon.write({"a": model_entry(port)})
-    env = {"VLLMMLXD_HEALTH_INTERVAL_S": "0.3", "VLLMMLXD_HEALTH_FAILURES": "2",
-           "VLLMMLXD_STUCK_AFTER_S": "1", "VLLMMLXD_TEST_STALL_ENGINE_S": "120"}  # worker/testing.py, worker/liveness.py
+    env = {
+        "VLLMMLXD_HEALTH_INTERVAL_S": "0.3",
+        "VLLMMLXD_HEALTH_FAILURES": "2",
+        "VLLMMLXD_STUCK_AFTER_S": "1",
+        "VLLMMLXD_TEST_STALL_ENGINE_S": "120",
+    }  # worker/testing.py, worker/liveness.py
     daemon.start(env=env)
     daemon.wait_ready({"a"})
     pid = daemon.models()["a"]["pid"]
@@ -134,7 +138,9 @@ def test_sigterm_in_the_middle_of_a_reload_exits_cleanly_with_no_worker_left(dae
     daemon.write({"a": model_entry(port)}, daemon={"drain_timeout": 3})
     daemon.start()
     daemon.wait_ready({"a"})
-    daemon.write({"a": model_entry(port, prefill_step_size=128), "b": model_entry(free_port())}, daemon={"drain_timeout": 3})
+    daemon.write(
+        {"a": model_entry(port, prefill_step_size=128), "b": model_entry(free_port())}, daemon={"drain_timeout": 3}
+    )
     wait_log(daemon, "event=worker.replacing model=a")  # the new worker is loading beside the old
     started = time.monotonic()
     daemon.proc.send_signal(signal.SIGTERM)
@@ -159,7 +165,7 @@ def test_the_watchdog_is_fed_while_a_hung_worker_drains_at_shutdown(daemon):
     notify.receive("STOPPING=1", 10)
     assert daemon.proc.wait(1 + 15) == 0
     took = time.monotonic() - started
-    after = notify.got[notify._seen:]
+    after = notify.got[notify._seen :]
     assert took > 3 and sum("WATCHDOG=1" in m for m in after) >= took / 0.2 / 3, (took, after)
     assert wait_gone([pid], 5)
     notify.close()
@@ -184,10 +190,15 @@ def test_two_entries_exchange_ports_in_one_reload(daemon):
     body["models"] = {"a": model_entry(pb), "b": model_entry(pa)}
     preview.write_text(yaml.safe_dump(body))
     r = daemon.ctl("reload", "--dry-run", str(preview))
-    assert r.returncode == 0 and f"would apply {preview}:" in r.stdout and "new worker  port" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and f"would apply {preview}:" in r.stdout and "new worker  port" in r.stdout, (
+        r.stdout + r.stderr
+    )
     daemon.write({"a": model_entry(pb), "b": model_entry(pa)})
-    daemon.wait_for(lambda ms: ms["a"]["port"] == pb and ms["b"]["port"] == pa
-                    and all(m["state"] == "ready" for m in ms.values()), 60, "exchange")
+    daemon.wait_for(
+        lambda ms: ms["a"]["port"] == pb and ms["b"]["port"] == pa and all(m["state"] == "ready" for m in ms.values()),
+        60,
+        "exchange",
+    )
     assert daemon.status()["daemon"]["last_reload"]["ok"] is True
     assert httpx.get(f"http://127.0.0.1:{pa}/health", timeout=5).json()["model"] == "b"
     assert httpx.get(f"http://127.0.0.1:{pb}/health", timeout=5).json()["model"] == "a"
@@ -260,8 +271,12 @@ def test_a_second_daemon_on_the_same_state_dir_or_socket_refuses_to_start(daemon
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(other)],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(other)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 69 and "control socket" in r.stderr, r.stderr[-2000:]
     assert daemon.models()["a"]["state"] == "ready"  # the first one is untouched
 

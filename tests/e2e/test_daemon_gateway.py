@@ -44,8 +44,13 @@ class Cluster:
         self.ports = {"llama": free_port(), "qwen": free_port()}
         self.d = make_daemon()
         self.models = {
-            "llama": model_entry(self.ports["llama"], served_model_name=LLAMA, aliases=["l"], cache_memory_mb=64,
-                                 embedding_model="builtin:all-minilm-l6-v2"),
+            "llama": model_entry(
+                self.ports["llama"],
+                served_model_name=LLAMA,
+                aliases=["l"],
+                cache_memory_mb=64,
+                embedding_model="builtin:all-minilm-l6-v2",
+            ),
             "qwen": model_entry(self.ports["qwen"], served_model_name=QWEN, aliases=["q"], cache_memory_mb=64),
             "far": {"upstream": f"http://127.0.0.1:{self.upstream_port}", "served_model_name": FAR},
         }
@@ -77,17 +82,29 @@ def cluster():
     c.upstream.stop()
 
 
-@pytest.mark.parametrize("name, served", [
-    (LLAMA, LLAMA), ("llama", LLAMA), ("l", LLAMA), (QWEN, QWEN), ("qwen", QWEN), ("q", QWEN),
-    (FAR, FAR), ("far", FAR),
-])
+@pytest.mark.parametrize(
+    "name, served",
+    [
+        (LLAMA, LLAMA),
+        ("llama", LLAMA),
+        ("l", LLAMA),
+        (QWEN, QWEN),
+        ("qwen", QWEN),
+        ("q", QWEN),
+        (FAR, FAR),
+        ("far", FAR),
+    ],
+)
 def test_each_name_and_alias_routes_through_both_api_families(cluster, name, served):
-    chat = cluster.openai().chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}],
-                                                    max_tokens=4)
+    chat = cluster.openai().chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
     assert chat.model == served and chat.choices[0].message.content is not None
     text = cluster.openai().completions.create(model=name, prompt="Once", max_tokens=3)
     assert text.model == served
-    message = cluster.anthropic().messages.create(model=name, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    message = cluster.anthropic().messages.create(
+        model=name, max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+    )
     assert message.model == served and message.content[0].type == "text"
     count = cluster.anthropic().messages.count_tokens(model=name, messages=[{"role": "user", "content": "hi"}])
     assert count.input_tokens > 0
@@ -118,8 +135,12 @@ def test_models_lists_every_model_with_its_state_and_an_unknown_one_lists_them(c
 def test_streams_pass_through_as_they_come_and_a_disconnect_stops_the_generation(cluster):
     stamps = []
     stream = cluster.openai().chat.completions.create(
-        model="q", messages=[{"role": "user", "content": "hi"}], max_tokens=40, stream=True,
-        extra_body={"ignore_eos": True})
+        model="q",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=40,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             stamps.append(time.monotonic())
@@ -144,9 +165,19 @@ def test_streams_pass_through_as_they_come_and_a_disconnect_stops_the_generation
 
 
 def test_the_cluster_endpoints(cluster):
-    with httpx.stream("POST", cluster.url + "/api/chat", timeout=60, json={
-            "model": "llama", "system": "Be brief.", "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 8, "temperature": 0.7, "top_p": 1.0}) as r:
+    with httpx.stream(
+        "POST",
+        cluster.url + "/api/chat",
+        timeout=60,
+        json={
+            "model": "llama",
+            "system": "Be brief.",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8,
+            "temperature": 0.7,
+            "top_p": 1.0,
+        },
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
@@ -154,8 +185,12 @@ def test_the_cluster_endpoints(cluster):
     assert chunks[0]["object"] == "chat.completion.chunk" and chunks[0]["model"] == LLAMA
     assert "".join((c["choices"][0]["delta"].get("content") or "") for c in chunks if c["choices"])
 
-    with httpx.stream("POST", cluster.url + "/api/complete", timeout=60,
-                      json={"model": "qwen", "prompt": "La capitale", "max_tokens": 5}) as r:
+    with httpx.stream(
+        "POST",
+        cluster.url + "/api/complete",
+        timeout=60,
+        json={"model": "qwen", "prompt": "La capitale", "max_tokens": 5},
+    ) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and json.loads(lines[0][6:])["object"] == "text_completion"
 
@@ -195,8 +230,9 @@ def test_a_reload_that_swaps_a_model_fails_no_request_through_the_gateway(cluste
         oa = cluster.openai()
         while not stop.is_set():
             try:
-                stream = oa.chat.completions.create(model="qwen", messages=[{"role": "user", "content": f"hi {n}"}],
-                                                    max_tokens=12, stream=True)
+                stream = oa.chat.completions.create(
+                    model="qwen", messages=[{"role": "user", "content": f"hi {n}"}], max_tokens=12, stream=True
+                )
                 text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
                 done.append(len(text))
             except Exception as exc:  # noqa: BLE001 - every failure is the finding
@@ -208,13 +244,17 @@ def test_a_reload_that_swaps_a_model_fails_no_request_through_the_gateway(cluste
     try:
         time.sleep(2)
         old_pid = cluster.d.models()["qwen"]["pid"]
-        models = {**cluster.models, "qwen": {**cluster.models["qwen"], "max_num_seqs": 8},  # a new worker
-                  "llama": {**cluster.models["llama"], "aliases": ["l", "ll"]}}  # live: a new name to route
+        models = {
+            **cluster.models,
+            "qwen": {**cluster.models["qwen"], "max_num_seqs": 8},  # a new worker
+            "llama": {**cluster.models["llama"], "aliases": ["l", "ll"]},
+        }  # live: a new name to route
         cluster.d.write(models, gateway=cluster.gateway)
         r = cluster.d.ctl("reload")
         assert r.returncode == 0, r.stdout + r.stderr
-        cluster.d.wait_for(lambda ms: ms["qwen"]["pid"] not in (None, old_pid) and ms["qwen"]["state"] == "ready",
-                           what="qwen swapped")
+        cluster.d.wait_for(
+            lambda ms: ms["qwen"]["pid"] not in (None, old_pid) and ms["qwen"]["state"] == "ready", what="qwen swapped"
+        )
         time.sleep(2)
     finally:
         stop.set()
@@ -236,21 +276,31 @@ def test_lazy_models_load_on_first_request_unload_when_idle_and_make_room_for_ea
     physical = read_machine_memory().physical // MIB
     gateway_port = free_port()
     # Room for the eager model and one lazy model, never two.
-    d.write(models, daemon={"memory_reserve_mb": physical - (2 * each + each // 2)},
-            gateway={"port": gateway_port, "load_timeout": 120})
+    d.write(
+        models,
+        daemon={"memory_reserve_mb": physical - (2 * each + each // 2)},
+        gateway={"port": gateway_port, "load_timeout": 120},
+    )
     url = f"http://127.0.0.1:{gateway_port}"
     oa = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
     d.start(env=FAST)
     try:
-        d.wait_for(lambda ms: ms["a"]["state"] == "ready" and ms["l1"]["state"] == "unloaded"
-                   and (d.status().get("gateway") or {}).get("state") == "ready", what="started")
+        d.wait_for(
+            lambda ms: (
+                ms["a"]["state"] == "ready"
+                and ms["l1"]["state"] == "unloaded"
+                and (d.status().get("gateway") or {}).get("state") == "ready"
+            ),
+            what="started",
+        )
         states = {m["id"]: m["state"] for m in httpx.get(url + "/v1/models", timeout=10).json()["data"]}
         assert states["l1"] == "unloaded" and states["l2"] == "unloaded"
 
         # First requests, two at once: they wait for one load, and are answered.
         def ask_l1(_):
-            return oa.chat.completions.create(model="l1", messages=[{"role": "user", "content": "hi"}],
-                                              max_tokens=3).model
+            return oa.chat.completions.create(
+                model="l1", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+            ).model
 
         with cf.ThreadPoolExecutor(2) as pool:
             assert list(pool.map(ask_l1, range(2))) == ["l1", "l1"]
@@ -270,9 +320,11 @@ def test_lazy_models_load_on_first_request_unload_when_idle_and_make_room_for_ea
 
         # l2 busy: nothing can make room for l1, which gets a clear 503.
         with httpx.Client(timeout=120) as client:
-            with client.stream("POST", url + "/v1/completions",
-                               json={"model": "l2", "prompt": "x", "max_tokens": 3000, "ignore_eos": True,
-                                     "stream": True}) as busy:
+            with client.stream(
+                "POST",
+                url + "/v1/completions",
+                json={"model": "l2", "prompt": "x", "max_tokens": 3000, "ignore_eos": True, "stream": True},
+            ) as busy:
                 lines = busy.iter_lines()  # held: a dropped generator would close the stream
                 next(lines)
                 d.wait_for(lambda ms: ms["l2"]["running"], timeout=30, what="l2 busy")

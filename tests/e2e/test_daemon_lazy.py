@@ -33,8 +33,10 @@ def daemon():
 
 
 def write(d, models: dict, **daemon) -> None:
-    body = {"daemon": {"control_socket": str(d.socket), "state_dir": str(d.state_dir), "drain_timeout": 5, **daemon},
-            "models": models}
+    body = {
+        "daemon": {"control_socket": str(d.socket), "state_dir": str(d.state_dir), "drain_timeout": 5, **daemon},
+        "models": models,
+    }
     d.write_text(yaml.safe_dump(body, sort_keys=False))
 
 
@@ -45,8 +47,13 @@ def state(d, name: str) -> str:
 def test_a_lazy_model_loads_on_demand_and_unloads_when_idle(daemon):
     d = daemon
     a, b = free_port(), free_port()
-    write(d, {"a": model_entry(a, cache_memory_mb=64),
-              "b": model_entry(b, cache_memory_mb=64, load="lazy", idle_unload_s=3)})
+    write(
+        d,
+        {
+            "a": model_entry(a, cache_memory_mb=64),
+            "b": model_entry(b, cache_memory_mb=64, load="lazy", idle_unload_s=3),
+        },
+    )
     d.start(env=FAST)
     d.wait_for(lambda ms: ms["a"]["state"] == "ready" and ms["b"]["state"] == "unloaded", what="a ready, b unloaded")
     assert d.models()["b"]["pid"] is None and d.models()["b"]["load"] == "lazy"
@@ -108,7 +115,12 @@ def test_the_least_recently_used_idle_lazy_model_makes_room(daemon):
     ms = d.models()
     assert ms["l2"]["state"] == "unloaded" and {ms["l1"]["state"], ms["l3"]["state"]} <= {"ready", "idle"}
     evicted = [line for line in d.log().splitlines() if "event=model.unloading" in line]
-    assert len(evicted) == 1 and "model=l2" in evicted[0] and "reason=memory" in evicted[0] and "for_model=l3" in evicted[0]
+    assert (
+        len(evicted) == 1
+        and "model=l2" in evicted[0]
+        and "reason=memory" in evicted[0]
+        and "for_model=l3" in evicted[0]
+    )
 
 
 def _wait_log(d, needle: str, timeout: float, after: int = 0) -> float:
@@ -126,8 +138,14 @@ def _stream_for(client, seconds: float) -> None:
     """Stream answers back to back for at least ``seconds``: one request busy across several idle checks."""
     until = time.monotonic() + seconds
     while time.monotonic() < until:
-        stream = client.chat.completions.create(model="b", messages=[{"role": "user", "content": "hi"}], stream=True,
-                                                max_tokens=400, seed=1, extra_body={"ignore_eos": True})
+        stream = client.chat.completions.create(
+            model="b",
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            max_tokens=400,
+            seed=1,
+            extra_body={"ignore_eos": True},
+        )
         assert sum(1 for _ in stream) > 0
 
 
@@ -136,8 +154,11 @@ def test_an_idle_unload_happens_on_time_after_a_long_stream_with_nobody_watching
     for status (the routine health check did not refresh its idle time). No status call here."""
     d = daemon
     port, gateway = free_port(), free_port()
-    d.write({"b": model_entry(port, cache_memory_mb=64, load="lazy", idle_unload_s=2)},
-            daemon={"drain_timeout": 5}, gateway={"port": gateway, "load_timeout": 120})
+    d.write(
+        {"b": model_entry(port, cache_memory_mb=64, load="lazy", idle_unload_s=2)},
+        daemon={"drain_timeout": 5},
+        gateway={"port": gateway, "load_timeout": 120},
+    )
     d.start(env=FAST)
     d.wait_for(lambda ms: ms["b"]["state"] == "unloaded", what="b unloaded")
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway}/v1", api_key="x", max_retries=0, timeout=120)
@@ -163,8 +184,11 @@ def test_an_idle_unload_and_a_reload_of_the_same_model_at_once(daemon):
     assert client.completions.create(model="b", prompt="hi", max_tokens=2).choices
     offset = len(d.log())
     _wait_log(d, "event=model.unloading model=b reason=idle", timeout=30, after=offset)
-    d.write({"b": {**entry, "max_num_seqs": 4}}, daemon={"drain_timeout": 5},  # a key that needs a new worker
-            gateway={"port": gateway, "load_timeout": 120})
+    d.write(
+        {"b": {**entry, "max_num_seqs": 4}},
+        daemon={"drain_timeout": 5},  # a key that needs a new worker
+        gateway={"port": gateway, "load_timeout": 120},
+    )
     reload = d.ctl("reload")
 
     def ask(i: int) -> str:

@@ -39,8 +39,9 @@ def test_a_rate_limit_change_applies_live_with_the_same_worker_and_no_failed_req
         with httpx.Client(timeout=60, headers={"authorization": f"Bearer client-{n}"}) as http:
             while not done.is_set():
                 try:
-                    with http.stream("POST", url + "/v1/completions",
-                                     json={"prompt": "Once", "max_tokens": 8, "stream": True}) as r:
+                    with http.stream(
+                        "POST", url + "/v1/completions", json={"prompt": "Once", "max_tokens": 8, "stream": True}
+                    ) as r:
                         body = r.read().decode()
                         if r.status_code != 200 or "[DONE]" not in body:
                             failures.append(f"{r.status_code}: {body[:200]}")
@@ -65,8 +66,10 @@ def test_a_rate_limit_change_applies_live_with_the_same_worker_and_no_failed_req
     assert daemon.worker_pids() == [pid], "a live key must not start a new worker"
     # The limit is really in force on that same worker: tightened, a burst is cut at 2.
     reloaded_after(daemon, lambda: daemon.write({"tiny": model_entry(port, rate_limit=2)}))
-    codes = [httpx.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}, timeout=60).status_code
-             for _ in range(3)]
+    codes = [
+        httpx.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": 1}, timeout=60).status_code
+        for _ in range(3)
+    ]
     assert codes == [200, 200, 429]
     assert daemon.worker_pids() == [pid] and daemon.log().count("event=worker.spawned") == 1
     assert daemon.models()["tiny"]["state"] == "ready"
@@ -117,7 +120,9 @@ def test_named_keys_change_on_reload_in_the_same_worker_without_a_failed_request
         t.start()
     try:
         time.sleep(1)
-        reloaded_after(daemon, lambda: daemon.write({"tiny": model_entry(port, api_keys=["alice", "bob"])}, api_keys=keys))
+        reloaded_after(
+            daemon, lambda: daemon.write({"tiny": model_entry(port, api_keys=["alice", "bob"])}, api_keys=keys)
+        )
         time.sleep(1)
     finally:
         done.set()
@@ -132,7 +137,9 @@ def test_named_keys_change_on_reload_in_the_same_worker_without_a_failed_request
     # Rotating alice's key: the old one is refused at once, the new one works, same worker.
     rotated = {**keys, "alice": {"key": new}}
     plan = daemon.ctl("reload", "--dry-run")
-    reloaded_after(daemon, lambda: daemon.write({"tiny": model_entry(port, api_keys=["alice", "bob"])}, api_keys=rotated))
+    reloaded_after(
+        daemon, lambda: daemon.write({"tiny": model_entry(port, api_keys=["alice", "bob"])}, api_keys=rotated)
+    )
     assert httpx.post(url, json=small, headers={"x-api-key": old}, timeout=60).status_code == 401
     assert httpx.post(url, json=small, headers={"x-api-key": new}, timeout=60).status_code == 200
     assert daemon.worker_pids() == [pid] and daemon.log().count("event=worker.spawned") == 1

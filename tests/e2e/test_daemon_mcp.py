@@ -89,4 +89,5 @@ def test_check_names_an_unknown_server_with_its_place(tmp_path):
     r = d.ctl("check", str(d.config_path))
     assert r.returncode != 0
     assert f"{d.config_path}:7:3: models.a: model 'a': mcp[1] names an MCP server mcp_servers does not define" in (
-        r.stdout + r.stderr)
+        r.stdout + r.stderr
+    )

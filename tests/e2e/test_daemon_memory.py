@@ -33,8 +33,9 @@ def daemon():
 
 
 def check(path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vllmmlxd.ctl", "check", str(path)], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "vllmmlxd.ctl", "check", str(path)], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_a_config_that_does_not_fit_is_refused_at_start_with_the_numbers():
@@ -50,8 +51,11 @@ def test_a_config_that_does_not_fit_is_refused_at_start_with_the_numbers():
     assert needed > TOO_BIG > usable > 0
     # The error names each entry with its numbers, biggest first, and says what to change.
     # (The weights' source may itself hold parentheses: "known size (not converted yet)" on a fresh state dir.)
-    assert re.search(r"a: 10,000,\d{3} MB = \d+ MB weights \(builtin:tiny: .+?\) \+ 10,000,000 MB cache "
-                     r"\(cache_memory_mb\) \+ \d+ MB worker\\n  b: \d+ MB = ", refused), refused
+    assert re.search(
+        r"a: 10,000,\d{3} MB = \d+ MB weights \(builtin:tiny: .+?\) \+ 10,000,000 MB cache "
+        r"\(cache_memory_mb\) \+ \d+ MB worker\\n  b: \d+ MB = ",
+        refused,
+    ), refused
     assert "lower cache_memory_mb or cache_memory_percent" in refused
     assert "event=memory.entry model=a" in log and "event=worker.starting" not in log
 
@@ -67,8 +71,10 @@ def test_a_reload_that_does_not_fit_is_refused_and_the_running_model_keeps_servi
     daemon.start()
     daemon.wait_ready({"a"})
     pid = daemon.models()["a"]["pid"]
-    daemon.write({"a": model_entry(pa, cache_memory_mb=TOO_BIG), "b": model_entry(pb, cache_memory_mb=64)},
-                 daemon={"watch": False})
+    daemon.write(
+        {"a": model_entry(pa, cache_memory_mb=TOO_BIG), "b": model_entry(pb, cache_memory_mb=64)},
+        daemon={"watch": False},
+    )
 
     dry = daemon.ctl("reload", "--dry-run")
     assert dry.returncode == 1 and dry.stdout == ""
@@ -95,8 +101,9 @@ def test_a_reload_that_does_not_fit_is_refused_and_the_running_model_keeps_servi
     assert check(daemon.config_path).returncode == 1
 
     # Once it fits, the same reload applies, and the plan shows the numbers.
-    daemon.write({"a": model_entry(pa, cache_memory_mb=128), "b": model_entry(pb, cache_memory_mb=64)},
-                 daemon={"watch": False})
+    daemon.write(
+        {"a": model_entry(pa, cache_memory_mb=128), "b": model_entry(pb, cache_memory_mb=64)}, daemon={"watch": False}
+    )
     ok = check(daemon.config_path)
     assert ok.returncode == 0 and re.search(r"^memory: [\d,]+ MB needed, .*: fits$", ok.stdout, re.M), ok.stdout
     r = daemon.ctl("reload")
@@ -121,8 +128,11 @@ def test_a_changed_entry_whose_old_and_new_worker_do_not_fit_together_is_stopped
     daemon.write({"a": {**entry, "prefill_step_size": 300}}, daemon=tight)
     dry = daemon.ctl("reload", "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    assert re.search(r"    a, changed: restart: not enough memory for both \(old and new worker at once would need "
-                     r"[\d,]+ MB of [\d,]+ MB\)", dry.stdout), dry.stdout
+    assert re.search(
+        r"    a, changed: restart: not enough memory for both \(old and new worker at once would need "
+        r"[\d,]+ MB of [\d,]+ MB\)",
+        dry.stdout,
+    ), dry.stdout
     r = daemon.ctl("reload")
     assert r.returncode == 0, r.stderr
     assert wait_gone([pid])

@@ -53,10 +53,10 @@ class Datagrams:
         while time.monotonic() < deadline:
             for i in range(self._seen, len(self.got)):
                 if want in self.got[i]:
-                    out, self._seen = self.got[self._seen:i + 1], i + 1
+                    out, self._seen = self.got[self._seen : i + 1], i + 1
                     return out
             time.sleep(0.02)
-        raise AssertionError(f"no {want!r} in {self.got[self._seen:]}")
+        raise AssertionError(f"no {want!r} in {self.got[self._seen :]}")
 
     def close(self) -> None:
         self._closed = True
@@ -94,17 +94,30 @@ def test_secrets_stay_out_of_status_logs_and_command_lines(daemon):
     daemon.wait_ready({"a"})
     url = f"http://127.0.0.1:{port}/v1/completions"
     assert httpx.post(url, json={"prompt": "x", "max_tokens": 2}).status_code == 401
-    assert httpx.post(url, json={"prompt": "x", "max_tokens": 2}, headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+    assert (
+        httpx.post(
+            url, json={"prompt": "x", "max_tokens": 2}, headers={"Authorization": f"Bearer {secret}"}
+        ).status_code
+        == 200
+    )
     pid = daemon.models()["a"]["pid"]
-    cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace") if os.path.exists(f"/proc/{pid}") else ""
-    everything = daemon.ctl("status").stdout + daemon.ctl("status", "--json").stdout + daemon.ctl("logs", "a", "-n", "500").stdout
+    cmdline = (
+        open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace") if os.path.exists(f"/proc/{pid}") else ""
+    )
+    everything = (
+        daemon.ctl("status").stdout
+        + daemon.ctl("status", "--json").stdout
+        + daemon.ctl("logs", "a", "-n", "500").stdout
+    )
     assert secret not in everything and secret not in cmdline
     daemon.stop()
     assert secret not in daemon.log()
 
 
 def test_a_model_that_cannot_load_ends_failed_with_its_error_shown(daemon):
-    daemon.write({"good": model_entry(free_port()), "bad": {"model": str(daemon.dir / "missing.gguf"), "port": free_port()}})
+    daemon.write(
+        {"good": model_entry(free_port()), "bad": {"model": str(daemon.dir / "missing.gguf"), "port": free_port()}}
+    )
     daemon.start()
     daemon.wait_for(lambda ms: ms["good"]["state"] == "ready" and ms["bad"]["state"] == "failed", 120, "bad failed")
     bad = daemon.models()["bad"]
@@ -129,7 +142,8 @@ def test_journald_lines_and_following_a_models_log(daemon):
     assert any(line.startswith("<6>level=info event=worker.ready model=a") for line in lines)
     follow = subprocess.Popen(
         [sys.executable, "-m", "vllmmlxd.ctl", "--socket", str(daemon.socket), "logs", "a", "-n", "0", "-f"],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert daemon.ctl("restart", "a").returncode == 0

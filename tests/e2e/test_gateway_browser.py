@@ -82,15 +82,19 @@ def walk_the_page(driver, base: str, running, completion_tokens) -> None:
     driver.get(base + "/")
 
     # The picker lists the model, with its state.
-    wait_until(driver, lambda d: any(o.get_attribute("value") == "tiny"
-                                     for o in d.find_elements(By.CSS_SELECTOR, "#model option")),
-               what="tiny in the model picker")
+    wait_until(
+        driver,
+        lambda d: any(o.get_attribute("value") == "tiny" for o in d.find_elements(By.CSS_SELECTOR, "#model option")),
+        what="tiny in the model picker",
+    )
     Select(driver.find_element(By.ID, "model")).select_by_value("tiny")
     assert "ready" in driver.find_element(By.CSS_SELECTOR, "#model option[value='tiny']").text
 
     # The renderer escapes HTML and keeps only http(s) links.
-    rendered = js("return Markdown.render(arguments[0])",
-                  "<img src=x onerror=alert(1)> **b** [x](javascript:alert(1)) [y](https://e.org)\n```\n<b>\n```")
+    rendered = js(
+        "return Markdown.render(arguments[0])",
+        "<img src=x onerror=alert(1)> **b** [x](javascript:alert(1)) [y](https://e.org)\n```\n<b>\n```",
+    )
     assert "<img" not in rendered and "<b>\n" not in rendered and 'href="javascript' not in rendered
     assert "&lt;img" in rendered and "<strong>b</strong>" in rendered and 'href="https://e.org"' in rendered
 
@@ -105,13 +109,17 @@ def walk_the_page(driver, base: str, running, completion_tokens) -> None:
     wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.user"), what="the user's message")
     body = "return (document.querySelector('.msg.assistant .body') || {}).textContent || ''"
     lengths: set[int] = set()
-    wait_until(driver, lambda d: lengths.add(len(js(body))) or len(lengths - {0}) >= 2,
-               what="two lengths of a growing answer")
+    wait_until(
+        driver, lambda d: lengths.add(len(js(body))) or len(lengths - {0}) >= 2, what="two lengths of a growing answer"
+    )
     assert js("return document.querySelector('.msg.user .body').textContent") == "Tell me a long story."
     assert wait_until(driver, lambda d: (running() or 0) >= 1, timeout=10, what="the request running on the worker")
     driver.find_element(By.ID, "chat-stop").click()
-    wait_until(driver, lambda d: js("return document.querySelector('.msg.assistant').dataset.done") == "stopped",
-               what="the answer marked stopped")
+    wait_until(
+        driver,
+        lambda d: js("return document.querySelector('.msg.assistant').dataset.done") == "stopped",
+        what="the answer marked stopped",
+    )
     wait_until(driver, lambda d: running() == 0, timeout=15, what="no request running after Stop")
     shown = len(js(body))
     time.sleep(0.5)
@@ -136,15 +144,19 @@ def walk_the_page(driver, base: str, running, completion_tokens) -> None:
 
     # Status: a row for tiny, ready.
     driver.find_element(By.ID, "tab-status").click()
-    row = wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#status-table tr[data-model='tiny']"),
-                     what="tiny's row in the status table")[0]
+    row = wait_until(
+        driver,
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#status-table tr[data-model='tiny']"),
+        what="tiny's row in the status table",
+    )[0]
     wait_until(driver, lambda d: "ready" in row.text, timeout=10, what="tiny ready in the status table")
     info = driver.find_element(By.ID, "daemon-info").text
     assert info.startswith("daemon · up ") and "gateway ready" in info and "config" not in info, info
 
     # A phone: one column, nothing scrolls sideways, on every tab.
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": 375, "height": 800, "deviceScaleFactor": 1, "mobile": True})
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride", {"width": 375, "height": 800, "deviceScaleFactor": 1, "mobile": True}
+    )
     for tab in ("status", "playground", "chat"):
         driver.find_element(By.ID, "tab-" + tab).click()
         time.sleep(0.2)
@@ -165,15 +177,31 @@ def test_the_page_asks_for_a_key_when_every_model_needs_one():
     key = "sk-page-k3y"
     port = free_port()
     grants = [{"name": "alice", "sha256": key_digest(key), "allowed": True}]
-    gw = Gateway({"gateway": {"host": "127.0.0.1", "port": port}, "routes": [
-        {"name": "locked", "served_model_name": "locked-1", "url": f"http://127.0.0.1:{free_port()}", "state": "ready",
-         "api_keys": ["alice"], "key_grants": grants}]}, port)
+    gw = Gateway(
+        {
+            "gateway": {"host": "127.0.0.1", "port": port},
+            "routes": [
+                {
+                    "name": "locked",
+                    "served_model_name": "locked-1",
+                    "url": f"http://127.0.0.1:{free_port()}",
+                    "state": "ready",
+                    "api_keys": ["alice"],
+                    "key_grants": grants,
+                }
+            ],
+        },
+        port,
+    )
     try:
         with chromium() as driver:
             driver.get(gw.url + "/")
             notice = driver.find_element(By.ID, "notice")
-            wait_until(driver, lambda d: notice.is_displayed() and "needs an API key" in notice.text,
-                       what="the notice that a key is needed")
+            wait_until(
+                driver,
+                lambda d: notice.is_displayed() and "needs an API key" in notice.text,
+                what="the notice that a key is needed",
+            )
             assert driver.find_element(By.ID, "settings").get_attribute("open") is not None
             picker = lambda d: [o.text for o in d.find_elements(By.CSS_SELECTOR, "#model option")]  # noqa: E731
             wait_until(driver, lambda d: picker(d) == ["API key needed"], what="the picker saying a key is needed")

@@ -30,22 +30,32 @@ def test_make_serve_answers_health_and_names_paris():
     config.write_text(text + f"daemon:\n  control_socket: {work / 'ctl.sock'}\n")
     log = work / "serve.log"
     proc = subprocess.Popen(
-        ["make", "-s", "serve", f"CONFIG={config}"], cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-        start_new_session=True, env={**os.environ, "MAKEFLAGS": ""},
+        ["make", "-s", "serve", f"CONFIG={config}"],
+        cwd=REPO,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "MAKEFLAGS": ""},
     )
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout=600)
         assert httpx.get(f"http://127.0.0.1:{port}/health").json() == {"status": "ok", "model": "default"}
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="not-needed", max_retries=0, timeout=300)
         r = client.chat.completions.create(
-            model="default", messages=[{"role": "user", "content": "What is the capital of France?"}],
-            temperature=0, max_tokens=40,
+            model="default",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0,
+            max_tokens=40,
         )
         answer = r.choices[0].message.content
         assert "Paris" in answer and len(answer.split()) >= 3, answer
         # On Linux x86-64 the extra make serve installs (MKL) means a real BLAS, and status says which.
-        status = subprocess.run([str(REPO / ".venv" / "bin" / "vllmmlxctl"), "--socket", str(work / "ctl.sock"), "status"],
-                                capture_output=True, text=True, timeout=60)
+        status = subprocess.run(
+            [str(REPO / ".venv" / "bin" / "vllmmlxctl"), "--socket", str(work / "ctl.sock"), "status"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert status.returncode == 0, status.stderr
         header, row = status.stdout.splitlines()[:2]
         blas = dict(zip(header.split(), row.split()))["BLAS"]

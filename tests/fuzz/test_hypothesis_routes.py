@@ -29,22 +29,59 @@ VALID = {
     "/v1/messages": {"messages": HI, "max_tokens": 2},
     "/v1/messages/count_tokens": {"messages": HI},
 }
-CONTENT_TYPES = ["application/json", "application/json; charset=utf-8", "application/vnd.x+json", "", "text/plain",
-                 "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/json; charset=latin-1"]
+CONTENT_TYPES = [
+    "application/json",
+    "application/json; charset=utf-8",
+    "application/vnd.x+json",
+    "",
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "application/json; charset=latin-1",
+]
 
 
 class Raw(str):
     """JSON text put into a body as is: what ``json.dumps`` would never write."""
 
 
-RAW = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1" + "0" * 5000, "-0", "1E-400",
-                       '"\\ud800"', '"a\\udfffb"', '"\\ud83d\\ude00"', '"\\u0000"', '"\\uDBFF\\u0041"']).map(Raw)
+RAW = st.sampled_from(
+    [
+        "NaN",
+        "Infinity",
+        "-Infinity",
+        "1e999",
+        "-1e999",
+        "1" + "0" * 5000,
+        "-0",
+        "1E-400",
+        '"\\ud800"',
+        '"a\\udfffb"',
+        '"\\ud83d\\ude00"',
+        '"\\u0000"',
+        '"\\uDBFF\\u0041"',
+    ]
+).map(Raw)
 DEEP = st.sampled_from([50, 500, 5000, 100_000]).flatmap(
-    lambda n: st.sampled_from([Raw("[" * n + "]" * n), Raw('{"a":' * n + "1" + "}" * n)]))
-SCALARS = (st.none() | st.booleans() | st.integers() | st.integers(min_value=2**63 - 2, max_value=2**64 + 2)
-           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=30) | RAW)
-VALUES = st.recursive(SCALARS, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
-                      max_leaves=12) | DEEP
+    lambda n: st.sampled_from([Raw("[" * n + "]" * n), Raw('{"a":' * n + "1" + "}" * n)])
+)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=2**63 - 2, max_value=2**64 + 2)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30)
+    | RAW
+)
+VALUES = (
+    st.recursive(
+        SCALARS,
+        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+        max_leaves=12,
+    )
+    | DEEP
+)
 
 
 def dumps(value: object) -> str:
@@ -71,7 +108,11 @@ def fields(path: str) -> list[str]:
 def bodies(draw, path: str) -> bytes:
     """One hostile body for ``path``: a valid request with one field (or the message) replaced,
     any JSON value, or bytes."""
-    kind = draw(st.sampled_from(["field", "message", "value", "bytes", "empty"] if path in VALID else ["value", "bytes", "empty"]))
+    kind = draw(
+        st.sampled_from(
+            ["field", "message", "value", "bytes", "empty"] if path in VALID else ["value", "bytes", "empty"]
+        )
+    )
     if kind == "field":
         body = dict(VALID[path])
         body[draw(st.sampled_from(fields(path) + ["unknown_field"]))] = draw(VALUES)
@@ -79,12 +120,20 @@ def bodies(draw, path: str) -> bytes:
     if kind == "message":
         key = "prompt" if path == "/v1/completions" else "messages"
         body = dict(VALID[path])
-        body[key] = draw(st.sampled_from([
-            [{"role": "user", "content": draw(VALUES)}],
-            [{"role": draw(st.sampled_from(["user", "assistant", "system", "tool", "developer", "x"])),
-              "content": [draw(VALUES)]}],
-            draw(VALUES),
-        ]))
+        body[key] = draw(
+            st.sampled_from(
+                [
+                    [{"role": "user", "content": draw(VALUES)}],
+                    [
+                        {
+                            "role": draw(st.sampled_from(["user", "assistant", "system", "tool", "developer", "x"])),
+                            "content": [draw(VALUES)],
+                        }
+                    ],
+                    draw(VALUES),
+                ]
+            )
+        )
         return dumps(body).encode()
     if kind == "value":
         return dumps(draw(VALUES)).encode()
@@ -102,11 +151,19 @@ def worker():
 
 @pytest.mark.parametrize("method,path", ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
 def test_a_hostile_request_is_never_a_server_error(worker, method, path):
-    @hypothesis.settings(max_examples=4 * MAX_EXAMPLES, deadline=None, derandomize=DERANDOMIZE, database=None,
-                         suppress_health_check=list(hypothesis.HealthCheck))
-    @hypothesis.given(body=bodies(path), content_type=st.sampled_from(CONTENT_TYPES),
-                      keyed=st.sampled_from([True, True, True, False]),  # mostly past the key check
-                      model_id=st.text(max_size=12))
+    @hypothesis.settings(
+        max_examples=4 * MAX_EXAMPLES,
+        deadline=None,
+        derandomize=DERANDOMIZE,
+        database=None,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    @hypothesis.given(
+        body=bodies(path),
+        content_type=st.sampled_from(CONTENT_TYPES),
+        keyed=st.sampled_from([True, True, True, False]),  # mostly past the key check
+        model_id=st.text(max_size=12),
+    )
     def check(body, content_type, keyed, model_id):
         url = worker.url + path.replace("{model_id}", quote(model_id or "x", safe=""))
         headers = {**(AUTH if keyed else {}), **({"content-type": content_type} if content_type else {})}

@@ -21,11 +21,21 @@ from schemathesis.specs.openapi.checks import (
 
 from .worker import DERANDOMIZE, KEY, MAX_EXAMPLES, assert_alive, described, start_worker
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
-          ignored_auth]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    ignored_auth,
+]
 # Bounded, and the same cases on every run unless VLLMMLXD_FUZZ_RANDOM is set.
-SETTINGS = hypothesis.settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=DERANDOMIZE, database=None,
-                               suppress_health_check=list(hypothesis.HealthCheck))
+SETTINGS = hypothesis.settings(
+    max_examples=MAX_EXAMPLES,
+    deadline=None,
+    derandomize=DERANDOMIZE,
+    database=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+)
 
 keyed = schemathesis.openapi.from_dict(described())
 # The key is sent as given below; a made-up x-api-key beside it would only blur which one counted.

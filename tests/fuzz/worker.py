@@ -32,8 +32,18 @@ def described() -> dict:
 
 def start_worker() -> Server:
     """A keyed tiny worker that answers fast: 8 tokens at most, whatever a request asks."""
-    return start_serve("builtin:tiny", "--api-key", KEY, "--max-tokens", "8", "--max-request-tokens", "8",
-                       "--enable-metrics", "--timeout", "30")
+    return start_serve(
+        "builtin:tiny",
+        "--api-key",
+        KEY,
+        "--max-tokens",
+        "8",
+        "--max-request-tokens",
+        "8",
+        "--enable-metrics",
+        "--timeout",
+        "30",
+    )
 
 
 def assert_alive(server: Server) -> None:

@@ -46,8 +46,13 @@ def test_stream_gives_the_same_message_in_the_documented_order(client, server):
     assert text == whole.content[0].text == final.content[0].text
     assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
     # The raw frames: every event named, in Anthropic's order.
-    with httpx.stream("POST", server.url + "/v1/messages", json={**body, "temperature": 0, "stream": True},
-                      headers={"x-api-key": KEY}, timeout=60) as r:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/messages",
+        json={**body, "temperature": 0, "stream": True},
+        headers={"x-api-key": KEY},
+        timeout=60,
+    ) as r:
         assert r.status_code == 200
         names, types = [], []
         for line in r.iter_lines():
@@ -65,15 +70,22 @@ def test_stream_gives_the_same_message_in_the_documented_order(client, server):
 def test_stop_sequence_is_reported_with_the_string_that_matched(client):
     text = client.messages.create(model="x", max_tokens=12, messages=HI, extra_body={"temperature": 0}).content[0].text
     stop = text[3:6]
-    m = client.messages.create(model="x", max_tokens=12, messages=HI, stop_sequences=[stop, "zzzz"], extra_body={"temperature": 0})
+    m = client.messages.create(
+        model="x", max_tokens=12, messages=HI, stop_sequences=[stop, "zzzz"], extra_body={"temperature": 0}
+    )
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
     assert m.content[0].text == text[: text.index(stop)]
 
 
 def test_count_tokens_equals_the_input_tokens_of_the_same_request(client):
     system = "You are a careful assistant."
-    tools = [{"name": "get_weather", "description": "Weather for a city",
-              "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    tools = [
+        {
+            "name": "get_weather",
+            "description": "Weather for a city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        }
+    ]
     counted = client.messages.count_tokens(model="x", system=system, messages=HI, tools=tools).input_tokens
     used = client.messages.create(model="x", max_tokens=1, system=system, messages=HI, tools=tools).usage.input_tokens
     assert counted == used and counted > 20
@@ -85,8 +97,10 @@ def test_keys_are_taken_as_x_api_key_or_bearer_and_errors_have_anthropics_shape(
     assert httpx.post(url, json=body, headers={"x-api-key": KEY}).status_code == 200
     assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
     r = httpx.post(url, json=body, headers={"x-api-key": "wrong"})
-    assert r.status_code == 401 and r.json() == {"type": "error", "error": {"type": "authentication_error",
-                                                                            "message": "missing or invalid API key"}}
+    assert r.status_code == 401 and r.json() == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "missing or invalid API key"},
+    }
     bad = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
         bad.messages.create(model="x", max_tokens=2, messages=HI)
@@ -98,8 +112,11 @@ def test_keys_are_taken_as_x_api_key_or_bearer_and_errors_have_anthropics_shape(
 def test_an_image_on_a_text_only_model_is_a_clear_400(client):
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
     with pytest.raises(anthropic.BadRequestError) as info:
-        client.messages.create(model="x", max_tokens=2,
-                               messages=[{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
+        client.messages.create(
+            model="x",
+            max_tokens=2,
+            messages=[{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}],
+        )
     assert "image" in info.value.message and info.value.status_code == 400
 
 
@@ -107,8 +124,11 @@ def test_every_response_carries_its_request_id(server):
     r = httpx.post(server.url + "/v1/messages", json={"max_tokens": 2, "messages": HI}, headers={"x-api-key": KEY})
     assert r.headers["x-request-id"] == r.json()["id"]
     mine = "client-chosen-id-42"
-    r = httpx.post(server.url + "/v1/messages", json={"max_tokens": 2, "messages": HI},
-                   headers={"x-api-key": KEY, "x-request-id": mine})
+    r = httpx.post(
+        server.url + "/v1/messages",
+        json={"max_tokens": 2, "messages": HI},
+        headers={"x-api-key": KEY, "x-request-id": mine},
+    )
     assert r.headers["x-request-id"] == mine == r.json()["id"]
     assert f"request_id={mine}" in server.log()  # the engine's log line names the same id
     r = httpx.post(server.url + "/v1/messages", json={"messages": HI}, headers={"x-api-key": "nope"})
@@ -121,9 +141,13 @@ def test_a_real_model_names_paris_through_the_anthropic_sdk():
     try:
         client = anthropic.Anthropic(base_url=s.url, api_key="not-needed", max_retries=0, timeout=300)
         question = [{"role": "user", "content": "What is the capital of France?"}]
-        m = client.messages.create(model="claude-sonnet-4-5", max_tokens=40, messages=question, extra_body={"temperature": 0})
+        m = client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=40, messages=question, extra_body={"temperature": 0}
+        )
         assert "Paris" in m.content[0].text and m.stop_reason == "end_turn"
-        with client.messages.stream(model="claude-sonnet-4-5", max_tokens=40, messages=question, extra_body={"temperature": 0}) as st:
+        with client.messages.stream(
+            model="claude-sonnet-4-5", max_tokens=40, messages=question, extra_body={"temperature": 0}
+        ) as st:
             assert "".join(st.text_stream) == m.content[0].text
     finally:
         assert s.stop() == 0
@@ -171,14 +195,19 @@ def test_each_request_gets_one_access_log_line_without_content_or_keys(server):
     assert line["completion_tokens"] == "3" and int(line["cached_tokens"]) >= 0
     assert float(line["ttft_s"]) <= float(line["duration_s"])
     chat = {"messages": [{"role": "user", "content": secret}], "max_tokens": 2, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json=chat, headers={"x-api-key": KEY},
-                      timeout=60) as r:
+    with httpx.stream(
+        "POST", server.url + "/v1/chat/completions", json=chat, headers={"x-api-key": KEY}, timeout=60
+    ) as r:
         rid = r.headers["x-request-id"]
         r.read()
     line = served_line(server, rid)
     assert line["route"] == "/v1/chat/completions" and line["status"] == "200" and line["completion_tokens"] == "2"
-    refused = httpx.post(server.url + "/v1/messages", json={"max_tokens": 2, "messages": HI},
-                         headers={"x-api-key": "sk-wrong-key-55", "x-request-id": "trace-refused"}, timeout=60)
+    refused = httpx.post(
+        server.url + "/v1/messages",
+        json={"max_tokens": 2, "messages": HI},
+        headers={"x-api-key": "sk-wrong-key-55", "x-request-id": "trace-refused"},
+        timeout=60,
+    )
     assert served_line(server, "trace-refused")["status"] == str(refused.status_code) == "401"
     log = server.log()
     assert secret not in log and KEY not in log and "sk-wrong-key-55" not in log

@@ -17,8 +17,8 @@ import openai
 import pytest
 
 from tests.support.servers import free_port, start_serve
-from vllmmlxd.config.load import parse_config
 from vllmmlxd.config.keys import key_digest
+from vllmmlxd.config.load import parse_config
 from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.supervisor.live import push_settings
 
@@ -119,7 +119,9 @@ def test_generated_tokens_are_charged_to_a_keys_token_budget_streamed_or_not(key
     first = httpx.post(keyed.url + "/v1/completions", json=body, headers=auth, timeout=60)
     assert first.status_code == 200 and first.json()["usage"]["completion_tokens"] == 8
     assert first.headers["x-ratelimit-limit-tokens"] == "12"
-    with httpx.stream("POST", keyed.url + "/v1/completions", json={**body, "stream": True}, headers=auth, timeout=60) as r:
+    with httpx.stream(
+        "POST", keyed.url + "/v1/completions", json={**body, "stream": True}, headers=auth, timeout=60
+    ) as r:
         assert r.status_code == 200 and "[DONE]" in "".join(r.iter_text())
     # 16 generated of 12 allowed: the budget is spent until the window moves.
     r = httpx.post(keyed.url + "/v1/completions", json=body, headers=auth)
@@ -130,13 +132,20 @@ def test_generated_tokens_are_charged_to_a_keys_token_budget_streamed_or_not(key
 def test_an_open_model_counts_clients_by_address_and_ignores_a_forged_forwarded_for(worker):
     s, sock, port = worker
     apply(sock, ResolvedModel(model=MODEL, served_model_name=MODEL, port=port, rate_limit=2))
-    codes = [httpx.post(s.url + "/v1/completions", json=SMALL, headers={"X-Forwarded-For": f"9.9.9.{i}"}).status_code
-             for i in range(3)]
+    codes = [
+        httpx.post(s.url + "/v1/completions", json=SMALL, headers={"X-Forwarded-For": f"9.9.9.{i}"}).status_code
+        for i in range(3)
+    ]
     assert codes == [200, 200, 429]  # a new X-Forwarded-For is not a new client
     # Behind a trusted proxy (here: the loopback peer) the header names the client.
-    apply(sock, ResolvedModel(model=MODEL, served_model_name=MODEL, port=port, rate_limit=1, trusted_proxies=["127.0.0.1"]))
-    codes = [httpx.post(s.url + "/v1/completions", json=SMALL, headers={"X-Forwarded-For": f"9.9.8.{i}"}).status_code
-             for i in range(3)]
+    apply(
+        sock,
+        ResolvedModel(model=MODEL, served_model_name=MODEL, port=port, rate_limit=1, trusted_proxies=["127.0.0.1"]),
+    )
+    codes = [
+        httpx.post(s.url + "/v1/completions", json=SMALL, headers={"X-Forwarded-For": f"9.9.8.{i}"}).status_code
+        for i in range(3)
+    ]
     assert codes == [200, 200, 200]
     assert httpx.post(s.url + "/v1/completions", json=SMALL, headers={"X-Forwarded-For": "9.9.8.0"}).status_code == 429
 
@@ -146,8 +155,15 @@ def test_health_and_metrics_are_open_unless_the_entry_puts_them_behind_the_key(w
     apply(sock, entry(port, "    api_keys: [alice]\n    enable_metrics: true", "[ci]"))
     assert httpx.get(s.url + "/health").status_code == 200
     assert httpx.get(s.url + "/metrics").status_code == 200
-    apply(sock, entry(port, "    api_keys: [alice]\n    enable_metrics: true\n    health_requires_key: true\n"
-                            "    metrics_requires_key: true", "[ci]"))
+    apply(
+        sock,
+        entry(
+            port,
+            "    api_keys: [alice]\n    enable_metrics: true\n    health_requires_key: true\n"
+            "    metrics_requires_key: true",
+            "[ci]",
+        ),
+    )
     assert httpx.get(s.url + "/health").status_code == 401
     assert httpx.get(s.url + "/metrics").status_code == 401
     assert httpx.get(s.url + "/metrics", headers={"x-api-key": CI}).status_code == 403

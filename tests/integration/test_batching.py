@@ -42,14 +42,14 @@ def text(response: dict) -> str:
 def test_eight_concurrent_requests_each_get_what_they_asked_for(server):
     base = {"prompt": PROMPT, "ignore_eos": True, "max_tokens": 12}
     bodies = [
-        {**base, "temperature": 0, "max_tokens": 5},                               # 0: its own max_tokens
-        {**base, "temperature": 1.0, "seed": 11},                                  # 1, 2: one seed, one text
+        {**base, "temperature": 0, "max_tokens": 5},  # 0: its own max_tokens
+        {**base, "temperature": 1.0, "seed": 11},  # 1, 2: one seed, one text
         {**base, "temperature": 1.0, "seed": 11},
-        {**base, "temperature": 1.0, "seed": 12},                                  # 3: another seed
-        {**base, "temperature": 0, "logit_bias": {str(HELLO): 100}, "max_tokens": 6},   # 4: its own bias
+        {**base, "temperature": 1.0, "seed": 12},  # 3: another seed
+        {**base, "temperature": 0, "logit_bias": {str(HELLO): 100}, "max_tokens": 6},  # 4: its own bias
         {**base, "temperature": 0, "logit_bias": {str(HELLO): 100}, "stop": ["loHel"]},  # 5: its own stop
-        {**base, "temperature": 0, "logit_bias": {str(WORLD): 100}, "max_tokens": 4},   # 6: another bias
-        {**base, "temperature": 2.0, "top_k": 1},                                   # 7: top_k 1 is greedy at any temperature
+        {**base, "temperature": 0, "logit_bias": {str(WORLD): 100}, "max_tokens": 4},  # 6: another bias
+        {**base, "temperature": 2.0, "top_k": 1},  # 7: top_k 1 is greedy at any temperature
     ]
     before = status(server)
     got = asyncio.run(complete_all(server.url, bodies))
@@ -60,7 +60,7 @@ def test_eight_concurrent_requests_each_get_what_they_asked_for(server):
     assert text(got[4]) == "Hello" * 6
     assert text(got[5]) == "Hel" and got[5]["choices"][0]["finish_reason"] == "stop"
     assert text(got[6]) == " World" * 4
-    assert text(got[7]) == text(got[0]) + text(got[7])[len(text(got[0])):]  # greedy, like request 0
+    assert text(got[7]) == text(got[0]) + text(got[7])[len(text(got[0])) :]  # greedy, like request 0
     # They shared decode steps: far fewer steps than tokens.
     tokens = after["total_completion_tokens"] - before["total_completion_tokens"]
     steps = after["steps_executed"] - before["steps_executed"]
@@ -80,8 +80,11 @@ def test_a_resent_chat_history_reuses_the_cache(server):
     system = {"role": "system", "content": "You are a terse assistant. " * 30}
     history = [system, {"role": "user", "content": "Say hello."}]
     # The bias makes the answer a word whose text tokenizes back to the same ids.
-    first = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
-        "messages": history, "max_tokens": 6, "temperature": 0, "logit_bias": {str(HELLO): 100}}).json()
+    first = httpx.post(
+        server.url + "/v1/chat/completions",
+        timeout=60,
+        json={"messages": history, "max_tokens": 6, "temperature": 0, "logit_bias": {str(HELLO): 100}},
+    ).json()
     answer = first["choices"][0]["message"]["content"]
     assert answer == "Hello" * 6
     history += [{"role": "assistant", "content": answer}, {"role": "user", "content": "Again, longer."}]
@@ -159,10 +162,22 @@ def test_a_real_model_gives_the_same_text_alone_and_in_a_batch_of_eight():
     s = start_serve("builtin:smollm2-135m-instruct", "--max-num-seqs", "8", "--timeout", "600")
     try:
         topics = ["the sea", "a violin", "mountains", "bread", "the moon", "a library", "rain"]
-        bodies = [{"messages": [{"role": "user", "content": f"Write one sentence about {t}."}],
-                   "max_tokens": 20, "temperature": 0} for t in topics]
-        bodies.append({"messages": [{"role": "user", "content": "Name a colour and a fruit."}],
-                       "max_tokens": 20, "temperature": 0.8, "seed": 1234})
+        bodies = [
+            {
+                "messages": [{"role": "user", "content": f"Write one sentence about {t}."}],
+                "max_tokens": 20,
+                "temperature": 0,
+            }
+            for t in topics
+        ]
+        bodies.append(
+            {
+                "messages": [{"role": "user", "content": "Name a colour and a fruit."}],
+                "max_tokens": 20,
+                "temperature": 0.8,
+                "seed": 1234,
+            }
+        )
         with httpx.Client(timeout=600) as client:
             alone = [client.post(s.url + "/v1/chat/completions", json=b).json() for b in bodies]
 

@@ -53,8 +53,12 @@ def test_auto_serves_on_a_real_library_with_every_core():
 
 
 def greedy(blas: str, model: str, tokens: int) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.support.greedy", blas, model, str(tokens)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.support.greedy", blas, model, str(tokens)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

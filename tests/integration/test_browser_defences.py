@@ -44,8 +44,12 @@ def test_a_pages_simple_request_is_refused_before_the_model_runs(server):
     # What <form> or fetch(..., {mode: "no-cors"}) sends: no preflight, so the server must refuse.
     page = {"origin": "https://evil.example", "sec-fetch-site": "cross-site", "sec-fetch-mode": "no-cors"}
     for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=b"):
-        r = httpx.post(s.url + "/v1/chat/completions", content=json.dumps(CHAT),
-                       headers={**page, "content-type": content_type}, timeout=30)
+        r = httpx.post(
+            s.url + "/v1/chat/completions",
+            content=json.dumps(CHAT),
+            headers={**page, "content-type": content_type},
+            timeout=30,
+        )
         assert r.status_code == 403, r.text
         assert "cors_origins" in r.json()["error"]["message"] and "access-control-allow-origin" not in r.headers
     assert processed(s.url) == before
@@ -74,27 +78,44 @@ def test_curl_style_requests_are_served_and_other_body_types_get_a_415(server):
     for content_type in ("text/plain", "multipart/form-data; boundary=b"):
         r = httpx.post(s.url + "/v1/chat/completions", content=body, headers={"content-type": content_type}, timeout=30)
         assert r.status_code == 415 and "Content-Type: application/json" in r.json()["error"]["message"]
-    r = httpx.post(s.url + "/v1/chat/completions", content=body, timeout=30,
-                   headers={"content-type": "application/json; charset=utf-8", "sec-fetch-site": "same-origin"})
+    r = httpx.post(
+        s.url + "/v1/chat/completions",
+        content=body,
+        timeout=30,
+        headers={"content-type": "application/json; charset=utf-8", "sec-fetch-site": "same-origin"},
+    )
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 
 def test_live_cors_origins_and_allowed_hosts(server):
     s, sock, base = server
-    preflight = {"origin": APP, "access-control-request-method": "POST",
-                 "access-control-request-headers": "content-type, authorization, anthropic-version"}
+    preflight = {
+        "origin": APP,
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "content-type, authorization, anthropic-version",
+    }
     assert httpx.options(s.url + "/v1/chat/completions", headers=preflight).status_code == 403
     key = "sk-browser-test"
-    push(sock, ResolvedModel(**{**base.model_dump(exclude_defaults=True), "cors_origins": (APP,),
-                              "allowed_hosts": ("studio.example",), "api_key": key}))
+    push(
+        sock,
+        ResolvedModel(
+            **{
+                **base.model_dump(exclude_defaults=True),
+                "cors_origins": (APP,),
+                "allowed_hosts": ("studio.example",),
+                "api_key": key,
+            }
+        ),
+    )
     try:
         # The preflight carries no key (browsers never send one there) and is answered.
         r = httpx.options(s.url + "/v1/chat/completions", headers=preflight)
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == APP
         assert "authorization" in r.headers["access-control-allow-headers"].lower()
         auth = {"origin": APP, "authorization": f"Bearer {key}"}
-        with httpx.stream("POST", s.url + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=auth,
-                          timeout=60) as r:
+        with httpx.stream(
+            "POST", s.url + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=auth, timeout=60
+        ) as r:
             assert r.status_code == 200 and r.headers["access-control-allow-origin"] == APP
             assert "x-request-id" in r.headers["access-control-expose-headers"]
             lines = [line for line in r.iter_lines() if line.startswith("data:")]

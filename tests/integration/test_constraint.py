@@ -26,7 +26,9 @@ SEEDS = (1, 2, 3)
 
 TAGS = {  # (a) a required array of strings
     "type": "object",
-    "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 4}},
+    "properties": {
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 4}
+    },
     "required": ["tags"],
     "additionalProperties": False,
 }
@@ -53,20 +55,32 @@ ITEMS = {  # (c) an array of objects
     "type": "array",
     "items": {
         "type": "object",
-        "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 999}, "done": {"type": "boolean"},
-                       "note": {"type": "string", "maxLength": 10}},
+        "properties": {
+            "id": {"type": "integer", "minimum": 1, "maximum": 999},
+            "done": {"type": "boolean"},
+            "note": {"type": "string", "maxLength": 10},
+        },
         "required": ["id", "done"],
         "additionalProperties": False,
     },
     "minItems": 1,
     "maxItems": 3,
 }
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +107,17 @@ def run(engine: MLXEngine, *requests: GenerationRequest) -> list[tuple[str, Fini
     return asyncio.run(all_of())
 
 
-def request(engine, grammar: str | None, *, seed: int | None = 1, temperature: float = 1.0, max_tokens: int = 400,
-            prompt: str = "Answer in JSON:", after_reasoning: bool = False, **sampling) -> GenerationRequest:
+def request(
+    engine,
+    grammar: str | None,
+    *,
+    seed: int | None = 1,
+    temperature: float = 1.0,
+    max_tokens: int = 400,
+    prompt: str = "Answer in JSON:",
+    after_reasoning: bool = False,
+    **sampling,
+) -> GenerationRequest:
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, **sampling)
     constraint = Constraint(grammar, after_reasoning) if grammar is not None else None
     return GenerationRequest(engine.tokenize(prompt), params, constraint=constraint)
@@ -136,8 +159,12 @@ def test_constrained_and_free_requests_share_a_batch(engine):
     free = dict(grammar=None, temperature=0, seed=None, max_tokens=40, ignore_eos=True, prompt="Once upon a time")
     alone, _ = run(engine, request(engine, **free))[0]
     before = engine.stats.steps_executed
-    results = run(engine, request(engine, json_grammar(PERSON), seed=7), request(engine, **free),
-                  request(engine, json_grammar(TAGS), seed=8))
+    results = run(
+        engine,
+        request(engine, json_grammar(PERSON), seed=7),
+        request(engine, **free),
+        request(engine, json_grammar(TAGS), seed=8),
+    )
     steps = engine.stats.steps_executed - before
     (person, p_done), (batched, f_done), (tags, t_done) = results
     assert batched == alone and f_done.usage.completion_tokens == 40
@@ -176,11 +203,22 @@ def test_check_constraint_refuses_bad_grammars_quickly(engine):
     deep: dict = {"type": "string"}
     for _ in range(300):
         deep = {"type": "object", "properties": {"x": deep}, "required": ["x"]}
-    wide = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": "[a-z]{1,20}@[a-z]{2,8}"}
-                                             for i in range(10_000)}}
+    wide = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "string", "pattern": "[a-z]{1,20}@[a-z]{2,8}"} for i in range(10_000)},
+    }
     # Valid, recursive, and slow to compile (seconds): refused once the compile budget is spent.
-    huge = {"$defs": {"n": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/n"}}, {
-        "type": "object", "properties": {f"k{i}": {"$ref": "#/$defs/n"} for i in range(6000)}}]}}, "$ref": "#/$defs/n"}
+    huge = {
+        "$defs": {
+            "n": {
+                "anyOf": [
+                    {"type": "array", "items": {"$ref": "#/$defs/n"}},
+                    {"type": "object", "properties": {f"k{i}": {"$ref": "#/$defs/n"} for i in range(6000)}},
+                ]
+            }
+        },
+        "$ref": "#/$defs/n",
+    }
     for schema, why in ((deep, "recursion limit"), (wide, "too large"), (huge, "too long to compile")):
         started = time.perf_counter()
         error = engine.check_constraint(Constraint(json_grammar(schema)))
@@ -209,5 +247,5 @@ def test_a_grammar_that_fails_while_decoding_ends_its_request_with_a_constraint_
 def test_a_grammar_that_does_not_compile_on_the_engine_thread_is_a_constraint_error(engine):
     # The API checks first; a grammar that still fails to compile when the request starts
     # (evicted from the cache, then too slow) ends that request as the client's error.
-    (_, bad), = run(engine, request(engine, "start: nowhere"))
+    ((_, bad),) = run(engine, request(engine, "start: nowhere"))
     assert bad.reason == "error" and bad.error_kind == "constraint" and "unknown name" in bad.error

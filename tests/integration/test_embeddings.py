@@ -27,8 +27,16 @@ def only():
 
 @pytest.fixture(scope="module")
 def both():
-    s = start_serve("builtin:tiny", "--embedding-model", f"builtin:{MODEL}", "--served-model-name", "tiny-chat",
-                    "--strict-model-name", "--timeout", "60")
+    s = start_serve(
+        "builtin:tiny",
+        "--embedding-model",
+        f"builtin:{MODEL}",
+        "--served-model-name",
+        "tiny-chat",
+        "--strict-model-name",
+        "--timeout",
+        "60",
+    )
     yield s
     assert s.stop() == 0, s.log()[-3000:]
 
@@ -72,19 +80,22 @@ def test_token_ids_model_omitted_and_the_own_dimension(only):
     assert r["usage"]["prompt_tokens"] == 8 and r["object"] == "list" and r["data"][0]["object"] == "embedding"
 
 
-@pytest.mark.parametrize("body,status,words", [
-    ({"input": []}, 400, "must not be empty"),
-    ({"input": ""}, 400, "empty string"),
-    ({"input": ["fine", ""]}, 400, "input[1] is an empty string"),
-    ({"input": ["text", 3]}, 400, "items of one kind"),
-    ({"input": [{"text": "x"}]}, 400, "must be a string"),
-    ({"input": [[]]}, 400, "empty list of token ids"),
-    ({"input": [101, 999999]}, 400, "inside the vocabulary"),
-    ({"input": "word " * 300}, 400, "at most 256"),
-    ({"input": "hi", "dimensions": 128}, 400, "dimensions"),
-    ({"input": "hi", "encoding_format": "int8"}, 400, "encoding_format"),
-    ({}, 422, "input"),
-])
+@pytest.mark.parametrize(
+    "body,status,words",
+    [
+        ({"input": []}, 400, "must not be empty"),
+        ({"input": ""}, 400, "empty string"),
+        ({"input": ["fine", ""]}, 400, "input[1] is an empty string"),
+        ({"input": ["text", 3]}, 400, "items of one kind"),
+        ({"input": [{"text": "x"}]}, 400, "must be a string"),
+        ({"input": [[]]}, 400, "empty list of token ids"),
+        ({"input": [101, 999999]}, 400, "inside the vocabulary"),
+        ({"input": "word " * 300}, 400, "at most 256"),
+        ({"input": "hi", "dimensions": 128}, 400, "dimensions"),
+        ({"input": "hi", "encoding_format": "int8"}, 400, "encoding_format"),
+        ({}, 422, "input"),
+    ],
+)
 def test_bad_inputs_get_openai_errors(only, body, status, words):
     r = httpx.post(only.url + "/v1/embeddings", json=body)
     assert r.status_code == status, r.text
@@ -104,9 +115,11 @@ def test_the_sdk_raises_bad_request_for_a_too_long_input(only):
 
 
 def test_an_embeddings_only_entry_refuses_generation(only):
-    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
-                       ("/v1/completions", {"prompt": [1, 2, 3]}),
-                       ("/v1/messages", {"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})):
+    for path, body in (
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": [1, 2, 3]}),
+        ("/v1/messages", {"model": "x", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+    ):
         r = httpx.post(only.url + path, json=body)
         assert r.status_code == 400 and "embeddings only" in r.text, (path, r.text)
     assert [m.id for m in sdk(only).models.list().data] == ["embedder"]
@@ -151,8 +164,9 @@ def test_generation_and_embeddings_run_together(both):
     client = sdk(both)
 
     def generate():
-        return client.completions.create(model="tiny-chat", prompt="Once upon a time", max_tokens=48,
-                                         extra_body={"ignore_eos": True})
+        return client.completions.create(
+            model="tiny-chat", prompt="Once upon a time", max_tokens=48, extra_body={"ignore_eos": True}
+        )
 
     def embed():
         return client.embeddings.create(model=MODEL, input=[f"text {i} " * 6 for i in range(64)])

@@ -34,15 +34,21 @@ ALICE, BOB = "sk-alice-gw", "sk-bob-gw"
 
 
 def grants():
-    return [{"name": "alice", "sha256": key_digest(ALICE), "allowed": True},
-            {"name": "bob", "sha256": key_digest(BOB), "allowed": False}]
+    return [
+        {"name": "alice", "sha256": key_digest(ALICE), "allowed": True},
+        {"name": "bob", "sha256": key_digest(BOB), "allowed": False},
+    ]
 
 
 @pytest.fixture(scope="module")
 def workers():
     with cf.ThreadPoolExecutor(2) as pool:
-        started = list(pool.map(lambda name: start_serve("builtin:tiny", "--served-model-name", name,
-                                                         "--timeout", "60"), ("tiny-a", "tiny-b")))
+        started = list(
+            pool.map(
+                lambda name: start_serve("builtin:tiny", "--served-model-name", name, "--timeout", "60"),
+                ("tiny-a", "tiny-b"),
+            )
+        )
     yield started
     for w in started:
         w.stop()
@@ -54,12 +60,30 @@ def base_spec(workers, port: int) -> dict:
         "gateway": {"host": "127.0.0.1", "port": port},
         "routes": [
             {"name": "alpha", "served_model_name": "tiny-a", "aliases": ["a1"], "url": a.url, "state": "ready"},
-            {"name": "beta", "served_model_name": "tiny-b", "url": b.url, "state": "ready",
-             "api_keys": ["alice"], "key_grants": grants()},
-            {"name": "remote", "served_model_name": "remote-a", "kind": "upstream", "url": a.url, "state": "ready",
-             "upstream_api_key": "sk-upstream"},
-            {"name": "dead", "served_model_name": "dead-up", "kind": "upstream", "state": "ready",
-             "url": f"http://127.0.0.1:{free_port()}", "timeout": 5},
+            {
+                "name": "beta",
+                "served_model_name": "tiny-b",
+                "url": b.url,
+                "state": "ready",
+                "api_keys": ["alice"],
+                "key_grants": grants(),
+            },
+            {
+                "name": "remote",
+                "served_model_name": "remote-a",
+                "kind": "upstream",
+                "url": a.url,
+                "state": "ready",
+                "upstream_api_key": "sk-upstream",
+            },
+            {
+                "name": "dead",
+                "served_model_name": "dead-up",
+                "kind": "upstream",
+                "state": "ready",
+                "url": f"http://127.0.0.1:{free_port()}",
+                "timeout": 5,
+            },
         ],
         "version": 1,
     }
@@ -73,9 +97,24 @@ class Gateway:
         self.socket = self.dir / "gw.sock"
         self.log_path = self.dir / "gateway.log"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllmmlxd.gateway", "--host", "127.0.0.1", "--port", str(port),
-             "--health-socket", str(self.socket), "--state-dir", str(self.dir / "state"), "--drain-timeout", "5"],
-            stdin=subprocess.PIPE, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "vllmmlxd.gateway",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--health-socket",
+                str(self.socket),
+                "--state-dir",
+                str(self.dir / "state"),
+                "--drain-timeout",
+                "5",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=self.log_path.open("wb"),
+            stderr=subprocess.STDOUT,
         )
         self.proc.stdin.write(json.dumps(spec).encode() + b"\n")
         self.proc.stdin.flush()
@@ -123,8 +162,9 @@ def oai(gw, key="none"):
 
 
 def chat(client, model, **kw):
-    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
-                                          max_tokens=kw.pop("max_tokens", 6), **kw)
+    return client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=kw.pop("max_tokens", 6), **kw
+    )
 
 
 def test_openai_sdk_by_served_name_entry_key_and_alias(gateway):
@@ -154,8 +194,13 @@ def test_anthropic_sdk_through_the_gateway(gateway):
 
 
 def test_streamed_chunks_arrive_as_they_are_made(gateway):
-    body = {"model": "tiny-a", "messages": [{"role": "user", "content": "go"}], "max_tokens": 24,
-            "stream": True, "ignore_eos": True}
+    body = {
+        "model": "tiny-a",
+        "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": 24,
+        "stream": True,
+        "ignore_eos": True,
+    }
     arrivals = []
     with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -170,8 +215,11 @@ def test_streamed_chunks_arrive_as_they_are_made(gateway):
 
 def test_a_query_string_cannot_change_where_a_request_goes(gateway):
     # The routed endpoints take nothing from the query: it is passed on as it came, to the same path.
-    r = httpx.post(gateway.url + "/v1/completions?_path=/v1/status&_embeddings=true&path=/health",
-                   json={"model": "tiny-a", "prompt": "x", "max_tokens": 2}, timeout=60)
+    r = httpx.post(
+        gateway.url + "/v1/completions?_path=/v1/status&_embeddings=true&path=/health",
+        json={"model": "tiny-a", "prompt": "x", "max_tokens": 2},
+        timeout=60,
+    )
     assert r.status_code == 200 and r.json()["object"] == "text_completion"
 
 
@@ -182,13 +230,18 @@ def test_unknown_model_is_404_in_each_family_with_the_names(gateway):
     assert err["type"] == "invalid_request_error" or err["code"] == "model_not_found"
     # Only the names the caller may use: tiny-b needs alice's key.
     assert err["code"] == "model_not_found" and "tiny-a" in err["message"] and "tiny-b" not in err["message"]
-    r = httpx.post(gateway.url + "/v1/chat/completions", json={"model": "gpt-9", "messages": []},
-                   headers={"authorization": f"Bearer {ALICE}"})
+    r = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json={"model": "gpt-9", "messages": []},
+        headers={"authorization": f"Bearer {ALICE}"},
+    )
     assert "tiny-a" in r.json()["error"]["message"] and "tiny-b" in r.json()["error"]["message"]
     r = httpx.post(gateway.url + "/v1/messages", json={"model": "claude-9", "max_tokens": 3, "messages": []})
     assert r.status_code == 404
     body = r.json()
-    assert body["type"] == "error" and body["error"]["type"] == "not_found_error" and "tiny-a" in body["error"]["message"]
+    assert (
+        body["type"] == "error" and body["error"]["type"] == "not_found_error" and "tiny-a" in body["error"]["message"]
+    )
     assert "tiny-b" not in body["error"]["message"]
     r = httpx.post(gateway.url + "/v1/chat/completions", json={"messages": []})
     assert r.status_code == 400 and "tiny-a" in r.json()["error"]["message"] and "tiny-b" not in r.text
@@ -214,8 +267,13 @@ def test_keys_are_checked_before_proxying(gateway):
 
 def test_client_disconnect_cancels_the_generation(gateway, workers):
     worker = workers[0]
-    body = {"model": "a1", "messages": [{"role": "user", "content": "go"}], "max_tokens": 4000,
-            "stream": True, "ignore_eos": True}
+    body = {
+        "model": "a1",
+        "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": 4000,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
         for _ in range(3):
@@ -235,30 +293,57 @@ def sse_data(gateway, path, body, key=None):
 
 
 def test_api_chat_streams_openai_sse(gateway):
-    data = sse_data(gateway, "/api/chat", {"model": "alpha", "system": "Be brief.", "max_tokens": 5,
-                                           "temperature": 0.5, "top_p": 0.9,
-                                           "messages": [{"role": "user", "content": "hi"}]})
+    data = sse_data(
+        gateway,
+        "/api/chat",
+        {
+            "model": "alpha",
+            "system": "Be brief.",
+            "max_tokens": 5,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    )
     assert data[-1] == "[DONE]"
     events = [json.loads(d) for d in data[:-1]]
     assert events[0]["object"] == "chat.completion.chunk" and events[0]["model"] == "tiny-a"
     assert events[-1]["usage"]["completion_tokens"] > 0  # include_usage was asked for
-    assert sse_data(gateway, "/api/chat", {"model": "beta", "max_tokens": 3, "messages": [
-        {"role": "user", "content": "hi"}]}, key=ALICE)[-1] == "[DONE]"
+    assert (
+        sse_data(
+            gateway,
+            "/api/chat",
+            {"model": "beta", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+            key=ALICE,
+        )[-1]
+        == "[DONE]"
+    )
 
 
 def test_api_complete_streams_unless_told_not_to(gateway):
     data = sse_data(gateway, "/api/complete", {"model": "a1", "prompt": "Once", "max_tokens": 4})
     assert data[-1] == "[DONE]" and json.loads(data[-2])["usage"]["completion_tokens"] > 0
-    r = httpx.post(gateway.url + "/api/complete", json={"model": "a1", "prompt": "Once", "max_tokens": 4,
-                                                        "stream": False}, timeout=60)
+    r = httpx.post(
+        gateway.url + "/api/complete",
+        json={"model": "a1", "prompt": "Once", "max_tokens": 4, "stream": False},
+        timeout=60,
+    )
     assert r.status_code == 200 and r.json()["object"] == "text_completion"
 
 
 def test_api_models_and_health(gateway):
     data = httpx.get(gateway.url + "/api/models").json()["data"]
     assert [m["id"] for m in data] == ["alpha", "remote", "dead"]
-    assert data[0] == {"id": "alpha", "name": "tiny-a", "aliases": ["a1"], "state": "ready", "kind": "local",
-                       "load": "eager", "owned_by": "vllmmlxd", "embedding_model": None}
+    assert data[0] == {
+        "id": "alpha",
+        "name": "tiny-a",
+        "aliases": ["a1"],
+        "state": "ready",
+        "kind": "local",
+        "load": "eager",
+        "owned_by": "vllmmlxd",
+        "embedding_model": None,
+    }
     keyed = httpx.get(gateway.url + "/api/models", headers={"authorization": f"Bearer {ALICE}"}).json()["data"]
     assert [m["id"] for m in keyed] == ["alpha", "beta", "remote", "dead"]
     # Health names only the models the caller may use (the summary counts them all).
@@ -280,8 +365,10 @@ def test_dead_upstream_is_503_quickly_while_others_answer(gateway):
         chat(oai(gateway), "dead-up")
     assert err.value.status_code == 503 and time.monotonic() - started < 3
     assert "cannot be reached" in err.value.message
-    r = httpx.post(gateway.url + "/v1/messages", json={"model": "dead", "max_tokens": 3, "messages": [
-        {"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        gateway.url + "/v1/messages",
+        json={"model": "dead", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error"
     assert chat(oai(gateway), "alpha").model == "tiny-a"
 
@@ -292,8 +379,16 @@ def test_private_health_and_live_push(gateway, workers):
         assert health["status"] == "ok" and health["load"]["requests"] == 0 and len(health["config_hash"]) == 16
         spec = base_spec(workers, gateway.port)
         spec["routes"].append({"name": "gamma", "served_model_name": "tiny-c", "url": workers[1].url, "state": "ready"})
-        spec["routes"].append({"name": "gone", "served_model_name": "gone-up", "kind": "upstream",
-                               "url": "http://127.0.0.1:9", "state": "unreachable", "last_error": "no route to host"})
+        spec["routes"].append(
+            {
+                "name": "gone",
+                "served_model_name": "gone-up",
+                "kind": "upstream",
+                "url": "http://127.0.0.1:9",
+                "state": "unreachable",
+                "last_error": "no route to host",
+            }
+        )
         spec["version"] = 2
         r = private.post("/internal/settings", json=spec)
         assert r.status_code == 200 and r.json()["ok"] is True
@@ -306,7 +401,9 @@ def test_private_health_and_live_push(gateway, workers):
         assert "served_model_name" in refused.json()["error"] and "abab" not in refused.text
     assert chat(oai(gateway), "tiny-c").model == "tiny-b"
     r = httpx.post(gateway.url + "/v1/chat/completions", json={"model": "gone-up", "messages": []})
-    assert r.status_code == 503 and r.headers["retry-after"] == "5" and "no route to host" in r.json()["error"]["message"]
+    assert (
+        r.status_code == 503 and r.headers["retry-after"] == "5" and "no route to host" in r.json()["error"]["message"]
+    )
     assert httpx.get(gateway.url + "/api/health").json()["status"] == "degraded"
 
 
@@ -340,9 +437,17 @@ class Squatter(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers.get("content-length") or 0))
         Squatter.seen.append({k.lower(): v for k, v in self.headers.items()})
-        body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "someone-else",
-                           "choices": [{"index": 0, "finish_reason": "stop",
-                                        "message": {"role": "assistant", "content": "not yours"}}]}).encode()
+        body = json.dumps(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "someone-else",
+                "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "not yours"}}
+                ],
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
@@ -382,31 +487,48 @@ def test_a_model_that_is_not_ready_is_503_and_whoever_holds_its_port_gets_nothin
     # The model could not listen (another program holds its port): the daemon shows it failed.
     spec = base_spec(workers, gateway.port)
     spec["routes"] += [
-        {"name": "taken", "served_model_name": "taken", "url": squatter, "state": "failed",
-         "last_error": "cannot listen on 127.0.0.1:8000: Address already in use"},
-        {"name": "later", "served_model_name": "later", "url": squatter, "state": "backoff"}]
+        {
+            "name": "taken",
+            "served_model_name": "taken",
+            "url": squatter,
+            "state": "failed",
+            "last_error": "cannot listen on 127.0.0.1:8000: Address already in use",
+        },
+        {"name": "later", "served_model_name": "later", "url": squatter, "state": "backoff"},
+    ]
     with pushed(gateway, spec):
         for model in ("taken", "later"):
-            r = httpx.post(gateway.url + "/v1/chat/completions", json={"model": model, "messages": [
-                {"role": "user", "content": "hi"}]}, headers={"authorization": "Bearer sk-client"}, timeout=30)
+            r = httpx.post(
+                gateway.url + "/v1/chat/completions",
+                json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+                headers={"authorization": "Bearer sk-client"},
+                timeout=30,
+            )
             assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
             assert f"model {model} is not serving" in r.json()["error"]["message"]
-        r = httpx.post(gateway.url + "/api/chat", json={"model": "taken", "messages": [{"role": "user", "content": "hi"}]})
+        r = httpx.post(
+            gateway.url + "/api/chat", json={"model": "taken", "messages": [{"role": "user", "content": "hi"}]}
+        )
         assert r.status_code == 503
-        r = httpx.post(gateway.url + "/v1/messages", json={"model": "taken", "max_tokens": 3, "messages": [
-            {"role": "user", "content": "hi"}]})
+        r = httpx.post(
+            gateway.url + "/v1/messages",
+            json={"model": "taken", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error"
     assert Squatter.seen == []
 
 
 def test_an_upstream_without_its_own_key_is_never_sent_the_clients(gateway, workers, squatter):
     spec = base_spec(workers, gateway.port)
-    spec["routes"].append({"name": "far", "served_model_name": "far", "kind": "upstream", "url": squatter,
-                           "state": "ready"})
+    spec["routes"].append(
+        {"name": "far", "served_model_name": "far", "kind": "upstream", "url": squatter, "state": "ready"}
+    )
     with pushed(gateway, spec):
-        r = httpx.post(gateway.url + "/v1/chat/completions", json={"model": "far", "messages": [
-            {"role": "user", "content": "hi"}]}, headers={"authorization": "Bearer sk-local", "x-api-key": "sk-local",
-                                                          "x-vllmmlxd-gateway-token": "forged"})
+        r = httpx.post(
+            gateway.url + "/v1/chat/completions",
+            json={"model": "far", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"authorization": "Bearer sk-local", "x-api-key": "sk-local", "x-vllmmlxd-gateway-token": "forged"},
+        )
         assert r.status_code == 200
     (seen,) = Squatter.seen
     assert not {"authorization", "x-api-key", "x-vllmmlxd-gateway-token", "x-vllmmlxd-client"} & seen.keys(), seen
@@ -448,14 +570,42 @@ def control_socket(status: dict):
 
 def test_api_status_shows_a_key_only_its_models_and_no_process_output(gateway, workers):
     status = {
-        "daemon": {"pid": 4100, "uptime_s": 5.0, "config_path": "/etc/vllmmlxd/config.yaml", "config_hash": "h",
-                   "version": "0.1"},
+        "daemon": {
+            "pid": 4100,
+            "uptime_s": 5.0,
+            "config_path": "/etc/vllmmlxd/config.yaml",
+            "config_hash": "h",
+            "version": "0.1",
+        },
         "models": [
-            {"name": "alpha", "state": "ready", "pid": 4101, "host": "127.0.0.1", "port": 1, "served_model_name": "tiny-a",
-             "keys": None, "mcp": [{"name": "files", "transport": "stdio", "state": "failed", "tools": 0,
-                                    "last_error": "closed (stderr: TOKEN=sk-mcp-env)", "stderr": ["TOKEN=sk-mcp-env"]}]},
-            {"name": "beta", "state": "ready", "pid": 4102, "host": "127.0.0.1", "port": 2, "served_model_name": "tiny-b",
-             "keys": ["alice", "carol"]},
+            {
+                "name": "alpha",
+                "state": "ready",
+                "pid": 4101,
+                "host": "127.0.0.1",
+                "port": 1,
+                "served_model_name": "tiny-a",
+                "keys": None,
+                "mcp": [
+                    {
+                        "name": "files",
+                        "transport": "stdio",
+                        "state": "failed",
+                        "tools": 0,
+                        "last_error": "closed (stderr: TOKEN=sk-mcp-env)",
+                        "stderr": ["TOKEN=sk-mcp-env"],
+                    }
+                ],
+            },
+            {
+                "name": "beta",
+                "state": "ready",
+                "pid": 4102,
+                "host": "127.0.0.1",
+                "port": 2,
+                "served_model_name": "tiny-b",
+                "keys": ["alice", "carol"],
+            },
         ],
     }
     with control_socket(status) as path, pushed(gateway, {**base_spec(workers, gateway.port), "control_socket": path}):
@@ -487,25 +637,45 @@ def test_workers_believe_the_client_the_gateway_names_and_no_local_program(gatew
     port = free_port()
     worker = start_serve("builtin:tiny", "--health-socket", str(sock), port=port)
     try:
-        config = parse_config(f"gateway: {{trusted_proxies: [127.0.0.1]}}\nmodels:\n"
-                              f"  m: {{model: builtin:tiny, served_model_name: tiny-m, port: {port}, rate_limit: 1}}\n").config
+        config = parse_config(
+            f"gateway: {{trusted_proxies: [127.0.0.1]}}\nmodels:\n"
+            f"  m: {{model: builtin:tiny, served_model_name: tiny-m, port: {port}, rate_limit: 1}}\n"
+        ).config
         entry = config.models["m"]
         ok, detail = asyncio.run(push_settings(sock, entry))
         assert ok, detail
         small = {"model": "tiny-m", "prompt": "x", "max_tokens": 2}
         # Straight to the worker's port: one client (this machine), whatever its headers claim.
-        direct = [httpx.post(worker.url + "/v1/completions", json=small, timeout=60, headers={
-            "x-forwarded-for": f"9.9.6.{i}", "x-vllmmlxd-client": f"9.9.6.{i}", "x-vllmmlxd-gateway-token": "guess"}
-        ).status_code for i in range(2)]
+        direct = [
+            httpx.post(
+                worker.url + "/v1/completions",
+                json=small,
+                timeout=60,
+                headers={
+                    "x-forwarded-for": f"9.9.6.{i}",
+                    "x-vllmmlxd-client": f"9.9.6.{i}",
+                    "x-vllmmlxd-gateway-token": "guess",
+                },
+            ).status_code
+            for i in range(2)
+        ]
         assert direct == [200, 429]
         token = entry.gateway_token.get_secret_value()
-        spec = GatewaySpec.model_validate({**base_spec(workers, gateway.port), "gateway": {
-            "host": "127.0.0.1", "port": gateway.port, "trusted_proxies": ["127.0.0.1"]}})
+        spec = GatewaySpec.model_validate(
+            {
+                **base_spec(workers, gateway.port),
+                "gateway": {"host": "127.0.0.1", "port": gateway.port, "trusted_proxies": ["127.0.0.1"]},
+            }
+        )
         spec = spec.model_copy(update={"routes": (build_route("m", entry, "ready", None),)})
         with pushed(gateway, spec):
             # Through the gateway (which believes this test's X-Forwarded-For): each client its own budget.
-            via = [httpx.post(gateway.url + "/v1/completions", json=small, timeout=60,
-                              headers={"x-forwarded-for": f"9.9.5.{i}"}).status_code for i in (1, 2, 1)]
+            via = [
+                httpx.post(
+                    gateway.url + "/v1/completions", json=small, timeout=60, headers={"x-forwarded-for": f"9.9.5.{i}"}
+                ).status_code
+                for i in (1, 2, 1)
+            ]
             assert via == [200, 200, 429]
         assert token not in worker.log() and token not in gateway.log()
     finally:

@@ -22,17 +22,22 @@ def server():
     assert s.stop() == 0, s.log()[-3000:]
 
 
-@pytest.mark.parametrize("extra,param", [
-    ({"chat_template_kwargs": {"chat_template": "{% for i in range(100000000) %}x{% endfor %}"}},
-     "chat_template_kwargs.chat_template"),
-    ({"chat_template_kwargs": {"padding": "max_length", "max_length": 2**31}}, "chat_template_kwargs.padding"),
-    ({"chat_template_kwargs": {"enable_thinking": ["x"] * 3}}, "chat_template_kwargs.enable_thinking"),
-    ({"logit_bias": {"--5": 1}}, "logit_bias"),
-    ({"logit_bias": {"²": 1}}, "logit_bias"),
-    ({"seed": 2**64}, "seed"),
-    ({"seed": -(2**63) - 1}, "seed"),
-    ({"stop": ["x" * 1000]}, "stop"),
-])
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        (
+            {"chat_template_kwargs": {"chat_template": "{% for i in range(100000000) %}x{% endfor %}"}},
+            "chat_template_kwargs.chat_template",
+        ),
+        ({"chat_template_kwargs": {"padding": "max_length", "max_length": 2**31}}, "chat_template_kwargs.padding"),
+        ({"chat_template_kwargs": {"enable_thinking": ["x"] * 3}}, "chat_template_kwargs.enable_thinking"),
+        ({"logit_bias": {"--5": 1}}, "logit_bias"),
+        ({"logit_bias": {"²": 1}}, "logit_bias"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"stop": ["x" * 1000]}, "stop"),
+    ],
+)
 def test_a_hostile_parameter_is_a_400_naming_it(server, extra, param):
     started = time.monotonic()
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": MSGS, "max_tokens": 2, **extra}, timeout=30)
@@ -41,8 +46,9 @@ def test_a_hostile_parameter_is_a_400_naming_it(server, extra, param):
     assert httpx.get(server.url + "/health", timeout=5).status_code == 200
 
 
-@pytest.mark.parametrize("extra", [{"top_k": 10**9}, {"seed": -1}, {"seed": 2**64 - 1},
-                                   {"chat_template_kwargs": {"enable_thinking": False}}])
+@pytest.mark.parametrize(
+    "extra", [{"top_k": 10**9}, {"seed": -1}, {"seed": 2**64 - 1}, {"chat_template_kwargs": {"enable_thinking": False}}]
+)
 def test_edge_values_that_mean_something_are_served(server, extra):
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": MSGS, "max_tokens": 2, **extra}, timeout=30)
     assert r.status_code == 200, r.text
@@ -52,8 +58,9 @@ def test_a_large_conversation_renders_without_stalling_health(server):
     # ~15 MB of messages: rendered off the event loop, so /health keeps answering meanwhile.
     big = [{"role": "user", "content": "word " * 1000}] * 3000
     with cf.ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(httpx.post, server.url + "/v1/chat/completions",
-                          json={"messages": big, "max_tokens": 1}, timeout=120)
+        fut = pool.submit(
+            httpx.post, server.url + "/v1/chat/completions", json={"messages": big, "max_tokens": 1}, timeout=120
+        )
         worst = 0.0
         while not fut.done():
             started = time.monotonic()
@@ -106,9 +113,9 @@ def test_the_environment_variable_gives_the_key():
 
 def test_every_route_but_health_and_metrics_needs_the_key(keyed):
     """Routes enumerated from the app itself: a new route cannot be left open by mistake."""
+    from tests.unit.http.test_metrics import FakeEngine  # a stand-in engine: only the routes are read
     from vllmmlxd.config.schema import ResolvedModel
     from vllmmlxd.worker.app import create_app
-    from tests.unit.http.test_metrics import FakeEngine  # a stand-in engine: only the routes are read
 
     app = create_app(FakeEngine(), ResolvedModel(model="x", api_key=KEY, enable_metrics=True), "m")
     # The OpenAPI view lists every route, those of included routers too.
@@ -123,16 +130,26 @@ def test_every_route_but_health_and_metrics_needs_the_key(keyed):
             assert r.status_code == 401, (method, path, r.status_code, r.text[:200])
 
 
-@pytest.mark.parametrize("method,path", [
-    ("POST", "//v1/chat/completions"), ("GET", "/v1/../v1/models"), ("GET", "/v1/models/"),
-    ("GET", "/v1%2Fmodels"), ("HEAD", "/v1/models"), ("OPTIONS", "/v1/chat/completions"),
-    ("GET", "/V1/models"), ("POST", "/v1/messages/"),
-])
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("POST", "//v1/chat/completions"),
+        ("GET", "/v1/../v1/models"),
+        ("GET", "/v1/models/"),
+        ("GET", "/v1%2Fmodels"),
+        ("HEAD", "/v1/models"),
+        ("OPTIONS", "/v1/chat/completions"),
+        ("GET", "/V1/models"),
+        ("POST", "/v1/messages/"),
+    ],
+)
 def test_path_tricks_do_not_get_past_the_key(keyed, method, path):
     r = httpx.request(method, keyed.url + path, json={"messages": MSGS} if method == "POST" else None)
     assert r.status_code in (401, 404, 405, 307), (method, path, r.status_code)
     if r.status_code == 307:  # a trailing slash: sent to the route itself, which asks for the key
         assert r.headers["location"].endswith(path.rstrip("/"))
-        assert httpx.request(method, keyed.url + path, json={"messages": MSGS}, follow_redirects=True).status_code == 401
+        assert (
+            httpx.request(method, keyed.url + path, json={"messages": MSGS}, follow_redirects=True).status_code == 401
+        )
     if r.status_code != 401:  # not served
         assert "choices" not in r.text and '"data"' not in r.text

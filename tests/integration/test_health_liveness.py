@@ -20,7 +20,9 @@ def test_a_stalled_engine_is_degraded_then_ok_again():
         assert httpx.get(s.url + "/health").json()["status"] == "ok"  # idle: nothing waits
         result: list[int] = []
         body = {"prompt": "x", "max_tokens": 3, "ignore_eos": True}
-        t = threading.Thread(target=lambda: result.append(httpx.post(s.url + "/v1/completions", json=body, timeout=60).status_code))
+        t = threading.Thread(
+            target=lambda: result.append(httpx.post(s.url + "/v1/completions", json=body, timeout=60).status_code)
+        )
         t.start()
         seen = []
         deadline = time.monotonic() + 20

@@ -33,8 +33,9 @@ class Capital(BaseModel):
 def chat():
     s = start_serve("builtin:smollm2-135m-instruct", "--timeout", "300", "--default-temperature", "0")
     try:
-        yield langchain_openai.ChatOpenAI(base_url=s.url + "/v1", api_key="x", model="smollm2", max_tokens=80,
-                                          max_retries=0, timeout=300)
+        yield langchain_openai.ChatOpenAI(
+            base_url=s.url + "/v1", api_key="x", model="smollm2", max_tokens=80, max_retries=0, timeout=300
+        )
     finally:
         assert s.stop() == 0, s.log()[-3000:]
 

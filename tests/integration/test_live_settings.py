@@ -49,7 +49,9 @@ def test_private_health_reports_load_and_the_config_hash_and_the_public_port_has
     assert {"running", "waiting", "cache_mb"} <= set(body["load"]) and "blas" in body["runtime"]
     public = httpx.get(s.url + "/health").json()
     assert public == {"status": "ok", "model": MODEL}  # no hash, load or runtime on the public port
-    r = httpx.post(s.url + "/internal/settings", content=base.to_worker_json(), headers={"Authorization": f"Bearer {KEY}"})
+    r = httpx.post(
+        s.url + "/internal/settings", content=base.to_worker_json(), headers={"Authorization": f"Bearer {KEY}"}
+    )
     assert r.status_code == 404
 
 
@@ -80,7 +82,10 @@ def test_a_pushed_rate_limit_applies_in_the_same_process_with_no_failed_request_
     try:
         while served[0] < 4 and not failures:  # the pushes land while requests run
             threading.Event().wait(0.05)
-        configs = [base.model_copy(update={"rate_limit": 9000 - i, "timeout": 100.0 + i, "owned_by": f"o{i}"}) for i in range(5)]
+        configs = [
+            base.model_copy(update={"rate_limit": 9000 - i, "timeout": 100.0 + i, "owned_by": f"o{i}"})
+            for i in range(5)
+        ]
         for config in configs:
             assert push(sock, config) == (True, config.config_hash())
             threading.Event().wait(0.2)
@@ -109,7 +114,9 @@ def test_a_new_key_locks_out_the_old_one_and_names_never_values_in_errors(worker
     ok, config_hash = push(sock, rotated)
     assert ok and config_hash == rotated.config_hash()
     small = {"prompt": "x", "max_tokens": 2}
-    assert httpx.post(s.url + "/v1/completions", json=small, headers={"Authorization": f"Bearer {KEY}"}).status_code == 401
+    assert (
+        httpx.post(s.url + "/v1/completions", json=small, headers={"Authorization": f"Bearer {KEY}"}).status_code == 401
+    )
     assert httpx.post(s.url + "/v1/completions", json=small, headers={"x-api-key": NEW_KEY}).status_code == 200
 
     # A key that needs a new worker is refused, and nothing changes.
@@ -117,6 +124,8 @@ def test_a_new_key_locks_out_the_old_one_and_names_never_values_in_errors(worker
     assert not ok and "409" in reason and "max_num_seqs" in reason and "port" in reason
     assert private(sock, "GET", "/health").json()["config_hash"] == rotated.config_hash()
     # An invalid entry is a 422 that does not echo the values sent.
-    r = private(sock, "POST", "/internal/settings", json={**rotated.model_dump(mode="json"), "api_key": NEW_KEY, "timeout": -1})
+    r = private(
+        sock, "POST", "/internal/settings", json={**rotated.model_dump(mode="json"), "api_key": NEW_KEY, "timeout": -1}
+    )
     assert r.status_code == 422 and "timeout" in r.json()["error"] and NEW_KEY not in r.text
     assert NEW_KEY not in (reason or "")

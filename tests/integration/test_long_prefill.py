@@ -59,8 +59,7 @@ def watch_prefill(client: httpx.Client, url: str, *, changes: int) -> list[tuple
 def test_the_progress_of_a_long_prefill_rises_poll_after_poll(server):
     body = {"prompt": prompt(0), "max_tokens": 2, "temperature": 0}
     done: list[httpx.Response] = []
-    t = threading.Thread(target=lambda: done.append(httpx.post(server.url + "/v1/completions", json=body,
-                                                               timeout=120)))
+    t = threading.Thread(target=lambda: done.append(httpx.post(server.url + "/v1/completions", json=body, timeout=120)))
     t.start()
     with httpx.Client(timeout=30) as client:
         seen = watch_prefill(client, server.url, changes=1000)
@@ -77,8 +76,10 @@ def test_a_client_that_hangs_up_during_prefill_stops_it_within_a_chunk(server):
     body = json.dumps({"prompt": prompt(PROMPT_TOKENS), "max_tokens": 2, "temperature": 0}).encode()
     host, port = server.url.removeprefix("http://").split(":")
     conn = socket.create_connection((host, int(port)), timeout=30)
-    conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(body), body))
+    conn.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(body), body)
+    )
     with httpx.Client(timeout=30) as client:
         seen = watch_prefill(client, server.url, changes=8)
         assert len(seen) == 8 and seen[-1][1] < 0.9, seen  # mid-prefill, with chunks measured

@@ -32,8 +32,11 @@ HEADER_SECRET = "s3cret"  # http_server.py's secret_header tool checks for "Bear
 @pytest.fixture(scope="module")
 def http_server():
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(SUPPORT / "http_server.py"), str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(SUPPORT / "http_server.py"), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -56,15 +59,22 @@ def worker():
     assert s.stop() == 0, s.log()[-3000:]
 
 
-def entry(port: int, url: str, *, keys: bool = False, extra_servers: str = "", mcp: str = "[files, search, broken]",
-          search_timeout: float = 30) -> ResolvedModel:
+def entry(
+    port: int,
+    url: str,
+    *,
+    keys: bool = False,
+    extra_servers: str = "",
+    mcp: str = "[files, search, broken]",
+    search_timeout: float = 30,
+) -> ResolvedModel:
     text = f"""
 mcp_servers:
-  files: {{command: {sys.executable}, args: ["{SUPPORT / 'stdio_server.py'}"], env: {{MCP_TEST_GREETING: hello}},
+  files: {{command: {sys.executable}, args: ["{SUPPORT / "stdio_server.py"}"], env: {{MCP_TEST_GREETING: hello}},
            deny_tools: [crash]}}
   search: {{transport: streamable-http, url: "{url}", headers: {{Authorization: "Bearer ${{env:MCP_TEST_KEY}}"}},
             timeout: {search_timeout}}}
-  broken: {{command: {sys.executable}, args: ["{SUPPORT / 'stdio_server.py'}"], env: {{MCP_TEST_REFUSE: "1"}}}}
+  broken: {{command: {sys.executable}, args: ["{SUPPORT / "stdio_server.py"}"], env: {{MCP_TEST_REFUSE: "1"}}}}
 {extra_servers}
 api_keys:
   alice: {{key: {ALICE}}}
@@ -120,8 +130,15 @@ def serving(worker, http_server):
 
 def test_tools_are_listed_namespaced_with_their_schemas(serving):
     tools = {t["name"]: t for t in httpx.get(serving.url + "/v1/mcp/tools", timeout=10).json()["data"]}
-    assert set(tools) == {"files__echo", "files__add", "files__whoami", "files__fail",  # crash is denied
-                          "search__lookup", "search__slow", "search__secret_header"}
+    assert set(tools) == {
+        "files__echo",
+        "files__add",
+        "files__whoami",
+        "files__fail",  # crash is denied
+        "search__lookup",
+        "search__slow",
+        "search__secret_header",
+    }
     add = tools["files__add"]
     assert (add["server"], add["tool"], add["description"]) == ("files", "add", "Add two integers.")
     assert add["input_schema"]["properties"]["a"]["type"] == "integer"  # as the server gave it
@@ -131,8 +148,11 @@ def test_tools_are_listed_namespaced_with_their_schemas(serving):
 
 def test_execute_over_both_transports(serving):
     r = execute(serving.url, "files__add", {"a": 20, "b": 22})
-    assert r.status_code == 200 and r.json() == {"name": "files__add", "content": [{"type": "text", "text": "42"}],
-                                                 "is_error": False}
+    assert r.status_code == 200 and r.json() == {
+        "name": "files__add",
+        "content": [{"type": "text", "text": "42"}],
+        "is_error": False,
+    }
     assert execute(serving.url, "files__whoami", {}).json()["content"][0]["text"].endswith(" hello")  # its env
     r = execute(serving.url, "search__lookup", {"query": "mlx"})
     assert r.json()["content"][0]["text"] == "results for 'mlx' (limit 3)"
@@ -173,7 +193,9 @@ def test_a_killed_stdio_server_is_restarted(serving):
     connects = servers(serving.url)["files"]["connects"]
     os.kill(before, 9)
     deadline = time.monotonic() + 30
-    while not (servers(serving.url)["files"]["connects"] > connects and servers(serving.url)["files"]["state"] == "ready"):
+    while not (
+        servers(serving.url)["files"]["connects"] > connects and servers(serving.url)["files"]["state"] == "ready"
+    ):
         assert time.monotonic() < deadline, servers(serving.url)
         time.sleep(0.1)
     after = int(execute(serving.url, "files__whoami", {}).json()["content"][0]["text"].split()[0])
@@ -216,7 +238,7 @@ def test_executions_are_logged_without_arguments_or_secrets(serving):
     execute(serving.url, "files__echo", {"text": "PRIVATE-ARGUMENT-VALUE"})
     time.sleep(0.3)
     log = serving.log()
-    line = next(l for l in log.splitlines() if "event=mcp.execute" in l and "tool=echo" in l)
+    line = next(x for x in log.splitlines() if "event=mcp.execute" in x and "tool=echo" in x)
     assert "server=files" in line and "duration_ms=" in line and "ok=True" in line
     assert "PRIVATE-ARGUMENT-VALUE" not in log and HEADER_SECRET not in log
 
@@ -224,7 +246,7 @@ def test_executions_are_logged_without_arguments_or_secrets(serving):
 def test_serve_imports_a_claude_desktop_file(tmp_path, http_server):
     path = tmp_path / "claude_desktop_config.json"
     path.write_text(f'''{{"mcpServers": {{
-        "files": {{"command": "{sys.executable}", "args": ["{SUPPORT / 'stdio_server.py'}"], "env": {{"MCP_TEST_GREETING": "desk"}}}},
+        "files": {{"command": "{sys.executable}", "args": ["{SUPPORT / "stdio_server.py"}"], "env": {{"MCP_TEST_GREETING": "desk"}}}},
         "search": {{"url": "{http_server}", "headers": {{"Authorization": "Bearer {HEADER_SECRET}"}}}}}},
       "globalShortcut": "Ctrl+Space"}}''')
     s = start_serve("builtin:tiny", "--mcp-config", str(path))

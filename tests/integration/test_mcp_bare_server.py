@@ -29,8 +29,15 @@ def test_a_bare_server_name_runs_each_of_its_tools():
     sock, port = folder / "w.sock", free_port()
     s = start_serve(MODEL, "--mcp-config", str(mcp_file), "--health-socket", str(sock), "--timeout", "120", port=port)
     try:
-        config = ResolvedModel(model=MODEL, served_model_name=MODEL, port=port, timeout=120, mcp_config=str(mcp_file),
-                             mcp_auto_execute=("files",), mcp_max_tool_calls=1)
+        config = ResolvedModel(
+            model=MODEL,
+            served_model_name=MODEL,
+            port=port,
+            timeout=120,
+            mcp_config=str(mcp_file),
+            mcp_auto_execute=("files",),
+            mcp_max_tool_calls=1,
+        )
         assert config.mcp_auto_execute == ("files__*",)
         ok, detail = asyncio.run(push_settings(sock, config))
         assert ok and detail == config.config_hash(), detail
@@ -41,10 +48,16 @@ def test_a_bare_server_name_runs_each_of_its_tools():
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
         for tool in ("files__add", "files__fail"):
             r = client.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "add"}], max_tokens=100, extra_body=SAMPLING,
-                tool_choice={"type": "function", "function": {"name": tool}})
+                model="m",
+                messages=[{"role": "user", "content": "add"}],
+                max_tokens=100,
+                extra_body=SAMPLING,
+                tool_choice={"type": "function", "function": {"name": tool}},
+            )
             message = r.choices[0].message
             # The worker ran it (the client got no tool_calls): the bare name covered this tool.
-            assert message.tool_calls is None and [c["function"]["name"] for c in message.model_extra["mcp_calls"]] == [tool]
+            assert message.tool_calls is None and [c["function"]["name"] for c in message.model_extra["mcp_calls"]] == [
+                tool
+            ]
     finally:
         assert s.stop() == 0, s.log()[-3000:]

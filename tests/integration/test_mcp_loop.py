@@ -32,9 +32,19 @@ ASK = [{"role": "user", "content": "add"}]
 # Seeds under which this random model writes a complete call well within max_tokens (found by trying).
 SAMPLING = {"temperature": 1.0, "seed": 3}
 MAX_TOKENS = 100
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
-    "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 8}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +55,15 @@ def server():
     sock, port = folder / "w.sock", free_port()
     s = start_serve(MODEL, "--mcp-config", str(mcp_file), "--health-socket", str(sock), "--timeout", "120", port=port)
     try:
-        config = ResolvedModel(model=MODEL, served_model_name=MODEL, port=port, timeout=120, mcp_config=str(mcp_file),
-                             mcp_auto_execute=("files__add", "files__f*"), mcp_max_tool_calls=2)
+        config = ResolvedModel(
+            model=MODEL,
+            served_model_name=MODEL,
+            port=port,
+            timeout=120,
+            mcp_config=str(mcp_file),
+            mcp_auto_execute=("files__add", "files__f*"),
+            mcp_max_tool_calls=2,
+        )
         ok, detail = asyncio.run(push_settings(sock, config))
         assert ok and detail == config.config_hash(), detail
         deadline = time.monotonic() + 60
@@ -101,6 +118,7 @@ def test_openai_runs_the_call_and_answers_on_streamed_and_not(oai):
         for entry in (c.choices[0].delta.model_extra or {}).get("mcp_calls", []) if c.choices else []:
             merged.setdefault(entry["index"], {}).update({k: v for k, v in entry.items() if k != "index"})
     assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+
     # The same seed: the stream ran the same call, got the same result and wrote the same answer.
     def without_id(calls):  # ids are per response
         return [{k: v for k, v in c.items() if k != "id"} for c in calls]
@@ -124,16 +142,27 @@ def test_openai_stream_helper_and_a_tool_error_fed_back(oai):
 
 
 def test_a_client_tool_call_still_goes_to_the_client(oai):
-    r = oai.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], tool_choice=forced("get_weather"),
-                                    max_tokens=MAX_TOKENS, extra_body={"temperature": 1.0, "seed": 1})
+    r = oai.chat.completions.create(
+        model="m",
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice=forced("get_weather"),
+        max_tokens=MAX_TOKENS,
+        extra_body={"temperature": 1.0, "seed": 1},
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "get_weather"
     assert "mcp_calls" not in (choice.message.model_extra or {})
 
 
 def test_anthropic_shows_server_tool_use_and_its_result_streamed_and_not(ant):
-    body = dict(model="m", max_tokens=MAX_TOKENS, messages=ASK, tool_choice={"type": "tool", "name": "files__add"},
-                extra_body=SAMPLING)
+    body = dict(
+        model="m",
+        max_tokens=MAX_TOKENS,
+        messages=ASK,
+        tool_choice={"type": "tool", "name": "files__add"},
+        extra_body=SAMPLING,
+    )
     m = ant.messages.create(**body)
     kinds = [b.type for b in m.content]
     assert kinds[:2] == ["server_tool_use", "mcp_tool_result"] and "tool_use" not in kinds, m
@@ -148,8 +177,10 @@ def test_anthropic_shows_server_tool_use_and_its_result_streamed_and_not(ant):
     assert (final.content[0].input, final.content[1].content) == (use.input, result.content)
     assert final.usage.input_tokens == m.usage.input_tokens and final.stop_reason == "max_tokens"
     # Sent back in the history, as agents do, the blocks are accepted.
-    history = ASK + [{"role": "assistant", "content": [b.model_dump(warnings=False) for b in m.content]},
-                     {"role": "user", "content": "thanks"}]
+    history = ASK + [
+        {"role": "assistant", "content": [b.model_dump(warnings=False) for b in m.content]},
+        {"role": "user", "content": "thanks"},
+    ]
     again = ant.messages.create(model="m", max_tokens=4, messages=history, extra_body=SAMPLING)
     assert again.stop_reason in ("end_turn", "max_tokens")
 

@@ -72,10 +72,18 @@ def test_chat_non_streaming(client):
 
 
 def test_chat_streaming_shape(server):
-    lines = sse_lines(server, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "stream": True,
-        "temperature": 0, "stream_options": {"include_usage": True}, "ignore_eos": True,
-    })
+    lines = sse_lines(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 12,
+            "stream": True,
+            "temperature": 0,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        },
+    )
     assert lines[-1] == "data: [DONE]"
     events = [json.loads(line[6:]) for line in lines[:-1]]
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -110,7 +118,9 @@ def test_stop_string_cuts_the_output(client, stream):
     stop = full[8:12]
     cut = full[: full.index(stop)]
     if stream:
-        text, chunks = stream_text(chat(client, temperature=0, max_tokens=40, ignore_eos=True, stop=[stop], stream=True))
+        text, chunks = stream_text(
+            chat(client, temperature=0, max_tokens=40, ignore_eos=True, stop=[stop], stream=True)
+        )
         reason = chunks[-1].choices[0].finish_reason
     else:
         r = chat(client, temperature=0, max_tokens=40, ignore_eos=True, stop=stop)
@@ -129,7 +139,11 @@ def test_same_seed_same_text_at_temperature_one(client):
 
 def test_top_k_one_is_greedy(client):
     greedy = chat(client, temperature=0, max_tokens=20, ignore_eos=True).choices[0].message.content
-    top1 = chat(client, temperature=1.0, max_tokens=20, ignore_eos=True, extra_body={"top_k": 1}).choices[0].message.content
+    top1 = (
+        chat(client, temperature=1.0, max_tokens=20, ignore_eos=True, extra_body={"top_k": 1})
+        .choices[0]
+        .message.content
+    )
     assert top1 == greedy
 
 
@@ -149,7 +163,9 @@ def test_penalties_change_greedy_output(client):
 
 
 def test_ignore_eos_and_max_tokens_give_exact_length(client):
-    r = client.completions.create(model="default", prompt="a", max_tokens=17, temperature=0.5, extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="default", prompt="a", max_tokens=17, temperature=0.5, extra_body={"ignore_eos": True}
+    )
     assert r.usage.completion_tokens == 17 and r.choices[0].finish_reason == "length"
 
 
@@ -204,7 +220,9 @@ def test_two_concurrent_requests_both_succeed(client):
 
 def first_token_latency(server) -> float:
     started = time.perf_counter()
-    with httpx.stream("POST", server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 5, "stream": True}, timeout=60) as r:
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 5, "stream": True}, timeout=60
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 return time.perf_counter() - started
@@ -213,7 +231,9 @@ def first_token_latency(server) -> float:
 
 def long_generation_seconds(server, tokens: int) -> float:
     started = time.perf_counter()
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": tokens, "ignore_eos": True}, timeout=120)
+    r = httpx.post(
+        server.url + "/v1/completions", json={"prompt": "x", "max_tokens": tokens, "ignore_eos": True}, timeout=120
+    )
     assert r.json()["usage"]["completion_tokens"] == tokens
     return time.perf_counter() - started
 
@@ -234,7 +254,9 @@ def test_client_disconnect_mid_stream_frees_the_engine(server):
 def test_client_disconnect_while_not_streaming_frees_the_engine(server):
     full = long_generation_seconds(server, 1900)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1900, "ignore_eos": True}, timeout=0.3)
+        httpx.post(
+            server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1900, "ignore_eos": True}, timeout=0.3
+        )
     latency = first_token_latency(server)
     assert latency < full / 3, (latency, full)
 
@@ -258,8 +280,10 @@ def test_a_strict_model_name_refuses_other_names():
         r = httpx.post(s.url + "/v1/chat/completions", json={**body, "model": "gpt-4o"})
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
         assert httpx.post(s.url + "/v1/chat/completions", json={**body, "model": "tiny-strict"}).status_code == 200
-        r = httpx.post(s.url + "/v1/messages", json={"model": "claude", "max_tokens": 2,
-                                                     "messages": [{"role": "user", "content": "hi"}]})
+        r = httpx.post(
+            s.url + "/v1/messages",
+            json={"model": "claude", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     finally:
         assert s.stop() == 0
@@ -280,7 +304,9 @@ def test_a_field_this_server_would_not_honour_is_refused_naming_it(server, field
 
 
 def test_every_response_carries_the_id_of_its_body(server):
-    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    r = httpx.post(
+        server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    )
     assert r.headers["x-request-id"] == r.json()["id"] and r.json()["id"].startswith("chatcmpl-")
     r = httpx.get(server.url + "/v1/models", headers={"x-request-id": "trace-7"})
     assert r.headers["x-request-id"] == "trace-7"
@@ -296,22 +322,31 @@ def schema_format(schema):
 
 
 def test_a_schema_no_output_can_satisfy_is_a_400_before_decoding(server):
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20,
-            "response_format": schema_format(NO_FINITE_VALUE)}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 20,
+        "response_format": schema_format(NO_FINITE_VALUE),
+    }
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
     assert_openai_error(r, 400, "response_format.json_schema.schema")
     assert "no output can satisfy" in r.json()["error"]["message"]
 
 
 def test_a_grammar_that_fails_while_decoding_is_a_named_client_error_never_a_500(server):
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "seed": 1,
-            "response_format": schema_format(ENDLESS)}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 200,
+        "seed": 1,
+        "response_format": schema_format(ENDLESS),
+    }
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
     assert_openai_error(r, 400)
     assert r.json()["error"]["code"] == "constraint_failed" and "grammar" in r.json()["error"]["message"]
-    frames = [json.loads(line[len("data: "):]) for line in sse_lines(server, "/v1/chat/completions",
-                                                                       {**body, "stream": True})
-              if line.startswith("data: {")]
+    frames = [
+        json.loads(line[len("data: ") :])
+        for line in sse_lines(server, "/v1/chat/completions", {**body, "stream": True})
+        if line.startswith("data: {")
+    ]
     assert frames[-1]["error"]["type"] == "invalid_request_error" and frames[-1]["error"]["code"] == "constraint_failed"
 
 

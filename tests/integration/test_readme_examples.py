@@ -38,8 +38,9 @@ def test_the_readme_says_to_install_the_sdks_its_examples_import():
 def test_each_python_example_runs(url, index):
     code = blocks("python")[index]
     assert MAKE_SERVE_URL in code
-    r = subprocess.run([sys.executable, "-c", code.replace(MAKE_SERVE_URL, url)], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code.replace(MAKE_SERVE_URL, url)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and r.stdout, r.stderr
 
 

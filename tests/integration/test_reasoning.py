@@ -36,8 +36,9 @@ def plain():
 
 def openai_chat(server, extra: dict | None = None, **kw):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-    return client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=40,
-                                          extra_body={**SAMPLING, **(extra or {})}, **kw)
+    return client.chat.completions.create(
+        model="m", messages=MESSAGES, max_tokens=40, extra_body={**SAMPLING, **(extra or {})}, **kw
+    )
 
 
 def test_openai_returns_reasoning_apart_from_content_streamed_and_not(server, plain):
@@ -48,13 +49,16 @@ def test_openai_returns_reasoning_apart_from_content_streamed_and_not(server, pl
     # What the model really wrote, seen through a worker without a parser:
     raw = openai_chat(plain).choices[0].message.content
     assert raw.startswith("<think>") and "</think>" in raw
-    assert reasoning == raw[len("<think>"):raw.index("</think>")].strip()
-    assert content == raw[raw.index("</think>") + len("</think>"):].strip()
+    assert reasoning == raw[len("<think>") : raw.index("</think>")].strip()
+    assert content == raw[raw.index("</think>") + len("</think>") :].strip()
     # Streamed: reasoning deltas first, then content deltas, adding up to the same.
     kinds, got = [], {"reasoning": "", "content": ""}
     for chunk in openai_chat(server, stream=True):
         delta = chunk.choices[0].delta if chunk.choices else None
-        for kind, text in (("reasoning", getattr(delta, "reasoning_content", None)), ("content", delta and delta.content)):
+        for kind, text in (
+            ("reasoning", getattr(delta, "reasoning_content", None)),
+            ("content", delta and delta.content),
+        ):
             if text:
                 got[kind] += text
                 if not kinds or kinds[-1] != kind:
@@ -72,34 +76,54 @@ def test_anthropic_returns_thinking_blocks_identical_to_openai(server):
     with client.messages.stream(**body) as stream:
         final = stream.get_final_message()
     assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in final.content] == [
-        ("thinking", expected.reasoning_content), ("text", expected.content)]
+        ("thinking", expected.reasoning_content),
+        ("text", expected.content),
+    ]
 
 
 def test_thinking_switched_off_by_the_request_is_all_answer(server):
     off = openai_chat(server, {"chat_template_kwargs": {"enable_thinking": False}})
     assert not getattr(off.choices[0].message, "reasoning_content", None)
     client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
-    m = client.messages.create(model="m", max_tokens=20, messages=MESSAGES, thinking={"type": "disabled"},
-                               extra_body=SAMPLING)
+    m = client.messages.create(
+        model="m", max_tokens=20, messages=MESSAGES, thinking={"type": "disabled"}, extra_body=SAMPLING
+    )
     assert [b.type for b in m.content] == ["text"]
 
 
 def test_a_raw_completion_is_all_answer(server):
-    r = httpx.post(server.url + "/v1/completions",
-                   json={"prompt": "<think>", "max_tokens": 10, **SAMPLING}).json()
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "<think>", "max_tokens": 10, **SAMPLING}).json()
     assert "reasoning_content" not in json.dumps(r) and r["choices"][0]["text"]
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"type": "string", "maxLength": 6}}, "required": ["zone"],
-    "additionalProperties": False}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"type": "string", "maxLength": 6}},
+                "required": ["zone"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
 
 
 def test_reasoning_then_a_forced_call_streamed_and_not(server):
     """The model thinks freely, then the grammar holds its call: both paths parse both."""
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-    kw = dict(model="m", messages=MESSAGES, max_tokens=80, tools=TOOLS, tool_choice="required",
-              parallel_tool_calls=False, extra_body=SAMPLING)
+    kw = dict(
+        model="m",
+        messages=MESSAGES,
+        max_tokens=80,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        extra_body=SAMPLING,
+    )
     whole = client.chat.completions.create(**kw).choices[0]
     assert whole.message.reasoning_content and whole.finish_reason == "tool_calls"
     [call] = whole.message.tool_calls

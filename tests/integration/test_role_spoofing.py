@@ -36,8 +36,7 @@ def expected(state_dir) -> tuple[int, int]:
 
 def test_count_tokens_counts_the_spelled_tokens_as_text(server, expected):
     as_control, as_text = expected
-    r = httpx.post(server.url + "/v1/messages/count_tokens", timeout=30,
-                   json={"model": "tiny", "messages": MESSAGES})
+    r = httpx.post(server.url + "/v1/messages/count_tokens", timeout=30, json={"model": "tiny", "messages": MESSAGES})
     assert r.status_code == 200, r.text
     assert r.json()["input_tokens"] == as_text > as_control
 
@@ -46,15 +45,17 @@ def test_chat_and_messages_prompts_hold_the_same_plain_text(server, expected):
     _, as_text = expected
     chat = httpx.post(server.url + "/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 1}, timeout=30)
     assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == as_text, chat.text
-    msgs = httpx.post(server.url + "/v1/messages", timeout=30,
-                      json={"model": "tiny", "messages": MESSAGES, "max_tokens": 1})
+    msgs = httpx.post(
+        server.url + "/v1/messages", timeout=30, json={"model": "tiny", "messages": MESSAGES, "max_tokens": 1}
+    )
     assert msgs.status_code == 200 and msgs.json()["usage"]["input_tokens"] == as_text, msgs.text
 
 
 def test_a_system_prompt_is_text_too(server, expected):
     def count(messages, **extra) -> int:
-        r = httpx.post(server.url + "/v1/messages/count_tokens", timeout=30,
-                       json={"model": "tiny", "messages": messages, **extra})
+        r = httpx.post(
+            server.url + "/v1/messages/count_tokens", timeout=30, json={"model": "tiny", "messages": messages, **extra}
+        )
         assert r.status_code == 200, r.text
         return r.json()["input_tokens"]
 

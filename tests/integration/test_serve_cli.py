@@ -19,8 +19,12 @@ def test_a_busy_port_fails_at_once_with_one_line_before_any_load():
         busy.listen()
         port = busy.getsockname()[1]
         started = time.monotonic()
-        r = subprocess.run([sys.executable, "-m", "vllmmlxd.cli", "serve", "builtin:tiny", "--port", str(port)],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "vllmmlxd.cli", "serve", "builtin:tiny", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         took = time.monotonic() - started
     assert r.returncode == 4, r.stderr
     [line] = r.stderr.splitlines()

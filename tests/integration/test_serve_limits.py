@@ -18,8 +18,19 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def server():
-    s = start_serve("builtin:tiny", "--timeout", "2", "--max-num-seqs", "1", "--max-queue", "1",
-                    "--stream-interval", "4", "--api-key", KEY)
+    s = start_serve(
+        "builtin:tiny",
+        "--timeout",
+        "2",
+        "--max-num-seqs",
+        "1",
+        "--max-queue",
+        "1",
+        "--stream-interval",
+        "4",
+        "--api-key",
+        KEY,
+    )
     yield s
     assert s.stop() == 0
     assert KEY not in s.log()
@@ -71,13 +82,17 @@ def test_stream_interval_groups_tokens(server):
 
 def test_full_queue_is_503_and_a_waiting_request_is_not_refused(server):
     """One request runs (max-num-seqs 1), one waits (max-queue 1): the third is turned away with 503."""
-    with httpx.stream("POST", server.url + "/v1/completions", json=long_body(True), headers=AUTH, timeout=30) as running:
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json=long_body(True), headers=AUTH, timeout=30
+    ) as running:
         lines = running.iter_lines()  # kept: dropping the iterator would close the stream
         next(lines)
         waiting_result: dict = {}
 
         def waiting() -> None:
-            r = httpx.post(server.url + "/v1/completions", json={"prompt": "y", "max_tokens": 3}, headers=AUTH, timeout=30)
+            r = httpx.post(
+                server.url + "/v1/completions", json={"prompt": "y", "max_tokens": 3}, headers=AUTH, timeout=30
+            )
             waiting_result["status"] = r.status_code
 
         t = threading.Thread(target=waiting)

@@ -76,8 +76,15 @@ def test_slow_request_heads_are_cut_off_while_health_answers(server):
 
 def test_a_stalled_body_gets_a_408_and_a_closed_connection(server):
     with connect(server.port) as sock:
-        sock.sendall(head("POST", "/v1/chat/completions", server.port,
-                          "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n") + CHAT[:20])
+        sock.sendall(
+            head(
+                "POST",
+                "/v1/chat/completions",
+                server.port,
+                "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
+            )
+            + CHAT[:20]
+        )
         answer = read_answer(sock)  # returns once the server closes; the socket timeout is BOUND
     assert answer.startswith(b"HTTP/1.1 408 ") and b"body" in answer, answer
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
@@ -88,11 +95,16 @@ def test_a_large_body_that_keeps_coming_is_not_cut_off(server):
     # 400 KiB in pieces over about 3 s, longer than the 2 s body timeout: the pace earns time.
     body = CHAT + b" " * (400 * 1024) + b"}"
     with connect(server.port) as sock:
-        sock.sendall(head("POST", "/v1/chat/completions", server.port,
-                          f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                          "Connection: close\r\n\r\n"))
+        sock.sendall(
+            head(
+                "POST",
+                "/v1/chat/completions",
+                server.port,
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n",
+            )
+        )
         for i in range(0, len(body), 40 * 1024):
-            sock.sendall(body[i:i + 40 * 1024])
+            sock.sendall(body[i : i + 40 * 1024])
             time.sleep(0.3)
         answer = read_answer(sock)
     assert not answer.startswith(b"HTTP/1.1 408"), answer[:300]
@@ -116,8 +128,10 @@ def test_an_oversized_head_is_refused_and_the_worker_lives(server):
 
 def test_forwarded_for_does_not_name_the_client(small):
     # --rate-limit 2: a client that claims new addresses does not get new budgets.
-    codes = [httpx.get(small.url + "/v1/models", headers={"x-forwarded-for": f"10.0.0.{i}"}, timeout=10).status_code
-             for i in range(4)]
+    codes = [
+        httpx.get(small.url + "/v1/models", headers={"x-forwarded-for": f"10.0.0.{i}"}, timeout=10).status_code
+        for i in range(4)
+    ]
     assert codes[:2] == [200, 200] and 429 in codes[2:], codes
 
 

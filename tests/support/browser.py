@@ -16,8 +16,16 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent.parent
 _BROWSERS = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "chromium", "chromium-browser", "google-chrome")
 _DRIVERS = ("/usr/bin/chromedriver", "chromedriver")
-OPTIONS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage")
+OPTIONS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+)
 
 
 def _which(candidates) -> str | None:

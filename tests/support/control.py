@@ -46,8 +46,14 @@ class FakeTarget:
         self.calls: list[tuple] = []
 
     def status(self) -> StatusResponse:
-        daemon = DaemonStatus(pid=4121, uptime_s=3700.0, config_path="/etc/v.yaml", config_hash="abcdef012345",
-                              last_reload=self.last_reload, version="0.1.0")
+        daemon = DaemonStatus(
+            pid=4121,
+            uptime_s=3700.0,
+            config_path="/etc/v.yaml",
+            config_hash="abcdef012345",
+            last_reload=self.last_reload,
+            version="0.1.0",
+        )
         return StatusResponse(daemon=daemon, models=self.models)
 
     async def refresh(self) -> None:

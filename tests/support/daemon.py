@@ -30,14 +30,19 @@ class Daemon:
     log_path: Path = field(default=None)  # type: ignore[assignment]
     state_dir: Path = field(default=None)  # type: ignore[assignment]
 
-    def write(self, models: dict, daemon: dict | None = None, api_keys: dict | None = None,
-              gateway: dict | None = None) -> None:
+    def write(
+        self, models: dict, daemon: dict | None = None, api_keys: dict | None = None, gateway: dict | None = None
+    ) -> None:
         """Replace the config file the way editors do: write a temp file, rename it over."""
         own = {"control_socket": str(self.socket), "drain_timeout": 10}
         if self.state_dir is not None:
             own["state_dir"] = str(self.state_dir)
-        body = {"daemon": {**own, **(daemon or {})}, **({"api_keys": api_keys} if api_keys else {}),
-                **({"gateway": gateway} if gateway else {}), "models": models}
+        body = {
+            "daemon": {**own, **(daemon or {})},
+            **({"api_keys": api_keys} if api_keys else {}),
+            **({"gateway": gateway} if gateway else {}),
+            "models": models,
+        }
         tmp = self.config_path.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(body, sort_keys=False))
         os.replace(tmp, self.config_path)
@@ -55,7 +60,9 @@ class Daemon:
         """Another `vllmmlxd run` on this config (a second daemon, in a test that wants one)."""
         return subprocess.Popen(
             [sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(self.config_path)],
-            stdout=subprocess.DEVNULL, stderr=log_path.open("wb"), env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=log_path.open("wb"),
+            env={**os.environ, **(env or {})},
         )
 
     def log(self) -> str:
@@ -64,7 +71,9 @@ class Daemon:
     def ctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "vllmmlxd.ctl", "--socket", str(self.socket), *args],
-            capture_output=True, text=True, timeout=timeout,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     def status(self) -> dict | None:

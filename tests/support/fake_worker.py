@@ -96,5 +96,3 @@ class FakeWorker:
     @property
     def alive(self):
         return not self._exit.done()
-
-

@@ -31,7 +31,8 @@ def byte_tokenizer() -> llguidance.LLTokenizer:
 def compile_error(grammar: str) -> str | None:
     """Why llguidance refuses ``grammar``, or None when it compiles."""
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        llguidance.LLMatcher.grammar_from_lark(grammar), byte_tokenizer())
+        llguidance.LLMatcher.grammar_from_lark(grammar), byte_tokenizer()
+    )
     return "; ".join(messages) if failed else None
 
 

@@ -30,8 +30,9 @@ def main(blas: str, model: str, tokens: int) -> None:
     prompt = loaded.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True)
     logits = loaded.model(mx.array([prompt]))[0, -1]
     out = [int(t) for t, _ in generate_step(mx.array(prompt), loaded.model, max_tokens=tokens)]
-    print(json.dumps({"blas": info.name, "tokens": out, "text": loaded.tokenizer.decode(out),
-                      "logits": logits.tolist()}))
+    print(
+        json.dumps({"blas": info.name, "tokens": out, "text": loaded.tokenizer.decode(out), "logits": logits.tolist()})
+    )
 
 
 if __name__ == "__main__":

@@ -65,7 +65,9 @@ def start_serve(model: str, *flags: str, port: int | None = None, env: dict | No
     log = Path(tempfile.mkstemp(prefix="vllmmlxd-serve-", suffix=".log")[1])
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllmmlxd.cli", "serve", model, "--port", str(port), *flags],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
     )
     server = Server(proc, port, log)
     try:

@@ -31,36 +31,62 @@ def test_a_cap_alone_lowers_the_default():
 
 
 def serve_error(*flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vllmmlxd.cli", "serve", *flags], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "vllmmlxd.cli", "serve", *flags], capture_output=True, text=True, timeout=120
+    )
 
 
-@pytest.mark.parametrize("flags, line", [
-    (("builtin:tiny", "--max-tokens", "64", "--max-request-tokens", "16"),
-     "vllmmlxd serve: error: --max-tokens (64), the default, is larger than --max-request-tokens (16), the cap: "
-     "lower --max-tokens or leave it out"),
-    (("builtin:tiny", "--max-queue", "0"), "vllmmlxd serve: error: --max-queue: Input should be greater than or equal to 1"),
-    (("builtin:tiny", "--blas", "sk-not-shown"),
-     "vllmmlxd serve: error: --blas: blas must be one of auto, mkl, blis, openblas, bundled or a path to a shared library"),
-    (("builtin:tinyy",), "vllmmlxd serve: error: MODEL: unknown builtin model; the builtins are builtin:all-minilm-l6-v2, "
-                         "builtin:smollm2-135m-instruct, builtin:tiny"),
-])
+@pytest.mark.parametrize(
+    "flags, line",
+    [
+        (
+            ("builtin:tiny", "--max-tokens", "64", "--max-request-tokens", "16"),
+            "vllmmlxd serve: error: --max-tokens (64), the default, is larger than --max-request-tokens (16), the cap: "
+            "lower --max-tokens or leave it out",
+        ),
+        (
+            ("builtin:tiny", "--max-queue", "0"),
+            "vllmmlxd serve: error: --max-queue: Input should be greater than or equal to 1",
+        ),
+        (
+            ("builtin:tiny", "--blas", "sk-not-shown"),
+            "vllmmlxd serve: error: --blas: blas must be one of auto, mkl, blis, openblas, bundled or a path to a shared library",
+        ),
+        (
+            ("builtin:tinyy",),
+            "vllmmlxd serve: error: MODEL: unknown builtin model; the builtins are builtin:all-minilm-l6-v2, "
+            "builtin:smollm2-135m-instruct, builtin:tiny",
+        ),
+    ],
+)
 def test_a_refused_entry_is_one_line_naming_the_flag(flags, line):
     r = serve_error(*flags)
     assert r.returncode == 2 and r.stderr == line + "\n" and r.stdout == ""
 
 
-@pytest.mark.parametrize("entry, says", [
-    ("max_tokens: 64\n    max_request_tokens: 16", "models.a: max_tokens (64), the default, is larger than max_request_tokens"),
-    ("max_queue: 0", "models.a.max_queue: Input should be greater than or equal to 1"),
-])
+@pytest.mark.parametrize(
+    "entry, says",
+    [
+        (
+            "max_tokens: 64\n    max_request_tokens: 16",
+            "models.a: max_tokens (64), the default, is larger than max_request_tokens",
+        ),
+        ("max_queue: 0", "models.a.max_queue: Input should be greater than or equal to 1"),
+    ],
+)
 def test_run_and_check_refuse_a_bad_entry_in_one_line_naming_the_key(tmp_path, capsys, entry, says):
     from vllmmlxd.ctl.cli import main as ctl_main
 
     path = tmp_path / "c.yaml"
-    path.write_text(f"daemon:\n  state_dir: {tmp_path / 'state'}\nmodels:\n  a:\n    model: builtin:tiny\n    {entry}\n")
-    r = subprocess.run([sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(path)], capture_output=True,
-                       text=True, timeout=120)
+    path.write_text(
+        f"daemon:\n  state_dir: {tmp_path / 'state'}\nmodels:\n  a:\n    model: builtin:tiny\n    {entry}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     [line] = r.stderr.splitlines()
     assert r.returncode == 78 and "event=config.invalid" in line and says in line
     assert ctl_main(["check", str(path)]) == 1

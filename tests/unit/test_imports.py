@@ -48,5 +48,7 @@ def test_only_the_engine_imports_mlx():
 )
 def test_import_arrows(module, forbidden):
     code = f"import sys, {module}; print(' '.join(sorted(sys.modules)))"
-    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    loaded = set(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    )
     assert [m for m in forbidden if m in loaded] == []

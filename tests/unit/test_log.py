@@ -36,13 +36,17 @@ def test_event_line_matches_the_formatter(monkeypatch):
     from vllmmlxd.log import event_line
 
     monkeypatch.delenv("JOURNAL_STREAM", raising=False)
-    assert " level=warning event=worker.backoff model=a retry_in_s=0.5" in event_line("worker.backoff", "warning", model="a", retry_in_s=0.5)
+    assert " level=warning event=worker.backoff model=a retry_in_s=0.5" in event_line(
+        "worker.backoff", "warning", model="a", retry_in_s=0.5
+    )
     monkeypatch.setenv("JOURNAL_STREAM", "8:123")
     assert event_line("worker.failed", "error", model="a") == "<3>level=error event=worker.failed model=a"
 
 
 def test_control_characters_in_values_are_escaped_never_raw():
-    line = format_fields({"id": "a\nlevel=error event=forged", "t": "x\x1b[31mred\r\x07", "sep": "p\u2028q", "c1": "\x9b"})
+    line = format_fields(
+        {"id": "a\nlevel=error event=forged", "t": "x\x1b[31mred\r\x07", "sep": "p\u2028q", "c1": "\x9b"}
+    )
     assert "\n" not in line and "\x1b" not in line and "\r" not in line and "\x07" not in line
     assert "\u2028" not in line and "\x9b" not in line
     assert 'id="a\\nlevel=error event=forged"' in line

@@ -18,7 +18,14 @@ from vllmmlxd import service_files as sf
 REPO = Path(__file__).resolve().parents[2]
 SERVICE = REPO / "service"
 UNIT = "vllmmlxd.service"
-SANDBOX = ("StateDirectory", "ProtectSystem", "PrivateTmp", "ProtectHome", "ProtectKernelTunables", "ProtectControlGroups")
+SANDBOX = (
+    "StateDirectory",
+    "ProtectSystem",
+    "PrivateTmp",
+    "ProtectHome",
+    "ProtectKernelTunables",
+    "ProtectControlGroups",
+)
 
 needs_analyze = pytest.mark.skipif(
     shutil.which("systemd-analyze") is None,
@@ -64,24 +71,44 @@ def real_exe() -> str:
 
 # --- service/ is the rendered template, nothing more ---------------------------------------
 
+
 def test_service_dir_holds_the_rendered_templates():
     for name, data in sf.render_templates().items():
-        assert (SERVICE / name).read_bytes() == data, f"regenerate with: python -m vllmmlxd.service_files service/ ({name})"
+        assert (SERVICE / name).read_bytes() == data, (
+            f"regenerate with: python -m vllmmlxd.service_files service/ ({name})"
+        )
 
 
 # --- systemd ------------------------------------------------------------------------------
+
 
 def test_system_unit_settings():
     text = (SERVICE / UNIT).read_text()
     s = settings(text)
     expected = {
-        "Type": "notify", "ExecStart": "/usr/local/bin/vllmmlxd run --config /etc/vllmmlxd/config.yaml",
-        "ExecReload": "/bin/kill -HUP $MAINPID", "Restart": "on-failure", "RestartSec": "2",
-        "RestartPreventExitStatus": "78", "WatchdogSec": "30", "TimeoutStopSec": "60", "KillMode": "mixed",
-        "NotifyAccess": "main", "StateDirectory": "vllmmlxd", "DynamicUser": "yes", "NoNewPrivileges": "yes",
-        "ProtectSystem": "strict", "PrivateTmp": "yes", "ProtectHome": "read-only", "ProtectKernelTunables": "yes",
-        "ProtectControlGroups": "yes", "RestrictSUIDSGID": "yes", "LockPersonality": "yes",
-        "WantedBy": "multi-user.target", "After": "network-online.target", "Wants": "network-online.target",
+        "Type": "notify",
+        "ExecStart": "/usr/local/bin/vllmmlxd run --config /etc/vllmmlxd/config.yaml",
+        "ExecReload": "/bin/kill -HUP $MAINPID",
+        "Restart": "on-failure",
+        "RestartSec": "2",
+        "RestartPreventExitStatus": "78",
+        "WatchdogSec": "30",
+        "TimeoutStopSec": "60",
+        "KillMode": "mixed",
+        "NotifyAccess": "main",
+        "StateDirectory": "vllmmlxd",
+        "DynamicUser": "yes",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "PrivateTmp": "yes",
+        "ProtectHome": "read-only",
+        "ProtectKernelTunables": "yes",
+        "ProtectControlGroups": "yes",
+        "RestrictSUIDSGID": "yes",
+        "LockPersonality": "yes",
+        "WantedBy": "multi-user.target",
+        "After": "network-online.target",
+        "Wants": "network-online.target",
     }
     for key, value in expected.items():
         assert s.get(key) == [value], key
@@ -164,7 +191,9 @@ def test_quoting_reaches_systemd_intact(tmp_path):
     missing = "/nonexistent dir/vll%m$x"
     text = sf.render_systemd_unit(missing, Path("/etc/c.yaml"), Path("/var/lib/vllmmlxd"), user=False)
     (tmp_path / UNIT).write_text(text)
-    done = subprocess.run(["systemd-analyze", "verify", str(tmp_path / UNIT)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / UNIT)], capture_output=True, text=True, timeout=60
+    )
     assert missing in done.stderr, done.stderr
 
 
@@ -189,11 +218,15 @@ def test_relative_paths_are_refused():
 
 # --- launchd ------------------------------------------------------------------------------
 
+
 def test_template_plist_keys_and_types():
     plist = plistlib.loads((SERVICE / "io.vllmmlxd.daemon.plist").read_bytes())
     assert plist["Label"] == "io.vllmmlxd.daemon"
     assert plist["ProgramArguments"] == [
-        "/opt/homebrew/bin/vllmmlxd", "run", "--config", "/opt/homebrew/etc/vllmmlxd/config.yaml",
+        "/opt/homebrew/bin/vllmmlxd",
+        "run",
+        "--config",
+        "/opt/homebrew/etc/vllmmlxd/config.yaml",
     ]
     assert plist["RunAtLoad"] is True
     assert plist["KeepAlive"] == {"SuccessfulExit": False}
@@ -211,11 +244,21 @@ def test_template_plist_keys_and_types():
 
 def test_a_launch_daemon_runs_as_the_given_account(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
-    daemon = sf.make_service_file("launchd", False, tmp_path / "c.yaml", exe="/opt/v/bin/vllmmlxd", path=tmp_path / "d.plist",
-                                  state_dir=tmp_path / "state", log_dir=tmp_path / "logs", account="alice")
+    daemon = sf.make_service_file(
+        "launchd",
+        False,
+        tmp_path / "c.yaml",
+        exe="/opt/v/bin/vllmmlxd",
+        path=tmp_path / "d.plist",
+        state_dir=tmp_path / "state",
+        log_dir=tmp_path / "logs",
+        account="alice",
+    )
     assert plistlib.loads(daemon.content)["UserName"] == "alice"
     assert daemon.owner == "alice" and daemon.dirs == (tmp_path / "state", tmp_path / "logs")
-    agent = sf.make_service_file("launchd", True, tmp_path / "c.yaml", exe="/opt/v/bin/vllmmlxd", path=tmp_path / "a.plist")
+    agent = sf.make_service_file(
+        "launchd", True, tmp_path / "c.yaml", exe="/opt/v/bin/vllmmlxd", path=tmp_path / "a.plist"
+    )
     assert "UserName" not in plistlib.loads(agent.content) and agent.owner is None
     for bad in ("root", ""):
         with pytest.raises(ValueError, match="unprivileged"):
@@ -230,8 +273,15 @@ def test_a_launch_daemon_defaults_to_the_admin_who_ran_sudo(monkeypatch, tmp_pat
         with pytest.raises(ValueError, match="must not run as root"):
             sf.default_daemon_account(environ)
     monkeypatch.setenv("SUDO_USER", "bob")
-    service = sf.make_service_file("launchd", False, tmp_path / "c.yaml", exe="/opt/v/bin/vllmmlxd",
-                                   path=tmp_path / "d.plist", state_dir=tmp_path / "s", log_dir=tmp_path / "l")
+    service = sf.make_service_file(
+        "launchd",
+        False,
+        tmp_path / "c.yaml",
+        exe="/opt/v/bin/vllmmlxd",
+        path=tmp_path / "d.plist",
+        state_dir=tmp_path / "s",
+        log_dir=tmp_path / "l",
+    )
     assert plistlib.loads(service.content)["UserName"] == "bob"
 
 
@@ -248,9 +298,16 @@ def test_writing_a_launch_daemon_hands_its_dirs_to_the_account(tmp_path):
     import pwd
 
     nobody = pwd.getpwnam("nobody")
-    service = sf.make_service_file("launchd", False, tmp_path / "c.yaml", exe="/opt/v/bin/vllmmlxd",
-                                   path=tmp_path / "d.plist", state_dir=tmp_path / "s", log_dir=tmp_path / "l",
-                                   account="nobody")
+    service = sf.make_service_file(
+        "launchd",
+        False,
+        tmp_path / "c.yaml",
+        exe="/opt/v/bin/vllmmlxd",
+        path=tmp_path / "d.plist",
+        state_dir=tmp_path / "s",
+        log_dir=tmp_path / "l",
+        account="nobody",
+    )
     sf.write_service_file(service)
     assert [(tmp_path / d).stat().st_uid for d in ("s", "l")] == [nobody.pw_uid] * 2
     assert (tmp_path / "d.plist").stat().st_uid == 0  # the plist itself stays root's
@@ -258,7 +315,9 @@ def test_writing_a_launch_daemon_hands_its_dirs_to_the_account(tmp_path):
 
 def test_rendered_plist_puts_the_install_bin_first(tmp_path):
     exe = str(tmp_path / "venv/bin/vllmmlxd")
-    data = sf.render_launchd_plist(exe, tmp_path / "c.yaml", tmp_path / "App Support", tmp_path / "logs", label="io.example.x")
+    data = sf.render_launchd_plist(
+        exe, tmp_path / "c.yaml", tmp_path / "App Support", tmp_path / "logs", label="io.example.x"
+    )
     plist = plistlib.loads(data)
     assert plist["Label"] == "io.example.x"
     assert plist["ProgramArguments"][0] == exe
@@ -268,6 +327,7 @@ def test_rendered_plist_puts_the_install_bin_first(tmp_path):
 
 
 # --- where files go, how they are enabled, defaults, the writer ----------------------------
+
 
 def test_install_paths(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -283,14 +343,18 @@ def test_enable_commands(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path / "with space"))
     assert sf.enable_commands("systemd", user=False) == ["systemctl daemon-reload", "systemctl enable --now vllmmlxd"]
     assert sf.enable_commands("systemd", user=True) == [
-        "systemctl --user daemon-reload", "systemctl --user enable --now vllmmlxd",
+        "systemctl --user daemon-reload",
+        "systemctl --user enable --now vllmmlxd",
     ]
     assert sf.enable_commands("launchd", user=False)[-1] == (
         "launchctl bootstrap system /Library/LaunchDaemons/io.vllmmlxd.daemon.plist"
     )
     user_cmds = sf.enable_commands("launchd", user=True)
     assert shlex.split(user_cmds[-1]) == [
-        "launchctl", "bootstrap", f"gui/{os.getuid()}", str(sf.install_paths("launchd", user=True)),
+        "launchctl",
+        "bootstrap",
+        f"gui/{os.getuid()}",
+        str(sf.install_paths("launchd", user=True)),
     ]
     assert sf.disable_commands("launchd", user=True) == [f"launchctl bootout gui/{os.getuid()}/io.vllmmlxd.daemon"]
 
@@ -329,7 +393,9 @@ def test_make_and_write_a_user_unit(monkeypatch, tmp_path):
 
 def test_make_a_launchd_plist(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
-    service = sf.make_service_file("launchd", True, tmp_path / "c.yaml", exe="/opt/v/bin/vllmmlxd", path=tmp_path / "x.plist")
+    service = sf.make_service_file(
+        "launchd", True, tmp_path / "c.yaml", exe="/opt/v/bin/vllmmlxd", path=tmp_path / "x.plist"
+    )
     plist = plistlib.loads(service.content)
     assert plist["StandardOutPath"] == str(tmp_path / "Library/Logs/vllmmlxd/vllmmlxd.log")
     assert tmp_path / "Library/Logs/vllmmlxd" in service.dirs
@@ -348,8 +414,10 @@ def test_imports_no_mlx_or_fastapi():
 def test_a_system_unit_warns_of_paths_under_tmp():
     paths = {"the executable": Path("/tmp/clone/.venv/bin/vllmmlxd"), "the config": Path("/etc/vllmmlxd/config.yaml")}
     [warning] = sf.reach_warnings("systemd", False, paths, mode_of=lambda p: 0o40755)
-    assert warning.startswith("the executable /tmp/clone/.venv/bin/vllmmlxd is under /tmp, which the unit's "
-                              "PrivateTmp=yes hides from the service")
+    assert warning.startswith(
+        "the executable /tmp/clone/.venv/bin/vllmmlxd is under /tmp, which the unit's "
+        "PrivateTmp=yes hides from the service"
+    )
     assert "Where to install for a service" in warning
     # A user unit runs as you, with your /tmp; launchd has no private /tmp.
     assert sf.reach_warnings("systemd", True, paths) == [] and sf.reach_warnings("launchd", False, paths) == []
@@ -359,9 +427,13 @@ def test_a_system_unit_warns_of_paths_in_a_private_home():
     modes = {Path("/home"): 0o40755, Path("/home/ann"): 0o40700}
     paths = {"its Python": Path("/home/ann/.pyenv/versions/3.11.7/bin/python3.11")}
     [warning] = sf.reach_warnings("systemd", False, paths, mode_of=lambda p: modes.get(p, 0o40755))
-    assert warning.startswith("its Python /home/ann/.pyenv/versions/3.11.7/bin/python3.11 is inside /home/ann "
-                              "(mode 700), which other accounts cannot enter")
-    assert sf.reach_warnings("systemd", False, {"x": Path("/opt/vllmmlxd/bin/vllmmlxd")}, mode_of=lambda p: 0o40755) == []
+    assert warning.startswith(
+        "its Python /home/ann/.pyenv/versions/3.11.7/bin/python3.11 is inside /home/ann "
+        "(mode 700), which other accounts cannot enter"
+    )
+    assert (
+        sf.reach_warnings("systemd", False, {"x": Path("/opt/vllmmlxd/bin/vllmmlxd")}, mode_of=lambda p: 0o40755) == []
+    )
     assert sf.reach_warnings("systemd", False, {"x": Path("/nowhere/bin/x")}, mode_of=lambda p: None) == []
 
 

@@ -53,8 +53,16 @@ async def serve_chat(ctx: ServingContext, request: Request, turn: ChatTurn, enco
     plan = tool_plan(ctx, offered_tools(prompt, offered), turn.tool_choice, prompt.template_kwargs)
     tokens = await render_prompt(ctx, prompt, offered)
     rid = ctx.request_id(request, turn.id_prefix)
-    gen = await make_generation(ctx, turn.sampling, tokens, rid, reasoning=True, tools=plan, output=turn.output,
-                                after_reasoning=thinking_on(ctx, prompt.template_kwargs))
+    gen = await make_generation(
+        ctx,
+        turn.sampling,
+        tokens,
+        rid,
+        reasoning=True,
+        tools=plan,
+        output=turn.output,
+        after_reasoning=thinking_on(ctx, prompt.template_kwargs),
+    )
     if offered:
         gen = ToolLoop(ctx, offered, prompt.messages, prompt.template_kwargs, turn.sampling, turn.output, gen)
     if plan.constraint is not None:  # a forced call that max_tokens cuts short is still a call

@@ -17,9 +17,8 @@ from starlette.requests import Request
 
 from ..config.schema import ResolvedModel
 from ..engine.embedding_types import Embedder
-from ..engine.types import Engine
+from ..engine.types import Engine, Usage
 from ..errors import ModelNotFound
-from ..engine.types import Usage
 from ..http.access import Access
 from ..http.ratelimit import Quotas, RateStore
 from ..http.request_id import new_request_id
@@ -78,14 +77,28 @@ class ServingContext:
 class LiveContext:
     """The worker's current ``ServingContext``, replaced whole by ``swap``."""
 
-    def __init__(self, engine: Engine, config: ResolvedModel, key: str, runtime: dict | None = None,
-                 embedder: Embedder | None = None, mcp: McpHub | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        config: ResolvedModel,
+        key: str,
+        runtime: dict | None = None,
+        embedder: Embedder | None = None,
+        mcp: McpHub | None = None,
+    ):
         # One store of rate windows for the worker's life: an unchanged limit keeps its budget
         # across settings pushes, a changed one starts fresh.
         self.rates = RateStore()
-        self._ctx = ServingContext(engine=engine, config=config, key=key, runtime=runtime or {},
-                                   access=Access(config), quotas=Quotas(config, self.rates), embedder=embedder,
-                                   mcp=mcp)
+        self._ctx = ServingContext(
+            engine=engine,
+            config=config,
+            key=key,
+            runtime=runtime or {},
+            access=Access(config),
+            quotas=Quotas(config, self.rates),
+            embedder=embedder,
+            mcp=mcp,
+        )
 
     @property
     def current(self) -> ServingContext:
@@ -94,7 +107,9 @@ class LiveContext:
     def swap(self, config: ResolvedModel) -> ServingContext:
         """Serve new requests under ``config``; requests already running keep theirs."""
         # One attribute assignment on the event loop: a request sees the old context or the new one.
-        self._ctx = dataclasses.replace(self._ctx, config=config, access=Access(config), quotas=Quotas(config, self.rates))
+        self._ctx = dataclasses.replace(
+            self._ctx, config=config, access=Access(config), quotas=Quotas(config, self.rates)
+        )
         if self._ctx.mcp is not None:  # only servers whose definitions changed reconnect
             self._ctx.mcp.reconfigure(config.mcp_servers_resolved)
         return self._ctx

@@ -8,6 +8,7 @@ status and type pairs), everything else OpenAI's (``{"error": {"message", "type"
 from __future__ import annotations
 
 import logging
+
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
@@ -20,12 +21,27 @@ from .body import ClientDisconnected
 
 logger = logging.getLogger("vllmmlxd.api")
 
-_HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 405: "invalid_request_error"}
+_HTTP_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+}
 # Anthropic's documented status/type pairs; an overloaded server is 529 there.
-_ANTHROPIC = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-              404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large", 415: "invalid_request_error",
-              422: "invalid_request_error", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
-              504: "timeout_error"}
+_ANTHROPIC = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
 
 
 def openai_error(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
@@ -42,8 +58,15 @@ def is_anthropic(request: Request) -> bool:
     return request.url.path.startswith("/v1/messages")
 
 
-def render_error(request: Request, status: int, message: str, type_: str, param: str | None = None,
-                 code: str | None = None, headers: dict | None = None) -> JSONResponse:
+def render_error(
+    request: Request,
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict | None = None,
+) -> JSONResponse:
     """An error in the shape of the family ``request`` belongs to."""
     if is_anthropic(request):
         status = {422: 400, 503: 529}.get(status, status)  # Anthropic has no 422; "overloaded" is 529
@@ -85,6 +108,6 @@ def install_error_handlers(app: FastAPI) -> None:
         rid = getattr(request.state, "request_id", None)
         log_event(logger, "request.failed", logging.ERROR, path=request.url.path, error=repr(exc), request_id=rid)
         # Answered outside the middlewares (Starlette's outermost layer): the id header goes on here.
-        return render_error(request, 500, "internal server error", "server_error",
-                            headers={"x-request-id": rid} if rid else None)
-
+        return render_error(
+            request, 500, "internal server error", "server_error", headers={"x-request-id": rid} if rid else None
+        )

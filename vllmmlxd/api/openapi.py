@@ -51,23 +51,38 @@ SECURITY_SCHEMES = {
     "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
 }
 _NULLABLE_STR = {"anyOf": [{"type": "string"}, {"type": "null"}]}
-SSE_EVENT = {"type": "object", "required": ["data"],
-             "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
+SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+}
 ERROR_SCHEMAS = {
     "OpenAIError": {
-        "type": "object", "required": ["error"],
-        "properties": {"error": {
-            "type": "object", "required": ["message", "type", "param", "code"],
-            "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                           "param": _NULLABLE_STR, "code": _NULLABLE_STR},
-        }},
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "param", "code"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": _NULLABLE_STR,
+                    "code": _NULLABLE_STR,
+                },
+            }
+        },
     },
     "AnthropicError": {
-        "type": "object", "required": ["type", "error"],
+        "type": "object",
+        "required": ["type", "error"],
         "properties": {
             "type": {"const": "error"},
-            "error": {"type": "object", "required": ["type", "message"],
-                      "properties": {"type": {"type": "string"}, "message": {"type": "string"}}},
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            },
         },
     },
 }
@@ -116,13 +131,18 @@ def statuses(method: str, path: str) -> list[int]:
 
 
 def _operation(method: str, path: str, base: dict, bodies: dict[str, dict]) -> dict[str, Any]:
-    error = {"$ref": "#/components/schemas/" + ("AnthropicError" if path.startswith(ANTHROPIC_PREFIX) else "OpenAIError")}
+    error = {
+        "$ref": "#/components/schemas/" + ("AnthropicError" if path.startswith(ANTHROPIC_PREFIX) else "OpenAIError")
+    }
     responses: dict[str, Any] = {}
     for code in statuses(method, path):
         if code == 200:
             responses["200"] = {"description": "OK", "content": _success_content(path)}
         elif (path, code) in (("/health", 503), ("/metrics", 404)):  # a degraded health report; no route
-            responses[str(code)] = {"description": "unavailable", "content": {"application/json": {"schema": {"type": "object"}}}}
+            responses[str(code)] = {
+                "description": "unavailable",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
         else:
             responses[str(code)] = {"description": "error", "content": {"application/json": {"schema": error}}}
     keys = [{"bearer": []}, {"apiKey": []}]
@@ -153,6 +173,7 @@ def _success_content(path: str) -> dict[str, Any]:
 
 def _body_schemas() -> tuple[dict[str, dict], dict[str, dict]]:
     """Each body route's ``$ref`` and the shared definitions, as the models validate them."""
-    refs, top = models_json_schema([(m, "validation") for m in BODIES.values()],
-                                   ref_template="#/components/schemas/{model}")
+    refs, top = models_json_schema(
+        [(m, "validation") for m in BODIES.values()], ref_template="#/components/schemas/{model}"
+    )
     return {path: refs[(model, "validation")] for path, model in BODIES.items()}, top.get("$defs", {})

@@ -15,7 +15,10 @@ from .tooling import ToolChoice, ToolPlan, plan_tools
 
 
 async def render_template(
-    ctx: ServingContext, messages: list[dict], tools: list[dict] | None, kwargs: dict | None,
+    ctx: ServingContext,
+    messages: list[dict],
+    tools: list[dict] | None,
+    kwargs: dict | None,
 ) -> list[int]:
     """The conversation as prompt tokens; a template's refusal is the client's 400. Rendered off
     the event loop: a long conversation must not stall /health or other requests' streams."""
@@ -35,21 +38,38 @@ def thinking_on(ctx: ServingContext, template_kwargs: dict | None) -> bool:
     return bool(ctx.config.reasoning_parser) and (template_kwargs or {}).get("enable_thinking", True) is not False
 
 
-def tool_plan(ctx: ServingContext, tools: list[dict] | None, choice: ToolChoice, template_kwargs: dict | None) -> ToolPlan:
+def tool_plan(
+    ctx: ServingContext, tools: list[dict] | None, choice: ToolChoice, template_kwargs: dict | None
+) -> ToolPlan:
     """How this model serves the request's tools (see ``api.tooling``)."""
-    return plan_tools(tools, choice, parser=ctx.engine.info.tool_parser, auto_enabled=ctx.config.enable_auto_tool_choice,
-                      after_reasoning=thinking_on(ctx, template_kwargs))
+    return plan_tools(
+        tools,
+        choice,
+        parser=ctx.engine.info.tool_parser,
+        auto_enabled=ctx.config.enable_auto_tool_choice,
+        after_reasoning=thinking_on(ctx, template_kwargs),
+    )
 
 
 async def make_generation(
-    ctx: ServingContext, sampling: SamplingRequest, prompt: list[int], rid: str, *, reasoning: bool,
-    tools: ToolPlan | None = None, output: OutputFormat | None = None, after_reasoning: bool = False,
+    ctx: ServingContext,
+    sampling: SamplingRequest,
+    prompt: list[int],
+    rid: str,
+    *,
+    reasoning: bool,
+    tools: ToolPlan | None = None,
+    output: OutputFormat | None = None,
+    after_reasoning: bool = False,
 ) -> GenerationRequest:
     """The engine request for ``prompt``: sampling merged with the model's defaults, the request's id,
     its tools, and the grammar it is held to (a forced tool call wins over an output format)."""
     params = resolve_sampling(
-        sampling, ctx.config, prompt_len=len(prompt),
-        context_length=ctx.engine.info.context_length, vocab_size=ctx.engine.info.vocab_size,
+        sampling,
+        ctx.config,
+        prompt_len=len(prompt),
+        context_length=ctx.engine.info.context_length,
+        vocab_size=ctx.engine.info.vocab_size,
     )
     tools = tools or ToolPlan()
     constraint, param, use = tools.constraint, "tool_choice", tools.use
@@ -61,9 +81,15 @@ async def make_generation(
         if params.ignore_eos:
             raise InvalidRequest("ignore_eos cannot be combined with a constrained output", param="ignore_eos")
         await _check(ctx, constraint, param)
-    return GenerationRequest(prompt_tokens=prompt, sampling=params, request_id=rid,
-                             stream_interval=ctx.config.stream_interval, reasoning=reasoning,
-                             tool_use=use, constraint=constraint)
+    return GenerationRequest(
+        prompt_tokens=prompt,
+        sampling=params,
+        request_id=rid,
+        stream_interval=ctx.config.stream_interval,
+        reasoning=reasoning,
+        tool_use=use,
+        constraint=constraint,
+    )
 
 
 async def _check(ctx: ServingContext, constraint: Constraint, param: str) -> None:

@@ -42,12 +42,19 @@ class SamplingRequest:
 
 
 def resolve_sampling(
-    req: SamplingRequest, cfg: ModelConfig, *, prompt_len: int, context_length: int, vocab_size: int,
+    req: SamplingRequest,
+    cfg: ModelConfig,
+    *,
+    prompt_len: int,
+    context_length: int,
+    vocab_size: int,
 ) -> SamplingParams:
     """Merge ``req`` with the model's defaults; clamp max_tokens to the limits; check the prompt fits."""
     room = context_length - prompt_len
     if room <= 0:
-        raise ContextLengthExceeded(f"the prompt is {prompt_len} tokens; this model's context is {context_length} tokens")
+        raise ContextLengthExceeded(
+            f"the prompt is {prompt_len} tokens; this model's context is {context_length} tokens"
+        )
     asked = req.max_tokens if req.max_tokens is not None else cfg.max_tokens
     bias = []
     for key, value in req.logit_bias.items():
@@ -55,7 +62,9 @@ def resolve_sampling(
             raise InvalidRequest(f"logit_bias keys must be token ids, got {str(key)[:20]!r}", param="logit_bias")
         token = int(key)
         if not 0 <= token < vocab_size:
-            raise InvalidRequest(f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})", param="logit_bias")
+            raise InvalidRequest(
+                f"logit_bias token id {token} is outside the vocabulary (0..{vocab_size - 1})", param="logit_bias"
+            )
         if not isinstance(value, (int, float)) or not math.isfinite(value) or not -100 <= value <= 100:
             raise InvalidRequest("logit_bias values must be numbers between -100 and 100", param="logit_bias")
         bias.append((token, float(value)))

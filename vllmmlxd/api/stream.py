@@ -123,11 +123,16 @@ def _finished(ctx: ServingContext, request: Request, event: Finished) -> None:
     ctx.charge(request, event.usage)
     progress = getattr(request.state, "progress", None)
     first, queued = getattr(progress, "first_token_at", None), getattr(progress, "queued_at", None)
-    setattr(request.state, SERVED, {
-        "prompt_tokens": event.usage.prompt_tokens, "completion_tokens": event.usage.completion_tokens,
-        "cached_tokens": getattr(progress, "cached_tokens", None),
-        "ttft_s": round(first - queued, 3) if first is not None and queued is not None else None,
-    })
+    setattr(
+        request.state,
+        SERVED,
+        {
+            "prompt_tokens": event.usage.prompt_tokens,
+            "completion_tokens": event.usage.completion_tokens,
+            "cached_tokens": getattr(progress, "cached_tokens", None),
+            "ttft_s": round(first - queued, 3) if first is not None and queued is not None else None,
+        },
+    )
 
 
 async def fold(ctx: ServingContext, request: Request, gen: Generation) -> Folded:

@@ -84,13 +84,19 @@ def openai_output_format(response_format: dict[str, Any] | None) -> OutputFormat
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-            raise InvalidRequest("response_format.json_schema must be an object with a schema", param="response_format.json_schema")
+            raise InvalidRequest(
+                "response_format.json_schema must be an object with a schema", param="response_format.json_schema"
+            )
         schema = spec.get("schema") or {"type": "object"}
         if spec.get("strict") and schema.get("type") == "object" and "additionalProperties" not in schema:
             schema = {**schema, "additionalProperties": False}  # strict: no keys beyond the schema's
-        return OutputFormat(checked_schema(schema, "response_format.json_schema.schema"), "response_format.json_schema.schema")
-    raise InvalidRequest(f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
-                         param="response_format.type")
+        return OutputFormat(
+            checked_schema(schema, "response_format.json_schema.schema"), "response_format.json_schema.schema"
+        )
+    raise InvalidRequest(
+        f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
+        param="response_format.type",
+    )
 
 
 def anthropic_output_format(output_format: dict[str, Any] | None) -> OutputFormat | None:

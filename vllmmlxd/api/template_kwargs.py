@@ -21,8 +21,9 @@ def checked_template_kwargs(kwargs: object, switches: frozenset[str]) -> dict:
         param = f"chat_template_kwargs.{str(key)[:64]}"
         if key not in switches:
             known = ", ".join(sorted(switches)) or "none"
-            raise InvalidRequest(f"{str(key)[:64]!r} is not a switch of this model's chat template (it reads: {known})",
-                                 param=param)
+            raise InvalidRequest(
+                f"{str(key)[:64]!r} is not a switch of this model's chat template (it reads: {known})", param=param
+            )
         if not _scalar(value):
             raise InvalidRequest("chat template switches take a boolean, a number or a short string", param=param)
     return dict(kwargs)

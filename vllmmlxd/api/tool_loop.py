@@ -100,12 +100,13 @@ def offer(ctx: ServingContext, request: Any, client_tools: list[dict] | None) ->
         return None
     servers = _allowed_servers(request, ctx)
     taken = set(tool_names(client_tools or []))
-    chosen = [t for t in hub.tools(servers)
-              if t.name not in taken and any(fnmatchcase(t.name, p) for p in patterns)]
+    chosen = [t for t in hub.tools(servers) if t.name not in taken and any(fnmatchcase(t.name, p) for p in patterns)]
     if not chosen:
         return None
-    functions = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                   "parameters": t.input_schema}} for t in chosen]
+    functions = [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
+        for t in chosen
+    ]
     return Offer(hub, frozenset(t.name for t in chosen), [*(client_tools or []), *functions], limit)
 
 
@@ -134,8 +135,16 @@ class ToolLoop:
     """One request's turns: the first as the route prepared it (its forced choice included), the
     next ones rendered here. ``stream``/``fold`` (api.stream) read it as they read one generation."""
 
-    def __init__(self, ctx: ServingContext, offered: Offer, messages: list[dict], template_kwargs: dict | None,
-                 sampling: SamplingRequest, output: OutputFormat | None, first: GenerationRequest):
+    def __init__(
+        self,
+        ctx: ServingContext,
+        offered: Offer,
+        messages: list[dict],
+        template_kwargs: dict | None,
+        sampling: SamplingRequest,
+        output: OutputFormat | None,
+        first: GenerationRequest,
+    ):
         self.ctx, self.offered, self.sampling, self.output, self.first = ctx, offered, sampling, output, first
         self.messages = list(messages)
         self.template_kwargs = template_kwargs
@@ -174,8 +183,10 @@ class ToolLoop:
                 await events.aclose()
             if finished is None:  # cancelled from outside: nothing more to say
                 return
-            spent = Usage(spent.prompt_tokens + finished.usage.prompt_tokens,
-                          spent.completion_tokens + finished.usage.completion_tokens)
+            spent = Usage(
+                spent.prompt_tokens + finished.usage.prompt_tokens,
+                spent.completion_tokens + finished.usage.completion_tokens,
+            )
             if not self._runs(calls, finished):
                 for event in held:
                     yield event
@@ -213,9 +224,12 @@ class ToolLoop:
 
     def _runs(self, calls: list[ToolCallDelta], finished: Finished) -> bool:
         """Does the worker run this turn's calls? All of them, or none (see the module's rules)."""
-        return (bool(calls) and finished.reason == "tool_calls"
-                and all(c.name in self.offered.names for c in calls)
-                and self.executed + len(calls) <= self.offered.limit)
+        return (
+            bool(calls)
+            and finished.reason == "tool_calls"
+            and all(c.name in self.offered.names for c in calls)
+            and self.executed + len(calls) <= self.offered.limit
+        )
 
     async def _execute(self, call: ToolCallDelta) -> McpOutcome:
         try:
@@ -231,23 +245,44 @@ class ToolLoop:
         except RequestError as exc:  # unknown tool, arguments that fail the schema: the hub says which
             return McpOutcome(call, f"Error: {exc.message}", True)
         except Exception as exc:  # a broken server must not fail the request; the hub logged it
-            log_event(logger, "tool_loop.call_failed", logging.WARNING, request_id=self.request_id,
-                      tool=call.name, error=type(exc).__name__)
+            log_event(
+                logger,
+                "tool_loop.call_failed",
+                logging.WARNING,
+                request_id=self.request_id,
+                tool=call.name,
+                error=type(exc).__name__,
+            )
             return McpOutcome(call, f"Error: the tool failed ({type(exc).__name__})", True)
         return McpOutcome(call, result.text(), bool(result.is_error))
 
     def _turn_messages(self, text: str, reasoning: str, results: list[McpOutcome]) -> list[dict]:
         """The assistant's turn with its calls, then each result, as the chat template takes them."""
         ids = [call_id(TEMPLATE_CALL_PREFIX, self.request_id, r.call.index) for r in results]
-        assistant: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": [
-            {"id": i, "type": "function", "function": {"name": r.call.name, "arguments": _arguments(r.call.arguments)}}
-            for i, r in zip(ids, results)]}
+        assistant: dict[str, Any] = {
+            "role": "assistant",
+            "content": text,
+            "tool_calls": [
+                {
+                    "id": i,
+                    "type": "function",
+                    "function": {"name": r.call.name, "arguments": _arguments(r.call.arguments)},
+                }
+                for i, r in zip(ids, results)
+            ],
+        }
         if reasoning:
             assistant["reasoning_content"] = reasoning
         tool_messages = []
         for i, r in zip(ids, results):
-            tool_messages.append({"role": "tool", "tool_call_id": i, "name": r.call.name,
-                                  "content": tool_result_text(r.text, r.is_error)})
+            tool_messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": i,
+                    "name": r.call.name,
+                    "content": tool_result_text(r.text, r.is_error),
+                }
+            )
         return [assistant, *tool_messages]
 
     async def _next_turn(self, turn: int, left: int) -> GenerationRequest | None:
@@ -259,15 +294,23 @@ class ToolLoop:
             return None
         after = thinking_on(self.ctx, self.template_kwargs)
         tools = tool_plan(self.ctx, self.offered.tools, ToolChoice("auto"), self.template_kwargs)
-        gen = await make_generation(self.ctx, dataclasses.replace(self.sampling, max_tokens=left), prompt,
-                                    f"{self.request_id}.{turn}", reasoning=True, tools=tools, output=self.output,
-                                    after_reasoning=after)
+        gen = await make_generation(
+            self.ctx,
+            dataclasses.replace(self.sampling, max_tokens=left),
+            prompt,
+            f"{self.request_id}.{turn}",
+            reasoning=True,
+            tools=tools,
+            output=self.output,
+            after_reasoning=after,
+        )
         return gen
 
     def _log(self, turns: int) -> None:
         # Names and counts only: arguments and results stay out of the logs (the hub logs each call).
-        log_event(logger, "tool_loop.done", logging.DEBUG, request_id=self.request_id, turns=turns,
-                  executed=self.executed)
+        log_event(
+            logger, "tool_loop.done", logging.DEBUG, request_id=self.request_id, turns=turns, executed=self.executed
+        )
 
 
 def _arguments(text: str) -> dict | str:

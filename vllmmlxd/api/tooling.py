@@ -38,8 +38,9 @@ class ToolPlan:
     constraint: Constraint | None = None
 
 
-def plan_tools(tools: list[dict] | None, choice: ToolChoice, *, parser: str | None, auto_enabled: bool,
-               after_reasoning: bool) -> ToolPlan:
+def plan_tools(
+    tools: list[dict] | None, choice: ToolChoice, *, parser: str | None, auto_enabled: bool, after_reasoning: bool
+) -> ToolPlan:
     """How to serve ``tools`` under ``choice`` with the model's tool-call ``parser`` family."""
     if not tools:
         if choice.mode in ("required", "named"):
@@ -75,8 +76,10 @@ def openai_tool_choice(value, parallel: bool | None) -> ToolChoice:
         name = (value.get("function") or {}).get("name") or value.get("name")
         if value.get("type") in ("function", None) and isinstance(name, str):
             return ToolChoice("named", name, parallel=False)
-    raise InvalidRequest('tool_choice must be "auto", "none", "required" or {"type": "function", "function": '
-                         '{"name": ...}}', param="tool_choice")
+    raise InvalidRequest(
+        'tool_choice must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}}',
+        param="tool_choice",
+    )
 
 
 def anthropic_tool_choice(kind: str | None, name: str | None, disable_parallel: bool | None) -> ToolChoice:
@@ -110,7 +113,7 @@ def cut_call(text: str, tools: list[dict], choice: ToolChoice) -> tuple[str, str
     found = [(text.find(n), -len(n), n) for n in names if n in text]
     if found:
         at, _, name = min(found)
-        rest = text[at + len(name):]
+        rest = text[at + len(name) :]
     elif len(names) == 1:  # the name itself was cut
         name, rest = names[0], ""
     else:

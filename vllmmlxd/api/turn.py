@@ -51,5 +51,7 @@ def refuse_client_template(fields: dict[str, Any]) -> None:
     template (or the entry's), never with one a client sends, which would run client code in the
     renderer and change what the entry's settings promise."""
     if fields.get("chat_template") is not None:
-        raise InvalidRequest("chat_template is not supported by this server: prompts are rendered with the "
-                             "model's own chat template", param="chat_template")
+        raise InvalidRequest(
+            "chat_template is not supported by this server: prompts are rendered with the model's own chat template",
+            param="chat_template",
+        )

@@ -22,17 +22,47 @@ RESTART_REQUIRED_FIELDS = frozenset({"state_dir", "control_socket"})
 # Every other key (the model, its engine, threads, BLAS, cache budget, host/port, parsers)
 # is read once at a worker's start and needs a new worker; a key added to the schema
 # later is a new-worker key until it is listed here.
-LIVE_FIELDS = frozenset({
-    "api_key", "rate_limit", "timeout", "default_temperature", "default_top_p", "max_tokens",
-    "max_request_tokens", "max_queue", "stream_interval", "served_model_name", "aliases", "owned_by",
-    "enable_metrics", "strict_model_name", "enable_auto_tool_choice", "max_body_mb", "use_paged_cache",
-    "api_keys", "key_grants", "tokens_per_minute", "trusted_proxies", "allowed_hosts", "cors_origins",
-    "health_requires_key", "metrics_requires_key", "gateway_token",
-    # MCP: the worker reconnects its MCP clients in place; the model stays loaded.
-    "mcp", "mcp_auto_execute", "mcp_max_tool_calls", "mcp_config", "mcp_servers_resolved",
-    # Read by the daemon (when to load and unload) and the gateway (where an upstream is), not by a worker.
-    "load", "idle_unload_s", "upstream", "upstream_api_key",
-})
+LIVE_FIELDS = frozenset(
+    {
+        "api_key",
+        "rate_limit",
+        "timeout",
+        "default_temperature",
+        "default_top_p",
+        "max_tokens",
+        "max_request_tokens",
+        "max_queue",
+        "stream_interval",
+        "served_model_name",
+        "aliases",
+        "owned_by",
+        "enable_metrics",
+        "strict_model_name",
+        "enable_auto_tool_choice",
+        "max_body_mb",
+        "use_paged_cache",
+        "api_keys",
+        "key_grants",
+        "tokens_per_minute",
+        "trusted_proxies",
+        "allowed_hosts",
+        "cors_origins",
+        "health_requires_key",
+        "metrics_requires_key",
+        "gateway_token",
+        # MCP: the worker reconnects its MCP clients in place; the model stays loaded.
+        "mcp",
+        "mcp_auto_execute",
+        "mcp_max_tool_calls",
+        "mcp_config",
+        "mcp_servers_resolved",
+        # Read by the daemon (when to load and unload) and the gateway (where an upstream is), not by a worker.
+        "load",
+        "idle_unload_s",
+        "upstream",
+        "upstream_api_key",
+    }
+)
 
 APPLY_LIVE = "apply live"
 NEW_WORKER = "new worker"

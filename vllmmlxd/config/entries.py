@@ -40,12 +40,15 @@ class EntryConfig(_Strict):
     owned_by: str = "vllmmlxd"
     api_key: SecretStr | None = None
     api_keys: tuple[str, ...] | None = Field(
-        None, description="names from the api_keys section allowed here ('*': every key whose models match); unset: open"
+        None,
+        description="names from the api_keys section allowed here ('*': every key whose models match); unset: open",
     )
     timeout: float = Field(300.0, gt=0)
     embedding_model: str | None = Field(
-        None, description="an embedding model preloaded beside the model, served on /v1/embeddings: "
-        "builtin:all-minilm-l6-v2 or a local BERT sentence-transformers folder")
+        None,
+        description="an embedding model preloaded beside the model, served on /v1/embeddings: "
+        "builtin:all-minilm-l6-v2 or a local BERT sentence-transformers folder",
+    )
 
     # Messages name the key and what it accepts, never the value given: a value may come from
     # ${file:..} or ${env:..} and be a secret written under the wrong key.
@@ -53,7 +56,7 @@ class EntryConfig(_Strict):
     @classmethod
     def _known_builtin(cls, v: str | None):
         # Refused here rather than at load: `vllmmlxctl check` and a reload see it before a worker starts.
-        if v is not None and v.startswith(BUILTIN_PREFIX) and v[len(BUILTIN_PREFIX):] not in BUILTIN_MODELS:
+        if v is not None and v.startswith(BUILTIN_PREFIX) and v[len(BUILTIN_PREFIX) :] not in BUILTIN_MODELS:
             known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
             raise ValueError(f"unknown builtin model; the builtins are {known}")
         return v
@@ -72,7 +75,7 @@ class EntryConfig(_Strict):
         text = v.get_secret_value()
         if not text:
             raise ValueError("api_key is empty")
-        if text.startswith(DIGEST_PREFIX) and SHA256_RE.match(text[len(DIGEST_PREFIX):]):
+        if text.startswith(DIGEST_PREFIX) and SHA256_RE.match(text[len(DIGEST_PREFIX) :]):
             return v
         return SecretStr(DIGEST_PREFIX + key_digest(text))
 
@@ -126,7 +129,9 @@ class ModelConfig(EntryConfig):
     """A model served here: what to load, when, where to listen and how to serve it."""
 
     model: str = Field(description="builtin:NAME, a .gguf path, a local MLX folder or a Hugging Face repo id")
-    load: Literal["eager", "lazy"] = Field("eager", description="eager: at start; lazy: on the first request through the gateway")
+    load: Literal["eager", "lazy"] = Field(
+        "eager", description="eager: at start; lazy: on the first request through the gateway"
+    )
     idle_unload_s: float | None = Field(None, gt=0, description="lazy models: stop after this long without a request")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
@@ -138,11 +143,19 @@ class ModelConfig(EntryConfig):
     max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 503")
     max_body_mb: float = Field(16.0, gt=0, description="request bodies above this get 413")
     trust_remote_code: bool = False
-    rate_limit: int | str = Field(0, description="requests per client (key name, else address): per minute, or text like '120/minute'; 0: off")
+    rate_limit: int | str = Field(
+        0, description="requests per client (key name, else address): per minute, or text like '120/minute'; 0: off"
+    )
     tokens_per_minute: int = Field(0, ge=0, description="generated tokens per minute per client; 0: no limit")
-    trusted_proxies: tuple[str, ...] = Field((), description="proxy addresses/networks whose X-Forwarded-For names the client")
-    allowed_hosts: tuple[str, ...] = Field((), description="Host names this server answers besides its bind address and localhost")
-    cors_origins: tuple[str, ...] = Field((), description="web origins allowed to call the API from a browser; none by default")
+    trusted_proxies: tuple[str, ...] = Field(
+        (), description="proxy addresses/networks whose X-Forwarded-For names the client"
+    )
+    allowed_hosts: tuple[str, ...] = Field(
+        (), description="Host names this server answers besides its bind address and localhost"
+    )
+    cors_origins: tuple[str, ...] = Field(
+        (), description="web origins allowed to call the API from a browser; none by default"
+    )
     max_connections: int = Field(256, ge=1, description="open connections at most; more get 503")
     health_requires_key: bool = Field(False, description="put /health behind the key check too")
     metrics_requires_key: bool = Field(False, description="put /metrics behind the key check too")
@@ -150,20 +163,34 @@ class ModelConfig(EntryConfig):
     blas: str = Field(
         "auto", description="Linux: auto, mkl, blis, openblas, bundled or a path to a library exporting cblas_sgemm"
     )
-    threads: int | None = Field(None, ge=1, le=1024, description="BLAS threads (and cores on Linux); default: an even share")
+    threads: int | None = Field(
+        None, ge=1, le=1024, description="BLAS threads (and cores on Linux); default: an even share"
+    )
     continuous_batching: bool = Field(True, description="decode many requests together; false: one at a time")
     max_num_seqs: int = Field(16, ge=1, le=1024, description="requests decoded together at most (then they queue)")
     prefill_step_size: int = Field(512, ge=16, le=65536, description="prompt tokens prefilled in one step at most")
     use_paged_cache: bool = Field(False, description="accepted for reference configs: the prefix cache is always on")
-    cache_memory_mb: int | None = Field(None, ge=0, description="prefix cache budget in MB (0: no cache); unset: cache_memory_percent")
-    cache_memory_percent: float = Field(0.20, gt=0, le=1, description="prefix cache budget as a fraction of physical memory")
-    reasoning_parser: str | None = Field(None, description="qwen3 or deepseek_r1: return reasoning apart from the answer")
+    cache_memory_mb: int | None = Field(
+        None, ge=0, description="prefix cache budget in MB (0: no cache); unset: cache_memory_percent"
+    )
+    cache_memory_percent: float = Field(
+        0.20, gt=0, le=1, description="prefix cache budget as a fraction of physical memory"
+    )
+    reasoning_parser: str | None = Field(
+        None, description="qwen3 or deepseek_r1: return reasoning apart from the answer"
+    )
     strict_model_name: bool = Field(False, description="404 for a request naming another model; default: answer it")
-    tool_call_parser: str = Field("auto", description="the model's tool-call format: auto (from its chat template, else hermes) or a family")
-    enable_auto_tool_choice: bool = Field(True, description="read the model's own tool calls (tool_choice auto); false: only forced calls")
+    tool_call_parser: str = Field(
+        "auto", description="the model's tool-call format: auto (from its chat template, else hermes) or a family"
+    )
+    enable_auto_tool_choice: bool = Field(
+        True, description="read the model's own tool calls (tool_choice auto); false: only forced calls"
+    )
     mcp: tuple[str, ...] = Field((), description="names from mcp_servers whose tools this model's worker offers")
-    mcp_auto_execute: tuple[str, ...] = Field((), description="tools the worker runs itself: "
-                                          "SERVER__TOOL (shell patterns), or a server's name for all its tools")
+    mcp_auto_execute: tuple[str, ...] = Field(
+        (),
+        description="tools the worker runs itself: SERVER__TOOL (shell patterns), or a server's name for all its tools",
+    )
     mcp_max_tool_calls: int = Field(8, ge=0, le=1000, description="tool executions one request may make at most")
     mcp_config: str | None = Field(None, description="a Claude-Desktop-style mcpServers JSON file: all its servers")
 
@@ -171,7 +198,7 @@ class ModelConfig(EntryConfig):
     @classmethod
     def _known_builtin_model(cls, v: str | None):
         # Refused here rather than at load: `vllmmlxctl check` and a reload see it before a worker starts.
-        if v is not None and v.startswith(BUILTIN_PREFIX) and v[len(BUILTIN_PREFIX):] not in BUILTIN_MODELS:
+        if v is not None and v.startswith(BUILTIN_PREFIX) and v[len(BUILTIN_PREFIX) :] not in BUILTIN_MODELS:
             known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
             raise ValueError(f"unknown builtin model; the builtins are {known}")
         return v
@@ -254,10 +281,11 @@ class ModelConfig(EntryConfig):
         elif "max_request_tokens" not in given:
             object.__setattr__(self, "max_request_tokens", self.max_tokens)
         else:
-            raise ValueError(f"max_tokens ({self.max_tokens}), the default, is larger than max_request_tokens "
-                             f"({self.max_request_tokens}), the cap: lower max_tokens or leave it out")
+            raise ValueError(
+                f"max_tokens ({self.max_tokens}), the default, is larger than max_request_tokens "
+                f"({self.max_request_tokens}), the cap: lower max_tokens or leave it out"
+            )
         return self
-
 
 
 class UpstreamConfig(EntryConfig):
@@ -276,8 +304,10 @@ class UpstreamConfig(EntryConfig):
                 raise ValueError(ONE_OF_THE_TWO)
             for key in data:
                 if key in ModelConfig.model_fields and key not in cls.model_fields:
-                    raise ValueError(f"{key} is for a model served here; an upstream entry runs on its host "
-                                     "(set it in that host's config)")
+                    raise ValueError(
+                        f"{key} is for a model served here; an upstream entry runs on its host "
+                        "(set it in that host's config)"
+                    )
         return data
 
     @field_validator("upstream")
@@ -342,8 +372,10 @@ def entry_kind(value: Any) -> str:
 
 
 # What `models:` holds. The tags appear in pydantic's error locations; config/load.py drops them.
-Entry = Annotated[Union[Annotated[ModelConfig, Tag("[model]")], Annotated[UpstreamConfig, Tag("[upstream]")]],
-                  Discriminator(entry_kind)]
+Entry = Annotated[
+    Union[Annotated[ModelConfig, Tag("[model]")], Annotated[UpstreamConfig, Tag("[upstream]")]],
+    Discriminator(entry_kind),
+]
 ENTRY_KINDS: dict[str, type[EntryConfig]] = {"[model]": ModelConfig, "[upstream]": UpstreamConfig}
 Resolved = Union[ResolvedModel, ResolvedUpstream]
 

@@ -21,8 +21,19 @@ from .keys import KeyGrant
 # a local model's supervisor state, `idle` (a lazy model ready with nothing running),
 # `unloaded` (a lazy model not started), and for an upstream `ready` or `unreachable`.
 RouteState = str
-ROUTE_STATES = ("starting", "loading", "ready", "idle", "unloaded", "draining", "backoff", "failed", "stopped",
-                "unreachable", "unknown")
+ROUTE_STATES = (
+    "starting",
+    "loading",
+    "ready",
+    "idle",
+    "unloaded",
+    "draining",
+    "backoff",
+    "failed",
+    "stopped",
+    "unreachable",
+    "unknown",
+)
 
 
 class GatewayConfig(_Strict):
@@ -33,8 +44,12 @@ class GatewayConfig(_Strict):
     ui: bool = Field(True, description="serve the chat / playground / status page at /")
     load_timeout: float = Field(300.0, gt=0, description="seconds a request waits for a lazy model to load")
     upstream_health_interval_s: float = Field(5.0, gt=0, description="seconds between health checks of upstream hosts")
-    trusted_proxies: tuple[str, ...] = Field((), description="proxy addresses/networks whose X-Forwarded-For names the client")
-    allowed_hosts: tuple[str, ...] = Field((), description="Host names the gateway answers besides its bind address and localhost")
+    trusted_proxies: tuple[str, ...] = Field(
+        (), description="proxy addresses/networks whose X-Forwarded-For names the client"
+    )
+    allowed_hosts: tuple[str, ...] = Field(
+        (), description="Host names the gateway answers besides its bind address and localhost"
+    )
     cors_origins: tuple[str, ...] = Field((), description="web origins allowed to call the gateway from a browser")
     max_connections: int = Field(1024, ge=1, description="open connections at most; more get 503")
     max_body_mb: float = Field(16.0, gt=0, description="request bodies above this get 413")
@@ -117,5 +132,5 @@ def embedding_display_name(spec: str | None) -> str | None:
     if not spec:
         return None
     if spec.startswith("builtin:"):
-        return spec[len("builtin:"):]
+        return spec[len("builtin:") :]
     return spec.rstrip("/").rsplit("/", 1)[-1]

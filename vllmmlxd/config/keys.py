@@ -33,7 +33,9 @@ def check_rate(value: int | str) -> int | str:
         except ValueError:
             items = []
         if not items or any(item.amount < 1 for item in items):
-            raise ValueError("a rate limit is a count per minute or text like '60/minute', '5/second' or '10/second;1000/hour'")
+            raise ValueError(
+                "a rate limit is a count per minute or text like '60/minute', '5/second' or '10/second;1000/hour'"
+            )
     return value
 
 
@@ -57,7 +59,9 @@ class ApiKeyConfig(_Strict):
     models: tuple[str, ...] = Field(("*",), description="entry names (shell patterns) this key may use")
     rate_limit: int | str = Field(0, description="this key's requests per minute, or text like '5/second'")
     tokens_per_minute: int = Field(0, ge=0, description="generated tokens per minute for this key; 0: no limit")
-    mcp: tuple[str, ...] | None = Field(None, description="MCP servers (names) this key may use; unset: all of a model's")
+    mcp: tuple[str, ...] | None = Field(
+        None, description="MCP servers (names) this key may use; unset: all of a model's"
+    )
 
     @model_validator(mode="before")
     @classmethod

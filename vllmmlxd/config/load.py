@@ -198,7 +198,9 @@ class _Reader:
         out: dict[str, object] = {}
         for key, value in node.value:
             if not isinstance(key, ScalarNode):
-                self.errors.append(f"{self.path}:{_pos(key)}: {_dotted(loc) or 'top level'}: keys must be plain strings")
+                self.errors.append(
+                    f"{self.path}:{_pos(key)}: {_dotted(loc) or 'top level'}: keys must be plain strings"
+                )
                 continue
             # Keys stay the text as written, so a model named `8001` or `yes` is the string it looks like.
             child = loc + (key.value,)

@@ -29,7 +29,9 @@ class McpServerConfig(_Strict):
     transport: Literal["stdio", "streamable-http", "sse"] = "stdio"
     command: str | None = Field(None, description="stdio: the program to run")
     args: tuple[str, ...] = ()
-    env: dict[str, SecretStr] = Field(default_factory=dict, description="stdio: variables added to a small safe environment")
+    env: dict[str, SecretStr] = Field(
+        default_factory=dict, description="stdio: variables added to a small safe environment"
+    )
     cwd: str | None = None
     url: str | None = Field(None, description="streamable-http or sse: the server's endpoint")
     headers: dict[str, SecretStr] = Field(default_factory=dict, description="HTTP headers sent with every request")
@@ -75,8 +77,9 @@ class McpServerConfig(_Strict):
 
     def offers(self, tool: str) -> bool:
         """Whether this server's tool ``tool`` passes its allow_tools / deny_tools patterns."""
-        return (any(fnmatch.fnmatchcase(tool, p) for p in self.allow_tools)
-                and not any(fnmatch.fnmatchcase(tool, p) for p in self.deny_tools))
+        return any(fnmatch.fnmatchcase(tool, p) for p in self.allow_tools) and not any(
+            fnmatch.fnmatchcase(tool, p) for p in self.deny_tools
+        )
 
     def revealed(self) -> dict:
         """This server as plain JSON, secrets shown: for a worker's stdin only."""
@@ -89,8 +92,10 @@ class McpServerConfig(_Strict):
 def check_mcp_server_names(names) -> None:
     for name in names:
         if not MCP_SERVER_NAME_RE.match(name):
-            raise ValueError(f"MCP server name {name!r} must be letters, digits, '-' or single '_' (at most 32; "
-                             f"'__' separates server and tool)")
+            raise ValueError(
+                f"MCP server name {name!r} must be letters, digits, '-' or single '_' (at most 32; "
+                f"'__' separates server and tool)"
+            )
 
 
 def load_mcp_file(path: str | Path) -> dict[str, McpServerConfig]:
@@ -112,26 +117,39 @@ def load_mcp_file(path: str | Path) -> dict[str, McpServerConfig]:
         raise ValueError(f"the MCP config file is not JSON: {str(e).split(':')[0]}") from None
     servers = data.get("mcpServers") if isinstance(data, dict) else None
     if not isinstance(servers, dict):
-        raise ValueError("the MCP config file has no \"mcpServers\" object")
+        raise ValueError('the MCP config file has no "mcpServers" object')
     check_mcp_server_names(servers)
     out = {}
-    kinds = {"stdio": "stdio", "sse": "sse", "http": "streamable-http", "streamable-http": "streamable-http",
-             "streamableHttp": "streamable-http"}
+    kinds = {
+        "stdio": "stdio",
+        "sse": "sse",
+        "http": "streamable-http",
+        "streamable-http": "streamable-http",
+        "streamableHttp": "streamable-http",
+    }
     for name, spec in servers.items():
         if not isinstance(spec, dict):
             raise ValueError(f"MCP config: server {name!r} is not an object")
-        fields = {k: spec[k] for k in ("command", "args", "env", "cwd", "url", "headers", "timeout") if spec.get(k) is not None}
+        fields = {
+            k: spec[k]
+            for k in ("command", "args", "env", "cwd", "url", "headers", "timeout")
+            if spec.get(k) is not None
+        }
         kind = spec.get("transport", spec.get("type"))
         if kind is not None:
             if kind not in kinds:
-                raise ValueError(f"MCP config: server {name!r} has an unknown type (stdio, sse, http or streamable-http)")
+                raise ValueError(
+                    f"MCP config: server {name!r} has an unknown type (stdio, sse, http or streamable-http)"
+                )
             fields["transport"] = kinds[kind]
         if spec.get("disabled") is True:
             fields["enabled"] = False
         try:
             out[name] = McpServerConfig.model_validate(fields)
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'server'}: {e['msg'].removeprefix('Value error, ')}"
-                                 for e in exc.errors(include_input=False, include_url=False))
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'server'}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors(include_input=False, include_url=False)
+            )
             raise ValueError(f"MCP config: server {name!r}: {problems}") from None
     return out

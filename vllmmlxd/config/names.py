@@ -7,9 +7,22 @@ the code that implements it.
 BLAS_NAMES = ("auto", "mkl", "blis", "openblas", "bundled")
 REASONING_PARSERS = ("qwen3", "deepseek_r1")  # as vllmmlxd/parsers/reasoning has them (a test keeps them equal)
 TOOL_PARSERS = (  # as vllmmlxd/parsers/tools has them (a test keeps them equal)
-    "auto", "deepseek", "functionary", "glm47", "granite", "hermes", "kimi", "llama", "mistral", "nemotron", "qwen", "xlam",
+    "auto",
+    "deepseek",
+    "functionary",
+    "glm47",
+    "granite",
+    "hermes",
+    "kimi",
+    "llama",
+    "mistral",
+    "nemotron",
+    "qwen",
+    "xlam",
 )
 BUILTIN_MODELS = (  # as vllmmlxd/engine/builtin.py has them (a test keeps them equal; config never imports the engine)
-    "all-minilm-l6-v2", "smollm2-135m-instruct", "tiny",
+    "all-minilm-l6-v2",
+    "smollm2-135m-instruct",
+    "tiny",
 )
 BUILTIN_PREFIX = "builtin:"

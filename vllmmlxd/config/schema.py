@@ -18,7 +18,14 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from .base import Strict as _Strict
 from .entries import (  # noqa: F401 - the entry kinds are imported from here too
-    INTERNAL_FIELDS, Entry, EntryConfig, ModelConfig, Resolved, ResolvedModel, ResolvedUpstream, UpstreamConfig,
+    INTERNAL_FIELDS,
+    Entry,
+    EntryConfig,
+    ModelConfig,
+    Resolved,
+    ResolvedModel,
+    ResolvedUpstream,
+    UpstreamConfig,
     resolve,
 )
 from .gateway import GatewayConfig
@@ -52,7 +59,9 @@ class Config(_Strict):
     daemon: DaemonConfig = DaemonConfig()
     # Declared before api_keys and models: their validators check the server names they give.
     mcp_config: Path | None = Field(None, description="a Claude-Desktop-style mcpServers JSON file, imported as is")
-    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict, validate_default=True)  # the import runs without it
+    mcp_servers: dict[str, McpServerConfig] = Field(
+        default_factory=dict, validate_default=True
+    )  # the import runs without it
     api_keys: dict[str, ApiKeyConfig] = Field(default_factory=dict)
     gateway: GatewayConfig | None = Field(None, description="one address for every model, with the web page")
     models: dict[str, Entry] = Field(default_factory=dict)  # resolved when valid: ResolvedModel, ResolvedUpstream
@@ -93,8 +102,10 @@ class Config(_Strict):
         for name, key in keys.items():
             for i, server in enumerate(key.mcp or ()):
                 if server not in servers:
-                    raise ValueError(f"key {name!r}: mcp[{i}] names an MCP server mcp_servers does not define; "
-                                     f"defined: {', '.join(sorted(servers)) or 'none'}")
+                    raise ValueError(
+                        f"key {name!r}: mcp[{i}] names an MCP server mcp_servers does not define; "
+                        f"defined: {', '.join(sorted(servers)) or 'none'}"
+                    )
         return keys
 
     @field_validator("models")
@@ -129,14 +140,24 @@ class Config(_Strict):
             for i, key_name in enumerate(entry.api_keys):
                 if key_name != "*" and key_name not in keys:  # named by place: an unknown name is only a value
                     known = ", ".join(sorted(keys)) or "none (add an api_keys section)"
-                    raise ValueError(f"model {name!r}: api_keys[{i}] names a key the api_keys section does not "
-                                     f"define; defined: {known}")
+                    raise ValueError(
+                        f"model {name!r}: api_keys[{i}] names a key the api_keys section does not "
+                        f"define; defined: {known}"
+                    )
             for key_name in sorted(listed - {"*"}):
                 if not keys[key_name].may_use(name):
-                    raise ValueError(f"model {name!r} names key {key_name!r}, whose models ({', '.join(keys[key_name].models)}) exclude it")
+                    raise ValueError(
+                        f"model {name!r} names key {key_name!r}, whose models ({', '.join(keys[key_name].models)}) exclude it"
+                    )
             grants = tuple(
-                KeyGrant(name=key_name, sha256=k.key_sha256, rate_limit=k.rate_limit, tokens_per_minute=k.tokens_per_minute,
-                         allowed=key_name in listed or ("*" in listed and k.may_use(name)), mcp=k.mcp)
+                KeyGrant(
+                    name=key_name,
+                    sha256=k.key_sha256,
+                    rate_limit=k.rate_limit,
+                    tokens_per_minute=k.tokens_per_minute,
+                    allowed=key_name in listed or ("*" in listed and k.may_use(name)),
+                    mcp=k.mcp,
+                )
                 for key_name, k in keys.items()
             )
             out[name] = resolve(entry, key_grants=grants)
@@ -155,15 +176,19 @@ class Config(_Strict):
                 continue
             for i, server in enumerate(entry.mcp):
                 if server not in servers:
-                    raise ValueError(f"model {name!r}: mcp[{i}] names an MCP server mcp_servers does not define; "
-                                     f"defined: {', '.join(sorted(servers)) or 'none'}")
+                    raise ValueError(
+                        f"model {name!r}: mcp[{i}] names an MCP server mcp_servers does not define; "
+                        f"defined: {', '.join(sorted(servers)) or 'none'}"
+                    )
             own = load_mcp_file(entry.mcp_config) if entry.mcp_config else {}
             resolved = {**{s: servers[s] for s in entry.mcp}, **own}
             for i, pattern in enumerate(entry.mcp_auto_execute):
                 server = pattern.split(MCP_TOOL_SEPARATOR, 1)[0]
                 if pattern != "*" and not any(c in server for c in "*?[") and server not in resolved:
-                    raise ValueError(f"model {name!r}: mcp_auto_execute[{i}] names an MCP server the model does not "
-                                     f"use; it uses: {', '.join(sorted(resolved)) or 'none (add mcp or mcp_config)'}")
+                    raise ValueError(
+                        f"model {name!r}: mcp_auto_execute[{i}] names an MCP server the model does not "
+                        f"use; it uses: {', '.join(sorted(resolved)) or 'none (add mcp or mcp_config)'}"
+                    )
             out[name] = resolve(entry, mcp_servers_resolved=resolved) if resolved else entry
         return out
 
@@ -178,10 +203,14 @@ class Config(_Strict):
             names = {entry.display_name(name), name, *entry.aliases}
             for n in sorted(names):
                 if owner.setdefault(n, name) != name:
-                    raise ValueError(f"models {owner[n]!r} and {name!r} both answer to {n!r}: the gateway routes by "
-                                     "name, so served_model_name, entry keys and aliases must differ")
+                    raise ValueError(
+                        f"models {owner[n]!r} and {name!r} both answer to {n!r}: the gateway routes by "
+                        "name, so served_model_name, entry keys and aliases must differ"
+                    )
         token = gateway_token()
-        models = {name: resolve(entry, gateway_token=token) if isinstance(entry, ResolvedModel) else entry
-                  for name, entry in self.models.items()}
+        models = {
+            name: resolve(entry, gateway_token=token) if isinstance(entry, ResolvedModel) else entry
+            for name, entry in self.models.items()
+        }
         object.__setattr__(self, "models", models)
         return self

@@ -28,8 +28,10 @@ class DaemonLock:
     def acquire(cls, state_dir: Path, control_socket: Path) -> "DaemonLock":
         files: list[IO[str]] = []
         try:
-            for path, what in ((state_dir / "daemon.lock", f"state directory {state_dir}"),
-                               (Path(f"{control_socket}.lock"), f"control socket {control_socket}")):
+            for path, what in (
+                (state_dir / "daemon.lock", f"state directory {state_dir}"),
+                (Path(f"{control_socket}.lock"), f"control socket {control_socket}"),
+            ):
                 path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the socket's folder may not exist yet
                 try:
                     files.append(acquire_lock(path))

@@ -33,8 +33,11 @@ def status_response(view: Any) -> StatusResponse:
         runtime = fields.pop("runtime", None) or {}
         models.append(ModelStatus(**fields, **runtime))
     gateway = getattr(view, "gateway", None)
-    return StatusResponse(daemon=DaemonStatus(**daemon), models=models,
-                          gateway=GatewayStatus(**_fields(gateway)) if gateway is not None else None)
+    return StatusResponse(
+        daemon=DaemonStatus(**daemon),
+        models=models,
+        gateway=GatewayStatus(**_fields(gateway)) if gateway is not None else None,
+    )
 
 
 def reload_result(record: Any | None) -> ReloadResult | None:

@@ -17,8 +17,9 @@ from pydantic import BaseModel, ConfigDict
 from vllmmlxd.paths import resolve_state_dir
 
 # A model's state as the supervisor reports it (supervisor/states.py; a test keeps the two equal).
-State = Literal["starting", "ready", "draining", "backoff", "failed", "stopped", "loading", "idle", "unloaded",
-                "unreachable"]
+State = Literal[
+    "starting", "ready", "draining", "backoff", "failed", "stopped", "loading", "idle", "unloaded", "unreachable"
+]
 
 ENV_SOCKET = "VLLMMLXD_SOCKET"
 SOCKET_NAME = "control.sock"

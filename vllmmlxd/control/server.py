@@ -65,9 +65,7 @@ def make_control_app(target: ControlTarget) -> FastAPI:
         return JSONResponse(result.model_dump(mode="json"), status_code=200 if result.ok else 409)
 
     @app.get("/models/{name}/logs")
-    async def logs(
-        name: str, lines: int = Query(100, ge=0, le=100_000), follow: bool = False
-    ) -> Response:
+    async def logs(name: str, lines: int = Query(100, ge=0, le=100_000), follow: bool = False) -> Response:
         stream = None
         try:
             # Ask for the stream first: a target that subscribes when called loses no line in between.
@@ -190,4 +188,6 @@ def _check_free(path: Path) -> None:
             probe.close()
         raise OSError(errno.EADDRINUSE, f"another vllmmlxd is already listening on {path}")
     if path.exists() or path.is_symlink():
-        raise FileExistsError(errno.EEXIST, f"{path} exists and is not a socket; remove it or set daemon.control_socket")
+        raise FileExistsError(
+            errno.EEXIST, f"{path} exists and is not a socket; remove it or set daemon.control_socket"
+        )

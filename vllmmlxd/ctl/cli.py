@@ -57,8 +57,10 @@ def cmd_reload(args: argparse.Namespace) -> int:
     """Re-read the config (or, with ``--dry-run [FILE]``, only show what it, or FILE, would change)."""
     file = getattr(args, "file", None)
     if file and not args.dry_run:
-        _err("FILE needs --dry-run: a reload always reads the daemon's own config file "
-             "(edit that file, or restart the daemon with --config FILE)")
+        _err(
+            "FILE needs --dry-run: a reload always reads the daemon's own config file "
+            "(edit that file, or restart the daemon with --config FILE)"
+        )
         return exit_codes.USAGE
     if file:
         file = str(Path(file).expanduser().resolve())  # the daemon's working directory is not ours
@@ -68,11 +70,15 @@ def cmd_reload(args: argparse.Namespace) -> int:
     with _client(args) as client:
         result = client.reload(dry_run=args.dry_run, file=file)
     read = getattr(result, "config_path", None)
-    about_file = read == file or (not result.ok and bool(file) and file in (result.error or ""))  # FILE:LINE:COL errors name it
+    about_file = read == file or (
+        not result.ok and bool(file) and file in (result.error or "")
+    )  # FILE:LINE:COL errors name it
     if file and not about_file:
         # A daemon that does not know the file parameter previews its own config instead.
-        _err(f"this daemon cannot preview another file (it read {read or 'its own config'}); "
-             f"copy {file} over its config and run `vllmmlxctl reload --dry-run`")
+        _err(
+            f"this daemon cannot preview another file (it read {read or 'its own config'}); "
+            f"copy {file} over its config and run `vllmmlxctl reload --dry-run`"
+        )
         return exit_codes.ERROR
     print(render_reload(result), file=sys.stdout if result.ok else sys.stderr)
     return exit_codes.OK if result.ok else exit_codes.ERROR
@@ -185,10 +191,18 @@ def make_parser() -> argparse.ArgumentParser:
     """The argument parser; ``--socket`` and ``--config`` work before or after the command."""
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a subcommand's unset option must not overwrite one given before the command.
-    common.add_argument("--socket", metavar="PATH", default=argparse.SUPPRESS,
-                        help="the daemon's control socket (default: $VLLMMLXD_SOCKET, the config's, or the state dir's)")
-    common.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
-                        help="the daemon's config file, to find its control socket")
+    common.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="the daemon's control socket (default: $VLLMMLXD_SOCKET, the config's, or the state dir's)",
+    )
+    common.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="the daemon's config file, to find its control socket",
+    )
     parser = argparse.ArgumentParser(prog=PROG, parents=[common], description="Control a running vllmmlxd.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -197,10 +211,17 @@ def make_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("reload", parents=[common], help="re-read the config; apply only what changed")
-    p.add_argument("--dry-run", action="store_true",
-                   help="show, per model, what would change (applied live or a new worker) and change nothing")
-    p.add_argument("file", metavar="FILE", nargs="?",
-                   help="with --dry-run: preview this file against the running config instead of the daemon's own")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show, per model, what would change (applied live or a new worker) and change nothing",
+    )
+    p.add_argument(
+        "file",
+        metavar="FILE",
+        nargs="?",
+        help="with --dry-run: preview this file against the running config instead of the daemon's own",
+    )
     p.set_defaults(func=cmd_reload)
 
     p = sub.add_parser("check", help="validate a config file (no daemon needed)")

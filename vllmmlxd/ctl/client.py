@@ -82,8 +82,10 @@ def unreachable_hint(origin: str) -> str:
         return "is the daemon running with this config? Else pass its own --config FILE or --socket PATH"
     # A daemon run with a config that sets daemon.control_socket or daemon.state_dir (as a
     # system service usually is) listens elsewhere than this user's default.
-    return ("if the daemon runs with a config that sets daemon.control_socket or daemon.state_dir "
-            "(a system service, another user), pass --config FILE or --socket PATH")
+    return (
+        "if the daemon runs with a config that sets daemon.control_socket or daemon.state_dir "
+        "(a system service, another user), pass --config FILE or --socket PATH"
+    )
 
 
 def _daemon_section(config: str) -> dict:
@@ -108,9 +110,7 @@ class ControlClient:
     def __init__(self, socket_path: Path, connect_timeout: float = CONNECT_TIMEOUT_S):
         self.socket_path = Path(socket_path)
         self.connect_timeout = connect_timeout
-        self._http = httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(self.socket_path)), base_url="http://vllmmlxd"
-        )
+        self._http = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)), base_url="http://vllmmlxd")
 
     def __enter__(self) -> ControlClient:
         return self
@@ -172,7 +172,9 @@ class ControlClient:
         try:
             return r.json()
         except ValueError:
-            raise ControlRequestError(r.status_code, f"the daemon sent a body that is not JSON: {r.text[:200]!r}") from None
+            raise ControlRequestError(
+                r.status_code, f"the daemon sent a body that is not JSON: {r.text[:200]!r}"
+            ) from None
 
 
 def _quote(name: str) -> str:

@@ -8,7 +8,20 @@ from collections.abc import Sequence
 from vllmmlxd.control.protocol import ActionResponse, ModelStatus, ReloadResponse, StatusResponse
 
 STATUS_HEADERS = (
-    "MODEL", "STATE", "PID", "PORT", "KEYS", "UPTIME", "RESTARTS", "RUN", "WAIT", "TOK/S", "CACHE", "BLAS", "THREADS", "CPUS",
+    "MODEL",
+    "STATE",
+    "PID",
+    "PORT",
+    "KEYS",
+    "UPTIME",
+    "RESTARTS",
+    "RUN",
+    "WAIT",
+    "TOK/S",
+    "CACHE",
+    "BLAS",
+    "THREADS",
+    "CPUS",
 )
 # States worth explaining under the table with the worker's last stderr lines.
 _EXPLAINED = ("failed", "backoff", "unreachable")
@@ -43,16 +56,27 @@ def format_clock(at: float, now: float | None = None) -> str:
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Left-aligned columns two spaces apart, with no trailing spaces."""
     widths = [max(len(str(row[i])) for row in (headers, *rows)) for i in range(len(headers))]
-    return "\n".join(
-        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (headers, *rows)
-    )
+    return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (headers, *rows))
 
 
 def _row(m: ModelStatus) -> tuple[str, ...]:
     pid = "-" if m.pid is None else str(m.pid)
-    return (m.name, _state(m), pid, str(m.port), _keys(m), format_duration(m.uptime_s), str(m.restarts),
-            _or_dash(m.running), _or_dash(m.waiting), _or_dash(m.tokens_per_s), _cache(m),
-            m.blas or "-", _or_dash(m.threads), m.cpus or "-")
+    return (
+        m.name,
+        _state(m),
+        pid,
+        str(m.port),
+        _keys(m),
+        format_duration(m.uptime_s),
+        str(m.restarts),
+        _or_dash(m.running),
+        _or_dash(m.waiting),
+        _or_dash(m.tokens_per_s),
+        _cache(m),
+        m.blas or "-",
+        _or_dash(m.threads),
+        m.cpus or "-",
+    )
 
 
 def _state(m: ModelStatus) -> str:
@@ -71,8 +95,10 @@ def _lazy_lines(models: Sequence[ModelStatus]) -> list[str]:
             lines.append(f"{m.name}*: served by {m.upstream}")
         elif getattr(m, "load", "eager") == "lazy":
             after = getattr(m, "idle_unload_s", None)
-            lines.append(f"{m.name}: lazy (loads on its first request through the gateway)"
-                         + (f", unloaded after {format_duration(after)} idle" if after else ""))
+            lines.append(
+                f"{m.name}: lazy (loads on its first request through the gateway)"
+                + (f", unloaded after {format_duration(after)} idle" if after else "")
+            )
     return lines
 
 
@@ -116,9 +142,12 @@ def _blas_lines(models: Sequence[ModelStatus]) -> list[str]:
 
 def _embedding_lines(models: Sequence[ModelStatus]) -> list[str]:
     """``llama embeds with all-minilm-l6-v2: 12 requests, 340 inputs`` for each entry with an embedding model."""
-    return [f"{m.name} embeds with {m.embedding_model}: {_or_dash(getattr(m, 'embedding_requests', None))} requests, "
-            f"{_or_dash(getattr(m, 'embedding_inputs', None))} inputs"
-            for m in models if getattr(m, "embedding_model", None)]
+    return [
+        f"{m.name} embeds with {m.embedding_model}: {_or_dash(getattr(m, 'embedding_requests', None))} requests, "
+        f"{_or_dash(getattr(m, 'embedding_inputs', None))} inputs"
+        for m in models
+        if getattr(m, "embedding_model", None)
+    ]
 
 
 def _explain(m: ModelStatus) -> list[str]:
@@ -205,8 +234,13 @@ def render_entries(entries: Sequence[dict]) -> list[str]:
     """Per entry, what the reload does to it: ``llama  apply live  timeout, rate_limit`` or
     ``qwen  new worker  port (also timeout)``; unchanged entries on one line at the end."""
     rows, unchanged = [], []
-    for e in sorted(entries, key=lambda e: (_ENTRY_ORDER.index(e.get("kind")) if e.get("kind") in _ENTRY_ORDER
-                                            else len(_ENTRY_ORDER), e.get("name", ""))):
+    for e in sorted(
+        entries,
+        key=lambda e: (
+            _ENTRY_ORDER.index(e.get("kind")) if e.get("kind") in _ENTRY_ORDER else len(_ENTRY_ORDER),
+            e.get("name", ""),
+        ),
+    ):
         kind, keys, forcing = e.get("kind", "?"), list(e.get("keys") or []), list(e.get("forcing") or [])
         if kind == "unchanged":
             unchanged.append(e.get("name", "?"))
@@ -246,10 +280,13 @@ def render_reload(result: ReloadResponse) -> str:
             return "\n".join([head] + plan)
         rest = _beside_table(result.plan.splitlines())
         headline = rest[:1] if rest[:1] == ["no changes"] else []
-        lines = headline + render_entries(entries) + rest[len(headline):]
+        lines = headline + render_entries(entries) + rest[len(headline) :]
         return "\n".join([head] + [_INDENT + line for line in lines])
-    head = ("the reload would fail; nothing changed:" if result.dry_run
-            else "reload failed; the daemon keeps its previous config:")
+    head = (
+        "the reload would fail; nothing changed:"
+        if result.dry_run
+        else "reload failed; the daemon keeps its previous config:"
+    )
     lines = [head, *(result.error or "unknown error").splitlines()]
     if plan:
         lines += ["plan:"] + plan

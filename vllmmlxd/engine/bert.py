@@ -204,7 +204,7 @@ def load_bert(folder: Path) -> BertEncoder:
         for name, value in mx.load(str(path)).items():
             for prefix in _PREFIXES:
                 if name.startswith(prefix):
-                    name = name[len(prefix):]
+                    name = name[len(prefix) :]
                     break
             if name.startswith(_UNUSED):
                 continue

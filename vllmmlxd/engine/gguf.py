@@ -177,24 +177,37 @@ def make_tokenizer(meta: dict[str, Any]) -> Tokenizer:
     pre = meta_value(meta, "tokenizer.ggml.pre", "default")
     if pre in _SPLIT_PATTERNS:
         split = pre_tokenizers.Split(_SPLIT_PATTERNS[pre], behavior="isolated")
-        tok.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
     else:
         if pre not in ("smollm", "default", "gpt2"):
             log_event(logger, "model.convert.pretokenizer", logging.WARNING, pre=pre, using="smollm")
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
         )
     tok.decoder = decoders.ByteLevel()
     post: list = [processors.ByteLevel(trim_offsets=False)]
     if meta_value(meta, "tokenizer.ggml.add_bos_token", False):
         bos_id = meta_value(meta, "tokenizer.ggml.bos_token_id")
         bos = tokens[bos_id]
-        post.append(processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, bos_id)]))
+        post.append(
+            processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, bos_id)]
+            )
+        )
     tok.post_processor = post[0] if len(post) == 1 else processors.Sequence(post)
     types = meta_value(meta, "tokenizer.ggml.token_type", [])
     # Control tokens (<|im_start|>...) must never be split by BPE; user-defined ones stay un-split but plain.
-    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _CONTROL])
-    tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types) if t == _USER_DEFINED])
+    tok.add_special_tokens(
+        [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _CONTROL]
+    )
+    tok.add_tokens(
+        [AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types) if t == _USER_DEFINED]
+    )
     return tok
 
 
@@ -303,7 +316,7 @@ def remove_abandoned_builds(target: Path, now: float | None = None) -> list[Path
     removed = []
     for prefix in (TMP_PREFIX, STALE_PREFIX):
         for folder in target.parent.glob(f"{prefix}{target.name}-*"):
-            if _abandoned(folder, folder.name[len(prefix) + len(target.name) + 1:], now):
+            if _abandoned(folder, folder.name[len(prefix) + len(target.name) + 1 :], now):
                 shutil.rmtree(folder, ignore_errors=True)
                 removed.append(folder)
     if removed:

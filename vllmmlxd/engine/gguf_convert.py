@@ -37,8 +37,14 @@ def convert_in_child(gguf_path: Path, folder: Path, timeout: float | None = None
     """
     timeout = TIMEOUT_S if timeout is None else timeout
     try:
-        proc = subprocess.run(convert_command(gguf_path, folder), stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, errors="replace", timeout=timeout)
+        proc = subprocess.run(
+            convert_command(gguf_path, folder),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:  # run() has killed the child by now
         raise ModelLoadError(
             f"converting GGUF file {gguf_path} took longer than {timeout:g} s; the converter was killed"
@@ -46,7 +52,7 @@ def convert_in_child(gguf_path: Path, folder: Path, timeout: float | None = None
     if proc.returncode == 0:
         return
     lines = proc.stderr.strip().splitlines()
-    refused = [line[len(ERROR_PREFIX):] for line in lines if line.startswith(ERROR_PREFIX)]
+    refused = [line[len(ERROR_PREFIX) :] for line in lines if line.startswith(ERROR_PREFIX)]
     if proc.returncode == EXIT_REFUSED and refused:
         raise ModelLoadError(refused[-1])
     raise ModelLoadError(

@@ -53,8 +53,13 @@ def load_model(spec: str, state_dir: Path, *, trust_remote_code: bool = False) -
     dtype = prefer_cpu_dtype(model, config)
     loaded = LoadedModel(model, tokenizer, source, context_length_of(config), name)
     log_event(
-        logger, "model.load", spec=spec, path=str(source), dtype=dtype,
-        context_length=loaded.context_length, seconds=round(time.monotonic() - started, 2),
+        logger,
+        "model.load",
+        spec=spec,
+        path=str(source),
+        dtype=dtype,
+        context_length=loaded.context_length,
+        seconds=round(time.monotonic() - started, 2),
     )
     return loaded
 
@@ -62,7 +67,7 @@ def load_model(spec: str, state_dir: Path, *, trust_remote_code: bool = False) -
 def resolve_spec(spec: str, state_dir: Path) -> tuple[Path | str, str]:
     """Map a spec to (MLX folder or hub repo id, display name), converting GGUF/builtins first."""
     if spec.startswith("builtin:"):
-        name = spec[len("builtin:"):]
+        name = spec[len("builtin:") :]
         return builtin.ensure_builtin(name, state_dir), name
     path = Path(spec).expanduser()
     if spec.lower().endswith(".gguf"):

@@ -52,7 +52,10 @@ class MLXEngine:
         self.options = options or EngineOptions()
         has_template = bool(getattr(self.tokenizer, "has_chat_template", False))
         tool_parser, chosen = resolve_tool_parser(
-            self.options.tool_call_parser, getattr(self.tokenizer, "chat_template", None), set(self.tokenizer.get_vocab()))
+            self.options.tool_call_parser,
+            getattr(self.tokenizer, "chat_template", None),
+            set(self.tokenizer.get_vocab()),
+        )
         self._tool_parser = tool_parser_class(tool_parser)
         self.info = ModelInfo(
             name=name or loaded.name,
@@ -68,8 +71,13 @@ class MLXEngine:
         self._init_request_text()
         # A template that ignores tools gets them (and the call format) in the system message.
         self._template_has_tools = has_template and template_renders_tools(self._render_text)
-        log_event(logger, "engine.tools", parser=tool_parser, chosen=chosen,
-                  tools_in=("template" if self._template_has_tools else "system prompt, added by vllmmlxd"))
+        log_event(
+            logger,
+            "engine.tools",
+            parser=tool_parser,
+            chosen=chosen,
+            tools_in=("template" if self._template_has_tools else "system prompt, added by vllmmlxd"),
+        )
         self.stats = EngineStats()
         self.max_queue = self.options.max_queue
         self._eos = set(self.tokenizer.eos_token_ids)
@@ -80,7 +88,9 @@ class MLXEngine:
         self._lock = threading.Lock()
         self._scheduler = Scheduler(self.model, self._eos, self.options, self.stats)
         self._scheduler.on_admit = self._admitted
-        self._grammars = self._scheduler.grammars = Grammars(self.tokenizer, self.model, self._eos)  # built on first use
+        self._grammars = self._scheduler.grammars = Grammars(
+            self.tokenizer, self.model, self._eos
+        )  # built on first use
         log_event(logger, "engine.warm", seconds=round(self._scheduler.warm_up(), 2))
         self._thread = threading.Thread(target=self._scheduler.run, name="mlx-engine", daemon=True)
         self._thread.start()
@@ -104,10 +114,12 @@ class MLXEngine:
         marked, changed = self._request_text.mark(messages)
         marked_kwargs, kwargs_changed = self._request_text.mark(kwargs)
         if not (changed or kwargs_changed):
-            return list(self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, **kwargs))
+            return list(
+                self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
+            )
         rendered = self.tokenizer.apply_chat_template(
-            marked, add_generation_prompt=True, tokenize=False, **marked_kwargs)
+            marked, add_generation_prompt=True, tokenize=False, **marked_kwargs
+        )
         return self._request_text.encode(rendered, self._encode, self._encode_plain, self._special_token_ids)
 
     def _refuse_unsafe_template(self) -> None:
@@ -118,8 +130,10 @@ class MLXEngine:
             try:
                 self._render_text(_SANDBOX_PROBE, tools)
             except SecurityError as exc:
-                raise ModelLoadError(f"the model's chat template tries an operation the template sandbox forbids "
-                                     f"({exc}); refusing to serve it") from None
+                raise ModelLoadError(
+                    f"the model's chat template tries an operation the template sandbox forbids "
+                    f"({exc}); refusing to serve it"
+                ) from None
             except Exception:  # a template may refuse this conversation: that is for requests to find out
                 pass
 
@@ -151,8 +165,13 @@ class MLXEngine:
                 )
             detok = IncrementalDetokenizer(self._decode, request.prompt_tokens)
             seq = Sequence(
-                request, asyncio.get_running_loop(), detok, self._eos, self._special,
-                parser=self._parser_for(request), token_text=self._special_text.get,
+                request,
+                asyncio.get_running_loop(),
+                detok,
+                self._eos,
+                self._special,
+                parser=self._parser_for(request),
+                token_text=self._special_text.get,
             )
             self._waiting += 1
             self.stats.num_waiting = self._waiting

@@ -141,8 +141,11 @@ class PrefixCache:
             self.stats.too_large += 1
             return False
         if trimmable:  # entries that are starts of this one are now redundant
-            for key in [k for k, e in self._entries.items()
-                        if len(e.tokens) < len(query) and common_prefix(e.tokens, query) == len(e.tokens)]:
+            for key in [
+                k
+                for k, e in self._entries.items()
+                if len(e.tokens) < len(query) and common_prefix(e.tokens, query) == len(e.tokens)
+            ]:
                 self._drop(key)
         self._entries[next(self._ids)] = _Entry(query, stored, size, trimmable, next(self._clock))
         self.nbytes += size
@@ -184,4 +187,3 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
         return 0
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if differ.size else n
-

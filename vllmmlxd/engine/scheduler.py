@@ -172,7 +172,9 @@ class Scheduler:
     def _step(self) -> None:
         prompts = sum(1 for s in self.running.values() if s.progress.first_token_at is None)
         decoding = len(self.running) > prompts
-        self.gen.prefill_step_size = self.timer.chunk(self.options.prefill_step_size, decoding=decoding, prompts=prompts)
+        self.gen.prefill_step_size = self.timer.chunk(
+            self.options.prefill_step_size, decoding=decoding, prompts=prompts
+        )
         started = self.clock()
         try:
             prompt_responses, responses = self.gen.next()
@@ -260,8 +262,14 @@ class Scheduler:
         stats.total_completion_tokens += seq.produced
         stats.requests.pop(seq.request.request_id, None)
         log_event(
-            logger, "request.done", logging.DEBUG, request_id=seq.request.request_id, reason=reason,
-            prompt_tokens=len(seq.prompt), cached_tokens=seq.progress.cached_tokens, completion_tokens=seq.produced,
+            logger,
+            "request.done",
+            logging.DEBUG,
+            request_id=seq.request.request_id,
+            reason=reason,
+            prompt_tokens=len(seq.prompt),
+            cached_tokens=seq.progress.cached_tokens,
+            completion_tokens=seq.produced,
         )
         self._retired.append(seq)
 

@@ -156,8 +156,11 @@ class Sequence:
         constraint = self.request.constraint
         if constraint is not None and constraint.failures and reason not in ("cancelled", "error"):
             # The grammar failed and let only EOS through: what was written is no answer.
-            reason, error, kind = "error", f"the output could not be held to its grammar: {constraint.failures[0]}", \
-                "constraint"
+            reason, error, kind = (
+                "error",
+                f"the output could not be held to its grammar: {constraint.failures[0]}",
+                "constraint",
+            )
         if reason not in ("cancelled", "error"):
             if not self._stops.stopped:
                 self._detok.finalize()

@@ -96,7 +96,7 @@ class SpecialText:
         breaks: list[int] = []
         at = length = 0
         for m in self._wrapped.finditer(rendered):
-            clean.append(rendered[at:m.start()])
+            clean.append(rendered[at : m.start()])
             length += m.start() - at
             if m.group(1) is not None:
                 spans.append((length, length + len(m.group(1))))
@@ -156,7 +156,7 @@ def _encode_piece(encode: Encode, text: str, newline: list[int], *, first: bool)
     if first:
         return list(encode(text))
     ids = list(encode("\n" + text))
-    return ids[len(newline):] if newline and ids[:len(newline)] == newline else list(encode(text))
+    return ids[len(newline) :] if newline and ids[: len(newline)] == newline else list(encode(text))
 
 
 def special_tokens_of(hf_tokenizer: Any) -> tuple[list[str], list[str]]:

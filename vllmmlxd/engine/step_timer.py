@@ -44,7 +44,9 @@ class StepTimer:
         """One step: how long it took, whether it decoded, how many prompt tokens it prefilled."""
         if prefilled == 0:
             if decoded:
-                self.decode_s = seconds if self.decode_s is None else self.decode_s + self.alpha * (seconds - self.decode_s)
+                self.decode_s = (
+                    seconds if self.decode_s is None else self.decode_s + self.alpha * (seconds - self.decode_s)
+                )
             return
         spent = seconds - ((self.decode_s or 0.0) if decoded else 0.0)
         if spent <= 0:

@@ -14,13 +14,39 @@ import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Set by the server or by transformers, or tokenizer arguments: never from a request.
-RESERVED = frozenset({
-    "messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "chat_template",
-    "tokenize", "padding", "truncation", "max_length", "tokenizer_kwargs", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token",
-    "mask_token", "raise_exception", "strftime_now", "range", "namespace", "dict", "loop", "custom_tools",
-    "builtin_tools",
-})
+RESERVED = frozenset(
+    {
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "tokenizer_kwargs",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "bos_token",
+        "eos_token",
+        "pad_token",
+        "unk_token",
+        "sep_token",
+        "cls_token",
+        "mask_token",
+        "raise_exception",
+        "strftime_now",
+        "range",
+        "namespace",
+        "dict",
+        "loop",
+        "custom_tools",
+        "builtin_tools",
+    }
+)
 FALLBACK = frozenset({"enable_thinking"})  # when the template cannot be read
 
 

@@ -10,9 +10,16 @@ from ..parsers.tools.auto import family_for_template
 FALLBACK_FAMILY = "hermes"  # the format most small chat models were tuned on
 
 _PROBE_MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
-_PROBE_TOOLS = [{"type": "function", "function": {
-    "name": "vllmmlxd_probe_tool", "description": "probe",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "vllmmlxd_probe_tool",
+            "description": "probe",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 def resolve_tool_parser(configured: str, chat_template: str | None, vocab: set[str] | None) -> tuple[str, str]:

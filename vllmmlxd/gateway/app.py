@@ -44,8 +44,16 @@ ROUTED_PATHS = {
 
 def model_cards(route: Route, created: int) -> list[dict]:
     """``/v1/models`` cards of one route: its model, and its embedding model when it has one."""
-    card = {"id": route.served_model_name, "object": "model", "owned_by": route.owned_by, "created": created,
-            "state": route.state, "entry": route.name, "aliases": list(route.aliases), "kind": route.kind}
+    card = {
+        "id": route.served_model_name,
+        "object": "model",
+        "owned_by": route.owned_by,
+        "created": created,
+        "state": route.state,
+        "entry": route.name,
+        "aliases": list(route.aliases),
+        "kind": route.kind,
+    }
     cards = [card]
     if route.embedding_model:
         cards.append({**card, "id": route.embedding_model, "aliases": [], "embedding_of": route.served_model_name})
@@ -115,8 +123,10 @@ def _install_ui(app: FastAPI, gateway: Gateway) -> None:
 
 def _validation_problems(exc: ValidationError) -> str:
     # Locations and messages only: the input holds keys.
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}"
-                     for e in exc.errors(include_input=False, include_url=False))
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}"
+        for e in exc.errors(include_input=False, include_url=False)
+    )
 
 
 def create_private_app(gateway: Gateway) -> FastAPI:
@@ -126,8 +136,12 @@ def create_private_app(gateway: Gateway) -> FastAPI:
     @app.get("/health")
     async def health():
         spec = gateway.table.spec
-        return {"status": "ok", "config_hash": spec.config_hash(), "version": spec.version,
-                "load": {"requests": gateway.in_flight, "total_requests": gateway.total, "routes": len(spec.routes)}}
+        return {
+            "status": "ok",
+            "config_hash": spec.config_hash(),
+            "version": spec.version,
+            "load": {"requests": gateway.in_flight, "total_requests": gateway.total, "routes": len(spec.routes)},
+        }
 
     @app.post("/internal/settings")
     async def settings(request: Request):

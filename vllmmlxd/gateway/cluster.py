@@ -60,8 +60,16 @@ def complete_body(data: dict) -> dict:
 
 def model_entry(route: Route) -> dict:
     """One line of ``/api/models``."""
-    return {"id": route.name, "name": route.served_model_name, "aliases": list(route.aliases), "state": route.state,
-            "kind": route.kind, "load": route.load, "owned_by": route.owned_by, "embedding_model": route.embedding_model}
+    return {
+        "id": route.name,
+        "name": route.served_model_name,
+        "aliases": list(route.aliases),
+        "state": route.state,
+        "kind": route.kind,
+        "load": route.load,
+        "owned_by": route.owned_by,
+        "embedding_model": route.embedding_model,
+    }
 
 
 def require_some_route(table: Table, key: str | None) -> list[Route]:
@@ -77,9 +85,30 @@ def require_some_route(table: Table, key: str | None) -> list[Route]:
 # hidden until it is judged fit). Never pids, paths, the config, or anyone's error output.
 _DAEMON_SHOWN = ("uptime_s", "version")
 _GATEWAY_SHOWN = ("state", "host", "port", "restarts", "uptime_s", "ui", "version")
-_MODEL_SHOWN = ("name", "state", "host", "port", "restarts", "uptime_s", "served_model_name", "blas", "threads",
-                "cpus", "running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb", "embedding_model",
-                "embedding_requests", "embedding_inputs", "load", "idle_unload_s", "idle_s", "upstream")
+_MODEL_SHOWN = (
+    "name",
+    "state",
+    "host",
+    "port",
+    "restarts",
+    "uptime_s",
+    "served_model_name",
+    "blas",
+    "threads",
+    "cpus",
+    "running",
+    "waiting",
+    "tokens_per_s",
+    "cache_mb",
+    "cache_budget_mb",
+    "embedding_model",
+    "embedding_requests",
+    "embedding_inputs",
+    "load",
+    "idle_unload_s",
+    "idle_s",
+    "upstream",
+)
 _MCP_SHOWN = ("name", "transport", "state", "tools", "connects")
 
 
@@ -102,8 +131,11 @@ def status_for(status: object, table: Table, key: str | None) -> dict:
         shown["keys"] = None if keys is None else [k for k in keys if grant is not None and k == grant.name]
         if isinstance(row.get("mcp"), list):
             scope = grant.mcp if grant is not None else None
-            shown["mcp"] = [_picked(m, _MCP_SHOWN) for m in row["mcp"]
-                            if isinstance(m, dict) and (scope is None or m.get("name") in scope)]
+            shown["mcp"] = [
+                _picked(m, _MCP_SHOWN)
+                for m in row["mcp"]
+                if isinstance(m, dict) and (scope is None or m.get("name") in scope)
+            ]
         models.append(shown)
     out = {"daemon": _picked(status.get("daemon"), _DAEMON_SHOWN) or {}, "models": models}
     if status.get("gateway") is not None:
@@ -156,8 +188,9 @@ def make_router(gateway: Gateway) -> APIRouter:
         except (httpx.HTTPError, ValueError):
             raise Unavailable("the daemon's status cannot be read now", code="daemon_unavailable") from None
         if answer.status_code != 200:
-            raise Unavailable(f"the daemon's status cannot be read now (HTTP {answer.status_code})",
-                              code="daemon_unavailable")
+            raise Unavailable(
+                f"the daemon's status cannot be read now (HTTP {answer.status_code})", code="daemon_unavailable"
+            )
         return JSONResponse(status_for(body, table, key))
 
     return router

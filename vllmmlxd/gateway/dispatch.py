@@ -28,8 +28,19 @@ from ..errors import InvalidRequest, Overloaded, RequestError, RequestTimeout
 from ..http.access import presented_key
 from ..log import log_event
 from .lazy import DaemonClient
-from .proxy import (CONNECT_ERRORS, UPSTREAM_ERRORS, RawResponse, Relay, Upstream, close_quietly, new_client,
-                    open_stream, pump, request_headers, until_disconnect)
+from .proxy import (
+    CONNECT_ERRORS,
+    UPSTREAM_ERRORS,
+    RawResponse,
+    Relay,
+    Upstream,
+    close_quietly,
+    new_client,
+    open_stream,
+    pump,
+    request_headers,
+    until_disconnect,
+)
 from .routing import Table, coming_up, needs_load, serving
 
 logger = logging.getLogger("vllmmlxd.gateway")
@@ -147,8 +158,10 @@ class Gateway:
         self.total += 1
         try:
             if route.kind == "upstream" and route.state == "unreachable":
-                raise Unavailable(f"upstream {route.served_model_name} is unreachable"
-                                  + (f": {route.last_error}" if route.last_error else ""))
+                raise Unavailable(
+                    f"upstream {route.served_model_name} is unreachable"
+                    + (f": {route.last_error}" if route.last_error else "")
+                )
             if needs_load(route):
                 if stream:
                     return LoadingStream(self, request, route, path, body, done)
@@ -174,15 +187,24 @@ class Gateway:
             upstream = await open_stream(self.client, url, headers, body, route.timeout)
         except CONNECT_ERRORS as exc:
             if route.kind == "upstream":
-                raise Unavailable(f"upstream {route.served_model_name} cannot be reached ({type(exc).__name__})") from None
-            raise Unavailable(f"model {route.served_model_name} is not serving ({route.state})", retry_after=1) from None
+                raise Unavailable(
+                    f"upstream {route.served_model_name} cannot be reached ({type(exc).__name__})"
+                ) from None
+            raise Unavailable(
+                f"model {route.served_model_name} is not serving ({route.state})", retry_after=1
+            ) from None
         except httpcore.TimeoutException:
-            raise RequestTimeout(f"model {route.served_model_name} did not answer within {route.timeout:g}s",
-                                 code="timeout") from None
+            raise RequestTimeout(
+                f"model {route.served_model_name} did not answer within {route.timeout:g}s", code="timeout"
+            ) from None
         except UPSTREAM_ERRORS as exc:
             raise Unavailable(f"model {route.served_model_name} failed to answer ({type(exc).__name__})") from None
-        if (retry and route.kind == "local" and upstream.status_code == 503
-                and upstream.header(STATE_HEADER) in NOT_LOADED_STATES):
+        if (
+            retry
+            and route.kind == "local"
+            and upstream.status_code == 503
+            and upstream.header(STATE_HEADER) in NOT_LOADED_STATES
+        ):
             # The daemon's stand-in answered: nothing was generated, so load and send once more.
             await close_quietly(upstream)
             await self.load(route)
@@ -197,8 +219,9 @@ class Gateway:
             key = route.upstream_api_key.get_secret_value() if route.upstream_api_key else None
             return request_headers(request.headers.raw, peer, upstream=True, upstream_key=key)
         token = route.gateway_token.get_secret_value() if route.gateway_token else None
-        return request_headers(request.headers.raw, peer, token=token,
-                               client=self.table.client_address(request) if token else None)
+        return request_headers(
+            request.headers.raw, peer, token=token, client=self.table.client_address(request) if token else None
+        )
 
     def _finisher(self, request: Request, route: Route, path: str) -> Done:
         started = time.perf_counter()
@@ -210,9 +233,18 @@ class Gateway:
                 return
             finished = True
             self.in_flight -= 1
-            log_event(logger, "gateway.request", model=route.served_model_name, route=route.name, kind=route.kind,
-                      path=path, status=status, ms=round((time.perf_counter() - started) * 1000, 1),
-                      completed=completed, request_id=getattr(request.state, "request_id", None))
+            log_event(
+                logger,
+                "gateway.request",
+                model=route.served_model_name,
+                route=route.name,
+                kind=route.kind,
+                path=path,
+                status=status,
+                ms=round((time.perf_counter() - started) * 1000, 1),
+                completed=completed,
+                request_id=getattr(request.state, "request_id", None),
+            )
 
         return done
 
@@ -223,16 +255,31 @@ class LoadingStream(RawResponse):
 
     def __init__(self, gateway: Gateway, request: Request, route: Route, path: str, body: bytes, done: Done):
         super().__init__()
-        self.gateway, self.request, self.route, self.path, self.body, self.done = gateway, request, route, path, body, done
+        self.gateway, self.request, self.route, self.path, self.body, self.done = (
+            gateway,
+            request,
+            route,
+            path,
+            body,
+            done,
+        )
         self.anthropic = is_anthropic(request)
         self.status = 200
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         completed = False
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-                (b"x-accel-buffering", b"no")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache"),
+                        (b"x-accel-buffering", b"no"),
+                    ],
+                }
+            )
             completed = await until_disconnect(receive, lambda: self._run(send))
         finally:
             self.done(self.status, completed)
@@ -248,8 +295,13 @@ class LoadingStream(RawResponse):
             try:
                 if upstream.status_code != 200:
                     self.status = upstream.status_code
-                    await send({"type": "http.response.body", "more_body": False,
-                                "body": sse_error_from(self.anthropic, upstream.status_code, await upstream.aread())})
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "more_body": False,
+                            "body": sse_error_from(self.anthropic, upstream.status_code, await upstream.aread()),
+                        }
+                    )
                     return True
                 return await pump(upstream, send)
             finally:
@@ -276,6 +328,11 @@ class LoadingStream(RawResponse):
 
     async def _fail(self, send: Send, status: int, message: str, type_: str, code: str | None) -> bool:
         self.status = status
-        await send({"type": "http.response.body", "body": sse_error(self.anthropic, status, message, type_, code),
-                    "more_body": False})
+        await send(
+            {
+                "type": "http.response.body",
+                "body": sse_error(self.anthropic, status, message, type_, code),
+                "more_body": False,
+            }
+        )
         return True

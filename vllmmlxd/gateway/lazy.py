@@ -36,8 +36,12 @@ class DaemonClient:
         self._loads: dict[str, asyncio.Task[LoadOutcome]] = {}
 
     def _client(self, socket_path: str, timeout: float) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=socket_path), base_url="http://daemon",
-                                 timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False)
+        return httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=socket_path),
+            base_url="http://daemon",
+            timeout=httpx.Timeout(timeout, connect=5.0),
+            trust_env=False,
+        )
 
     async def load(self, entry: str) -> LoadOutcome:
         """Have the daemon load ``entry``; one call at a time per model, shared by its waiters."""
@@ -62,8 +66,14 @@ class DaemonClient:
             outcome = LoadOutcome(False, f"the daemon could not be asked to load {entry}: {type(exc).__name__}")
         else:
             outcome = _outcome(entry, response)
-        log_event(logger, "gateway.load_answered", logging.INFO if outcome.ok else logging.WARNING,
-                  model=entry, ok=outcome.ok, message=None if outcome.ok else outcome.message)
+        log_event(
+            logger,
+            "gateway.load_answered",
+            logging.INFO if outcome.ok else logging.WARNING,
+            model=entry,
+            ok=outcome.ok,
+            message=None if outcome.ok else outcome.message,
+        )
         return outcome
 
     async def status(self) -> httpx.Response:

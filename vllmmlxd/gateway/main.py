@@ -36,16 +36,25 @@ def spec_from(line: bytes) -> GatewaySpec | None:
     try:
         return GatewaySpec.model_validate(json.loads(line))
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}"
-                             for e in exc.errors(include_input=False, include_url=False))
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}"
+            for e in exc.errors(include_input=False, include_url=False)
+        )
     except (ValueError, RecursionError):
         problems = "stdin did not carry one JSON line"
     log_event(logger, "gateway.bad_config", logging.ERROR, error=problems)
     return None
 
 
-def serve(spec: GatewaySpec, *, state_dir: Path, listen: socket.socket | None = None,
-          health_socket: Path | None = None, drain_timeout: float = 30.0, log_level: str = "info") -> int:
+def serve(
+    spec: GatewaySpec,
+    *,
+    state_dir: Path,
+    listen: socket.socket | None = None,
+    health_socket: Path | None = None,
+    drain_timeout: float = 30.0,
+    log_level: str = "info",
+) -> int:
     """Serve ``spec`` until SIGTERM/SIGINT (or stdin's EOF). Returns the exit code."""
     from .app import create_app, create_private_app
     from .dispatch import Gateway
@@ -67,12 +76,21 @@ def serve(spec: GatewaySpec, *, state_dir: Path, listen: socket.socket | None = 
     gateway = Gateway(table)
     app = create_app(gateway)
     server, private = make_servers(
-        app, create_private_app(gateway) if private_socket is not None else None,
-        drain_timeout=drain_timeout, log_level=log_level, max_connections=spec.gateway.max_connections,
+        app,
+        create_private_app(gateway) if private_socket is not None else None,
+        drain_timeout=drain_timeout,
+        log_level=log_level,
+        max_connections=spec.gateway.max_connections,
     )
     host, port = listen.getsockname()[:2]
-    log_event(logger, "gateway.listening", pid=os.getpid(), url=http_url(host, port, ""), routes=len(spec.routes),
-              health_socket=str(health_socket) if health_socket else None)
+    log_event(
+        logger,
+        "gateway.listening",
+        pid=os.getpid(),
+        url=http_url(host, port, ""),
+        routes=len(spec.routes),
+        health_socket=str(health_socket) if health_socket else None,
+    )
 
     async def run() -> None:
         try:
@@ -112,5 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         spec = spec.model_copy(update={"gateway": spec.gateway.model_copy(update=overrides)})
     start_lifeline(sys.stdin.fileno(), logger, "gateway.orphaned")
     listen = socket.socket(fileno=args.fd) if args.fd is not None else None
-    return serve(spec, state_dir=resolve_state_dir(args.state_dir), listen=listen, health_socket=args.health_socket,
-                 drain_timeout=args.drain_timeout, log_level=args.log_level)
+    return serve(
+        spec,
+        state_dir=resolve_state_dir(args.state_dir),
+        listen=listen,
+        health_socket=args.health_socket,
+        drain_timeout=args.drain_timeout,
+        log_level=args.log_level,
+    )

@@ -58,8 +58,15 @@ def _dropped(name: bytes, fixed: frozenset[bytes], named: set[bytes]) -> bool:
     return name in fixed or name.startswith((b"proxy-", b"sec-fetch-")) or name in named
 
 
-def request_headers(headers: RawHeaders, peer: str, *, upstream: bool = False, upstream_key: str | None = None,
-                    token: str | None = None, client: str | None = None) -> RawHeaders:
+def request_headers(
+    headers: RawHeaders,
+    peer: str,
+    *,
+    upstream: bool = False,
+    upstream_key: str | None = None,
+    token: str | None = None,
+    client: str | None = None,
+) -> RawHeaders:
     """The headers to send on: hop-by-hop ones and any claiming to be the gateway dropped, the peer
     appended to X-Forwarded-For. To an ``upstream``: never the client's key, its own ``upstream_key``
     when it has one. To a local worker: the client's key, and with the daemon's ``token``, the
@@ -93,8 +100,12 @@ def response_headers(headers: RawHeaders) -> RawHeaders:
 
 # What an upstream can fail with: refused or unreachable, timed out, broken off, not HTTP.
 CONNECT_ERRORS = (httpcore.ConnectError, httpcore.ConnectTimeout)
-UPSTREAM_ERRORS = (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError,
-                   httpcore.UnsupportedProtocol)
+UPSTREAM_ERRORS = (
+    httpcore.NetworkError,
+    httpcore.TimeoutException,
+    httpcore.ProtocolError,
+    httpcore.UnsupportedProtocol,
+)
 _ONE_WRITE_MAX = 64 * 1024  # a request's bytes held back for one write, at most
 
 
@@ -152,8 +163,11 @@ def new_client() -> httpcore.AsyncConnectionPool:
     the client's own layers, URL and header merging, auth and redirect flows, response wrapping, cost
     more per request than the rest of the hop, and the gateway uses none of them)."""
     return httpcore.AsyncConnectionPool(
-        ssl_context=httpx.create_ssl_context(trust_env=False), max_connections=4096,
-        max_keepalive_connections=512, keepalive_expiry=30, network_backend=_OneWriteBackend(),
+        ssl_context=httpx.create_ssl_context(trust_env=False),
+        max_connections=4096,
+        max_keepalive_connections=512,
+        keepalive_expiry=30,
+        network_backend=_OneWriteBackend(),
     )
 
 
@@ -187,14 +201,22 @@ class Upstream:
         await self._response.aclose()
 
 
-async def open_stream(client: httpcore.AsyncConnectionPool, url: str, headers: RawHeaders, body: bytes,
-                      timeout: float, method: str = "POST") -> Upstream:
+async def open_stream(
+    client: httpcore.AsyncConnectionPool,
+    url: str,
+    headers: RawHeaders,
+    body: bytes,
+    timeout: float,
+    method: str = "POST",
+) -> Upstream:
     """Send the request; return once the response's head is in (its body still to read).
     Raises ``CONNECT_ERRORS`` or ``UPSTREAM_ERRORS``."""
     parsed = httpcore.URL(url)
     host = parsed.host + (b":%d" % parsed.port if parsed.port else b"")
     request = httpcore.Request(
-        method, parsed, content=body,
+        method,
+        parsed,
+        content=body,
         headers=[(b"host", host), (b"content-length", str(len(body)).encode()), *headers],
         extensions={"timeout": {"connect": CONNECT_TIMEOUT_S, "read": timeout, "write": timeout, "pool": timeout}},
     )
@@ -285,8 +307,13 @@ class Relay(RawResponse):
             request_id = upstream.header("x-request-id")
             if request_id:  # the worker's id (chatcmpl-...) is the one its body and logs carry
                 scope.setdefault("state", {})["request_id"] = request_id
-            await send({"type": "http.response.start", "status": upstream.status_code,
-                        "headers": response_headers(upstream.raw_headers)})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": upstream.status_code,
+                    "headers": response_headers(upstream.raw_headers),
+                }
+            )
             # Unfinished (client gone, worker broke off): uvicorn cuts the connection.
             completed = await until_disconnect(receive, lambda: pump(upstream, send))
         finally:

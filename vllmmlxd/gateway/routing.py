@@ -29,9 +29,13 @@ class TableError(ValueError):
 def route_access(route: Route | None, trusted_proxies: tuple[str, ...]) -> Access:
     """The key check of one route (None: an open one, for the client's address alone): ``Access``
     reads a config's key fields and trusted proxies."""
-    config = types.SimpleNamespace(is_open=route is None or route.is_open, trusted_proxies=trusted_proxies,
-                                   key_grants=route.key_grants if route else (), api_key=route.api_key if route else None,
-                                   gateway_token=None)  # the gateway's clients are never the gateway
+    config = types.SimpleNamespace(
+        is_open=route is None or route.is_open,
+        trusted_proxies=trusted_proxies,
+        key_grants=route.key_grants if route else (),
+        api_key=route.api_key if route else None,
+        gateway_token=None,
+    )  # the gateway's clients are never the gateway
     return Access(config)  # type: ignore[arg-type]  # duck-typed: the fields it reads
 
 
@@ -76,14 +80,18 @@ class Table:
         if model is None or model == "":
             if len(self.routes) == 1:
                 return self.routes[0]
-            raise InvalidRequest(f"model is required; available models: {', '.join(self.names(embeddings, key)) or 'none'}",
-                                 param="model", code="model_required")
+            raise InvalidRequest(
+                f"model is required; available models: {', '.join(self.names(embeddings, key)) or 'none'}",
+                param="model",
+                code="model_required",
+            )
         if not isinstance(model, str):
             raise InvalidRequest("model must be a string", param="model")
         route = self.lookup(model, embeddings)
         if route is None:
-            raise ModelNotFound(f"model {model!r} does not exist; available models: "
-                                f"{', '.join(self.names(embeddings, key)) or 'none'}")
+            raise ModelNotFound(
+                f"model {model!r} does not exist; available models: {', '.join(self.names(embeddings, key)) or 'none'}"
+            )
         return route
 
     def may_use(self, route: Route, key: str | None) -> bool:
@@ -108,8 +116,9 @@ def build_table(spec: GatewaySpec) -> Table:
             by_embedding.setdefault(route.embedding_model, route)
     proxies = spec.gateway.trusted_proxies
     access = {r.name: route_access(r, proxies) for r in spec.routes}
-    return Table(spec=spec, by_name=by_name, by_embedding=by_embedding, access=access,
-                 peers=route_access(None, proxies))
+    return Table(
+        spec=spec, by_name=by_name, by_embedding=by_embedding, access=access, peers=route_access(None, proxies)
+    )
 
 
 def needs_load(route: Route) -> bool:
@@ -146,6 +155,8 @@ def health_summary(routes: tuple[Route, ...], shown: list[Route] | None = None) 
         status = "down"
     else:
         status = "degraded"
-    models = {r.name: {"state": r.state, "model": r.served_model_name, "ok": route_ok(r)}
-              for r in (routes if shown is None else shown)}
+    models = {
+        r.name: {"state": r.state, "model": r.served_model_name, "ok": route_ok(r)}
+        for r in (routes if shown is None else shown)
+    }
     return status, models

@@ -57,9 +57,18 @@ class AccessLogMiddleware:
             state = scope.get("state") or {}
             path = scope.get("path", "")
             level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
-            log_event(logger, "request.served", level, request_id=state.get("request_id"), method=scope.get("method"),
-                      route=path, status=final_status, model=self.model(), **served_fields(state),
-                      duration_s=round(time.monotonic() - started, 3))
+            log_event(
+                logger,
+                "request.served",
+                level,
+                request_id=state.get("request_id"),
+                method=scope.get("method"),
+                route=path,
+                status=final_status,
+                model=self.model(),
+                **served_fields(state),
+                duration_s=round(time.monotonic() - started, 3),
+            )
 
         async def watch(message: Message) -> None:
             nonlocal status

@@ -37,9 +37,16 @@ LENIENT_TYPES = frozenset({"", "application/x-www-form-urlencoded"})
 # Any request header, for the listed origins only: the browser SDKs send their own
 # (x-stainless-*, anthropic-dangerous-direct-browser-access), and a fixed list would fail their preflights.
 CORS_ALLOW_HEADERS = ("*",)
-CORS_EXPOSE_HEADERS = ("x-request-id", "retry-after", "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
-                       "x-ratelimit-reset-requests", "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens",
-                       "x-ratelimit-reset-tokens")
+CORS_EXPOSE_HEADERS = (
+    "x-request-id",
+    "retry-after",
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+)
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
@@ -78,8 +85,9 @@ def host_refusal(host: str | None, config: ModelConfig) -> str | None:
         return None
     if config.host in WILDCARD_BINDS and not config.allowed_hosts:
         return None
-    return (f"host {hostname!r} is not served here; if this server should answer under that name, "
-            f"add it to allowed_hosts")
+    return (
+        f"host {hostname!r} is not served here; if this server should answer under that name, add it to allowed_hosts"
+    )
 
 
 def same_origin(origin: str, host: str | None, scheme: str) -> bool:
@@ -98,8 +106,10 @@ def origin_refusal(origin: str | None, host: str | None, scheme: str, config: Mo
     # would be its own origin.
     if same_origin(origin, host, scheme) and host_is_known(split_host(host or "")[0], config):
         return None
-    return (f"requests from the web page at origin {origin!r} are refused; to allow that page, "
-            f"add its origin to cors_origins")
+    return (
+        f"requests from the web page at origin {origin!r} are refused; to allow that page, "
+        f"add its origin to cors_origins"
+    )
 
 
 def is_json_type(content_type: str) -> bool:
@@ -151,8 +161,11 @@ class BrowserDefences:
             if len(self._cors) > 16:  # settings pushes are rare; never let this grow without bound
                 self._cors.clear()
             layer = self._cors[origins] = CORSMiddleware(
-                self.gated, allow_origins=origins, allow_methods=("GET", "POST", "OPTIONS"),
-                allow_headers=CORS_ALLOW_HEADERS, expose_headers=CORS_EXPOSE_HEADERS,
+                self.gated,
+                allow_origins=origins,
+                allow_methods=("GET", "POST", "OPTIONS"),
+                allow_headers=CORS_ALLOW_HEADERS,
+                expose_headers=CORS_EXPOSE_HEADERS,
             )
         return layer
 
@@ -163,8 +176,9 @@ class BrowserDefences:
         config = self.config()
         headers = Headers(scope=scope)
         host = headers.get("host")
-        reason = host_refusal(host, config) or origin_refusal(headers.get("origin"), host, scope.get("scheme", "http"),
-                                                              config)
+        reason = host_refusal(host, config) or origin_refusal(
+            headers.get("origin"), host, scope.get("scheme", "http"), config
+        )
         if reason is not None:
             await render_error(Request(scope), 403, reason, "permission_error")(scope, receive, send)
             return

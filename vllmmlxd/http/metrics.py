@@ -89,16 +89,26 @@ class EngineCollector:
         cache = self._engine.cache_status()
         for name, doc, key in _CACHE_COUNTERS:
             yield self._family(CounterMetricFamily, name, doc, cache[key])
-        yield self._family(GaugeMetricFamily, "vllmmlxd_prefix_cache_bytes", "Bytes of KV held by the prefix cache.",
-                           cache["memory_mb"] * 1024**2)
-        yield self._family(GaugeMetricFamily, "vllmmlxd_prefix_cache_budget_bytes", "The prefix cache's byte budget.",
-                           cache["budget_mb"] * 1024**2)
-        yield self._family(GaugeMetricFamily, "vllmmlxd_prefix_cache_entries", "Sequences in the prefix cache.",
-                           cache["entries"])
+        yield self._family(
+            GaugeMetricFamily,
+            "vllmmlxd_prefix_cache_bytes",
+            "Bytes of KV held by the prefix cache.",
+            cache["memory_mb"] * 1024**2,
+        )
+        yield self._family(
+            GaugeMetricFamily,
+            "vllmmlxd_prefix_cache_budget_bytes",
+            "The prefix cache's byte budget.",
+            cache["budget_mb"] * 1024**2,
+        )
+        yield self._family(
+            GaugeMetricFamily, "vllmmlxd_prefix_cache_entries", "Sequences in the prefix cache.", cache["entries"]
+        )
         for key, value in self._engine.memory().items():  # active / peak / cache memory of MLX, in GB
             name = "vllmmlxd_mlx_" + key.removesuffix("_gb") + "_bytes"
-            yield self._family(GaugeMetricFamily, name, f"MLX {key.removesuffix('_gb').replace('_', ' ')}.",
-                               value * 1024**3)
+            yield self._family(
+                GaugeMetricFamily, name, f"MLX {key.removesuffix('_gb').replace('_', ' ')}.", value * 1024**3
+            )
 
     def describe(self) -> Iterator[Metric]:
         """The same families, so the registry can refuse duplicate names."""
@@ -112,12 +122,17 @@ class Metrics:
         self.model = model
         self.registry = CollectorRegistry()
         self._requests = Counter(
-            "vllmmlxd_requests_total", "HTTP requests answered, by route template and status.",
-            ["model", "route", "status"], registry=self.registry,
+            "vllmmlxd_requests_total",
+            "HTTP requests answered, by route template and status.",
+            ["model", "route", "status"],
+            registry=self.registry,
         )
         self._duration = Histogram(
-            "vllmmlxd_request_duration_seconds", "Time from request to the last body byte, by route template.",
-            ["model", "route"], buckets=DURATION_BUCKETS, registry=self.registry,
+            "vllmmlxd_request_duration_seconds",
+            "Time from request to the last body byte, by route template.",
+            ["model", "route"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
         )
         self.registry.register(EngineCollector(engine, model, embedder))
         # Cheap: /proc reads on Linux (nothing on macOS), gc and platform info.

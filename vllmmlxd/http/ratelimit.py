@@ -102,17 +102,23 @@ class Quotas:
         requests, tokens = self.limits(caller)
         for limit in requests + tokens:
             self.store.touch(limit.identity, (limit.item,))
-        blocked = [l for l in requests if not self.store.limiter.test(l.item, l.identity)]
-        spent = [l for l in tokens if not self.store.limiter.test(l.item, l.identity)]
+        blocked = [w for w in requests if not self.store.limiter.test(w.item, w.identity)]
+        spent = [w for w in tokens if not self.store.limiter.test(w.item, w.identity)]
         if blocked or spent:
             headers = self._headers(requests, tokens)
-            wait = max(l.stats(self.store)[1] for l in blocked + spent)
+            wait = max(w.stats(self.store)[1] for w in blocked + spent)
             retry_after = max(1, math.ceil(wait))
-            what = (f"{blocked[0].item.amount} requests per {_period(blocked[0].item)}" if blocked
-                    else f"{spent[0].item.amount} generated tokens per {_period(spent[0].item)}")
+            what = (
+                f"{blocked[0].item.amount} requests per {_period(blocked[0].item)}"
+                if blocked
+                else f"{spent[0].item.amount} generated tokens per {_period(spent[0].item)}"
+            )
             who = f"key {caller.key_name!r}" if caller.key_name else "this client"
-            raise RateLimited(f"rate limit of {what} reached for {who}; retry in {retry_after} s",
-                              retry_after=retry_after, headers={**headers, "Retry-After": str(retry_after)})
+            raise RateLimited(
+                f"rate limit of {what} reached for {who}; retry in {retry_after} s",
+                retry_after=retry_after,
+                headers={**headers, "Retry-After": str(retry_after)},
+            )
         for limit in requests:
             self.store.limiter.hit(limit.item, limit.identity)
         return self._headers(requests, tokens)
@@ -134,7 +140,7 @@ class Quotas:
             if not limits:
                 continue
             # The tightest window speaks for the kind: the one with the fewest left.
-            remaining, reset, limit = min((*l.stats(self.store), l) for l in limits)
+            remaining, reset, limit = min((*w.stats(self.store), w) for w in limits)
             headers[f"x-ratelimit-limit-{kind}"] = str(limit.item.amount)
             headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, remaining))
             headers[f"x-ratelimit-reset-{kind}"] = format_reset(reset)

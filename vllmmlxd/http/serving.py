@@ -73,18 +73,31 @@ def make_servers(app, private_app, *, drain_timeout: float, log_level: str, max_
     private one for ``private_app`` (None without a private socket)."""
     import uvicorn
 
-    server = _draining_server_class()(uvicorn.Config(
-        app, log_config=None, access_log=False, timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=5,
-        log_level=log_level, **client_bounds(max_connections),
-    ))
+    server = _draining_server_class()(
+        uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=drain_timeout,
+            timeout_keep_alive=5,
+            log_level=log_level,
+            **client_bounds(max_connections),
+        )
+    )
     app.add_middleware(CloseWhenDraining, draining=lambda: server.draining)
     private = None
     if private_app is not None:
         logging.getLogger("uvicorn.error").addFilter(_not_private_routine)
-        private = _private_server(uvicorn.Config(
-            private_app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=2,
-            log_level=log_level,
-        ))
+        private = _private_server(
+            uvicorn.Config(
+                private_app,
+                lifespan="off",
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=2,
+                log_level=log_level,
+            )
+        )
     return server, private
 
 

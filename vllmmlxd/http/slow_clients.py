@@ -54,14 +54,17 @@ def body_timeout_s(environ=os.environ) -> float:
 
 def protocol_class(header_timeout: float, body_timeout: float) -> type[H11Protocol]:
     """The protocol class to pass as ``uvicorn.Config(http=...)``, with these timeouts."""
-    return type("BoundedH11Protocol", (BoundedH11Protocol,),
-                {"header_timeout": header_timeout, "body_timeout": body_timeout})
+    return type(
+        "BoundedH11Protocol", (BoundedH11Protocol,), {"header_timeout": header_timeout, "body_timeout": body_timeout}
+    )
 
 
 def _plain_response(status: int, reason: str, message: str) -> bytes:
     body = message.encode()
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode() + body
 
 
 class BoundedH11Protocol(H11Protocol):
@@ -85,8 +88,7 @@ class BoundedH11Protocol(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.conn.their_state in (h11.IDLE, h11.DONE) and self._head_too_large(data):
-            self._refuse(431, "Request Header Fields Too Large",
-                         f"the request head is over {self.max_head} bytes")
+            self._refuse(431, "Request Header Fields Too Large", f"the request head is over {self.max_head} bytes")
             return
         if self._body_timer is not None:
             self._body_deadline += len(data) / BODY_MIN_RATE

@@ -110,8 +110,13 @@ class McpHub:
             if n not in keep:
                 link.start()
         if gone or len(keep) != len(links):
-            log_event(logger, "mcp.reconfigured", model=self.model, restarted=",".join(
-                sorted(n for n in links if n not in keep)) or None, removed=",".join(sorted(set(old) - set(links))) or None)
+            log_event(
+                logger,
+                "mcp.reconfigured",
+                model=self.model,
+                restarted=",".join(sorted(n for n in links if n not in keep)) or None,
+                removed=",".join(sorted(set(old) - set(links))) or None,
+            )
 
     def tools(self, servers: frozenset[str] | None = None) -> list[McpTool]:
         """The ready servers' tools; ``servers``: only these (None: all of this worker's)."""
@@ -119,9 +124,16 @@ class McpHub:
         for name, link in list(self._links.items()):
             if link.state != READY or (servers is not None and name not in servers):
                 continue
-            out += [McpTool(name=f"{name}{MCP_TOOL_SEPARATOR}{t.name}", server=name, tool=t.name,
-                            description=t.description or "", input_schema=dict(t.input_schema or {}))
-                    for t in link.tools]
+            out += [
+                McpTool(
+                    name=f"{name}{MCP_TOOL_SEPARATOR}{t.name}",
+                    server=name,
+                    tool=t.name,
+                    description=t.description or "",
+                    input_schema=dict(t.input_schema or {}),
+                )
+                for t in link.tools
+            ]
         return out
 
     def status(self) -> list[dict]:
@@ -143,11 +155,13 @@ class McpHub:
         server, _, tool_name = name.partition(MCP_TOOL_SEPARATOR)
         link = self._links.get(server) if tool_name else None
         if link is None:
-            raise McpUnknownTool(f"no MCP tool {name!r} here; tools are named SERVER__TOOL "
-                                 f"(servers: {', '.join(self._links) or 'none'})")
+            raise McpUnknownTool(
+                f"no MCP tool {name!r} here; tools are named SERVER__TOOL (servers: {', '.join(self._links) or 'none'})"
+            )
         if link.state != READY or link.session is None:
-            return _failed(f"MCP server {server!r} is not available ({link.state}"
-                           f"{': ' + link.reason if link.reason else ''})")
+            return _failed(
+                f"MCP server {server!r} is not available ({link.state}{': ' + link.reason if link.reason else ''})"
+            )
         tool = next((t for t in link.tools if t.name == tool_name), None)
         if tool is None:
             raise McpUnknownTool(f"MCP server {server!r} offers no tool {tool_name!r}")
@@ -156,8 +170,10 @@ class McpHub:
         started = time.perf_counter()
         try:
             result = await asyncio.wait_for(session.call_tool(tool_name, arguments), timeout)
-            out = McpResult(content=[b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content],
-                            is_error=bool(result.is_error))
+            out = McpResult(
+                content=[b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content],
+                is_error=bool(result.is_error),
+            )
         except asyncio.TimeoutError:
             out = _failed(f"MCP tool {name} did not finish within {timeout:g}s")
         except asyncio.CancelledError:
@@ -168,10 +184,24 @@ class McpHub:
             else:  # the connection broke under the call: reconnect now (why, with its stderr, is the operator's)
                 link.lost(exc)
                 out = _failed(f"MCP server {server!r} failed during the call: {link.reason}")
-                log_event(logger, "mcp.call_broke", logging.WARNING, model=self.model, server=server, tool=tool_name,
-                          error=link.last_error)
-        log_event(logger, "mcp.execute", model=self.model, server=server, tool=tool_name,
-                  duration_ms=round((time.perf_counter() - started) * 1000), ok=not out.is_error)
+                log_event(
+                    logger,
+                    "mcp.call_broke",
+                    logging.WARNING,
+                    model=self.model,
+                    server=server,
+                    tool=tool_name,
+                    error=link.last_error,
+                )
+        log_event(
+            logger,
+            "mcp.execute",
+            model=self.model,
+            server=server,
+            tool=tool_name,
+            duration_ms=round((time.perf_counter() - started) * 1000),
+            ok=not out.is_error,
+        )
         return out
 
 

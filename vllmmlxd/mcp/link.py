@@ -80,9 +80,15 @@ class Link:
         self.reason, self.last_error = (exc, exc) if isinstance(exc, str) else self.describe(exc)
 
     def status(self) -> dict:
-        return {"name": self.name, "transport": self.config.transport, "state": self.state,
-                "tools": len(self.tools), "last_error": self.last_error, "connects": self.connects,
-                "stderr": list(self.stderr)[-5:]}
+        return {
+            "name": self.name,
+            "transport": self.config.transport,
+            "state": self.state,
+            "tools": len(self.tools),
+            "last_error": self.last_error,
+            "connects": self.connects,
+            "stderr": list(self.stderr)[-5:],
+        }
 
     def public_status(self) -> dict:
         """``status`` as an API client sees it: the generic reason, no stderr."""
@@ -101,8 +107,14 @@ class Link:
                     self.session, self.state = session, READY  # last_error stays: why it last went down
                     self.connects += 1
                     connected_at = time.monotonic()
-                    log_event(logger, "mcp.connected", model=self.model, server=self.name,
-                              transport=self.config.transport, tools=len(self.tools))
+                    log_event(
+                        logger,
+                        "mcp.connected",
+                        model=self.model,
+                        server=self.name,
+                        transport=self.config.transport,
+                        tools=len(self.tools),
+                    )
                     await self._watch(session)
             except asyncio.CancelledError:
                 raise
@@ -112,8 +124,15 @@ class Link:
             self.state = FAILED
             if self.last_error is None:
                 self.failed("connection closed")
-            log_event(logger, "mcp.failed", logging.WARNING, model=self.model, server=self.name,
-                      error=self.last_error, retry_s=pause)
+            log_event(
+                logger,
+                "mcp.failed",
+                logging.WARNING,
+                model=self.model,
+                server=self.name,
+                error=self.last_error,
+                retry_s=pause,
+            )
             if connected_at is not None and time.monotonic() - connected_at > STABLE_AFTER_S:
                 pause = BACKOFF_FIRST_S
             await asyncio.sleep(pause)
@@ -153,13 +172,15 @@ class Link:
         if c.transport == "stdio":
             from mcp.client.stdio import StdioServerParameters, stdio_client
 
-            params = StdioServerParameters(command=c.command, args=list(c.args), cwd=c.cwd,
-                                           env={k: v.get_secret_value() for k, v in c.env.items()})
+            params = StdioServerParameters(
+                command=c.command, args=list(c.args), cwd=c.cwd, env={k: v.get_secret_value() for k, v in c.env.items()}
+            )
             read_fd, write_fd = os.pipe()
             errlog = os.fdopen(write_fd, "w")
             try:
                 transport, _ = await asyncio.get_running_loop().connect_read_pipe(
-                    lambda: _Tail(self.stderr), os.fdopen(read_fd, "rb"))
+                    lambda: _Tail(self.stderr), os.fdopen(read_fd, "rb")
+                )
             except BaseException:
                 errlog.close()
                 os.close(read_fd)
@@ -183,7 +204,10 @@ class Link:
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
 
-        async with create_mcp_http_client(headers=headers) as http, streamable_http_client(c.url, http_client=http) as streams:
+        async with (
+            create_mcp_http_client(headers=headers) as http,
+            streamable_http_client(c.url, http_client=http) as streams,
+        ):
             yield streams
 
     def describe(self, exc: BaseException) -> tuple[str, str]:

@@ -44,9 +44,19 @@ def make_router(live: LiveContext) -> APIRouter:
     async def tools(request: Request):
         hub, allowed = _scope(live.capture(request), request)
         found = hub.tools(allowed) if hub is not None else []
-        return {"object": "list", "data": [
-            {"name": t.name, "server": t.server, "tool": t.tool, "description": t.description,
-             "input_schema": t.input_schema} for t in found]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "name": t.name,
+                    "server": t.server,
+                    "tool": t.tool,
+                    "description": t.description,
+                    "input_schema": t.input_schema,
+                }
+                for t in found
+            ],
+        }
 
     @router.post("/v1/mcp/execute")
     async def execute(request: Request):

@@ -28,8 +28,18 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 
 
 # Keywords whose value is one subschema, a list of them, or a map of names to them.
-_ONE = ("items", "additionalProperties", "contains", "not", "if", "then", "else", "propertyNames",
-        "unevaluatedItems", "unevaluatedProperties")
+_ONE = (
+    "items",
+    "additionalProperties",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
 _LIST = ("prefixItems", "anyOf", "oneOf")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _OPEN_BY_SCHEMA = ("additionalProperties", "patternProperties", "unevaluatedProperties")
@@ -59,8 +69,13 @@ def declared_only(schema: object, *, closable: bool = True, depth: int = 0) -> o
     for key in _MAP:
         if isinstance(out.get(key), dict):
             out[key] = {name: declared_only(s, depth=depth + 1) for name, s in out[key].items()}
-    if (closable and isinstance(out.get("properties"), dict) and "allOf" not in out and "$ref" not in out
-            and not any(k in out for k in _OPEN_BY_SCHEMA)):
+    if (
+        closable
+        and isinstance(out.get("properties"), dict)
+        and "allOf" not in out
+        and "$ref" not in out
+        and not any(k in out for k in _OPEN_BY_SCHEMA)
+    ):
         out["additionalProperties"] = False
     return out
 

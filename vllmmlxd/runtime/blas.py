@@ -72,7 +72,9 @@ def activate(choice: str, threads: int, *, platform: str = sys.platform, memo_di
     as ``info.warning``. ``memo_dir`` remembers the libraries' self-checks between starts.
     """
     if not platform.startswith("linux"):
-        warning = None if choice in ("auto", "bundled") else f"blas: {choice} applies on Linux only; MLX uses Accelerate here"
+        warning = (
+            None if choice in ("auto", "bundled") else f"blas: {choice} applies on Linux only; MLX uses Accelerate here"
+        )
         return ActiveBlas(BlasInfo("accelerate", None, threads, choice, warning))
     bundled = BlasInfo("bundled", find_bundled(), 1, choice)
     if choice == "bundled":

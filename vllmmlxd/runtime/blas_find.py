@@ -48,7 +48,10 @@ def find_mkl() -> Path | None:
         for name in ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so"):
             if (lib / name).is_file():
                 return lib / name
-    for pattern in ("/opt/intel/oneapi/mkl/latest/lib/libmkl_rt.so*", "/opt/intel/oneapi/mkl/latest/lib/intel64/libmkl_rt.so*"):
+    for pattern in (
+        "/opt/intel/oneapi/mkl/latest/lib/libmkl_rt.so*",
+        "/opt/intel/oneapi/mkl/latest/lib/intel64/libmkl_rt.so*",
+    ):
         found = sorted(glob.glob(pattern))
         if found:
             return Path(found[-1])
@@ -58,8 +61,15 @@ def find_mkl() -> Path | None:
 def _find_system(family: str, names: tuple[str, ...]) -> Path | None:
     """A distribution's library: its pthread build first (Debian's alternatives), then the usual dirs."""
     arch = sysconfig.get_config_var("MULTIARCH") or f"{os.uname().machine}-linux-gnu"
-    dirs = [f"/usr/lib/{arch}/{family}-pthread", f"/usr/lib/{arch}/{family}-openmp", f"/usr/lib/{arch}",
-            "/usr/lib64", "/usr/lib", "/usr/local/lib", f"/usr/lib/{arch}/{family}-serial"]
+    dirs = [
+        f"/usr/lib/{arch}/{family}-pthread",
+        f"/usr/lib/{arch}/{family}-openmp",
+        f"/usr/lib/{arch}",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/local/lib",
+        f"/usr/lib/{arch}/{family}-serial",
+    ]
     for d in dirs:
         for name in names:
             if os.path.isfile(os.path.join(d, name)):

@@ -60,8 +60,22 @@ def sgemm(lib: ctypes.CDLL, m: int, n: int, k: int, a, b, c, *, trans_b: bool = 
     fn = lib.cblas_sgemm
     fn.restype = None
     ldb = k if trans_b else n
-    fn(_ROW_MAJOR, _NO_TRANS, _TRANS if trans_b else _NO_TRANS, m, n, k,
-       ctypes.c_float(1.0), a, k, b, ldb, ctypes.c_float(0.0), c, n)
+    fn(
+        _ROW_MAJOR,
+        _NO_TRANS,
+        _TRANS if trans_b else _NO_TRANS,
+        m,
+        n,
+        k,
+        ctypes.c_float(1.0),
+        a,
+        k,
+        b,
+        ldb,
+        ctypes.c_float(0.0),
+        c,
+        n,
+    )
 
 
 def _check_product(lib: ctypes.CDLL) -> str | None:

@@ -51,7 +51,9 @@ def meminfo_total(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     return None
 
 
-def cgroup_memory_limit(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> int | None:
+def cgroup_memory_limit(
+    proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
+) -> int | None:
     """The lowest numeric ``memory.max`` of this process's cgroup v2 and its parents (None: no limit)."""
     try:
         lines = proc_cgroup.read_text().splitlines()
@@ -86,8 +88,10 @@ def _sysctl_memsize() -> int | None:
 @functools.cache
 def metal_working_set() -> int | None:
     """MLX's recommended GPU working set in bytes, asked of a child process (the daemon never imports mlx)."""
-    code = ("import mlx.core as mx; info = getattr(mx, 'device_info', None) or mx.metal.device_info; "
-            "print(info()['max_recommended_working_set_size'])")
+    code = (
+        "import mlx.core as mx; info = getattr(mx, 'device_info', None) or mx.metal.device_info; "
+        "print(info()['max_recommended_working_set_size'])"
+    )
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
         return int(out.split()[-1])

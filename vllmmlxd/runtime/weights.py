@@ -31,8 +31,11 @@ MAX_READ = 256 * MIB  # no header field is this long: a tokenizer's vocabulary i
 # layers), final norm 64: 3,219,904, stored as float32.
 # builtin:all-minilm-l6-v2: the F32 tensors of its safetensors file (BERT, 6 layers of 384, vocab
 # 30522, its pooler included), stored and run as float32.
-BUILTIN_PARAMETERS = {"smollm2-135m-instruct": (134_515_008, 2), "tiny": (3_219_904, 4),
-                      "all-minilm-l6-v2": (22_713_216, 4)}
+BUILTIN_PARAMETERS = {
+    "smollm2-135m-instruct": (134_515_008, 2),
+    "tiny": (3_219_904, 4),
+    "all-minilm-l6-v2": (22_713_216, 4),
+}
 
 
 # -- a model's weights ---------------------------------------------------------
@@ -53,7 +56,7 @@ def estimate_weights(spec: str, state_dir: Path, *, cpu: bool) -> WeightsEstimat
     config.json, else a Hugging Face repo id (unknown until it is downloaded).
     """
     if spec.startswith("builtin:"):
-        return _builtin_weights(spec[len("builtin:"):], state_dir, cpu)
+        return _builtin_weights(spec[len("builtin:") :], state_dir, cpu)
     path = Path(spec).expanduser()
     if spec.lower().endswith(".gguf"):
         if not path.is_file():

@@ -29,21 +29,35 @@ def connect_url(host: str, port: int) -> str:
 
 def build_route(name: str, entry: Resolved, state: str, last_error: str | None) -> Route:
     """One entry as the gateway routes to it (pure)."""
-    common = dict(name=name, served_model_name=entry.display_name(name), aliases=entry.aliases,
-                  embedding_model=embedding_display_name(entry.embedding_model), state=state, owned_by=entry.owned_by,
-                  timeout=entry.timeout, api_key=entry.api_key, api_keys=entry.api_keys, key_grants=entry.key_grants,
-                  last_error=last_error)
+    common = dict(
+        name=name,
+        served_model_name=entry.display_name(name),
+        aliases=entry.aliases,
+        embedding_model=embedding_display_name(entry.embedding_model),
+        state=state,
+        owned_by=entry.owned_by,
+        timeout=entry.timeout,
+        api_key=entry.api_key,
+        api_keys=entry.api_keys,
+        key_grants=entry.key_grants,
+        last_error=last_error,
+    )
     if isinstance(entry, ResolvedUpstream):
         return Route(kind="upstream", url=entry.upstream, upstream_api_key=entry.upstream_api_key, **common)
     # The daemon binds "localhost" as IPv4 (sockets.bind_tcp); dialled by name it may resolve to ::1 first,
     # a port another program may hold.
     host = "127.0.0.1" if entry.host == "localhost" else entry.host
-    return Route(kind="local", url=connect_url(host, entry.port), load=entry.load, gateway_token=entry.gateway_token,
-                 **common)
+    return Route(
+        kind="local", url=connect_url(host, entry.port), load=entry.load, gateway_token=entry.gateway_token, **common
+    )
 
 
-def build_spec(gateway: GatewayConfig, entries: Mapping[str, Resolved], shown: Mapping[str, tuple[str, str | None]],
-               control_socket: Path | None) -> GatewaySpec:
+def build_spec(
+    gateway: GatewayConfig,
+    entries: Mapping[str, Resolved],
+    shown: Mapping[str, tuple[str, str | None]],
+    control_socket: Path | None,
+) -> GatewaySpec:
     """The gateway's spec: its settings and a route per entry with its shown state (pure, version 0)."""
     routes = tuple(build_route(name, entry, *shown.get(name, ("unknown", None))) for name, entry in entries.items())
     return GatewaySpec(gateway=gateway, routes=routes, control_socket=str(control_socket) if control_socket else None)

@@ -46,10 +46,14 @@ def make_room(name: str, need_mb: int, usable_mb: int | None, resident: list[Res
     if free >= need_mb:
         return Room(True, tuple(evict))
     held = ", ".join(f"{r.name} {mb(r.total_mb)}{'' if r.idle_s is not None else ' (busy or eager)'}" for r in resident)
-    return Room(False, message=(
-        f"not enough memory to load {name}: it needs {mb(need_mb)}, {mb(max(usable_mb - in_use, 0))} of "
-        f"{mb(usable_mb)} usable are free (in use: {held or 'nothing'}) and no idle lazy model is left to unload; "
-        "retry when a model is idle, or stop one (vllmmlxctl stop NAME)"))
+    return Room(
+        False,
+        message=(
+            f"not enough memory to load {name}: it needs {mb(need_mb)}, {mb(max(usable_mb - in_use, 0))} of "
+            f"{mb(usable_mb)} usable are free (in use: {held or 'nothing'}) and no idle lazy model is left to unload; "
+            "retry when a model is idle, or stop one (vllmmlxctl stop NAME)"
+        ),
+    )
 
 
 def idle_for(reported_idle_s: float | None, reported_at: float | None, now: float) -> float | None:

@@ -47,8 +47,10 @@ class Footprint:
         """``5,024 MB = 13 MB weights (builtin:tiny: safetensors) + 4,811 MB cache (20% of physical) + 200 MB worker``."""
         weights = mb(self.weights_mb) if self.weights_known else "? MB"
         unknown = "" if self.weights_known else "; unknown, counted as 0"
-        return (f"{mb(self.total_mb)} = {weights} weights ({self.weights_note}{unknown}) + {mb(self.cache_mb)} cache "
-                f"({self.cache_note}) + {mb(self.worker_mb)} worker")
+        return (
+            f"{mb(self.total_mb)} = {weights} weights ({self.weights_note}{unknown}) + {mb(self.cache_mb)} cache "
+            f"({self.cache_note}) + {mb(self.worker_mb)} worker"
+        )
 
 
 @dataclass(frozen=True)
@@ -138,8 +140,13 @@ class MemoryPlan:
     def fields(self) -> dict[str, object]:
         """The numbers as log fields."""
         c = self.capacity
-        return {"needed_mb": self.needed_mb, "usable_mb": c.usable_mb, "physical_mb": c.physical_mb,
-                "reserve_mb": c.reserve_mb, "working_set_mb": c.working_set_mb}
+        return {
+            "needed_mb": self.needed_mb,
+            "usable_mb": c.usable_mb,
+            "physical_mb": c.physical_mb,
+            "reserve_mb": c.reserve_mb,
+            "working_set_mb": c.working_set_mb,
+        }
 
 
 def cache_budget(entry: ModelConfig, physical_mb: int | None) -> tuple[int, str]:
@@ -156,13 +163,18 @@ def make_footprint(entry: ModelConfig, estimate: weights.WeightsEstimate, physic
     cache_mb, cache_note = cache_budget(entry, physical_mb)
     weights_mb = -(-(estimate.nbytes or 0) // machine.MIB)  # rounded up
     return Footprint(
-        weights_mb=weights_mb, cache_mb=cache_mb, weights_known=estimate.nbytes is not None,
-        weights_note=f"{entry.model}: {estimate.source}", cache_note=cache_note,
+        weights_mb=weights_mb,
+        cache_mb=cache_mb,
+        weights_known=estimate.nbytes is not None,
+        weights_note=f"{entry.model}: {estimate.source}",
+        cache_note=cache_note,
     )
 
 
 def plan_memory(
-    capacity: Capacity, entries: Mapping[str, Footprint], replacing: Mapping[str, Footprint] = {},
+    capacity: Capacity,
+    entries: Mapping[str, Footprint],
+    replacing: Mapping[str, Footprint] = {},
     lazy: frozenset[str] = frozenset(),
 ) -> MemoryPlan:
     """Check ``entries`` (the whole new set) against ``capacity``, and choose swap or restart for ``replacing``.
@@ -192,7 +204,9 @@ def read_capacity(reserve_mb: int) -> Capacity:
     return Capacity(physical_mb, reserve_mb, working_set_mb, found.source)
 
 
-def entry_footprints(entries: Mapping[str, ModelConfig], state_dir: Path, physical_mb: int | None) -> dict[str, Footprint]:
+def entry_footprints(
+    entries: Mapping[str, ModelConfig], state_dir: Path, physical_mb: int | None
+) -> dict[str, Footprint]:
     """Each entry's footprint, reading each model's files once."""
     cpu = machine.cpu_backend()
     estimates: dict[tuple[str, str | None], weights.WeightsEstimate] = {}
@@ -210,11 +224,12 @@ def load_memory_plan(config: Config, state_dir: Path, replacing: Mapping[str, Mo
     """:func:`plan_memory` for ``config`` on this machine (models served here; upstreams use none)."""
     capacity = read_capacity(config.daemon.memory_reserve_mb)
     local = {name: entry for name, entry in config.models.items() if isinstance(entry, ModelConfig)}
-    footprints = entry_footprints({**local, **{f"\0{n}": e for n, e in replacing.items()}}, state_dir,
-                                  capacity.physical_mb)
+    footprints = entry_footprints(
+        {**local, **{f"\0{n}": e for n, e in replacing.items()}}, state_dir, capacity.physical_mb
+    )
     return plan_memory(
-        capacity, {name: footprints[name] for name in local},
+        capacity,
+        {name: footprints[name] for name in local},
         {name: footprints[f"\0{name}"] for name in replacing},
         frozenset(name for name, entry in local.items() if entry.load == "lazy"),
     )
-

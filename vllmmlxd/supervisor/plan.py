@@ -94,9 +94,14 @@ HOLDING: frozenset[str] = frozenset({states.STARTING, states.READY, states.DRAIN
 def plan(units: Mapping[str, UnitFacts], usable_mb: int | None, event: Event) -> list[Action]:
     """The actions for ``event`` (see the module's docstring). Pure."""
     if isinstance(event, Tick):
-        return [Unload(u.name, "idle") for u in units.values()
-                if u.kind == "model" and u.busy is None and u.state in (states.READY, states.IDLE)
-                and lazy.should_unload(u.idle_s, u.idle_unload_s)]
+        return [
+            Unload(u.name, "idle")
+            for u in units.values()
+            if u.kind == "model"
+            and u.busy is None
+            and u.state in (states.READY, states.IDLE)
+            and lazy.should_unload(u.idle_s, u.idle_unload_s)
+        ]
     return _load(units, usable_mb, event.name, event.start)
 
 
@@ -118,8 +123,11 @@ def _load(units: Mapping[str, UnitFacts], usable_mb: int | None, name: str, star
     if unit.busy is not None and unit.busy != "unloading":  # a reload or a stop is on it: its slot decides after
         return [Join(name)]
     # Unloaded, backing off, or being unloaded: its memory must be admitted again.
-    resident = [lazy.Resident(u.name, u.footprint_mb, u.idle_s if _evictable(u) else None)
-                for u in units.values() if u.name != name and u.kind == "model" and _holds_memory(u)]
+    resident = [
+        lazy.Resident(u.name, u.footprint_mb, u.idle_s if _evictable(u) else None)
+        for u in units.values()
+        if u.name != name and u.kind == "model" and _holds_memory(u)
+    ]
     room = lazy.make_room(name, unit.footprint_mb, usable_mb, resident)
     if not room.fits:
         return [Answer(name, False, room.message)]
@@ -167,8 +175,12 @@ class ReloadSteps:
 
 
 def plan_reload(
-    diff: ReloadPlan, units: Mapping[str, UnitFacts], addresses: Mapping[str, tuple[str, int] | None],
-    entries: Mapping[str, EntryFacts], swappable: frozenset[str], live_push: bool,
+    diff: ReloadPlan,
+    units: Mapping[str, UnitFacts],
+    addresses: Mapping[str, tuple[str, int] | None],
+    entries: Mapping[str, EntryFacts],
+    swappable: frozenset[str],
+    live_push: bool,
 ) -> ReloadSteps:
     """Each entry's step for ``diff``: ``units`` as they run, ``addresses`` where they listen now,
     ``entries`` the new config's, ``swappable`` the changed ones whose old and new worker fit together.

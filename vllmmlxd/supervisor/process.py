@@ -51,7 +51,9 @@ class SpawnError(OSError):
 class WorkerProcess:
     """A running (or exited) worker for one model entry."""
 
-    def __init__(self, name: str, config: UnitConfig, proc: asyncio.subprocess.Process, health_socket: Path, sink: LogSink):
+    def __init__(
+        self, name: str, config: UnitConfig, proc: asyncio.subprocess.Process, health_socket: Path, sink: LogSink
+    ):
         self.name = name
         self.config = config
         self.proc = proc
@@ -91,10 +93,28 @@ class WorkerProcess:
         share = ("--cpus", cpus) if cpus else ()
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", module, "--name", name, "--fd", str(listen_fd), "--health-socket", str(health),
-                "--state-dir", str(state_dir), "--drain-timeout", str(drain_timeout), "--log-level", log_level, *share,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-                pass_fds=(listen_fd,), env=strip_notify_env(dict(os.environ)), start_new_session=True,
+                sys.executable,
+                "-m",
+                module,
+                "--name",
+                name,
+                "--fd",
+                str(listen_fd),
+                "--health-socket",
+                str(health),
+                "--state-dir",
+                str(state_dir),
+                "--drain-timeout",
+                str(drain_timeout),
+                "--log-level",
+                log_level,
+                *share,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(listen_fd,),
+                env=strip_notify_env(dict(os.environ)),
+                start_new_session=True,
             )
         except (OSError, ValueError) as exc:  # no interpreter, no fds left, a closed socket...
             raise SpawnError(f"cannot start a worker: {exc}") from exc

@@ -43,8 +43,13 @@ async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -
     """In the task: read ``path``, plan, check memory. The reply for a dry run or a refusal (nothing
     changes), else the run that applies it."""
     if previewing and not dry_run:
-        return ReloadReply(ok=False, dry_run=False, plan="", config_path=path,
-                           error="another file can only be previewed (dry run): a reload reads the daemon's own config")
+        return ReloadReply(
+            ok=False,
+            dry_run=False,
+            plan="",
+            config_path=path,
+            error="another file can only be previewed (dry run): a reload reads the daemon's own config",
+        )
     try:
         new = await asyncio.to_thread(load_config, path)
     except ConfigError as exc:
@@ -56,27 +61,47 @@ async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -
     # A changed entry's swap holds its running worker beside the new one.
     swapped = diff.new_worker if sup.push_settings is not None else tuple(diff.changed)
     models = {n: u for n, u in sup.entry_units().items() if isinstance(u, ModelUnit)}
-    replacing = {n: models[n].config for n in swapped if n in models and models[n].slot.pid is not None
-                 and isinstance(new.config.models[n], ResolvedModel)}
+    replacing = {
+        n: models[n].config
+        for n in swapped
+        if n in models and models[n].slot.pid is not None and isinstance(new.config.models[n], ResolvedModel)
+    }
     memory = await asyncio.to_thread(load_memory_plan, new.config, sup.settings.state_dir, replacing)
     text = f"{diff.render()}\n{memory.render()}"
     if not memory.fits:  # nothing changes, and the error names each entry with its numbers
         error = memory.refusal()
         if not dry_run:
-            log_event(logger, "reload.refused", logging.ERROR, **memory.fields(),
-                      entries=",".join(f"{n}:{f.total_mb}" for n, f in memory.entries.items()), error=error)
+            log_event(
+                logger,
+                "reload.refused",
+                logging.ERROR,
+                **memory.fields(),
+                entries=",".join(f"{n}:{f.total_mb}" for n, f in memory.entries.items()),
+                error=error,
+            )
             sup._record_failure(error, text)
         return ReloadReply(ok=False, dry_run=dry_run, plan=text, error=error, entries=diff.entries())
     if dry_run:
         return ReloadReply(ok=True, dry_run=True, plan=text, error=None, entries=diff.entries())
     sup._take_daemon_keys(diff, new.config)
     sup._keep_shares(diff, plan_shares(new.config))
-    entries = {n: EntryFacts("model", (e.host, e.port), e.load == "lazy") if isinstance(e, ModelConfig)
-               else EntryFacts("upstream", None) for n, e in new.config.models.items()}
-    addresses = {n: (u.config.host, u.config.port) if isinstance(u, ModelUnit) else None
-                 for n, u in sup.entry_units().items()}
-    steps = plan_reload(diff, sup._facts(), addresses, entries, frozenset(n for n in diff.changed if memory.swap(n)),
-                        sup.push_settings is not None)
+    entries = {
+        n: EntryFacts("model", (e.host, e.port), e.load == "lazy")
+        if isinstance(e, ModelConfig)
+        else EntryFacts("upstream", None)
+        for n, e in new.config.models.items()
+    }
+    addresses = {
+        n: (u.config.host, u.config.port) if isinstance(u, ModelUnit) else None for n, u in sup.entry_units().items()
+    }
+    steps = plan_reload(
+        diff,
+        sup._facts(),
+        addresses,
+        entries,
+        frozenset(n for n in diff.changed if memory.swap(n)),
+        sup.push_settings is not None,
+    )
     return ReloadRun(sup, new, diff, memory, steps, text)
 
 
@@ -87,16 +112,22 @@ def plan_shares(config: Config) -> dict[str, cpus.CpuShare]:
     local = {name: entry.threads for name, entry in config.models.items() if isinstance(entry, ModelConfig)}
     shares = cpus.plan_shares(local, cpus.available_cpus())
     if any(share.oversubscribed for share in shares.values()):
-        log_event(logger, "cpu.oversubscribed", logging.WARNING, cores=len(cpus.available_cpus()),
-                  shares=",".join(f"{n}:{s.render()}" for n, s in shares.items()))
+        log_event(
+            logger,
+            "cpu.oversubscribed",
+            logging.WARNING,
+            cores=len(cpus.available_cpus()),
+            shares=",".join(f"{n}:{s.render()}" for n, s in shares.items()),
+        )
     return shares
 
 
 class ReloadRun:
     """A reload between its plan and its record; see the module's docstring."""
 
-    def __init__(self, sup: Supervisor, new: LoadedConfig, diff: ReloadPlan, memory: MemoryPlan, steps: ReloadSteps,
-                 text: str):
+    def __init__(
+        self, sup: Supervisor, new: LoadedConfig, diff: ReloadPlan, memory: MemoryPlan, steps: ReloadSteps, text: str
+    ):
         self.sup, self.new, self.diff, self.memory, self.steps, self.text = sup, new, diff, memory, steps, text
         self.errors: list[str] = []
         if diff.restart_required:
@@ -173,7 +204,9 @@ class ReloadRun:
 
     async def _second(self, gateway: tuple[str, GatewayUnit | None]) -> None:
         units, models = self.sup.units, self.new.config.models
-        await asyncio.gather(*(self._apply(name, step, units.get(name), models[name]) for name, step in self.steps.then))
+        await asyncio.gather(
+            *(self._apply(name, step, units.get(name), models[name]) for name, step in self.steps.then)
+        )
         for sock in self.pool.values():  # freed and not taken
             sock.close()
         what, unit = gateway
@@ -187,8 +220,9 @@ class ReloadRun:
             spec = self.sup._publication.stamp(self.sup._spec(unit.config))
             ok, error = await unit.slot.replace(spec, hold_both=False)
             if not ok:
-                self.errors.append(f"gateway: moved to {unit.config.host}:{unit.config.port}; it did not become ready: "
-                                   f"{error}")
+                self.errors.append(
+                    f"gateway: moved to {unit.config.host}:{unit.config.port}; it did not become ready: {error}"
+                )
 
     async def _apply(self, name: str, step: str, unit, config: ModelConfig) -> None:
         """One entry's step of the second wave (an error is kept for the reply, never raised)."""
@@ -205,8 +239,9 @@ class ReloadRun:
         if step == "move":
             ok, error = await slot.replace(config, share, hold_both=False, sock=self.pool.pop(address(config), None))
             if not ok:
-                self.errors.append(f"{name}: moved to {config.host}:{config.port}; the new worker did not become ready: "
-                                   f"{error}")
+                self.errors.append(
+                    f"{name}: moved to {config.host}:{config.port}; the new worker did not become ready: {error}"
+                )
             return
         if step == "adopt":  # not loaded: its next load takes the entry (an eager one loads now)
             await slot.apply_settings(config, sock=self.pool.pop(address(config), None))
@@ -225,8 +260,10 @@ class ReloadRun:
         if not ok and swap:
             self.errors.append(f"{name}: the new worker did not become ready; the old one keeps serving: {error}")
         elif not ok:
-            self.errors.append(f"{name}: stopped to make room (not enough memory for both); "
-                               f"the new worker did not become ready: {error}")
+            self.errors.append(
+                f"{name}: stopped to make room (not enough memory for both); "
+                f"the new worker did not become ready: {error}"
+            )
 
     def _end(self, result, error: BaseException | None) -> None:
         if error is not None:
@@ -234,19 +271,32 @@ class ReloadRun:
         plan, memory = self.diff, self.memory
         error_text = "\n".join(self.errors) or None
         log_event(
-            logger, "reload.done" if not self.errors else "reload.failed",
+            logger,
+            "reload.done" if not self.errors else "reload.failed",
             logging.INFO if not self.errors else logging.ERROR,
-            added=",".join(plan.added), changed=",".join(plan.changed), removed=",".join(plan.removed),
-            needed_mb=memory.needed_mb, usable_mb=memory.capacity.usable_mb, error=error_text,
+            added=",".join(plan.added),
+            changed=",".join(plan.changed),
+            removed=",".join(plan.removed),
+            needed_mb=memory.needed_mb,
+            usable_mb=memory.capacity.usable_mb,
+            error=error_text,
         )
-        self._done(ReloadReply(ok=not self.errors, dry_run=False, plan=self.text, error=error_text,
-                               entries=plan.entries()))
+        self._done(
+            ReloadReply(ok=not self.errors, dry_run=False, plan=self.text, error=error_text, entries=plan.entries())
+        )
 
 
 def swap_or_say_why(memory: MemoryPlan, name: str) -> bool:
     """Whether ``name`` is swapped with no downtime; logs why not when it is stopped first."""
     if memory.swap(name):
         return True
-    log_event(logger, "memory.restart", logging.WARNING, model=name, reason="not enough memory for both",
-              peak_mb=memory.changes[name].peak_mb, usable_mb=memory.capacity.usable_mb)
+    log_event(
+        logger,
+        "memory.restart",
+        logging.WARNING,
+        model=name,
+        reason="not enough memory for both",
+        peak_mb=memory.changes[name].peak_mb,
+        usable_mb=memory.capacity.usable_mb,
+    )
     return False

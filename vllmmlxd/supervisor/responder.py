@@ -39,8 +39,12 @@ def unavailable(name: str, phase: str, fail_reason: str | None, last_error: str 
         reason = "; ".join(x for x in (fail_reason, detail[0][:500]) if x)
         return Unavailable("failed", f"model {name} failed: {reason}", 30)
     if phase == "unloaded":
-        return Unavailable("unloaded", f"model {name} was not loaded: it is loading now; retry after a few "
-                                       "seconds, or send requests through the gateway, which waits for it", 5)
+        return Unavailable(
+            "unloaded",
+            f"model {name} was not loaded: it is loading now; retry after a few "
+            "seconds, or send requests through the gateway, which waits for it",
+            5,
+        )
     if phase == "stopped":
         return Unavailable("stopped", f"model {name} is stopped", 30)
     return Unavailable("loading", f"model {name} is loading", 5)
@@ -79,8 +83,12 @@ def _request_line(head: bytes) -> tuple[str, int]:
 class Responder:
     """Answers 503 on a slot's listening socket until ``stop()``; the socket itself stays open."""
 
-    def __init__(self, sock: socket.socket, why: Callable[[], Unavailable],
-                 answered: Callable[[Unavailable], None] = lambda why: None):
+    def __init__(
+        self,
+        sock: socket.socket,
+        why: Callable[[], Unavailable],
+        answered: Callable[[Unavailable], None] = lambda why: None,
+    ):
         self._sock = sock
         self._why = why
         self._answered = answered  # told of each answer: a request for an unloaded lazy model loads it
@@ -95,7 +103,9 @@ class Responder:
             return
         # A duplicate descriptor: closing the server closes only it, never the slot's socket.
         dup = socket.socket(fileno=os.dup(self._sock.fileno()))
-        self._server = await asyncio.start_server(self._handle, sock=dup, backlog=2048)  # listen() again: keep the backlog
+        self._server = await asyncio.start_server(
+            self._handle, sock=dup, backlog=2048
+        )  # listen() again: keep the backlog
 
     def stop(self) -> None:
         """Stop accepting now (connections already accepted still get their answer)."""

@@ -36,7 +36,17 @@ from .log_lines import LogLines
 from .process import UnitConfig, WorkerProcess
 from .responder import Responder, Unavailable, unavailable
 from .transitions import (
-    COMMANDS, EVENTS, SWAPPING, UNLOADED, Counters, Decision, Event, EventKind, Phase, decide, public_state,
+    COMMANDS,
+    EVENTS,
+    SWAPPING,
+    UNLOADED,
+    Counters,
+    Decision,
+    Event,
+    EventKind,
+    Phase,
+    decide,
+    public_state,
 )
 from .tuning import Tuning
 
@@ -77,9 +87,18 @@ class Slot:
     """Supervises the workers of one model entry; see the module's docstring."""
 
     def __init__(
-        self, name: str, config: UnitConfig, settings: SlotSettings, on_change: Callable[[], None],
-        share: CpuShare | None = None, *, sock: socket.socket | None = None, push_settings: PushSettings | None = None,
-        module: str = "vllmmlxd.worker", lazy: bool = False, on_demand: Callable[[], None] = lambda: None,
+        self,
+        name: str,
+        config: UnitConfig,
+        settings: SlotSettings,
+        on_change: Callable[[], None],
+        share: CpuShare | None = None,
+        *,
+        sock: socket.socket | None = None,
+        push_settings: PushSettings | None = None,
+        module: str = "vllmmlxd.worker",
+        lazy: bool = False,
+        on_demand: Callable[[], None] = lambda: None,
     ):
         self.name = name
         self.config = config  # the target: what the next worker runs (a failed swap restores the old)
@@ -138,7 +157,11 @@ class Slot:
         return (await self._command("restart", "serving", hold_both=hold_both))[0]
 
     async def replace(
-        self, config: UnitConfig, share: CpuShare | None = None, *, hold_both: bool = True,
+        self,
+        config: UnitConfig,
+        share: CpuShare | None = None,
+        *,
+        hold_both: bool = True,
         sock: socket.socket | None = None,
     ) -> Result:
         """Swap in a worker for ``config`` (on ``share``'s cores). With ``hold_both`` the old one serves until
@@ -203,8 +226,14 @@ class Slot:
             try:
                 await self._handle(msg)
             except Exception as exc:  # a bug here must not leave the slot without its actor
-                log_event(logger, "slot.error", logging.ERROR, model=self.name, kind=msg.kind,
-                          error=f"{type(exc).__name__}: {exc}")
+                log_event(
+                    logger,
+                    "slot.error",
+                    logging.ERROR,
+                    model=self.name,
+                    kind=msg.kind,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
                 _resolve(msg.future, (False, f"internal error: {exc}"))
 
     async def _handle(self, msg: _Msg) -> None:
@@ -253,8 +282,15 @@ class Slot:
         if msg.kind == "worker_exited":
             if worker is self.held:
                 self.held = None
-                log_event(logger, "worker.exited", logging.WARNING, model=self.name, pid=worker.pid,
-                          exit_code=worker.exit_code, reason="it was serving while its replacement loaded")
+                log_event(
+                    logger,
+                    "worker.exited",
+                    logging.WARNING,
+                    model=self.name,
+                    pid=worker.pid,
+                    exit_code=worker.exit_code,
+                    reason="it was serving while its replacement loaded",
+                )
                 return Event("held_exited", code=worker.exit_code)
             if worker is not self.worker:
                 return None  # a retired worker, drained after a swap
@@ -287,8 +323,14 @@ class Slot:
             _resolve(msg.future, (True, None))
         self._announce(before, d, event)
         if d.outcome == "restored":
-            log_event(logger, "worker.replace_failed", logging.ERROR, model=self.name, exit_code=self.last_exit_code,
-                      error=self.last_error)
+            log_event(
+                logger,
+                "worker.replace_failed",
+                logging.ERROR,
+                model=self.name,
+                exit_code=self.last_exit_code,
+                error=self.last_error,
+            )
         if d.outcome is not None:
             self._settle(d.outcome)
         await self._sync_responder()
@@ -360,9 +402,15 @@ class Slot:
                 self.sock = bind_tcp(self.config.host, self.config.port)
             self._stop_responder()  # the worker inherits the socket; the stand-in restarts if it must
             worker = await WorkerProcess.spawn(
-                self.name, self.config, listen_fd=self.sock.fileno(), state_dir=s.state_dir,
-                drain_timeout=s.drain_timeout, log_level=s.log_level, sink=self.log.forward,
-                cpus=self.planned_share.render() if self.planned_share else None, module=self.module,
+                self.name,
+                self.config,
+                listen_fd=self.sock.fileno(),
+                state_dir=s.state_dir,
+                drain_timeout=s.drain_timeout,
+                log_level=s.log_level,
+                sink=self.log.forward,
+                cpus=self.planned_share.render() if self.planned_share else None,
+                module=self.module,
             )
         except OSError as exc:
             where = f"{self.config.host}:{self.config.port}"
@@ -392,8 +440,14 @@ class Slot:
                     break
                 failures = 0 if await worker.healthy(t.health_timeout_s) else failures + 1
                 if failures >= t.health_failures and worker.alive:
-                    log_event(logger, "worker.unhealthy", logging.WARNING, model=self.name, pid=worker.pid,
-                              failed_checks=failures)
+                    log_event(
+                        logger,
+                        "worker.unhealthy",
+                        logging.WARNING,
+                        model=self.name,
+                        pid=worker.pid,
+                        failed_checks=failures,
+                    )
                     self._post("health_failed", worker)
                     failures = 0
         finally:
@@ -456,8 +510,10 @@ class Slot:
         fields: dict = {"model": self.name}
         level = logging.INFO
         if d.phase == SWAPPING:
-            name, fields = "worker.replacing", fields | {"old_pid": self.held and self.held.pid,
-                                                       "pid": self.worker and self.worker.pid}
+            name, fields = (
+                "worker.replacing",
+                fields | {"old_pid": self.held and self.held.pid, "pid": self.worker and self.worker.pid},
+            )
         else:
             name = f"worker.{state}"
             if state in (states.STARTING, states.DRAINING):

@@ -18,8 +18,9 @@ ALL: tuple[State, ...] = (STARTING, READY, DRAINING, BACKOFF, FAILED, STOPPED)
 # What status shows beyond a slot's phase. A lazy model: ``loading`` (starting), ``idle`` (ready, no
 # request running or waiting: it may be unloaded), ``unloaded`` (stopped until a request needs it).
 # An upstream entry: ``ready`` or ``unreachable`` (its host's /health does not answer 200).
-Shown = Literal["starting", "ready", "draining", "backoff", "failed", "stopped", "loading", "idle", "unloaded",
-                "unreachable"]
+Shown = Literal[
+    "starting", "ready", "draining", "backoff", "failed", "stopped", "loading", "idle", "unloaded", "unreachable"
+]
 LOADING: Shown = "loading"
 IDLE: Shown = "idle"
 UNLOADED: Shown = "unloaded"

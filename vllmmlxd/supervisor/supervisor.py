@@ -35,7 +35,7 @@ from ..runtime import cpus
 from . import states
 from .gateway import GATEWAY, Publication, build_spec
 from .memory import entry_footprints, load_memory_plan, read_capacity
-from .plan import Answer, Busy, Join, Load, LoadWanted, Tick, Unload, UnitFacts, plan
+from .plan import Answer, Busy, Join, Load, LoadWanted, Tick, UnitFacts, Unload, plan
 from .reload import plan_shares, prepare, swap_or_say_why
 from .slot import PushSettings, Slot, SlotSettings
 from .units import GatewayUnit, ModelUnit, Unit, UpstreamUnit
@@ -67,8 +67,12 @@ class Supervisor:
     """Owns the units; the control API and the daemon's signal handlers call into it (see the module)."""
 
     def __init__(
-        self, loaded: LoadedConfig, settings: SlotSettings, on_change: Callable[[], None] = lambda: None,
-        push_settings: PushSettings | None = None, control_socket: Path | None = None,
+        self,
+        loaded: LoadedConfig,
+        settings: SlotSettings,
+        on_change: Callable[[], None] = lambda: None,
+        push_settings: PushSettings | None = None,
+        control_socket: Path | None = None,
     ):
         self.loaded = loaded
         self.settings = settings
@@ -174,17 +178,24 @@ class Supervisor:
         """What is actually running: a failed swap leaves the old entry in place."""
         gateway = self.gateway()
         # Built, not validated: each entry is already valid and holds its resolved keys.
-        return Config.model_construct(daemon=self.daemon_config, api_keys=self.loaded.config.api_keys,
-                                      gateway=gateway.config if gateway else None,
-                                      models={n: u.config for n, u in self.entry_units().items()})
+        return Config.model_construct(
+            daemon=self.daemon_config,
+            api_keys=self.loaded.config.api_keys,
+            gateway=gateway.config if gateway else None,
+            models={n: u.config for n, u in self.entry_units().items()},
+        )
 
     def status(self) -> StatusView:
         now = time.time()
         gateway = self.gateway()
         return StatusView(
             daemon=DaemonView(
-                pid=os.getpid(), uptime_s=round(now - self.started, 1), config_path=str(self.loaded.path),
-                config_hash=self.loaded.short_hash, last_reload=self.last_reload, version=__version__,
+                pid=os.getpid(),
+                uptime_s=round(now - self.started, 1),
+                config_path=str(self.loaded.path),
+                config_hash=self.loaded.short_hash,
+                last_reload=self.last_reload,
+                version=__version__,
                 config_missing=self.config_missing,
             ),
             models=[u.view(now) for u in self.entry_units().values()],
@@ -222,13 +233,19 @@ class Supervisor:
                 if asyncio.iscoroutine(result):
                     await result
             except Exception as exc:  # a bug here must not leave the daemon without its supervisor
-                log_event(logger, "supervisor.error", logging.ERROR, kind=msg.kind, error=f"{type(exc).__name__}: {exc}")
+                log_event(
+                    logger, "supervisor.error", logging.ERROR, kind=msg.kind, error=f"{type(exc).__name__}: {exc}"
+                )
                 _fail(msg.future, exc)
             if msg.kind == "shutdown":
                 return
 
-    def _operation(self, busy: dict[str, Busy], work: Awaitable[Any],
-                   done: Callable[[Any, BaseException | None], None] | None = None) -> None:
+    def _operation(
+        self,
+        busy: dict[str, Busy],
+        work: Awaitable[Any],
+        done: Callable[[Any, BaseException | None], None] | None = None,
+    ) -> None:
         """Run ``work`` beside the task with ``busy`` marked on its units; ``done`` runs in the task after it."""
         op_id = next(self._op_ids)
         self._busy.update({name: (what, op_id) for name, what in busy.items()})
@@ -254,8 +271,13 @@ class Supervisor:
             if self._busy.get(name, (None, None))[1] == op_id:
                 del self._busy[name]
         if error is not None:
-            log_event(logger, "supervisor.operation_failed", logging.ERROR, units=",".join(op.names),
-                      error=f"{type(error).__name__}: {error}")
+            log_event(
+                logger,
+                "supervisor.operation_failed",
+                logging.ERROR,
+                units=",".join(op.names),
+                error=f"{type(error).__name__}: {error}",
+            )
         if op.done is not None:
             op.done(result, error)
         self._changed()
@@ -288,7 +310,9 @@ class Supervisor:
 
     def _on_daemon_config(self, msg: _Msg) -> None:
         daemon: DaemonConfig = msg.value
-        self.settings = dataclasses.replace(self.settings, drain_timeout=daemon.drain_timeout, log_level=daemon.log_level)
+        self.settings = dataclasses.replace(
+            self.settings, drain_timeout=daemon.drain_timeout, log_level=daemon.log_level
+        )
         for unit in self.units.values():
             if isinstance(unit, (ModelUnit, GatewayUnit)):
                 unit.slot.use_settings(self.settings)
@@ -302,29 +326,45 @@ class Supervisor:
         if self.loaded.config.gateway is not None:
             self._add_gateway(self.loaded.config.gateway)
         self._ticker = asyncio.create_task(self._tick_loop(), name="idle-ticker")
-        starting = [u.slot.start() for u in self.units.values()
-                    if isinstance(u, GatewayUnit) or isinstance(u, ModelUnit) and not u.lazy]
+        starting = [
+            u.slot.start()
+            for u in self.units.values()
+            if isinstance(u, GatewayUnit) or isinstance(u, ModelUnit) and not u.lazy
+        ]
         self._operation({}, asyncio.gather(*starting), lambda _r, _e: _resolve(msg.future, None))
         self._changed()
 
     def _add_entry(self, name: str, config: Resolved, sock: socket.socket | None = None) -> None:
         """A unit for an entry: a slot for a model served here (a lazy one waits unloaded), checks for an upstream."""
         if isinstance(config, ResolvedUpstream):
-            self.units[name] = UpstreamUnit(name, UpstreamChecks(name, config, self._upstream_interval(), self._changed))
+            self.units[name] = UpstreamUnit(
+                name, UpstreamChecks(name, config, self._upstream_interval(), self._changed)
+            )
             return
-        self.units[name] = ModelUnit(name, Slot(
-            name, config, self.settings, self._changed, self.shares.get(name), sock=sock,
-            push_settings=self.push_settings, lazy=config.load == "lazy",
-            on_demand=lambda: self._post(_Msg("demand", name=name)),
-        ))
+        self.units[name] = ModelUnit(
+            name,
+            Slot(
+                name,
+                config,
+                self.settings,
+                self._changed,
+                self.shares.get(name),
+                sock=sock,
+                push_settings=self.push_settings,
+                lazy=config.load == "lazy",
+                on_demand=lambda: self._post(_Msg("demand", name=name)),
+            ),
+        )
 
     def _add_gateway(self, config: GatewayConfig) -> GatewayUnit:
         from .live import push_settings
 
         spec = self._publication.stamp(self._spec(config))
         self._publication.applied = spec.config_hash()  # it starts with it, on stdin
-        unit = GatewayUnit(Slot(GATEWAY, spec, self.settings, self._changed, module="vllmmlxd.gateway",
-                                push_settings=push_settings), config)
+        unit = GatewayUnit(
+            Slot(GATEWAY, spec, self.settings, self._changed, module="vllmmlxd.gateway", push_settings=push_settings),
+            config,
+        )
         self.units[GATEWAY_KEY] = unit
         return unit
 
@@ -336,8 +376,12 @@ class Supervisor:
 
     def _spec(self, config: GatewayConfig):
         entries = self.entry_units()
-        return build_spec(config, {n: u.config for n, u in entries.items()},
-                          {n: u.shown() for n, u in entries.items()}, self.control_socket)
+        return build_spec(
+            config,
+            {n: u.config for n, u in entries.items()},
+            {n: u.shown() for n, u in entries.items()},
+            self.control_socket,
+        )
 
     def _publish(self) -> None:
         """Hand the gateway a new routing table when its content changed (one hand-over at a time)."""
@@ -382,15 +426,26 @@ class Supervisor:
         event = LoadWanted(name, start=start)
         actions = plan(self._facts(), None, event)
         if any(isinstance(a, Load) for a in actions):  # admission: now with fresh idle times, footprints, memory
-            await asyncio.gather(*(u.refresh() for u in self.entry_units().values() if isinstance(u, ModelUnit)
-                                   and u.lazy and u.slot.serving is not None), return_exceptions=True)
+            await asyncio.gather(
+                *(
+                    u.refresh()
+                    for u in self.entry_units().values()
+                    if isinstance(u, ModelUnit) and u.lazy and u.slot.serving is not None
+                ),
+                return_exceptions=True,
+            )
             capacity, footprints = await asyncio.to_thread(self._footprints)
             actions = plan(self._facts(footprints), capacity.usable_mb, event)
         for action in actions:
             if isinstance(action, Answer):
                 if not action.ok:
-                    log_event(logger, "memory.load_refused" if "memory" in action.message else "model.load_refused",
-                              logging.WARNING, model=name, error=action.message)
+                    log_event(
+                        logger,
+                        "memory.load_refused" if "memory" in action.message else "model.load_refused",
+                        logging.WARNING,
+                        model=name,
+                        error=action.message,
+                    )
                 _resolve(msg.future, ActionReply(action.ok, name, action.message))
             elif isinstance(action, Join):
                 self._join(name, msg.future)
@@ -450,8 +505,11 @@ class Supervisor:
         """Every second: fresh load figures from lazy models' ready workers, then a tick to decide on."""
         while True:
             await asyncio.sleep(IDLE_CHECK_S)
-            watched = [u for u in self.entry_units().values()
-                       if isinstance(u, ModelUnit) and u.config.idle_unload_s is not None and u.slot.state == states.READY]
+            watched = [
+                u
+                for u in self.entry_units().values()
+                if isinstance(u, ModelUnit) and u.config.idle_unload_s is not None and u.slot.state == states.READY
+            ]
             await asyncio.gather(*(u.refresh() for u in watched), return_exceptions=True)
             self._post(_Msg("tick"))
 
@@ -473,11 +531,19 @@ class Supervisor:
         """The model unit a command names, or None after answering why not."""
         unit = self.entry_units().get(msg.name)
         if unit is None:
-            _fail(msg.future, KeyError(f"no model named {msg.name!r}; models: {', '.join(self.entry_units()) or 'none'}"))
+            _fail(
+                msg.future, KeyError(f"no model named {msg.name!r}; models: {', '.join(self.entry_units()) or 'none'}")
+            )
             return None
         if isinstance(unit, UpstreamUnit):
-            _resolve(msg.future, ActionReply(False, msg.name, f"{msg.name} is served by {unit.config.upstream}: "
-                                                               "start, stop and restart it on that host"))
+            _resolve(
+                msg.future,
+                ActionReply(
+                    False,
+                    msg.name,
+                    f"{msg.name} is served by {unit.config.upstream}: start, stop and restart it on that host",
+                ),
+            )
             return None
         return unit
 
@@ -491,7 +557,10 @@ class Supervisor:
 
         async def work() -> None:
             ok = await unit.slot.start()
-            _resolve(msg.future, ActionReply(ok, msg.name, "ready" if ok else f"did not become ready: {unit.slot.last_error}"))
+            _resolve(
+                msg.future,
+                ActionReply(ok, msg.name, "ready" if ok else f"did not become ready: {unit.slot.last_error}"),
+            )
 
         self._track(work())
 
@@ -516,8 +585,11 @@ class Supervisor:
 
         async def work() -> None:
             ok = await unit.slot.restart(hold_both=swap)
-            message = ("restarted" if swap else "restarted (stopped first: not enough memory for both)") if ok \
+            message = (
+                ("restarted" if swap else "restarted (stopped first: not enough memory for both)")
+                if ok
                 else f"did not become ready: {unit.slot.last_error}"
+            )
             _resolve(msg.future, ActionReply(ok, msg.name, message))
 
         self._track(work())
@@ -576,8 +648,14 @@ class Supervisor:
                 continue
             held, planned = unit.slot.share, shares.get(name)
             if held != planned:
-                log_event(logger, "cpu.share_kept", model=name, cpus=held and held.render(),
-                          planned=planned and planned.render(), applies="at its next restart")
+                log_event(
+                    logger,
+                    "cpu.share_kept",
+                    model=name,
+                    cpus=held and held.render(),
+                    planned=planned and planned.render(),
+                    applies="at its next restart",
+                )
                 unit.slot.plan_share(planned)
         self.shares = shares
 

@@ -33,13 +33,40 @@ def public_state(phase: Phase) -> states.Shown:
 
 EventKind = Literal[
     # commands (from the supervisor, the control API, shutdown)
-    "start", "stop", "restart", "replace", "apply_settings", "shutdown", "load", "unload",
+    "start",
+    "stop",
+    "restart",
+    "replace",
+    "apply_settings",
+    "shutdown",
+    "load",
+    "unload",
     # events about the slot's workers and timers
-    "worker_ready", "worker_exited", "held_exited", "health_failed", "start_timeout", "backoff_elapsed",
+    "worker_ready",
+    "worker_exited",
+    "held_exited",
+    "health_failed",
+    "start_timeout",
+    "backoff_elapsed",
 ]
-COMMANDS: tuple[EventKind, ...] = ("start", "stop", "restart", "replace", "apply_settings", "shutdown", "load", "unload")
+COMMANDS: tuple[EventKind, ...] = (
+    "start",
+    "stop",
+    "restart",
+    "replace",
+    "apply_settings",
+    "shutdown",
+    "load",
+    "unload",
+)
 EVENTS: tuple[EventKind, ...] = (
-    *COMMANDS, "worker_ready", "worker_exited", "held_exited", "health_failed", "start_timeout", "backoff_elapsed",
+    *COMMANDS,
+    "worker_ready",
+    "worker_exited",
+    "held_exited",
+    "health_failed",
+    "start_timeout",
+    "backoff_elapsed",
 )
 
 
@@ -221,8 +248,11 @@ def _unload(phase: Phase, c: Counters, go, refuse) -> Decision:
         return go(states.DRAINING, "drain", then_unload=True, then_start=False)
     if phase == states.STARTING:
         return go(states.DRAINING, "kill", then_unload=True, then_start=False)
-    return refuse("busy: a swap or a stop is in progress" if phase in (SWAPPING, states.DRAINING)
-                  else "stopped or failed: there is nothing to unload")
+    return refuse(
+        "busy: a swap or a stop is in progress"
+        if phase in (SWAPPING, states.DRAINING)
+        else "stopped or failed: there is nothing to unload"
+    )
 
 
 def _crashed(event: Event, c: Counters, policy: BackoffPolicy) -> Decision:
@@ -232,8 +262,13 @@ def _crashed(event: Event, c: Counters, policy: BackoffPolicy) -> Decision:
     measured from READY, so a model that takes minutes to load and then dies still counts.
     """
     if event.code == states.EXIT_LOAD_FAILED:
-        return Decision(states.FAILED, (), dataclasses.replace(c, fast_crashes=c.fast_crashes + 1), "failed",
-                        reason="the model could not be loaded")
+        return Decision(
+            states.FAILED,
+            (),
+            dataclasses.replace(c, fast_crashes=c.fast_crashes + 1),
+            "failed",
+            reason="the model could not be loaded",
+        )
     ran = event.ready_for_s if event.ready_for_s is not None else 0.0
     fast = policy.next_fast_crashes(c.fast_crashes, ran)
     counters = dataclasses.replace(c, fast_crashes=fast)

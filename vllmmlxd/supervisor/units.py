@@ -94,19 +94,37 @@ class ModelUnit:
         return state, slot_error(self.slot)
 
     def facts(self, footprint_mb: int = 0, busy=None) -> UnitFacts:
-        return UnitFacts(self.name, "model", self.slot.state, self.lazy, footprint_mb, self.idle_s(),
-                         self.config.idle_unload_s, busy, slot_error(self.slot))
+        return UnitFacts(
+            self.name,
+            "model",
+            self.slot.state,
+            self.lazy,
+            footprint_mb,
+            self.idle_s(),
+            self.config.idle_unload_s,
+            busy,
+            slot_error(self.slot),
+        )
 
     def view(self, now: float) -> ModelView:
         slot, config = self.slot, self.config
         idle = self.idle_s()
         return ModelView(
-            name=self.name, state=self.shown()[0], pid=slot.pid, host=config.host, port=config.port,
-            restarts=slot.restarts, uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None,
-            last_exit_code=slot.last_exit_code, served_model_name=config.display_name(self.name),
-            last_error=slot_error(slot), runtime=runtime_fields(slot),
-            keys=None if config.is_open else config.key_names(), load=config.load,
-            idle_unload_s=config.idle_unload_s, idle_s=round(idle, 1) if idle is not None else None,
+            name=self.name,
+            state=self.shown()[0],
+            pid=slot.pid,
+            host=config.host,
+            port=config.port,
+            restarts=slot.restarts,
+            uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None,
+            last_exit_code=slot.last_exit_code,
+            served_model_name=config.display_name(self.name),
+            last_error=slot_error(slot),
+            runtime=runtime_fields(slot),
+            keys=None if config.is_open else config.key_names(),
+            load=config.load,
+            idle_unload_s=config.idle_unload_s,
+            idle_s=round(idle, 1) if idle is not None else None,
         )
 
     async def refresh(self) -> None:
@@ -149,10 +167,18 @@ class UpstreamUnit:
         config, checks = self.config, self.checks
         host, port = host_port(config.upstream)
         return ModelView(
-            name=self.name, state=checks.state, pid=None, host=host, port=port, restarts=0,
-            uptime_s=round(now - checks.ready_since, 1) if checks.ready_since else None, last_exit_code=None,
-            served_model_name=config.display_name(self.name), last_error=checks.last_error,
-            keys=None if config.is_open else config.key_names(), upstream=config.upstream,
+            name=self.name,
+            state=checks.state,
+            pid=None,
+            host=host,
+            port=port,
+            restarts=0,
+            uptime_s=round(now - checks.ready_since, 1) if checks.ready_since else None,
+            last_exit_code=None,
+            served_model_name=config.display_name(self.name),
+            last_error=checks.last_error,
+            keys=None if config.is_open else config.key_names(),
+            upstream=config.upstream,
         )
 
     async def refresh(self) -> None:
@@ -191,9 +217,15 @@ class GatewayUnit:
     def view(self, now: float) -> GatewayView:
         slot, config = self.slot, self.config
         return GatewayView(
-            state=slot.state, pid=slot.pid, host=config.host, port=config.port, restarts=slot.restarts,
-            uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None, last_error=slot_error(slot),
-            ui=config.ui, version=self.spec.version,
+            state=slot.state,
+            pid=slot.pid,
+            host=config.host,
+            port=config.port,
+            restarts=slot.restarts,
+            uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None,
+            last_error=slot_error(slot),
+            ui=config.ui,
+            version=self.spec.version,
         )
 
     async def refresh(self) -> None:
@@ -223,8 +255,20 @@ def runtime_fields(slot: Slot) -> dict:
     worker = slot.serving
     runtime, load = (worker.runtime, worker.load) if worker is not None else ({}, {})
     fields = {key: runtime.get(key) for key in ("blas", "blas_path", "blas_warning", "threads", "cpus")}
-    return fields | {key: load.get(key) for key in ("running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb",
-                                                    "embedding_model", "embedding_requests", "embedding_inputs", "mcp")}
+    return fields | {
+        key: load.get(key)
+        for key in (
+            "running",
+            "waiting",
+            "tokens_per_s",
+            "cache_mb",
+            "cache_budget_mb",
+            "embedding_model",
+            "embedding_requests",
+            "embedding_inputs",
+            "mcp",
+        )
+    }
 
 
 def host_port(url: str) -> tuple[str, int]:

@@ -83,8 +83,14 @@ class UpstreamChecks:
             self.checks += 1
             if (state, why) != (self.state, self.last_error):
                 if state != self.state:
-                    log_event(logger, f"upstream.{state}", logging.INFO if state == READY else logging.WARNING,
-                              model=self.name, url=self.config.upstream, error=why)
+                    log_event(
+                        logger,
+                        f"upstream.{state}",
+                        logging.INFO if state == READY else logging.WARNING,
+                        model=self.name,
+                        url=self.config.upstream,
+                        error=why,
+                    )
                     self.ready_since = time.time() if state == READY else None
                 self.state, self.last_error = state, why
                 self._on_change()

@@ -25,7 +25,9 @@ class ReloadReply:
     plan: str
     error: str | None = None
     config_path: str | None = None  # the file previewed (``file``); None for the daemon's own
-    entries: list[dict] = field(default_factory=list)  # per entry: added, apply live, new worker... (ReloadPlan.entries)
+    entries: list[dict] = field(
+        default_factory=list
+    )  # per entry: added, apply live, new worker... (ReloadPlan.entries)
 
 
 @dataclass(frozen=True)

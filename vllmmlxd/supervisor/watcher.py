@@ -49,8 +49,14 @@ async def watch_config(
         names = {path.name, target.name}
         dirs = sorted({str(path.parent), str(target.parent)})
         try:
-            async for _ in awatch(*dirs, watch_filter=lambda _c, changed: Path(changed).name in names,
-                                  debounce=max_wait_ms, step=settle_ms, stop_event=stop, recursive=False):
+            async for _ in awatch(
+                *dirs,
+                watch_filter=lambda _c, changed: Path(changed).name in names,
+                debounce=max_wait_ms,
+                step=settle_ms,
+                stop_event=stop,
+                recursive=False,
+            ):
                 digest = file_hash(path)
                 if (digest is None) != missing:
                     missing = digest is None
@@ -81,7 +87,8 @@ async def _reload(reload: Callable[[], Awaitable[object]]) -> None:
 def _without_values(exc: Exception) -> str:
     """The exception for a log line; a validation error without the input values it would print (secrets)."""
     if hasattr(exc, "errors") and hasattr(exc, "error_count"):  # pydantic's ValidationError
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                             for e in exc.errors(include_input=False, include_url=False))
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_input=False, include_url=False)
+        )
         return f"{type(exc).__name__}: {problems}"
     return f"{type(exc).__name__}: {exc}"

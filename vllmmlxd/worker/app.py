@@ -28,9 +28,9 @@ from ..errors import Unauthorized
 from ..http.access import Caller
 from ..http.access_log import AccessLogMiddleware
 from ..http.activity import Activity, ActivityMiddleware
-from ..http.ratelimit import STATE_KEY, RateLimitHeaders
 from ..http.browser import BrowserDefences
 from ..http.metrics import Metrics, MetricsMiddleware
+from ..http.ratelimit import STATE_KEY, RateLimitHeaders
 from ..http.request_id import RequestIdMiddleware
 from ..log import log_event
 from ..mcp.hub import McpHub
@@ -47,11 +47,22 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
     ``app.state.live`` holds its settings, which ``create_private_app`` can replace.
     """
     # An engine may carry the entry's embedding model (worker/main.py: load_engine).
-    live = LiveContext(engine, config, key, runtime, embedder=getattr(engine, "embedder", None),
-                       mcp=McpHub(config.mcp_servers_resolved, model=key))
+    live = LiveContext(
+        engine,
+        config,
+        key,
+        runtime,
+        embedder=getattr(engine, "embedder", None),
+        mcp=McpHub(config.mcp_servers_resolved, model=key),
+    )
     stuck_after = stuck_after_s()
-    app = FastAPI(title=f"vllmmlxd: {live.current.name}", docs_url=None, redoc_url=None, openapi_url=None,
-                  lifespan=live.current.mcp.lifespan)  # MCP servers connect when serving starts, stop at its end
+    app = FastAPI(
+        title=f"vllmmlxd: {live.current.name}",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=live.current.mcp.lifespan,
+    )  # MCP servers connect when serving starts, stop at its end
     app.state.live = live
     install_error_handlers(app)
 
@@ -139,10 +150,16 @@ def create_private_app(public: FastAPI, engine: Engine) -> FastAPI:
     @app.get("/health")
     async def health():
         ctx = live.current
-        return health_response(engine, stuck_after, {
-            "model": ctx.name, "config_hash": ctx.config.config_hash(), "runtime": ctx.runtime,
-            "load": {**load(engine, ctx.mcp), "idle_s": public.state.activity.idle_s()},
-        })
+        return health_response(
+            engine,
+            stuck_after,
+            {
+                "model": ctx.name,
+                "config_hash": ctx.config.config_hash(),
+                "runtime": ctx.runtime,
+                "load": {**load(engine, ctx.mcp), "idle_s": public.state.activity.idle_s()},
+            },
+        )
 
     @app.post("/internal/settings")
     async def settings(request: Request):
@@ -153,14 +170,22 @@ def create_private_app(public: FastAPI, engine: Engine) -> FastAPI:
         try:
             new, keys = judge_update(live.current.config, data)
         except SettingsRefused as refused:
-            log_event(logger, "settings.refused", logging.WARNING, model=live.current.key, status=refused.status,
-                      forcing=",".join(refused.forcing) or None)
-            return JSONResponse({"ok": False, "error": refused.message, "forcing": list(refused.forcing)},
-                                status_code=refused.status)
+            log_event(
+                logger,
+                "settings.refused",
+                logging.WARNING,
+                model=live.current.key,
+                status=refused.status,
+                forcing=",".join(refused.forcing) or None,
+            )
+            return JSONResponse(
+                {"ok": False, "error": refused.message, "forcing": list(refused.forcing)}, status_code=refused.status
+            )
         apply_settings(live, engine, new)
         config_hash = new.config_hash()
-        log_event(logger, "settings.applied", model=live.current.key, keys=",".join(keys) or "none",
-                  config_hash=config_hash)
+        log_event(
+            logger, "settings.applied", model=live.current.key, keys=",".join(keys) or "none", config_hash=config_hash
+        )
         return {"ok": True, "config_hash": config_hash, "changed": list(keys)}
 
     return app
@@ -200,5 +225,8 @@ def _embedding_load(embedder) -> dict:
     """The embedding model's name and counters, for ``vllmmlxctl status``; nothing without one."""
     if embedder is None:
         return {}
-    return {"embedding_model": embedder.info.name, "embedding_requests": embedder.stats.requests,
-            "embedding_inputs": embedder.stats.inputs}
+    return {
+        "embedding_model": embedder.info.name,
+        "embedding_requests": embedder.stats.requests,
+        "embedding_inputs": embedder.stats.inputs,
+    }

@@ -44,8 +44,10 @@ def _entry_from(line: bytes, key: str) -> ResolvedModel | None:
     try:
         return ResolvedModel.model_validate(json.loads(line))
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
-                             for e in exc.errors(include_input=False, include_url=False))
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
+            for e in exc.errors(include_input=False, include_url=False)
+        )
     except ValueError:
         problems = "stdin did not carry one JSON line"
     log_event(logger, "worker.bad_config", logging.ERROR, model=key, error=problems)
@@ -61,17 +63,35 @@ def choose_blas(config: ResolvedModel, cpus: tuple[int, ...] | None, state_dir: 
 def runtime_report(info: BlasInfo, key: str, cpus: tuple[int, ...] | None) -> dict:
     """What /v1/status and the daemon show of the process: BLAS, threads, cores; logged once."""
     report = {
-        "blas": info.name, "blas_path": info.path, "threads": info.threads,
-        "cpus": cpu_shares.format_cpus(cpus or cpu_shares.available_cpus()), "pinned": cpus is not None,
+        "blas": info.name,
+        "blas_path": info.path,
+        "threads": info.threads,
+        "cpus": cpu_shares.format_cpus(cpus or cpu_shares.available_cpus()),
+        "pinned": cpus is not None,
     }
     if info.warning:
-        log_event(logger, "blas.fallback" if info.name == "bundled" else "blas.warning", logging.WARNING,
-                  model=key, requested=info.requested, blas=info.name, reason=info.warning)
+        log_event(
+            logger,
+            "blas.fallback" if info.name == "bundled" else "blas.warning",
+            logging.WARNING,
+            model=key,
+            requested=info.requested,
+            blas=info.name,
+            reason=info.warning,
+        )
         report["blas_warning"] = info.warning
     tried = " ".join(f"{name}:{ms}ms" for name, ms in info.timings.items())  # auto's measurements
-    log_event(logger, "blas.selected", model=key, blas=info.name, path=info.path, threads=info.threads,
-              cpus=report["cpus"], tried=tried or None,
-              **{k.lower(): v for k, v in info.env.items() if k != "OMP_NUM_THREADS"})
+    log_event(
+        logger,
+        "blas.selected",
+        model=key,
+        blas=info.name,
+        path=info.path,
+        threads=info.threads,
+        cpus=report["cpus"],
+        tried=tried or None,
+        **{k.lower(): v for k, v in info.env.items() if k != "OMP_NUM_THREADS"},
+    )
     return report
 
 
@@ -91,8 +111,14 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path):
         if config.embedding_model:
             raise ModelLoadError(f"{config.model} is an embedding model; embedding_model cannot be set beside it")
         engine = EmbeddingsOnlyEngine(load_embedder(config.model, state_dir), name=config.display_name(key))
-        log_event(logger, "model.loaded", model=key, source=config.model, embeddings_only=True,
-                  load_s=round(time.perf_counter() - started, 2))
+        log_event(
+            logger,
+            "model.loaded",
+            model=key,
+            source=config.model,
+            embeddings_only=True,
+            load_s=round(time.perf_counter() - started, 2),
+        )
         return engine
     embedder = load_embedder(config.embedding_model, state_dir) if config.embedding_model else None
     loaded = load_model(config.model, state_dir, trust_remote_code=config.trust_remote_code)
@@ -109,9 +135,14 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path):
 
         engine.close = close_both
     log_event(
-        logger, "model.loaded", model=key, source=config.model,
-        context=engine.info.context_length, load_s=round(time.perf_counter() - started, 2),
-        batching=options.continuous_batching, max_num_seqs=options.max_running,
+        logger,
+        "model.loaded",
+        model=key,
+        source=config.model,
+        context=engine.info.context_length,
+        load_s=round(time.perf_counter() - started, 2),
+        batching=options.continuous_batching,
+        max_num_seqs=options.max_running,
         cache_budget_mb=round(options.cache_budget_bytes / 1024**2),
         embedding_model=config.embedding_model,
     )
@@ -138,8 +169,15 @@ def serve(
         try:
             listen = bind_tcp(config.host, config.port)
         except OSError as exc:
-            log_event(logger, "worker.bind_failed", logging.ERROR, host=config.host, port=config.port,
-                      error=exc.strerror, hint="another server listens there: stop it, or choose another --port")
+            log_event(
+                logger,
+                "worker.bind_failed",
+                logging.ERROR,
+                host=config.host,
+                port=config.port,
+                error=exc.strerror,
+                hint="another server listens there: stop it, or choose another --port",
+            )
             return EXIT_BIND_FAILED
     state_dir = ensure_private_dir(state_dir)  # sockets and converted models: this user's only
     active_blas = choose_blas(config, cpus, state_dir)  # before anything imports mlx
@@ -159,15 +197,30 @@ def serve(
     install_test_hooks(engine)
     app = create_app(engine, config, key, runtime=runtime)
     server, private = make_servers(
-        app, create_private_app(app, engine) if private_socket is not None else None,
-        drain_timeout=drain_timeout, log_level=log_level, max_connections=config.max_connections,
+        app,
+        create_private_app(app, engine) if private_socket is not None else None,
+        drain_timeout=drain_timeout,
+        log_level=log_level,
+        max_connections=config.max_connections,
     )
     host, port = listen.getsockname()[:2]
     if config.is_open and not is_loopback(str(host)):
-        log_event(logger, "worker.open_to_network", logging.WARNING, model=key, url=http_url(host, port),
-                  hint="anyone who can reach this address can use the model: set api_keys or api_key, or bind 127.0.0.1")
-    log_event(logger, "worker.listening", model=key, pid=os.getpid(), url=http_url(host, port),
-              health_socket=str(health_socket) if health_socket else None)
+        log_event(
+            logger,
+            "worker.open_to_network",
+            logging.WARNING,
+            model=key,
+            url=http_url(host, port),
+            hint="anyone who can reach this address can use the model: set api_keys or api_key, or bind 127.0.0.1",
+        )
+    log_event(
+        logger,
+        "worker.listening",
+        model=key,
+        pid=os.getpid(),
+        url=http_url(host, port),
+        health_socket=str(health_socket) if health_socket else None,
+    )
     try:
         asyncio.run(serve_both(server, listen, private, private_socket))
     finally:
@@ -199,7 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     start_lifeline(sys.stdin.fileno(), logger, "worker.orphaned")
     listen = socket.socket(fileno=args.fd) if args.fd is not None else None
     return serve(
-        config, args.name, state_dir=resolve_state_dir(args.state_dir), listen=listen,
-        health_socket=args.health_socket, drain_timeout=args.drain_timeout, log_level=args.log_level,
+        config,
+        args.name,
+        state_dir=resolve_state_dir(args.state_dir),
+        listen=listen,
+        health_socket=args.health_socket,
+        drain_timeout=args.drain_timeout,
+        log_level=args.log_level,
         cpus=args.cpus if args.cpus and cpu_shares.can_pin() else None,
     )

@@ -32,7 +32,8 @@ def judge_update(current: ResolvedModel, data: object) -> tuple[ResolvedModel, t
     except ValidationError as exc:
         # include_input=False: the offending value may be the API key.
         problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors(include_input=False, include_url=False)
+            f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
+            for e in exc.errors(include_input=False, include_url=False)
         )
         raise SettingsRefused(422, f"not a valid model entry: {problems}") from None
     change = classify(changed_fields(current, new))

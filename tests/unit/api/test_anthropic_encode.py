@@ -37,8 +37,8 @@ def parse(frames):
     for frame in frames:
         head, data, rest = frame.split("\n", 2)
         assert head.startswith("event: ") and data.startswith("data: ") and rest == "\n"
-        obj = json.loads(data[len("data: "):])
-        assert head[len("event: "):] == obj["type"]
+        obj = json.loads(data[len("data: ") :])
+        assert head[len("event: ") :] == obj["type"]
         out.append(obj)
     return out
 
@@ -71,11 +71,16 @@ def accumulated(frames) -> Message:
 
 def sdk_client(body: bytes, content_type: str) -> anthropic.Anthropic:
     """A real SDK client whose transport answers every request with ``body``."""
+
     def answer(request):
         return httpx2.Response(200, headers={"content-type": content_type}, content=body)
 
-    return anthropic.Anthropic(base_url="http://local.test", api_key="k", max_retries=0,
-                               http_client=httpx2.Client(transport=httpx2.MockTransport(answer)))
+    return anthropic.Anthropic(
+        base_url="http://local.test",
+        api_key="k",
+        max_retries=0,
+        http_client=httpx2.Client(transport=httpx2.MockTransport(answer)),
+    )
 
 
 ASK = {"model": "local-model", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
@@ -85,41 +90,82 @@ END = ["message_delta", "message_stop"]
 
 def test_text_only():
     frames = encode([TextDelta("Hel"), TextDelta(""), TextDelta("lo"), DONE])
-    assert outline(frames) == START + ["content_block_start:text", "content_block_delta:text_delta",
-                                       "content_block_delta:text_delta", "content_block_stop"] + END
+    assert (
+        outline(frames)
+        == START
+        + [
+            "content_block_start:text",
+            "content_block_delta:text_delta",
+            "content_block_delta:text_delta",
+            "content_block_stop",
+        ]
+        + END
+    )
     data = parse(frames)
-    assert data[0]["message"] == {"id": "msg_1", "type": "message", "role": "assistant", "model": "local-model",
-                                  "content": [], "stop_reason": None, "stop_sequence": None,
-                                  "usage": {"input_tokens": 7, "output_tokens": 0}}
+    assert data[0]["message"] == {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "local-model",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 7, "output_tokens": 0},
+    }
     assert data[2] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
-    assert data[-2] == {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                        "usage": {"output_tokens": 3}}
+    assert data[-2] == {
+        "type": "message_delta",
+        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        "usage": {"output_tokens": 3},
+    }
     assert data[-1] == {"type": "message_stop"}
 
 
 def test_reasoning_then_text_are_two_blocks_in_order():
     events = [ReasoningDelta("think"), ReasoningDelta(" more"), TextDelta("Paris"), DONE]
     frames = encode(events)
-    assert outline(frames) == START + [
-        "content_block_start:thinking", "content_block_delta:thinking_delta", "content_block_delta:thinking_delta",
-        "content_block_delta:signature_delta", "content_block_stop",
-        "content_block_start:text", "content_block_delta:text_delta", "content_block_stop"] + END
+    assert (
+        outline(frames)
+        == START
+        + [
+            "content_block_start:thinking",
+            "content_block_delta:thinking_delta",
+            "content_block_delta:thinking_delta",
+            "content_block_delta:signature_delta",
+            "content_block_stop",
+            "content_block_start:text",
+            "content_block_delta:text_delta",
+            "content_block_stop",
+        ]
+        + END
+    )
     data = parse(frames)
     assert data[2]["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}
     assert [d["index"] for d in data if "index" in d] == [0, 0, 0, 0, 0, 1, 1, 1]
     assert data[5]["delta"] == {"type": "signature_delta", "signature": LOCAL_SIGNATURE}
     body = message_response("msg_1", "local-model", fold(events))
-    assert body["content"] == [{"type": "thinking", "thinking": "think more", "signature": LOCAL_SIGNATURE},
-                               {"type": "text", "text": "Paris"}]
+    assert body["content"] == [
+        {"type": "thinking", "thinking": "think more", "signature": LOCAL_SIGNATURE},
+        {"type": "text", "text": "Paris"},
+    ]
     assert accumulated(frames) == Message.model_validate(body)
 
 
 def test_reasoning_that_never_ends_is_closed_with_the_message():
     events = [ReasoningDelta("hmm"), ReasoningDelta("..."), Finished("length", Usage(7, 2))]
     frames = encode(events)
-    assert outline(frames) == START + ["content_block_start:thinking", "content_block_delta:thinking_delta",
-                                       "content_block_delta:thinking_delta", "content_block_delta:signature_delta",
-                                       "content_block_stop"] + END
+    assert (
+        outline(frames)
+        == START
+        + [
+            "content_block_start:thinking",
+            "content_block_delta:thinking_delta",
+            "content_block_delta:thinking_delta",
+            "content_block_delta:signature_delta",
+            "content_block_stop",
+        ]
+        + END
+    )
     body = message_response("msg_1", "local-model", fold(events))
     assert [b["type"] for b in body["content"]] == ["thinking"] and body["stop_reason"] == "max_tokens"
     assert accumulated(frames) == Message.model_validate(body)
@@ -134,11 +180,14 @@ def test_empty_output_is_one_empty_text_block_both_ways():
     assert accumulated(frames) == Message.model_validate(body)
 
 
-@pytest.mark.parametrize("finished,reason,sequence", [
-    (Finished("stop", Usage(7, 4), stop_sequence="END"), "stop_sequence", "END"),
-    (Finished("length", Usage(7, 16)), "max_tokens", None),
-    (Finished("tool_calls", Usage(7, 5)), "tool_use", None),
-])
+@pytest.mark.parametrize(
+    "finished,reason,sequence",
+    [
+        (Finished("stop", Usage(7, 4), stop_sequence="END"), "stop_sequence", "END"),
+        (Finished("length", Usage(7, 16)), "max_tokens", None),
+        (Finished("tool_calls", Usage(7, 5)), "tool_use", None),
+    ],
+)
 def test_how_it_ended_is_in_message_delta_and_the_body(finished, reason, sequence):
     events = [TextDelta("some text"), finished]
     data = parse(encode(events))
@@ -151,9 +200,16 @@ def test_how_it_ended_is_in_message_delta_and_the_body(finished, reason, sequenc
 
 def test_whole_body_shape():
     body = message_response("msg_9", "m", fold([TextDelta("hi"), DONE]))
-    assert body == {"id": "msg_9", "type": "message", "role": "assistant", "model": "m",
-                    "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn", "stop_sequence": None,
-                    "usage": {"input_tokens": 7, "output_tokens": 3}}
+    assert body == {
+        "id": "msg_9",
+        "type": "message",
+        "role": "assistant",
+        "model": "m",
+        "content": [{"type": "text", "text": "hi"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 7, "output_tokens": 3},
+    }
 
 
 @pytest.mark.parametrize("kind,type_", [("server", "api_error"), ("timeout", "timeout_error")])
@@ -173,13 +229,18 @@ def test_the_end_adds_nothing():
 
 
 def test_the_sdk_reads_the_stream_and_the_body_as_the_same_message():
-    events = [ReasoningDelta("Let me think."), TextDelta("Hello"), TextDelta(", world"),
-              Finished("stop", Usage(7, 6), stop_sequence="\n\n")]
+    events = [
+        ReasoningDelta("Let me think."),
+        TextDelta("Hello"),
+        TextDelta(", world"),
+        Finished("stop", Usage(7, 6), stop_sequence="\n\n"),
+    ]
     with sdk_client("".join(encode(events)).encode(), "text/event-stream").messages.stream(**ASK) as stream:
         texts = list(stream.text_stream)
         streamed = stream.get_final_message()
-    whole = sdk_client(json.dumps(message_response("msg_1", "local-model", fold(events))).encode(),
-                       "application/json").messages.create(**ASK)
+    whole = sdk_client(
+        json.dumps(message_response("msg_1", "local-model", fold(events))).encode(), "application/json"
+    ).messages.create(**ASK)
     assert texts == ["Hello", ", world"]
     assert Message.model_validate(streamed.to_dict()) == whole
     assert whole.content[0].type == "thinking" and whole.content[1].text == "Hello, world"
@@ -187,8 +248,9 @@ def test_the_sdk_reads_the_stream_and_the_body_as_the_same_message():
 
 
 chunks = st.lists(st.text(max_size=6), max_size=5)
-endings = st.sampled_from([Finished("stop", Usage(7, 9)), Finished("length", Usage(7, 9)),
-                           Finished("stop", Usage(7, 9), stop_sequence="###")])
+endings = st.sampled_from(
+    [Finished("stop", Usage(7, 9)), Finished("length", Usage(7, 9)), Finished("stop", Usage(7, 9), stop_sequence="###")]
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -199,6 +261,9 @@ def test_the_whole_message_is_the_fold_of_the_stream(reasoning, text, finished):
     data = parse(frames)
     indexes = [d["index"] for d in data if d["type"] == "content_block_start"]
     assert indexes == list(range(len(indexes)))
-    assert all(d["delta"].get("text") or d["delta"].get("thinking") or d["delta"].get("signature")
-               for d in data if d["type"] == "content_block_delta")  # no empty deltas
+    assert all(
+        d["delta"].get("text") or d["delta"].get("thinking") or d["delta"].get("signature")
+        for d in data
+        if d["type"] == "content_block_delta"
+    )  # no empty deltas
     assert accumulated(frames) == Message.model_validate(message_response("msg_1", "local-model", fold(events)))

@@ -51,6 +51,6 @@ def test_a_stream_goes_through_the_family_encoder():
     async def frames():
         return [f async for f in response.body_iterator]
 
-    chunks = [json.loads(f[len("data: "):]) for f in asyncio.run(frames()) if f.startswith("data: {")]
+    chunks = [json.loads(f[len("data: ") :]) for f in asyncio.run(frames()) if f.startswith("data: {")]
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "a"
     assert chunks[-1]["usage"]["completion_tokens"] == 5

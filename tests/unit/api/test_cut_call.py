@@ -22,14 +22,20 @@ TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "ob
 CUT = '<tool_call>\n{"name": "f", "arguments": {"city": "Pa'
 
 
-@pytest.mark.parametrize("text,choice,expected", [
-    ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "UT', ToolChoice("required"),
-     ("get_time", '{"zone": "UT')),
-    ("[TOOL_CALLS]get_time[ARGS]{", ToolChoice("required"), ("get_time", "{")),
-    ('<tool_call>\n{"name": "get', ToolChoice("named", "get_time"), ("get_time", "")),
-    ('<tool_call>\n{"name": "ge', ToolChoice("required"), None),  # two tools: which one is not known
-    ("  ", ToolChoice("named", "get"), None),
-])
+@pytest.mark.parametrize(
+    "text,choice,expected",
+    [
+        (
+            '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UT',
+            ToolChoice("required"),
+            ("get_time", '{"zone": "UT'),
+        ),
+        ("[TOOL_CALLS]get_time[ARGS]{", ToolChoice("required"), ("get_time", "{")),
+        ('<tool_call>\n{"name": "get', ToolChoice("named", "get_time"), ("get_time", "")),
+        ('<tool_call>\n{"name": "ge', ToolChoice("required"), None),  # two tools: which one is not known
+        ("  ", ToolChoice("named", "get"), None),
+    ],
+)
 def test_the_cut_call_read_out_of_the_text(text, choice, expected):
     assert cut_call(text, TOOLS, choice) == expected
 

@@ -24,7 +24,15 @@ from vllmmlxd.api.stream import Folded
 from vllmmlxd.api.tool_loop import McpCall, McpOutcome, ToolLoop, offer
 from vllmmlxd.config.schema import ModelConfig
 from vllmmlxd.engine.types import (
-    Constraint, EngineStats, Finished, GenerationRequest, ModelInfo, SamplingParams, TextDelta, ToolCallDelta, ToolUse,
+    Constraint,
+    EngineStats,
+    Finished,
+    GenerationRequest,
+    ModelInfo,
+    SamplingParams,
+    TextDelta,
+    ToolCallDelta,
+    ToolUse,
     Usage,
 )
 from vllmmlxd.errors import InvalidRequest
@@ -62,8 +70,12 @@ class FakeHub:
 
     def tools(self, servers=None):
         self.asked_servers = servers
-        every = [Tool("files__read", "files", "read"), Tool("files__list", "files", "list"),
-                 Tool("clock__now", "clock", "now"), Tool("clock__zone", "clock", "zone")]
+        every = [
+            Tool("files__read", "files", "read"),
+            Tool("files__list", "files", "list"),
+            Tool("clock__now", "clock", "now"),
+            Tool("clock__zone", "clock", "zone"),
+        ]
         return [t for t in every if servers is None or t.server in servers]
 
     async def call(self, name, arguments):
@@ -79,7 +91,9 @@ class ScriptedEngine:
 
     def __init__(self, turns):
         self.turns = list(turns)
-        self.info = ModelInfo(name="m", context_length=4096, vocab_size=100, source="builtin:tiny", tool_parser="hermes")
+        self.info = ModelInfo(
+            name="m", context_length=4096, vocab_size=100, source="builtin:tiny", tool_parser="hermes"
+        )
         self.stats = EngineStats()
         self.rendered: list[tuple[list[dict], list[dict] | None]] = []
         self.requests: list[GenerationRequest] = []
@@ -125,8 +139,14 @@ def fake_request(caller=None):
 
 
 def first_turn(max_tokens=100, forced=True):
-    return GenerationRequest(prompt_tokens=[1, 2, 3], sampling=SamplingParams(max_tokens=max_tokens), request_id="chatcmpl-1",
-                             reasoning=True, tool_use=ToolUse(()), constraint=Constraint("g") if forced else None)
+    return GenerationRequest(
+        prompt_tokens=[1, 2, 3],
+        sampling=SamplingParams(max_tokens=max_tokens),
+        request_id="chatcmpl-1",
+        reasoning=True,
+        tool_use=ToolUse(()),
+        constraint=Constraint("g") if forced else None,
+    )
 
 
 def run_loop(turns, hub=None, client_tools=None, max_tokens=100, limit=None):
@@ -180,8 +200,10 @@ def test_a_keys_mcp_list_narrows_the_servers_offered():
 
 
 def test_an_auto_executed_call_runs_and_the_model_goes_on_with_its_result():
-    turns = [[TextDelta(""), call(0, "files__read"), ended("tool_calls", 30, 7)],
-             [TextDelta("It says hi."), ended("stop", 50, 4)]]
+    turns = [
+        [TextDelta(""), call(0, "files__read"), ended("tool_calls", 30, 7)],
+        [TextDelta("It says hi."), ended("stop", 50, 4)],
+    ]
     events, engine, hub, loop = run_loop(turns)
     assert hub.calls == [("files__read", {"path": "a"})]
     kinds = [type(e).__name__ for e in events]
@@ -193,9 +215,15 @@ def test_an_auto_executed_call_runs_and_the_model_goes_on_with_its_result():
     assert messages[0] == ASK[0]
     assistant, result = messages[1], messages[2]
     assert assistant["role"] == "assistant" and assistant["tool_calls"][0]["function"] == {
-        "name": "files__read", "arguments": {"path": "a"}}
-    assert result == {"role": "tool", "tool_call_id": assistant["tool_calls"][0]["id"], "name": "files__read",
-                      "content": "files__read says hi"}
+        "name": "files__read",
+        "arguments": {"path": "a"},
+    }
+    assert result == {
+        "role": "tool",
+        "tool_call_id": assistant["tool_calls"][0]["id"],
+        "name": "files__read",
+        "content": "files__read says hi",
+    }
     assert [t["function"]["name"] for t in tools] == ["files__read", "files__list", "clock__now"]
     second = engine.requests[1]
     # A forced choice held the first turn only; the next is free, within the tokens left, cancelled with the first.
@@ -207,8 +235,11 @@ def test_an_auto_executed_call_runs_and_the_model_goes_on_with_its_result():
 
 
 def test_calls_are_numbered_across_turns():
-    turns = [[call(0, "files__read"), ended("tool_calls")], [call(0, "clock__now", "{}"), ended("tool_calls")],
-             [TextDelta("done"), ended("stop")]]
+    turns = [
+        [call(0, "files__read"), ended("tool_calls")],
+        [call(0, "clock__now", "{}"), ended("tool_calls")],
+        [TextDelta("done"), ended("stop")],
+    ]
     events, engine, hub, _ = run_loop(turns)
     assert [e.call.index for e in events if isinstance(e, McpCall)] == [0, 1]
     ids = [m["tool_call_id"] for m in engine.rendered[-1][0] if m["role"] == "tool"]
@@ -224,8 +255,10 @@ def test_a_turn_with_a_client_tool_goes_to_the_client_whole():
 
 
 def test_the_budget_stops_execution_and_hands_the_calls_to_the_client():
-    turns = [[call(0, "files__read"), ended("tool_calls")], [call(0, "files__list", "{}"), call(1, "clock__now", "{}"),
-                                                             ended("tool_calls")]]
+    turns = [
+        [call(0, "files__read"), ended("tool_calls")],
+        [call(0, "files__list", "{}"), call(1, "clock__now", "{}"), ended("tool_calls")],
+    ]
     events, engine, hub, loop = run_loop(turns, limit=2)
     assert [n for n, _ in hub.calls] == ["files__read"] and loop.executed == 1
     tail = events[2:]
@@ -239,11 +272,18 @@ def test_a_call_cut_short_by_max_tokens_is_not_run():
 
 
 def test_failures_are_the_calls_results_told_to_the_model():
-    hub = FakeHub({"files__read": InvalidRequest("arguments do not fit the schema: 'path' is required"),
-                   "files__list": Result([{"type": "text", "text": "denied"}], is_error=True),
-                   "clock__now": RuntimeError("boom")})
-    turns = [[call(0, "files__read"), call(1, "files__list", "{}"), call(2, "clock__now", "{}"), ended("tool_calls")],
-             [call(0, "files__read", "[1]"), ended("tool_calls")], [TextDelta("sorry"), ended("stop")]]
+    hub = FakeHub(
+        {
+            "files__read": InvalidRequest("arguments do not fit the schema: 'path' is required"),
+            "files__list": Result([{"type": "text", "text": "denied"}], is_error=True),
+            "clock__now": RuntimeError("boom"),
+        }
+    )
+    turns = [
+        [call(0, "files__read"), call(1, "files__list", "{}"), call(2, "clock__now", "{}"), ended("tool_calls")],
+        [call(0, "files__read", "[1]"), ended("tool_calls")],
+        [TextDelta("sorry"), ended("stop")],
+    ]
     events, engine, _, _ = run_loop(turns, hub=hub, limit=8)
     outcomes = [e for e in events if isinstance(e, McpOutcome)]
     assert all(o.is_error for o in outcomes) and len(outcomes) == 4
@@ -266,10 +306,15 @@ def test_an_engine_error_in_a_later_turn_ends_the_loop_with_it():
     assert events[-1].reason == "error" and events[-1].error == "boom" and events[-1].usage == Usage(13, 5)
 
 
-LOOPED = [TextDelta("Let me look."), McpCall(call(0, "files__read")),
-          McpOutcome(call(0, "files__read"), "files__read says hi", False),
-          McpCall(call(1, "clock__now", "{}")), McpOutcome(call(1, "clock__now", "{}"), "Error: down", True),
-          TextDelta("Done."), Finished("stop", Usage(80, 11))]
+LOOPED = [
+    TextDelta("Let me look."),
+    McpCall(call(0, "files__read")),
+    McpOutcome(call(0, "files__read"), "files__read says hi", False),
+    McpCall(call(1, "clock__now", "{}")),
+    McpOutcome(call(1, "clock__now", "{}"), "Error: down", True),
+    TextDelta("Done."),
+    Finished("stop", Usage(80, 11)),
+]
 
 
 def test_openai_whole_response_lists_executed_calls_apart_from_tool_calls():
@@ -282,7 +327,8 @@ def test_openai_whole_response_lists_executed_calls_apart_from_tool_calls():
     assert body["choices"][0]["finish_reason"] == "stop" and body["usage"]["total_tokens"] == 91
     assert [(c["function"]["name"], c["result"]) for c in msg["mcp_calls"]] == [
         ("files__read", {"content": "files__read says hi", "is_error": False}),
-        ("clock__now", {"content": "Error: down", "is_error": True})]
+        ("clock__now", {"content": "Error: down", "is_error": True}),
+    ]
     parsed = ChatCompletion.model_validate(body)  # the SDK's model keeps the extension
     assert parsed.choices[0].message.tool_calls is None
     assert parsed.choices[0].message.model_extra["mcp_calls"][0]["id"].startswith("call_")
@@ -295,7 +341,7 @@ def test_openai_stream_carries_the_same_in_mcp_calls_deltas():
         frames += enc.event(event)
     frames += enc.end()
     assert frames[-1] == "data: [DONE]\n\n" and sum(f == "data: [DONE]\n\n" for f in frames) == 1
-    chunks = [ChatCompletionChunk.model_validate(json.loads(f[len("data: "):])) for f in frames[:-1]]
+    chunks = [ChatCompletionChunk.model_validate(json.loads(f[len("data: ") :])) for f in frames[:-1]]
     acc: dict = {}
     for chunk in chunks:
         if chunk.choices:
@@ -317,7 +363,7 @@ def test_openai_stream_helper_reads_a_looped_stream():
     enc = ChatStreamEncoder("chatcmpl-1", 1, "m", False)
     state = ChatCompletionStreamState()
     for frame in enc.start() + [f for e in LOOPED for f in enc.event(e)]:
-        state.handle_chunk(ChatCompletionChunk.model_validate(json.loads(frame[len("data: "):])))
+        state.handle_chunk(ChatCompletionChunk.model_validate(json.loads(frame[len("data: ") :])))
     final = state.get_final_completion()
     assert final.choices[0].message.content == "Let me look.Done." and final.choices[0].message.tool_calls in (None, [])
     assert openai.__version__
@@ -348,7 +394,7 @@ def test_anthropic_message_and_stream_show_server_tool_use_and_results():
     assert parsed.content[1].input == {"path": "a"} and parsed.content[4].is_error is True
     snapshot, bufs = None, {}
     for frame in anthropic_frames(LOOPED):
-        data = json.loads(frame.split("\n")[1][len("data: "):])
+        data = json.loads(frame.split("\n")[1][len("data: ") :])
         if data["type"] != "ping":  # the SDK's Stream skips pings; it builds events as leniently as responses
             event = construct_type(type_=RawMessageStreamEvent, value=data)
             snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=bufs)
@@ -396,6 +442,14 @@ def test_the_blocks_a_looped_message_holds_are_accepted_back_in_a_history():
     for event in LOOPED:
         folded.add(event)
     content = message_response("msg_1", "m", folded)["content"]
-    req = MessagesRequest.model_validate({"max_tokens": 5, "messages": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": content}, {"role": "user", "content": "ok"}]})
+    req = MessagesRequest.model_validate(
+        {
+            "max_tokens": 5,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": "ok"},
+            ],
+        }
+    )
     assert [b.type for b in req.messages[1].content][:3] == ["text", "server_tool_use", "mcp_tool_result"]

@@ -10,8 +10,16 @@ from vllmmlxd.api.tooling import ToolChoice, anthropic_tool_choice, call_id, ope
 from vllmmlxd.errors import InvalidRequest
 from vllmmlxd.parsers.tools import tool_parser_class
 
-TOOLS = [{"type": "function", "function": {"name": n, "parameters": {
-    "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}} for n in ("a", "b")]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": n,
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+        },
+    }
+    for n in ("a", "b")
+]
 
 
 def plan(choice: ToolChoice, tools=TOOLS, auto_enabled=True):
@@ -38,10 +46,14 @@ def test_required_and_named_force_the_family_format():
     assert not accepts(named, hermes.render_call("a", {"x": 1}) + "\n" + hermes.render_call("a", {"x": 2}))
 
 
-@pytest.mark.parametrize("choice,tools", [
-    (ToolChoice("required"), None), (ToolChoice("named", "zz"), TOOLS),
-    (ToolChoice("auto"), [{"type": "function", "function": {"description": "no name"}}]),
-])
+@pytest.mark.parametrize(
+    "choice,tools",
+    [
+        (ToolChoice("required"), None),
+        (ToolChoice("named", "zz"), TOOLS),
+        (ToolChoice("auto"), [{"type": "function", "function": {"description": "no name"}}]),
+    ],
+)
 def test_impossible_choices_are_400s(choice, tools):
     with pytest.raises(InvalidRequest):
         plan(choice, tools=tools)
@@ -51,7 +63,9 @@ def test_the_families_words_for_tool_choice():
     assert openai_tool_choice(None, None) == ToolChoice("auto", parallel=False)
     assert openai_tool_choice("required", None) == ToolChoice("required", parallel=False)  # one call, unless asked
     assert openai_tool_choice("required", True) == ToolChoice("required", parallel=True)
-    assert openai_tool_choice({"type": "function", "function": {"name": "a"}}, None) == ToolChoice("named", "a", parallel=False)
+    assert openai_tool_choice({"type": "function", "function": {"name": "a"}}, None) == ToolChoice(
+        "named", "a", parallel=False
+    )
     with pytest.raises(InvalidRequest):
         openai_tool_choice("sometimes", None)
     assert anthropic_tool_choice("any", None, True) == ToolChoice("required", parallel=False)
@@ -63,12 +77,22 @@ def test_the_families_words_for_tool_choice():
 
 
 def test_call_ids_are_stable_per_request_and_index():
-    assert call_id("call_", "r1", 0) == call_id("call_", "r1", 0) != call_id("call_", "r1", 1) != call_id("call_", "r2", 1)
+    assert (
+        call_id("call_", "r1", 0) == call_id("call_", "r1", 0) != call_id("call_", "r1", 1) != call_id("call_", "r2", 1)
+    )
 
 
 def test_output_formats_and_the_check_of_their_result():
-    fmt = openai_output_format({"type": "json_schema", "json_schema": {"name": "n", "strict": True, "schema": {
-        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}})
+    fmt = openai_output_format(
+        {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "n",
+                "strict": True,
+                "schema": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+            },
+        }
+    )
     assert fmt.schema["additionalProperties"] is False  # strict
     assert fmt.problem('{"x": 1}') is None
     assert "does not match" in fmt.problem('{"x": "one"}') and "not JSON" in fmt.problem("{")

@@ -1,8 +1,8 @@
 """Unit tests of the pure OpenAI translation code (fakes are fine here)."""
 
-import pytest
-
 import json
+
+import pytest
 
 from vllmmlxd.api.body import validate
 from vllmmlxd.api.openai import encode
@@ -94,7 +94,9 @@ def test_unknown_fields_are_allowed():
 
 
 def test_content_parts_are_joined_and_images_refused():
-    msgs = chat(messages=[{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]).messages
+    msgs = chat(
+        messages=[{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    ).messages
     assert tr.to_template_messages(msgs) == [{"role": "system", "content": "ab"}]
     img = chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]).messages
     with pytest.raises(InvalidRequest, match="image_url"):
@@ -102,18 +104,34 @@ def test_content_parts_are_joined_and_images_refused():
 
 
 def test_tool_call_arguments_are_parsed_for_the_template():
-    msgs = chat(messages=[{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}]).messages
+    msgs = chat(
+        messages=[
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+            }
+        ]
+    ).messages
     out = tr.to_template_messages(msgs)[0]
     assert out["tool_calls"][0]["function"]["arguments"] == {"a": 1} and out["content"] == ""
 
 
-@pytest.mark.parametrize("field,value", [
-    ("best_of", 3), ("top_logprobs", 2), ("logprobs", True), ("n", 2), ("modalities", ["audio"]),
-    ("audio", {"voice": "x"}),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("best_of", 3),
+        ("top_logprobs", 2),
+        ("logprobs", True),
+        ("n", 2),
+        ("modalities", ["audio"]),
+        ("audio", {"voice": "x"}),
+    ],
+)
 def test_fields_this_server_would_not_honour_are_refused_naming_them(field, value):
-    req = ChatCompletionRequest.model_construct(messages=[], **{field: value}) if field == "n" else chat(**{field: value})
+    req = (
+        ChatCompletionRequest.model_construct(messages=[], **{field: value}) if field == "n" else chat(**{field: value})
+    )
     with pytest.raises(InvalidRequest) as e:
         tr.refuse_unhonoured(req)
     assert e.value.param == field
@@ -161,7 +179,12 @@ def test_fold_and_response_shapes_agree():
 def test_reasoning_is_apart_from_the_answer_in_both_paths():
     events = [ReasoningDelta("think "), ReasoningDelta("hard"), TextDelta("Paris"), Finished("stop", Usage(3, 5))]
     message = encode.chat_response("id", 1, "m", fold(events))["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": "Paris", "reasoning_content": "think hard", "reasoning": "think hard"}
+    assert message == {
+        "role": "assistant",
+        "content": "Paris",
+        "reasoning_content": "think hard",
+        "reasoning": "think hard",
+    }
     enc = encode.ChatStreamEncoder("id", 1, "m", include_usage=True)
     chunks = frames_json(enc.start() + [f for e in events for f in enc.event(e)])
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
@@ -173,19 +196,40 @@ def test_reasoning_is_apart_from_the_answer_in_both_paths():
 
 
 def test_calls_the_server_ran_are_replayed_before_the_answer_they_led_to():
-    req = chat(messages=[
-        {"role": "user", "content": "add 2 and 3"},
-        {"role": "assistant", "content": "It is 5.", "mcp_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "files__add", "arguments": '{"a": 2, "b": 3}'},
-             "result": {"content": [{"type": "text", "text": "5"}], "is_error": False}},
-            {"id": "call_2", "type": "function", "function": {"name": "files__fail", "arguments": "{}"},
-             "result": {"content": [{"type": "text", "text": "boom"}], "is_error": True}},
-            "not a call"]},
-    ])
+    req = chat(
+        messages=[
+            {"role": "user", "content": "add 2 and 3"},
+            {
+                "role": "assistant",
+                "content": "It is 5.",
+                "mcp_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "files__add", "arguments": '{"a": 2, "b": 3}'},
+                        "result": {"content": [{"type": "text", "text": "5"}], "is_error": False},
+                    },
+                    {
+                        "id": "call_2",
+                        "type": "function",
+                        "function": {"name": "files__fail", "arguments": "{}"},
+                        "result": {"content": [{"type": "text", "text": "boom"}], "is_error": True},
+                    },
+                    "not a call",
+                ],
+            },
+        ]
+    )
     assert tr.to_template_messages(req.messages)[1:] == [
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "files__add", "arguments": {"a": 2, "b": 3}}},
-            {"id": "call_2", "type": "function", "function": {"name": "files__fail", "arguments": {}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "files__add", "arguments": {"a": 2, "b": 3}}},
+                {"id": "call_2", "type": "function", "function": {"name": "files__fail", "arguments": {}}},
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "name": "files__add", "content": "5"},
         {"role": "tool", "tool_call_id": "call_2", "name": "files__fail", "content": "Error: boom"},
-        {"role": "assistant", "content": "It is 5."}]
+        {"role": "assistant", "content": "It is 5."},
+    ]

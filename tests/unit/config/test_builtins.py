@@ -30,8 +30,10 @@ def test_an_unknown_builtin_is_refused_at_its_key_naming_the_builtins(key):
         parse_config(text, "c.yaml")
     line = 4 if key == "embedding_model" else 3
     column = len(f"    {key}: ") + 1
-    assert str(info.value) == (f"c.yaml:{line}:{column}: models.a.{key}: unknown builtin model; the builtins are "
-                               "builtin:all-minilm-l6-v2, builtin:smollm2-135m-instruct, builtin:tiny")
+    assert str(info.value) == (
+        f"c.yaml:{line}:{column}: models.a.{key}: unknown builtin model; the builtins are "
+        "builtin:all-minilm-l6-v2, builtin:smollm2-135m-instruct, builtin:tiny"
+    )
 
 
 def test_other_specs_are_not_checked_here():
@@ -45,5 +47,7 @@ def test_check_refuses_an_unknown_builtin(tmp_path, capsys):
     path.write_text("models:\n  a:\n    model: builtin:tinyy\n")
     assert ctl_main(["check", str(path)]) == 1
     out, err = capsys.readouterr()
-    assert out == "" and err == (f"{path}:3:12: models.a.model: unknown builtin model; the builtins are "
-                                 "builtin:all-minilm-l6-v2, builtin:smollm2-135m-instruct, builtin:tiny\n")
+    assert out == "" and err == (
+        f"{path}:3:12: models.a.model: unknown builtin model; the builtins are "
+        "builtin:all-minilm-l6-v2, builtin:smollm2-135m-instruct, builtin:tiny\n"
+    )

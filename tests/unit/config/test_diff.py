@@ -7,7 +7,9 @@ from vllmmlxd.config.schema import Config, ModelConfig, ResolvedModel, ResolvedU
 
 
 def make_config(daemon: dict | None = None, **models: dict) -> Config:
-    entries = {name: {"model": "builtin:tiny", "port": 8000 + i, **fields} for i, (name, fields) in enumerate(models.items())}
+    entries = {
+        name: {"model": "builtin:tiny", "port": 8000 + i, **fields} for i, (name, fields) in enumerate(models.items())
+    }
     return Config.model_validate({"daemon": daemon or {}, "models": entries})
 
 
@@ -97,7 +99,12 @@ def test_live_keys_only_are_applied_live_and_say_which():
     assert plan.changed == {"a": ("api_key", "timeout"), "b": ("max_num_seqs", "rate_limit")}  # unchanged contract
     assert "  a: apply live (api_key, timeout)" in plan.render().splitlines()
     assert "  b: new worker (max_num_seqs; also rate_limit)" in plan.render().splitlines()
-    assert {"name": "b", "kind": "new worker", "keys": ["max_num_seqs", "rate_limit"], "forcing": ["max_num_seqs"]} in plan.entries()
+    assert {
+        "name": "b",
+        "kind": "new worker",
+        "keys": ["max_num_seqs", "rate_limit"],
+        "forcing": ["max_num_seqs"],
+    } in plan.entries()
     assert {"name": "c", "kind": "unchanged", "keys": [], "forcing": []} in plan.entries()
 
 
@@ -105,13 +112,29 @@ def test_needs_new_worker_names_the_keys_that_force_it():
     base = ModelConfig(model="builtin:tiny")
     assert needs_new_worker(base, base.model_copy(update={"max_queue": 3, "aliases": ("x",)})) == (False, [])
     assert needs_new_worker(base, base.model_copy(update={"port": 9000, "timeout": 3})) == (True, ["port"])
-    assert needs_new_worker(base, base.model_copy(update={"model": "builtin:smollm2-135m-instruct"})) == (True, ["model"])
+    assert needs_new_worker(base, base.model_copy(update={"model": "builtin:smollm2-135m-instruct"})) == (
+        True,
+        ["model"],
+    )
 
 
 def test_every_live_key_is_a_model_key_and_engine_keys_are_not_live():
     assert LIVE_FIELDS <= set(ResolvedModel.model_fields) | set(ResolvedUpstream.model_fields)
-    for key in ("model", "host", "port", "blas", "threads", "continuous_batching", "max_num_seqs", "prefill_step_size",
-                "cache_memory_mb", "cache_memory_percent", "reasoning_parser", "tool_call_parser", "trust_remote_code"):
+    for key in (
+        "model",
+        "host",
+        "port",
+        "blas",
+        "threads",
+        "continuous_batching",
+        "max_num_seqs",
+        "prefill_step_size",
+        "cache_memory_mb",
+        "cache_memory_percent",
+        "reasoning_parser",
+        "tool_call_parser",
+        "trust_remote_code",
+    ):
         assert not classify((key,)).live, key
 
 

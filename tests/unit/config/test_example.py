@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vllmmlxd.config.load import load_config, parse_config
 from vllmmlxd.config.keys import key_digest
+from vllmmlxd.config.load import load_config, parse_config
 from vllmmlxd.config.schema import INTERNAL_FIELDS, DaemonConfig, ModelConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[3] / "config"
@@ -26,9 +26,17 @@ def test_example_loads_as_a_two_model_cluster():
     assert set(config.models) == {"llama", "qwen"}
     llama, qwen = config.models["llama"], config.models["qwen"]
     assert (llama.model, llama.port, llama.served_model_name, llama.owned_by) == (
-        "builtin:smollm2-135m-instruct", 8001, "Llama-3.3-70B-Instruct-4bit", "maclustr")
+        "builtin:smollm2-135m-instruct",
+        8001,
+        "Llama-3.3-70B-Instruct-4bit",
+        "maclustr",
+    )
     assert (qwen.model, qwen.port, qwen.served_model_name, qwen.owned_by) == (
-        "builtin:tiny", 8002, "Qwen2.5-72B-Instruct-4bit", "maclustr")
+        "builtin:tiny",
+        8002,
+        "Qwen2.5-72B-Instruct-4bit",
+        "maclustr",
+    )
 
 
 @pytest.mark.parametrize("model", [ModelConfig, DaemonConfig])

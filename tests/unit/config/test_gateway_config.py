@@ -19,17 +19,20 @@ def test_an_upstream_entry_needs_no_model_and_keeps_a_base_url():
     assert isinstance(config({"far": {"upstream": "http://h:1"}}).models["far"], ResolvedUpstream)
 
 
-@pytest.mark.parametrize("fields, error", [
-    ({}, "give model \\(served here\\) or upstream"),
-    ({"model": "builtin:tiny", "upstream": "http://h:1"}, "give model \\(served here\\) or upstream"),
-    ({"upstream": "studio-2.local:8001"}, "upstream must be a base URL"),
-    ({"upstream": "ftp://h:1"}, "upstream must be a base URL"),
-    ({"upstream": "http://h:1", "load": "lazy"}, "load is for a model served here"),
-    ({"upstream": "http://h:1", "port": 9000}, "port is for a model served here"),
-    ({"model": "builtin:tiny", "idle_unload_s": 60}, "idle_unload_s needs load: lazy"),
-    ({"model": "builtin:tiny", "upstream_api_key": "k"}, "upstream_api_key needs upstream"),
-    ({"model": "builtin:tiny", "load": "sometimes"}, "'eager' or 'lazy'"),
-])
+@pytest.mark.parametrize(
+    "fields, error",
+    [
+        ({}, "give model \\(served here\\) or upstream"),
+        ({"model": "builtin:tiny", "upstream": "http://h:1"}, "give model \\(served here\\) or upstream"),
+        ({"upstream": "studio-2.local:8001"}, "upstream must be a base URL"),
+        ({"upstream": "ftp://h:1"}, "upstream must be a base URL"),
+        ({"upstream": "http://h:1", "load": "lazy"}, "load is for a model served here"),
+        ({"upstream": "http://h:1", "port": 9000}, "port is for a model served here"),
+        ({"model": "builtin:tiny", "idle_unload_s": 60}, "idle_unload_s needs load: lazy"),
+        ({"model": "builtin:tiny", "upstream_api_key": "k"}, "upstream_api_key needs upstream"),
+        ({"model": "builtin:tiny", "load": "sometimes"}, "'eager' or 'lazy'"),
+    ],
+)
 def test_entries_that_cannot_work_are_refused(fields, error):
     with pytest.raises(ValidationError, match=error):
         config({"x": fields})
@@ -43,18 +46,33 @@ def test_the_upstream_key_is_a_secret_sent_only_down_the_pipe():
 
 def test_with_a_gateway_a_name_leads_to_one_model():
     with pytest.raises(ValidationError, match="models 'a' and 'b' both answer to 'x'"):
-        config({"a": {"model": "builtin:tiny", "port": 1, "aliases": ["x"]},
-                "b": {"model": "builtin:tiny", "port": 2, "served_model_name": "x"}}, gateway={})
+        config(
+            {
+                "a": {"model": "builtin:tiny", "port": 1, "aliases": ["x"]},
+                "b": {"model": "builtin:tiny", "port": 2, "served_model_name": "x"},
+            },
+            gateway={},
+        )
     # Without a gateway each port is its own server: the same served name is fine.
-    config({"a": {"model": "builtin:tiny", "port": 1, "aliases": ["x"]},
-            "b": {"model": "builtin:tiny", "port": 2, "served_model_name": "x"}})
+    config(
+        {
+            "a": {"model": "builtin:tiny", "port": 1, "aliases": ["x"]},
+            "b": {"model": "builtin:tiny", "port": 2, "served_model_name": "x"},
+        }
+    )
 
 
 def test_the_gateway_port_is_not_a_models_port_and_upstreams_listen_nowhere():
     with pytest.raises(ValidationError, match="the gateway and 'a' both listen on 127.0.0.1:8080"):
         config({"a": {"model": "builtin:tiny", "port": 8080}}, gateway={"port": 8080})
-    ok = config({"a": {"model": "builtin:tiny", "port": 8000}, "far": {"upstream": "http://h:8000"},
-                 "far2": {"upstream": "http://h2:8000"}}, gateway={"port": 8080})
+    ok = config(
+        {
+            "a": {"model": "builtin:tiny", "port": 8000},
+            "far": {"upstream": "http://h:8000"},
+            "far2": {"upstream": "http://h2:8000"},
+        },
+        gateway={"port": 8080},
+    )
     assert ok.gateway.port == 8080
 
 
@@ -80,5 +98,8 @@ def test_the_reload_plan_says_what_changes_in_the_gateway_and_lazy_keys_are_live
     assert plan.gateway_changed == ("added",) and "gateway: added" in plan.render()
     assert plan.change("a").live and set(plan.changed["a"]) == {"load", "idle_unload_s", "gateway_token"}
     again = config({"a": {"model": "builtin:tiny"}}, gateway={"port": 9001, "ui": False})
-    assert diff_models(config({"a": {"model": "builtin:tiny"}}, gateway={"port": 9000}), again).gateway_changed == ("port", "ui")
+    assert diff_models(config({"a": {"model": "builtin:tiny"}}, gateway={"port": 9000}), again).gateway_changed == (
+        "port",
+        "ui",
+    )
     assert diff_models(again, old).gateway_changed == ("removed",)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from vllmmlxd.config.diff import diff_models
-from vllmmlxd.config.load import parse_config
 from vllmmlxd.config.keys import key_digest
+from vllmmlxd.config.load import parse_config
 from vllmmlxd.errors import ConfigError
 
 BASE = """
@@ -44,16 +44,31 @@ def test_only_the_digest_of_a_key_is_kept():
     assert "alice-secret" not in repr(config) and key_digest("alice-secret") not in repr(config)
 
 
-@pytest.mark.parametrize("edit,message", [
-    (("[alice, ci]", "[alice, bob]"), "c.yaml:6:3: models.llama: model 'llama': api_keys[1] names a key the api_keys section does not define; "
-                                     "defined: alice, ci"),
-    (("models: [llama]", "models: [qwen]"), "model 'llama' names key 'ci', whose models (qwen) exclude it"),
-    (('rate_limit: "60/minute"', 'rate_limit: "lots"'), "api_keys.alice.rate_limit: a rate limit is a count per minute or text like"),
-    (("key: alice-secret", "key: alice-secret, key_sha256: " + "a" * 64), "api_keys.alice: give either key or key_sha256, not both"),
-    (("key: alice-secret", "key_sha256: abc"), "key_sha256 must be 64 hex digits"),
-    (("alice: {key: alice-secret,", "api_key: {key: alice-secret,"), "key name 'api_key' must be"),
-    (("  open: {model: builtin:tiny,", "  open: {model: builtin:tiny, key_grants: [],"), "models.open.key_grants is filled in by vllmmlxd"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (
+            ("[alice, ci]", "[alice, bob]"),
+            "c.yaml:6:3: models.llama: model 'llama': api_keys[1] names a key the api_keys section does not define; "
+            "defined: alice, ci",
+        ),
+        (("models: [llama]", "models: [qwen]"), "model 'llama' names key 'ci', whose models (qwen) exclude it"),
+        (
+            ('rate_limit: "60/minute"', 'rate_limit: "lots"'),
+            "api_keys.alice.rate_limit: a rate limit is a count per minute or text like",
+        ),
+        (
+            ("key: alice-secret", "key: alice-secret, key_sha256: " + "a" * 64),
+            "api_keys.alice: give either key or key_sha256, not both",
+        ),
+        (("key: alice-secret", "key_sha256: abc"), "key_sha256 must be 64 hex digits"),
+        (("alice: {key: alice-secret,", "api_key: {key: alice-secret,"), "key name 'api_key' must be"),
+        (
+            ("  open: {model: builtin:tiny,", "  open: {model: builtin:tiny, key_grants: [],"),
+            "models.open.key_grants is filled in by vllmmlxd",
+        ),
+    ],
+)
 def test_mistakes_are_named_without_the_keys(edit, message):
     text = error_of(BASE.replace(*edit))
     assert message in text and "alice-secret" not in text

@@ -55,22 +55,19 @@ def test_unknown_key_has_position_and_hint_from_model_config():
 
 
 def test_unknown_key_hints_use_the_right_model():
-    assert error_of("daemon:\n  loglevel: info\n") == "c.yaml:2:3: daemon.loglevel: unknown key; did you mean 'log_level'?"
+    assert (
+        error_of("daemon:\n  loglevel: info\n") == "c.yaml:2:3: daemon.loglevel: unknown key; did you mean 'log_level'?"
+    )
     assert error_of("modles: {}\n") == "c.yaml:1:1: modles: unknown key; did you mean 'models'?"
     # No close match: list what is allowed instead.
-    assert error_of("zzz: 1\n") == "c.yaml:1:1: zzz: unknown key; expected one of: daemon, mcp_config, mcp_servers, api_keys, gateway, models"
+    assert (
+        error_of("zzz: 1\n")
+        == "c.yaml:1:1: zzz: unknown key; expected one of: daemon, mcp_config, mcp_servers, api_keys, gateway, models"
+    )
 
 
 def test_every_error_is_listed_with_the_value_position():
-    text = (
-        "daemon:\n"
-        "  log_level: loud\n"
-        "models:\n"
-        "  llama:\n"
-        "    model: x\n"
-        "    port: eighty\n"
-        "    aliases: [ok, 1]\n"
-    )
+    text = "daemon:\n  log_level: loud\nmodels:\n  llama:\n    model: x\n    port: eighty\n    aliases: [ok, 1]\n"
     lines = error_of(text).splitlines()
     assert lines == [
         "c.yaml:2:14: daemon.log_level: Input should be 'debug', 'info', 'warning' or 'error'",
@@ -86,13 +83,16 @@ def test_bad_nested_value_out_of_range():
 
 def test_missing_field_points_at_its_entry():
     assert error_of("models:\n  llama:\n    port: 8001\n") == (
-        "c.yaml:2:3: models.llama: give model (served here) or upstream (served by another host), one of the two")
+        "c.yaml:2:3: models.llama: give model (served here) or upstream (served by another host), one of the two"
+    )
 
 
 def test_entry_validator_points_at_its_entry():
     text = "models:\n  a:\n    model: x\n    max_tokens: 10\n    max_request_tokens: 5\n"
-    assert error_of(text) == ("c.yaml:2:3: models.a: max_tokens (10), the default, is larger than max_request_tokens (5), "
-                              "the cap: lower max_tokens or leave it out")
+    assert error_of(text) == (
+        "c.yaml:2:3: models.a: max_tokens (10), the default, is larger than max_request_tokens (5), "
+        "the cap: lower max_tokens or leave it out"
+    )
 
 
 def test_duplicate_key_names_both_lines():
@@ -229,7 +229,10 @@ def test_secrets_never_appear_in_errors(monkeypatch, tmp_path):
 
 def test_blas_takes_a_name_or_a_library_path():
     for value in ("auto", "mkl", "blis", "openblas", "bundled", "/opt/lib/libblis.so.4", "~/lib/libopenblas.so"):
-        assert parse_config(f"models:\n  a:\n    model: builtin:tiny\n    blas: {value}\n").config.models["a"].blas == value
+        assert (
+            parse_config(f"models:\n  a:\n    model: builtin:tiny\n    blas: {value}\n").config.models["a"].blas
+            == value
+        )
     msg = error_of("models:\n  a:\n    model: builtin:tiny\n    blas: fast\n")
     assert msg.startswith("c.yaml:4:11: models.a.blas:") and "auto, mkl, blis, openblas, bundled or a path" in msg
     assert "models.a.threads" in error_of("models:\n  a:\n    model: builtin:tiny\n    threads: 0\n")
@@ -240,7 +243,12 @@ def test_the_config_knows_every_reasoning_parser_and_no_other():
     from vllmmlxd.parsers.reasoning import REASONING_PARSERS as IMPLEMENTED
 
     assert set(REASONING_PARSERS) == set(IMPLEMENTED)
-    assert parse_config("models:\n  a:\n    model: builtin:tiny\n    reasoning_parser: qwen3\n").config.models["a"].reasoning_parser == "qwen3"
+    assert (
+        parse_config("models:\n  a:\n    model: builtin:tiny\n    reasoning_parser: qwen3\n")
+        .config.models["a"]
+        .reasoning_parser
+        == "qwen3"
+    )
     assert "qwen3, deepseek_r1" in error_of("models:\n  a:\n    model: builtin:tiny\n    reasoning_parser: gpt\n")
 
 
@@ -251,5 +259,10 @@ def test_the_config_knows_every_tool_call_parser_and_no_other():
     assert set(TOOL_PARSERS) == set(IMPLEMENTED)
     entry = parse_config("models:\n  a:\n    model: builtin:tiny\n").config.models["a"]
     assert entry.tool_call_parser == "auto" and entry.enable_auto_tool_choice is True
-    assert parse_config("models:\n  a:\n    model: builtin:tiny\n    tool_call_parser: mistral\n").config.models["a"].tool_call_parser == "mistral"
+    assert (
+        parse_config("models:\n  a:\n    model: builtin:tiny\n    tool_call_parser: mistral\n")
+        .config.models["a"]
+        .tool_call_parser
+        == "mistral"
+    )
     assert "auto, deepseek" in error_of("models:\n  a:\n    model: builtin:tiny\n    tool_call_parser: gpt\n")

@@ -29,14 +29,17 @@ def runs(config: ModelConfig, tool: str) -> bool:
     # As the worker decides (api/tool_loop.py offer): the server's allow/deny lists, then the patterns.
     server, name = tool.split("__", 1)
     return config.mcp_servers_resolved[server].offers(name) and any(
-        fnmatchcase(tool, p) for p in config.mcp_auto_execute)
+        fnmatchcase(tool, p) for p in config.mcp_auto_execute
+    )
 
 
 def test_a_bare_server_name_means_every_tool_its_lists_let_through():
     config = entry("[calc]")
     assert config.mcp_auto_execute == ("calc__*",)
     assert [t for t in ("calc__add", "calc__mul", "calc__secret_key", "other__add") if runs(config, t)] == [
-        "calc__add", "calc__mul"]
+        "calc__add",
+        "calc__mul",
+    ]
 
 
 def test_bare_names_mix_with_patterns_and_a_single_name_is_a_list():
@@ -58,5 +61,7 @@ def test_a_bare_name_of_a_server_the_model_does_not_use_is_refused():
     text = TEXT.replace("mcp: [calc, other]", "mcp: [other]").replace("AUTO", "[calc]")
     with pytest.raises(ConfigError) as info:
         parse_config(text, "c.yaml")
-    assert str(info.value) == ("c.yaml:6:3: models.a: model 'a': mcp_auto_execute[0] names an MCP server the model "
-                               "does not use; it uses: other")
+    assert str(info.value) == (
+        "c.yaml:6:3: models.a: model 'a': mcp_auto_execute[0] names an MCP server the model "
+        "does not use; it uses: other"
+    )

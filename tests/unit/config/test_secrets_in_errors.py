@@ -69,10 +69,18 @@ def test_no_error_shows_the_value(tmp_path, capsys, section, entry, base, field,
     assert SECRET not in out + err
 
 
-@pytest.mark.parametrize("key, value", [
-    ("blas", SECRET), ("tool_call_parser", SECRET), ("reasoning_parser", SECRET), ("upstream", "ftp://" + SECRET),
-    ("rate_limit", SECRET), ("trusted_proxies", SECRET), ("model", "builtin:" + SECRET),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("blas", SECRET),
+        ("tool_call_parser", SECRET),
+        ("reasoning_parser", SECRET),
+        ("upstream", "ftp://" + SECRET),
+        ("rate_limit", SECRET),
+        ("trusted_proxies", SECRET),
+        ("model", "builtin:" + SECRET),
+    ],
+)
 def test_a_refused_value_is_named_by_its_key(tmp_path, key, value):
     (tmp_path / "secret").write_text(value)
     entry = "upstream: ${file:secret}" if key == "upstream" else f"model: builtin:tiny\n    {key}: ${{file:secret}}"

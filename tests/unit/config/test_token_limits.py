@@ -40,6 +40,10 @@ def test_in_a_file_the_cap_alone_is_accepted_and_a_written_contradiction_named()
     entry = parse_config("models:\n  a:\n    model: builtin:tiny\n    max_request_tokens: 48\n").config.models["a"]
     assert (entry.max_tokens, entry.max_request_tokens) == (48, 48)
     with pytest.raises(ConfigError) as info:
-        parse_config("models:\n  a:\n    model: builtin:tiny\n    max_tokens: 64\n    max_request_tokens: 48\n", "c.yaml")
-    assert str(info.value) == ("c.yaml:2:3: models.a: max_tokens (64), the default, is larger than max_request_tokens "
-                               "(48), the cap: lower max_tokens or leave it out")
+        parse_config(
+            "models:\n  a:\n    model: builtin:tiny\n    max_tokens: 64\n    max_request_tokens: 48\n", "c.yaml"
+        )
+    assert str(info.value) == (
+        "c.yaml:2:3: models.a: max_tokens (64), the default, is larger than max_request_tokens "
+        "(48), the cap: lower max_tokens or leave it out"
+    )

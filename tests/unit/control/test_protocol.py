@@ -24,14 +24,34 @@ from vllmmlxd.control.protocol import (
 def make_status() -> StatusResponse:
     return StatusResponse(
         daemon=DaemonStatus(
-            pid=4121, uptime_s=192.5, config_path="/etc/vllmmlxd/config.yaml", config_hash="abc123def456",
-            last_reload=ReloadResult(ok=True, at=1_700_000_000.0, plan="unchanged: llama"), version="0.1.0",
+            pid=4121,
+            uptime_s=192.5,
+            config_path="/etc/vllmmlxd/config.yaml",
+            config_hash="abc123def456",
+            last_reload=ReloadResult(ok=True, at=1_700_000_000.0, plan="unchanged: llama"),
+            version="0.1.0",
         ),
         models=[
-            ModelStatus(name="llama", state="ready", pid=4200, host="127.0.0.1", port=8001, restarts=0,
-                        uptime_s=180.0, served_model_name="llama-3"),
-            ModelStatus(name="qwen", state="failed", host="127.0.0.1", port=8002, restarts=5,
-                        last_exit_code=1, served_model_name="qwen", last_error="Traceback\nMemoryError"),
+            ModelStatus(
+                name="llama",
+                state="ready",
+                pid=4200,
+                host="127.0.0.1",
+                port=8001,
+                restarts=0,
+                uptime_s=180.0,
+                served_model_name="llama-3",
+            ),
+            ModelStatus(
+                name="qwen",
+                state="failed",
+                host="127.0.0.1",
+                port=8002,
+                restarts=5,
+                last_exit_code=1,
+                served_model_name="qwen",
+                last_error="Traceback\nMemoryError",
+            ),
         ],
     )
 
@@ -44,16 +64,47 @@ def test_status_round_trips_through_json():
 def test_status_json_has_exactly_the_documented_keys():
     data = json.loads(make_status().model_dump_json())
     assert set(data) == {"daemon", "models", "gateway"}
-    assert set(data["daemon"]) == {"pid", "uptime_s", "config_path", "config_hash", "last_reload", "version", "config_missing"}
+    assert set(data["daemon"]) == {
+        "pid",
+        "uptime_s",
+        "config_path",
+        "config_hash",
+        "last_reload",
+        "version",
+        "config_missing",
+    }
     assert set(data["daemon"]["last_reload"]) == {"ok", "at", "error", "plan"}
     for model in data["models"]:
         assert set(model) == {
-            "name", "state", "pid", "host", "port", "restarts", "uptime_s",
-            "last_exit_code", "served_model_name", "last_error", "keys", "mcp",
-            "embedding_model", "embedding_requests", "embedding_inputs",
-            "blas", "blas_path", "blas_warning", "threads", "cpus",
-            "running", "waiting", "tokens_per_s", "cache_mb", "cache_budget_mb",
-            "load", "idle_unload_s", "idle_s", "upstream",
+            "name",
+            "state",
+            "pid",
+            "host",
+            "port",
+            "restarts",
+            "uptime_s",
+            "last_exit_code",
+            "served_model_name",
+            "last_error",
+            "keys",
+            "mcp",
+            "embedding_model",
+            "embedding_requests",
+            "embedding_inputs",
+            "blas",
+            "blas_path",
+            "blas_warning",
+            "threads",
+            "cpus",
+            "running",
+            "waiting",
+            "tokens_per_s",
+            "cache_mb",
+            "cache_budget_mb",
+            "load",
+            "idle_unload_s",
+            "idle_s",
+            "upstream",
         }
     assert data["models"][1]["pid"] is None and data["models"][1]["uptime_s"] is None
 

@@ -44,7 +44,14 @@ def test_a_failed_reload_is_409_with_the_reload_body(http, target):
     target.reload_response = ReloadResponse(ok=False, dry_run=False, plan="", error="c.yaml:1:1: bad")
     r = http.post("/reload", params={"dry_run": "true"})
     assert r.status_code == 409
-    assert r.json() == {"ok": False, "dry_run": True, "plan": "", "error": "c.yaml:1:1: bad", "config_path": None, "entries": []}
+    assert r.json() == {
+        "ok": False,
+        "dry_run": True,
+        "plan": "",
+        "error": "c.yaml:1:1: bad",
+        "config_path": None,
+        "entries": [],
+    }
     assert target.calls == [("reload", True)]
 
 

@@ -47,15 +47,33 @@ def test_status_all_ready_exits_0_with_table_and_footer(daemon, capsys):
     code, out, _ = ctl(daemon, capsys, "status")
     assert code == exit_codes.OK
     lines = out.splitlines()
-    assert lines[0].split() == ["MODEL", "STATE", "PID", "PORT", "KEYS", "UPTIME", "RESTARTS", "RUN", "WAIT", "TOK/S",
-                                "CACHE", "BLAS", "THREADS", "CPUS"]
+    assert lines[0].split() == [
+        "MODEL",
+        "STATE",
+        "PID",
+        "PORT",
+        "KEYS",
+        "UPTIME",
+        "RESTARTS",
+        "RUN",
+        "WAIT",
+        "TOK/S",
+        "CACHE",
+        "BLAS",
+        "THREADS",
+        "CPUS",
+    ]
     assert lines[1].split() == ["a", "ready", "4200", "8001", "open", "3m12s", "0", "-", "-", "-", "-", "-", "-", "-"]
     assert "last reload: ok at " in out
 
 
 def test_status_with_a_failed_model_exits_3_and_shows_why(daemon, target, capsys):
-    target.models = [model_status("a"), model_status("b", "failed", pid=None, uptime_s=None, last_exit_code=1,
-                                                      last_error="Traceback\nMemoryError: out of memory")]
+    target.models = [
+        model_status("a"),
+        model_status(
+            "b", "failed", pid=None, uptime_s=None, last_exit_code=1, last_error="Traceback\nMemoryError: out of memory"
+        ),
+    ]
     code, out, _ = ctl(daemon, capsys, "status")
     assert code == exit_codes.NOT_READY
     assert "b failed (exit 1):\n    Traceback\n    MemoryError: out of memory" in out
@@ -211,7 +229,9 @@ def test_socket_discovery_order(tmp_path, monkeypatch):
     with_socket = tmp_path / "a.yaml"
     with_socket.write_text(f"daemon:\n  control_socket: {tmp_path}/cfg.sock\n  state_dir: {tmp_path}/s\n")
     with_state = tmp_path / "b.yaml"
-    with_state.write_text(f"daemon:\n  state_dir: {tmp_path}/s\nmodels:\n  a:\n    model: x\n    api_key: ${{env:UNSET_KEY_4242}}\n")
+    with_state.write_text(
+        f"daemon:\n  state_dir: {tmp_path}/s\nmodels:\n  a:\n    model: x\n    api_key: ${{env:UNSET_KEY_4242}}\n"
+    )
     env = {"VLLMMLXD_SOCKET": str(tmp_path / "env.sock")}
     assert str(resolve_socket("/x.sock", str(with_socket), env)) == "/x.sock"
     assert resolve_socket(None, str(with_socket), env) == tmp_path / "env.sock"
@@ -237,12 +257,15 @@ def sixteen_gib(monkeypatch):
 
 def test_check_a_good_config_prints_its_memory_plan(tmp_path, capsys, sixteen_gib):
     path = tmp_path / "good.yaml"
-    path.write_text("models:\n  a:\n    model: builtin:tiny\n    port: 8001\n  b:\n    model: builtin:tiny\n    port: 8002\n")
+    path.write_text(
+        "models:\n  a:\n    model: builtin:tiny\n    port: 8001\n  b:\n    model: builtin:tiny\n    port: 8002\n"
+    )
     assert main(["check", str(path)]) == exit_codes.OK
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{path}: ok (2 models: a, b)"
     assert lines[1].startswith("memory: ") and lines[1].endswith(
-        "needed, 14,336 MB usable (16,384 MB physical (MemTotal) - 2,048 MB reserve): fits")
+        "needed, 14,336 MB usable (16,384 MB physical (MemTotal) - 2,048 MB reserve): fits"
+    )
     assert lines[2].startswith("  a: ") and "3,276 MB cache (20% of physical) + 200 MB worker" in lines[2]
 
 
@@ -258,12 +281,14 @@ def test_check_refuses_a_config_whose_models_do_not_fit(tmp_path, capsys, sixtee
 
 def test_check_a_bad_config_names_file_line_col(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         models:
           a:
             model: builtin:tiny
             port: 99999
-    """))
+    """)
+    )
     assert main(["check", str(path)]) == exit_codes.ERROR
     err = capsys.readouterr().err
     assert err.startswith(f"{path}:4:11: models.a.port: ")
@@ -333,10 +358,16 @@ def test_reload_dry_run_of_a_file_sends_its_absolute_path(daemon, target, capsys
     assert "cannot preview another file" in err and out == ""
     # A daemon that reads the file says which one it read, and per entry what applies how.
     target.reload_response = ReloadResponse(
-        ok=True, dry_run=True, plan="memory: ok", config_path=str(edited),
-        entries=[{"name": "a", "kind": "apply live", "keys": ["rate_limit", "timeout"], "forcing": []},
-                 {"name": "b", "kind": "new worker", "keys": ["port", "timeout"], "forcing": ["port"]},
-                 {"name": "c", "kind": "unchanged", "keys": [], "forcing": []}])
+        ok=True,
+        dry_run=True,
+        plan="memory: ok",
+        config_path=str(edited),
+        entries=[
+            {"name": "a", "kind": "apply live", "keys": ["rate_limit", "timeout"], "forcing": []},
+            {"name": "b", "kind": "new worker", "keys": ["port", "timeout"], "forcing": ["port"]},
+            {"name": "c", "kind": "unchanged", "keys": [], "forcing": []},
+        ],
+    )
     code, out, _ = ctl(daemon, capsys, "reload", "--dry-run", str(edited))
     assert code == exit_codes.OK
     assert out.splitlines() == [
@@ -365,8 +396,11 @@ def test_install_service_writes_the_unit_and_says_how_to_enable_it(tmp_path, cap
     assert code == exit_codes.OK
     assert unit.read_text().startswith("# vllmmlxd")
     assert out.splitlines() == [
-        f"wrote {unit}", f"it runs the config {config} (given with --config)", "to start it now and at every boot, run:",
-        "  systemctl --user daemon-reload", "  systemctl --user enable --now vllmmlxd",
+        f"wrote {unit}",
+        f"it runs the config {config} (given with --config)",
+        "to start it now and at every boot, run:",
+        "  systemctl --user daemon-reload",
+        "  systemctl --user enable --now vllmmlxd",
     ]
 
 
@@ -376,13 +410,16 @@ def test_the_cli_imports_no_server_or_engine_modules():
         "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'uvicorn', 'starlette', 'mlx', 'mlx_lm'})\n"
         "print(','.join(heavy))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=REPO)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert result.stdout.strip() == ""
 
 
 def test_the_console_script_entry_point_runs(sock_dir):
-    result = subprocess.run([sys.executable, "-m", "vllmmlxd.ctl", "--socket", str(sock_dir / "x.sock"), "status"],
-                            capture_output=True, text=True, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "vllmmlxd.ctl", "--socket", str(sock_dir / "x.sock"), "status"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert result.returncode == exit_codes.UNREACHABLE
     assert "is vllmmlxd running?" in result.stderr

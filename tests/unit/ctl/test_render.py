@@ -36,15 +36,30 @@ def model(name: str, state: str = "ready", **kw) -> ModelStatus:
 
 
 def status(*models: ModelStatus, reload: ReloadResult | None = None) -> StatusResponse:
-    daemon = DaemonStatus(pid=4121, uptime_s=3700, config_path="/etc/v.yaml", config_hash="abcdef0123456789",
-                          last_reload=reload, version="0.1.0")
+    daemon = DaemonStatus(
+        pid=4121,
+        uptime_s=3700,
+        config_path="/etc/v.yaml",
+        config_hash="abcdef0123456789",
+        last_reload=reload,
+        version="0.1.0",
+    )
     return StatusResponse(daemon=daemon, models=list(models))
 
 
 @pytest.mark.parametrize(
     "seconds, text",
-    [(None, "-"), (0, "0s"), (59.9, "59s"), (60, "1m00s"), (192, "3m12s"), (3600, "1h00m"),
-     (7500, "2h05m"), (86400 * 3 + 3600 * 4, "3d04h"), (-5, "0s")],
+    [
+        (None, "-"),
+        (0, "0s"),
+        (59.9, "59s"),
+        (60, "1m00s"),
+        (192, "3m12s"),
+        (3600, "1h00m"),
+        (7500, "2h05m"),
+        (86400 * 3 + 3600 * 4, "3d04h"),
+        (-5, "0s"),
+    ],
 )
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
@@ -61,9 +76,11 @@ def test_table_pads_columns_and_strips_trailing_spaces():
 
 def test_status_table_and_footer():
     text = render_status(
-        status(model("llama", keys=["alice", "ci"]),
-               model("qwen", "starting", pid=None, port=8002, uptime_s=None, restarts=2),
-               reload=ReloadResult(ok=True, at=AT)),
+        status(
+            model("llama", keys=["alice", "ci"]),
+            model("qwen", "starting", pid=None, port=8002, uptime_s=None, restarts=2),
+            reload=ReloadResult(ok=True, at=AT),
+        ),
         now=AT,
     )
     assert text == (
@@ -85,8 +102,13 @@ def test_load_columns():
 
 def test_blas_columns_and_the_libraries_beneath():
     mkl = dict(blas="mkl", blas_path="/venv/lib/libmkl_rt.so.3", threads=1)
-    fell_back = dict(blas="bundled", blas_path="/venv/mlx_cpu.libs/libblas.so", threads=1, cpus="1",
-                     blas_warning="/opt/x.so: no such file")
+    fell_back = dict(
+        blas="bundled",
+        blas_path="/venv/mlx_cpu.libs/libblas.so",
+        threads=1,
+        cpus="1",
+        blas_warning="/opt/x.so: no such file",
+    )
     text = render_status(status(model("llama", cpus="0", **mkl), model("qwen", port=8002, **fell_back)), now=AT)
     lines = text.splitlines()
     assert lines[0].split()[-3:] == ["BLAS", "THREADS", "CPUS"]
@@ -100,8 +122,14 @@ def test_blas_columns_and_the_libraries_beneath():
 
 
 def test_failed_models_show_their_last_lines_indented():
-    failed = model("qwen", "failed", pid=None, uptime_s=None, last_exit_code=1,
-                   last_error="Traceback (most recent call last):\nMemoryError: out of memory")
+    failed = model(
+        "qwen",
+        "failed",
+        pid=None,
+        uptime_s=None,
+        last_exit_code=1,
+        last_error="Traceback (most recent call last):\nMemoryError: out of memory",
+    )
     text = render_status(status(model("llama"), failed), now=AT)
     assert "\nqwen failed (exit 1):\n    Traceback (most recent call last):\n    MemoryError: out of memory\n" in text
     assert "llama ready" not in text  # only failed models get an explanation
@@ -128,16 +156,26 @@ def test_all_ready():
 
 def test_render_reload():
     plan = "added: b\nunchanged: a"
-    assert render_reload(ReloadResponse(ok=True, dry_run=False, plan=plan)) == "reloaded:\n    added: b\n    unchanged: a"
+    assert (
+        render_reload(ReloadResponse(ok=True, dry_run=False, plan=plan)) == "reloaded:\n    added: b\n    unchanged: a"
+    )
     assert render_reload(ReloadResponse(ok=True, dry_run=True, plan=plan)).startswith("would apply:\n    added: b")
     failed = render_reload(ReloadResponse(ok=False, dry_run=False, plan="", error="c.yaml:3:11: models.a.port: bad"))
     assert failed == "reload failed; the daemon keeps its previous config:\nc.yaml:3:11: models.a.port: bad"
     late = render_reload(ReloadResponse(ok=False, dry_run=False, plan="added: b", error="b: did not become ready"))
     assert late.endswith("b: did not become ready\nplan:\n    added: b")
-    refused = render_reload(ReloadResponse(ok=False, dry_run=True, plan="changed: a (port)\nmemory: 9 MB needed",
-                                           error="not enough memory: the models need 9 MB"))
-    assert refused == ("the reload would fail; nothing changed:\nnot enough memory: the models need 9 MB\n"
-                       "plan:\n    changed: a (port)\n    memory: 9 MB needed")
+    refused = render_reload(
+        ReloadResponse(
+            ok=False,
+            dry_run=True,
+            plan="changed: a (port)\nmemory: 9 MB needed",
+            error="not enough memory: the models need 9 MB",
+        )
+    )
+    assert refused == (
+        "the reload would fail; nothing changed:\nnot enough memory: the models need 9 MB\n"
+        "plan:\n    changed: a (port)\n    memory: 9 MB needed"
+    )
 
 
 def test_render_action_and_check():
@@ -149,7 +187,8 @@ def test_render_action_and_check():
     assert render_check("c.yaml", ["a"]) == "c.yaml: ok (1 model: a)"
     assert render_check("c.yaml", []) == "c.yaml: ok (0 models)"
     assert render_check("c.yaml", ["a"], "memory: 300 MB needed\n  a: 300 MB") == (
-        "c.yaml: ok (1 model: a)\nmemory: 300 MB needed\n  a: 300 MB")
+        "c.yaml: ok (1 model: a)\nmemory: 300 MB needed\n  a: 300 MB"
+    )
     assert render_check_refused("c.yaml", "not enough memory: ...") == "c.yaml: refused: not enough memory: ..."
 
 
@@ -180,7 +219,9 @@ def test_lazy_idle_unloaded_upstream_and_the_gateway_read_plainly():
     s.models.pop()
     assert all_ready(s)  # idle and unloaded lazy models serve (on demand)
     s.gateway = GatewayStatus(state="failed", host="127.0.0.1", port=8080, last_error="boom")
-    assert not all_ready(s) and "gateway: failed, http://127.0.0.1:8080/  (web page at /), restarts 0\n    boom" in render_status(s)
+    assert not all_ready(
+        s
+    ) and "gateway: failed, http://127.0.0.1:8080/  (web page at /), restarts 0\n    boom" in render_status(s)
 
 
 def test_a_dry_run_with_entries_says_each_thing_once():
@@ -192,11 +233,18 @@ def test_a_dry_run_with_entries_says_each_thing_once():
 
     def answer(old, new):
         plan = diff_models(old, new)  # as the daemon sends it: its text with details, and the entries
-        return ReloadResponse(ok=True, dry_run=True, plan=f"{plan.render()}\nmemory: 300 MB needed\n  default: 300 MB",
-                              entries=plan.entries(), config_path="/etc/v.yaml")
+        return ReloadResponse(
+            ok=True,
+            dry_run=True,
+            plan=f"{plan.render()}\nmemory: 300 MB needed\n  default: 300 MB",
+            entries=plan.entries(),
+            config_path="/etc/v.yaml",
+        )
 
     same = render_reload(answer(config(default=8000), config(default=8000)))
-    assert same == ("would apply /etc/v.yaml:\n    no changes\n    unchanged: default\n"
-                    "    memory: 300 MB needed\n      default: 300 MB")
+    assert same == (
+        "would apply /etc/v.yaml:\n    no changes\n    unchanged: default\n"
+        "    memory: 300 MB needed\n      default: 300 MB"
+    )
     moved = render_reload(answer(config(default=8000, b=8001), config(default=8002, b=8001, c=8003)))
     assert moved.count("unchanged: b") == 1 and "new worker  port" in moved and "added: c" in moved

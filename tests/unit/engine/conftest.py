@@ -48,9 +48,17 @@ def toy_hf_weights(seed: int = 1) -> dict[str, np.ndarray]:
 
 def to_gguf_tensors(hf: dict[str, np.ndarray], permute: bool = True) -> dict[str, mx.array]:
     """Rename to GGUF names and (for llama) permute q/k the way llama.cpp does."""
-    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    names = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }
     out = {}
     for name, value in hf.items():
         if name.startswith("model.layers."):
@@ -62,8 +70,13 @@ def to_gguf_tensors(hf: dict[str, np.ndarray], permute: bool = True) -> dict[str
                 value = llama_cpp_permute(value, TOY["kv_heads"])
             out[f"blk.{layer}.{names[module]}.{kind}"] = value
         else:
-            out[{"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                 "lm_head.weight": "output.weight"}[name]] = value
+            out[
+                {
+                    "model.embed_tokens.weight": "token_embd.weight",
+                    "model.norm.weight": "output_norm.weight",
+                    "lm_head.weight": "output.weight",
+                }[name]
+            ] = value
     return {k: mx.array(v) for k, v in out.items()}
 
 
@@ -85,7 +98,9 @@ def toy_metadata(**overrides) -> dict:
         "tokenizer.ggml.pre": "smollm",
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.merges": TOY_MERGES,
-        "tokenizer.ggml.token_type": mx.array([3] * len(TOY_SPECIALS) + [1] * (len(tokens) - len(TOY_SPECIALS)), dtype=mx.int32),
+        "tokenizer.ggml.token_type": mx.array(
+            [3] * len(TOY_SPECIALS) + [1] * (len(tokens) - len(TOY_SPECIALS)), dtype=mx.int32
+        ),
         "tokenizer.ggml.bos_token_id": u32(1),
         "tokenizer.ggml.eos_token_id": u32(2),
         "tokenizer.ggml.padding_token_id": u32(2),

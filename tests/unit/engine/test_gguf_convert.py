@@ -24,8 +24,9 @@ def only_the_digest_memo_is_left(state: Path) -> None:
 
 def fake_converter(monkeypatch, code: str) -> None:
     """Make the child run ``code`` (with the folder as sys.argv[2]) instead of the converter."""
-    monkeypatch.setattr(gguf_convert, "convert_command",
-                        lambda src, folder: [sys.executable, "-c", code, str(src), str(folder)])
+    monkeypatch.setattr(
+        gguf_convert, "convert_command", lambda src, folder: [sys.executable, "-c", code, str(src), str(folder)]
+    )
 
 
 def test_the_worker_process_never_parses_the_gguf(toy_gguf, tmp_path, monkeypatch):
@@ -54,8 +55,11 @@ def test_a_corrupt_gguf_is_a_clear_error(kind, toy_gguf, tmp_path):
 
 def test_a_converter_killed_by_a_signal_is_named(toy_gguf, tmp_path, monkeypatch):
     # Writes part of the output, then dies as an out-of-bounds read would.
-    fake_converter(monkeypatch, "import os, sys; open(sys.argv[2] + '/model.safetensors', 'wb').write(b'x' * 100);"
-                                f" os.kill(os.getpid(), {int(signal.SIGSEGV)})")
+    fake_converter(
+        monkeypatch,
+        "import os, sys; open(sys.argv[2] + '/model.safetensors', 'wb').write(b'x' * 100);"
+        f" os.kill(os.getpid(), {int(signal.SIGSEGV)})",
+    )
     state = tmp_path / "state"
     with pytest.raises(ModelLoadError) as info:
         load_model(str(toy_gguf), state)

@@ -40,7 +40,9 @@ def test_folder_without_config_and_plain_file(tmp_path):
 
 def test_repo_ids_go_to_the_hub(tmp_path):
     assert loader.resolve_spec("HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path) == (
-        "HuggingFaceTB/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct")
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "SmolLM2-135M-Instruct",
+    )
 
 
 def test_context_length_of():

@@ -13,8 +13,10 @@ from vllmmlxd.parsers.reasoning import make_reasoning_parser
 from vllmmlxd.parsers.tools import tool_parser_class
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-TEXT = ('<think>\nThe user wants the weather; I should call the tool.\n</think>\n\n'
-        'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+TEXT = (
+    "<think>\nThe user wants the weather; I should call the tool.\n</think>\n\n"
+    'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
 
 
 class ChunkDetokenizer:

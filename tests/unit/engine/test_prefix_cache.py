@@ -6,12 +6,11 @@ token), so these tests are about the bookkeeping; tests/integration runs the rea
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllmmlxd.engine.prefix_cache import PrefixCache, common_prefix
-
-import numpy as np
 
 BYTES_PER_TOKEN = 10
 
@@ -147,8 +146,7 @@ def test_describe_reports_the_budget_and_hit_rate():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1, max_size=40),
-       st.integers(1, 60))
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1, max_size=40), st.integers(1, 60))
 def test_the_budget_holds_after_every_insert_and_hits_are_true_prefixes(prompts, budget_tokens):
     cache = make(budget_tokens=budget_tokens)
     for prompt in prompts:

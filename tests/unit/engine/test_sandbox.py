@@ -16,8 +16,8 @@ import jinja2
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from tests.support.servers import free_port
 import vllmmlxd
+from tests.support.servers import free_port
 from vllmmlxd.api.prompt import render_template
 from vllmmlxd.engine import builtin
 from vllmmlxd.engine.loader import load_model
@@ -25,8 +25,10 @@ from vllmmlxd.engine.mlx_engine import MLXEngine
 from vllmmlxd.engine.template_vars import template_switches
 from vllmmlxd.errors import InvalidRequest, ModelLoadError
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def escapes(marker: Path) -> list[str]:
@@ -77,8 +79,12 @@ def test_an_escaping_template_fails_the_load_and_runs_nothing(tmp_path, state_di
 def test_serve_exits_with_the_load_failed_code_and_says_why(tmp_path, state_dir):
     marker = tmp_path / "ran"
     folder = hostile_model(tmp_path, state_dir, escapes(marker)[0] + CHATML)
-    proc = subprocess.run([sys.executable, "-m", "vllmmlxd.cli", "serve", str(folder), "--port", str(free_port())],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllmmlxd.cli", "serve", str(folder), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stderr[-2000:]  # EXIT_LOAD_FAILED: the daemon marks the model failed
     assert "model.load_failed" in proc.stderr + proc.stdout and "template sandbox forbids" in proc.stderr + proc.stdout
     assert not marker.exists()
@@ -115,11 +121,17 @@ def test_transformers_renders_chat_templates_in_the_immutable_sandbox():
 def test_no_module_builds_an_unsandboxed_jinja_environment():
     root = Path(vllmmlxd.__file__).parent
     plain = re.compile(r"jinja2\.(Environment|Template)\(|from jinja2 import .*\b(Environment|Template)\b")
-    offenders = [f"{p.relative_to(root)}:{n}" for p in root.rglob("*.py")
-                 for n, line in enumerate(p.read_text().splitlines(), 1) if plain.search(line)]
+    offenders = [
+        f"{p.relative_to(root)}:{n}"
+        for p in root.rglob("*.py")
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if plain.search(line)
+    ]
     assert offenders == []
 
 
 def test_template_switches_still_read_from_the_sandboxed_parser():
     assert template_switches("{% if enable_thinking %}x{% endif %}{{ messages }}{{ reasoning_effort }}") == {
-        "enable_thinking", "reasoning_effort"}
+        "enable_thinking",
+        "reasoning_effort",
+    }

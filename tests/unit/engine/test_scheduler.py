@@ -57,8 +57,11 @@ def test_oldest_first_up_to_max_num_seqs_and_a_full_batch_waits():
     h.finish(c)
     assert h.admitted[-1] == c.request.request_id
     # Deterministic logits: each continues counting from its prompt's last token.
-    assert [h.text(s) for s in (a, b, c)] == [decode_ids([18, 19, 20]), decode_ids([28, 29, 30]),
-                                              decode_ids([38, 39, 40])]
+    assert [h.text(s) for s in (a, b, c)] == [
+        decode_ids([18, 19, 20]),
+        decode_ids([28, 29, 30]),
+        decode_ids([38, 39, 40]),
+    ]
     assert [finished(h, s).reason for s in (a, b, c)] == ["length"] * 3
     assert finished(h, c).usage.prompt_tokens == 8 and finished(h, c).usage.completion_tokens == 3
     assert h.stats.total_requests_processed == 3 and not h.stats.requests
@@ -133,8 +136,10 @@ def test_a_request_cancelled_after_its_first_token_leaves_its_kv_in_the_cache(h)
 def test_a_prompt_sharing_a_long_start_waits_for_its_prefill_then_hits_the_cache():
     h = Harness(prefill_step_size=16)
     shared = counting(1, 80)
-    leader, follower = h.submit(shared + counting(200, 20), max_tokens=3), h.submit(shared + counting(300, 10),
-                                                                                  max_tokens=3)
+    leader, follower = (
+        h.submit(shared + counting(200, 20), max_tokens=3),
+        h.submit(shared + counting(300, 10), max_tokens=3),
+    )
     h.step()
     assert leader.uid is not None and follower in h.scheduler.waiting and leader.prompt_wanted
     while leader.progress.first_token_at is None:

@@ -35,8 +35,12 @@ class Steps:
         h = self.h
         calls, started, steps, self.asked = len(h.model.calls), h.clock.now, h.stats.steps_executed, []
         h.step()
-        row = {"seconds": h.clock.now - started, "calls": h.model.calls[calls:], "asked": self.asked,
-               "steps": h.stats.steps_executed - steps}
+        row = {
+            "seconds": h.clock.now - started,
+            "calls": h.model.calls[calls:],
+            "asked": self.asked,
+            "steps": h.stats.steps_executed - steps,
+        }
         if seq is not None:
             row["progress"] = seq.progress.snapshot()["progress"]
         self.rows.append(row)

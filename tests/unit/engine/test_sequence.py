@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-
 from vllmmlxd.engine.sequence import Sequence
 from vllmmlxd.engine.types import Finished, GenerationRequest, SamplingParams, TextDelta
 
@@ -40,7 +39,9 @@ def test_tokens_become_text_and_the_finish_carries_usage():
     s.finish("stop")
     events = s.take_events()
     assert text(events) == "abc" and isinstance(events[-1], Finished)
-    assert events[-1].reason == "stop" and events[-1].usage.prompt_tokens == 3 and events[-1].usage.completion_tokens == 3
+    assert (
+        events[-1].reason == "stop" and events[-1].usage.prompt_tokens == 3 and events[-1].usage.completion_tokens == 3
+    )
     assert s.take_events() == []
 
 

@@ -9,9 +9,11 @@ from vllmmlxd.errors import Unauthorized
 from vllmmlxd.gateway.cluster import require_some_route, status_for
 from vllmmlxd.gateway.routing import build_table
 
-GRANTS = (KeyGrant(name="alice", sha256=key_digest("sk-alice"), allowed=True, mcp=("docs",)),
-          KeyGrant(name="bob", sha256=key_digest("sk-bob"), allowed=True),
-          KeyGrant(name="carol", sha256=key_digest("sk-carol"), allowed=False))
+GRANTS = (
+    KeyGrant(name="alice", sha256=key_digest("sk-alice"), allowed=True, mcp=("docs",)),
+    KeyGrant(name="bob", sha256=key_digest("sk-bob"), allowed=True),
+    KeyGrant(name="carol", sha256=key_digest("sk-carol"), allowed=False),
+)
 
 
 def route(name, **kw):
@@ -24,24 +26,73 @@ def keyed(name, allowed=("alice", "bob")):
 
 
 def mcp_row(name, stderr="ERR: token=sk-from-env"):
-    return {"name": name, "transport": "stdio", "state": "failed", "tools": 0, "connects": 1,
-            "last_error": f"connection closed (stderr: {stderr})", "stderr": [stderr]}
+    return {
+        "name": name,
+        "transport": "stdio",
+        "state": "failed",
+        "tools": 0,
+        "connects": 1,
+        "last_error": f"connection closed (stderr: {stderr})",
+        "stderr": [stderr],
+    }
 
 
 def daemon_status():
     return {
-        "daemon": {"pid": 41, "uptime_s": 9.5, "config_path": "/etc/vllmmlxd/config.yaml", "config_hash": "abc",
-                   "version": "1.0", "last_reload": {"ok": False, "at": 1, "error": "/etc/vllmmlxd/config.yaml:3:1: x"}},
-        "gateway": {"state": "ready", "pid": 42, "host": "127.0.0.1", "port": 8080, "restarts": 0, "uptime_s": 9.0,
-                    "last_error": "boom", "ui": True, "version": 3},
+        "daemon": {
+            "pid": 41,
+            "uptime_s": 9.5,
+            "config_path": "/etc/vllmmlxd/config.yaml",
+            "config_hash": "abc",
+            "version": "1.0",
+            "last_reload": {"ok": False, "at": 1, "error": "/etc/vllmmlxd/config.yaml:3:1: x"},
+        },
+        "gateway": {
+            "state": "ready",
+            "pid": 42,
+            "host": "127.0.0.1",
+            "port": 8080,
+            "restarts": 0,
+            "uptime_s": 9.0,
+            "last_error": "boom",
+            "ui": True,
+            "version": 3,
+        },
         "models": [
-            {"name": "shared", "state": "ready", "pid": 43, "host": "127.0.0.1", "port": 8001, "served_model_name": "shared",
-             "keys": ["alice", "bob"], "last_error": None, "blas_path": "/opt/lib/libmkl.so", "running": 1,
-             "mcp": [mcp_row("docs"), mcp_row("shell")]},
-            {"name": "bobs", "state": "failed", "pid": None, "host": "127.0.0.1", "port": 8002, "served_model_name": "bobs",
-             "keys": ["bob"], "last_error": "Traceback: secret=xyz"},
-            {"name": "open", "state": "ready", "pid": 44, "host": "127.0.0.1", "port": 8003, "served_model_name": "open",
-             "keys": None, "mcp": [mcp_row("docs")], "a_field_added_later": "?"},
+            {
+                "name": "shared",
+                "state": "ready",
+                "pid": 43,
+                "host": "127.0.0.1",
+                "port": 8001,
+                "served_model_name": "shared",
+                "keys": ["alice", "bob"],
+                "last_error": None,
+                "blas_path": "/opt/lib/libmkl.so",
+                "running": 1,
+                "mcp": [mcp_row("docs"), mcp_row("shell")],
+            },
+            {
+                "name": "bobs",
+                "state": "failed",
+                "pid": None,
+                "host": "127.0.0.1",
+                "port": 8002,
+                "served_model_name": "bobs",
+                "keys": ["bob"],
+                "last_error": "Traceback: secret=xyz",
+            },
+            {
+                "name": "open",
+                "state": "ready",
+                "pid": 44,
+                "host": "127.0.0.1",
+                "port": 8003,
+                "served_model_name": "open",
+                "keys": None,
+                "mcp": [mcp_row("docs")],
+                "a_field_added_later": "?",
+            },
         ],
     }
 
@@ -54,8 +105,15 @@ def table():
 def test_a_key_sees_only_its_models_without_pids_paths_other_keys_or_error_output(table):
     seen = status_for(daemon_status(), table, "sk-alice")
     assert seen["daemon"] == {"uptime_s": 9.5, "version": "1.0"}
-    assert seen["gateway"] == {"state": "ready", "host": "127.0.0.1", "port": 8080, "restarts": 0, "uptime_s": 9.0,
-                               "ui": True, "version": 3}
+    assert seen["gateway"] == {
+        "state": "ready",
+        "host": "127.0.0.1",
+        "port": 8080,
+        "restarts": 0,
+        "uptime_s": 9.0,
+        "ui": True,
+        "version": 3,
+    }
     assert [m["name"] for m in seen["models"]] == ["shared", "open"]
     shared, opened = seen["models"]
     assert shared["keys"] == ["alice"] and opened["keys"] is None
@@ -63,7 +121,17 @@ def test_a_key_sees_only_its_models_without_pids_paths_other_keys_or_error_outpu
     assert shared["mcp"] == [{"name": "docs", "transport": "stdio", "state": "failed", "tools": 0, "connects": 1}]
     assert opened["mcp"] == [{"name": "docs", "transport": "stdio", "state": "failed", "tools": 0, "connects": 1}]
     text = repr(seen)
-    for hidden in ("pid", "config", "/etc", "/opt", "last_error", "stderr", "sk-from-env", "bob", "a_field_added_later"):
+    for hidden in (
+        "pid",
+        "config",
+        "/etc",
+        "/opt",
+        "last_error",
+        "stderr",
+        "sk-from-env",
+        "bob",
+        "a_field_added_later",
+    ):
         assert hidden not in text, hidden
     bobs = status_for(daemon_status(), table, "sk-bob")
     assert [m["name"] for m in bobs["models"]] == ["shared", "bobs", "open"]

@@ -28,7 +28,12 @@ def table(*routes, **gateway):
 def test_a_route_answers_to_its_served_name_key_and_aliases():
     t = table(route("llama", "llama-3", aliases=("l", "big")), route("qwen"))
     assert {n: t.resolve(n).name for n in ("llama-3", "llama", "l", "big", "qwen")} == {
-        "llama-3": "llama", "llama": "llama", "l": "llama", "big": "llama", "qwen": "qwen"}
+        "llama-3": "llama",
+        "llama": "llama",
+        "l": "llama",
+        "big": "llama",
+        "qwen": "qwen",
+    }
 
 
 def test_embedding_model_names_route_only_embeddings():
@@ -65,8 +70,10 @@ def test_two_routes_cannot_share_a_name():
 
 
 def keyed_route():
-    grants = (KeyGrant(name="alice", sha256=key_digest("sk-alice"), allowed=True),
-              KeyGrant(name="bob", sha256=key_digest("sk-bob"), allowed=False))
+    grants = (
+        KeyGrant(name="alice", sha256=key_digest("sk-alice"), allowed=True),
+        KeyGrant(name="bob", sha256=key_digest("sk-bob"), allowed=False),
+    )
     return route("secret", api_keys=("alice",), key_grants=grants)
 
 
@@ -74,8 +81,16 @@ def request_with(key=None, client="10.0.0.9", xff=None):
     headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
     if xff:
         headers.append((b"x-forwarded-for", xff.encode()))
-    return Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers,
-                    "client": (client, 1234), "query_string": b""})
+    return Request(
+        {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "headers": headers,
+            "client": (client, 1234),
+            "query_string": b"",
+        }
+    )
 
 
 def test_keyed_route_checks_keys_like_a_worker():
@@ -88,7 +103,13 @@ def test_keyed_route_checks_keys_like_a_worker():
         access.identify(request_with())
     t.access["open"].identify(request_with())  # open: no key needed
     assert [t.may_use(r, k) for r in t.routes for k in (None, "sk-alice", "sk-bob")] == [
-        False, True, False, True, True, True]
+        False,
+        True,
+        False,
+        True,
+        True,
+        True,
+    ]
 
 
 def test_trusted_proxies_come_from_the_gateway():
@@ -101,15 +122,21 @@ def test_trusted_proxies_come_from_the_gateway():
 
 def test_lazy_models_need_a_load_unless_ready_or_idle():
     assert [needs_load(route("m", load="lazy", state=s)) for s in ("unloaded", "stopped", "ready", "idle")] == [
-        True, True, False, False]
+        True,
+        True,
+        False,
+        False,
+    ]
     assert not needs_load(route("m", state="unloaded"))  # eager: the daemon starts it itself
     assert not needs_load(route("m", kind="upstream", load="lazy", state="unknown"))
 
 
 def test_health_is_ok_degraded_or_down():
     ready, lazy = route("a", state="ready"), route("b", load="lazy", state="unloaded")
-    assert health_summary((ready, lazy)) == ("ok", {
-        "a": {"state": "ready", "model": "a", "ok": True}, "b": {"state": "unloaded", "model": "b", "ok": True}})
+    assert health_summary((ready, lazy)) == (
+        "ok",
+        {"a": {"state": "ready", "model": "a", "ok": True}, "b": {"state": "unloaded", "model": "b", "ok": True}},
+    )
     assert health_summary((ready, route("c", state="failed")))[0] == "degraded"
     assert health_summary((route("c", state="loading"), route("u", kind="upstream", state="unreachable")))[0] == "down"
     assert route_ok(route("l", load="lazy", state="loading")) and not route_ok(route("l", load="lazy", state="failed"))
@@ -117,14 +144,21 @@ def test_health_is_ok_degraded_or_down():
 
 def test_a_local_model_is_sent_requests_only_while_ready_or_idle():
     # Not ready, its port may be anyone's (another program took it: the model failed to listen).
-    assert [serving(route("m", state=s)) for s in ("ready", "idle", "failed", "starting", "backoff", "stopped",
-                                                   "draining", "unknown")] == [True, True] + [False] * 6
+    assert [
+        serving(route("m", state=s))
+        for s in ("ready", "idle", "failed", "starting", "backoff", "stopped", "draining", "unknown")
+    ] == [True, True] + [False] * 6
     # A lazy one that is not loaded is loaded first (needs_load); an upstream has its own health.
     assert needs_load(route("m", load="lazy", state="failed"))
     assert serving(route("u", kind="upstream", state="unknown"))
     # Starting: the daemon's push showing it ready may be a moment behind (a request waits for it).
     assert [coming_up(route("m", state=s)) for s in ("starting", "unknown", "failed", "backoff", "ready")] == [
-        True, True, False, False, False]
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_a_wrong_name_lists_only_the_models_the_caller_may_use():

@@ -110,11 +110,14 @@ def test_behind_a_gateway_only_the_daemons_token_names_the_client(monkeypatch):
     # A local program talking to the worker's port is one client whatever it writes, loopback or not.
     forged = {"X-Forwarded-For": "1.2.3.4", access.GATEWAY_CLIENT_HEADER: "1.2.3.5"}
     assert behind.client_address(request(forged, client=("127.0.0.1", 1))) == "127.0.0.1"
-    assert behind.client_address(request({**forged, access.GATEWAY_TOKEN_HEADER: token + "x"},
-                                         client=("::1", 1))) == "::1"
+    assert (
+        behind.client_address(request({**forged, access.GATEWAY_TOKEN_HEADER: token + "x"}, client=("::1", 1))) == "::1"
+    )
     # The gateway, with the token, says who its client is.
-    assert behind.client_address(request({**forged, access.GATEWAY_TOKEN_HEADER: token},
-                                         client=("127.0.0.1", 1))) == "1.2.3.5"
+    assert (
+        behind.client_address(request({**forged, access.GATEWAY_TOKEN_HEADER: token}, client=("127.0.0.1", 1)))
+        == "1.2.3.5"
+    )
     # Compared as digests in constant time.
     calls = []
     real = secrets.compare_digest
@@ -123,4 +126,7 @@ def test_behind_a_gateway_only_the_daemons_token_names_the_client(monkeypatch):
     assert calls and all(len(a) == len(b) == 64 for a, b in calls)
     # A worker started by hand has no token: the header means nothing there.
     plain = access.Access(ResolvedModel(model="builtin:tiny"))
-    assert plain.client_address(request({access.GATEWAY_TOKEN_HEADER: "", **forged}, client=("127.0.0.1", 1))) == "127.0.0.1"
+    assert (
+        plain.client_address(request({access.GATEWAY_TOKEN_HEADER: "", **forged}, client=("127.0.0.1", 1)))
+        == "127.0.0.1"
+    )

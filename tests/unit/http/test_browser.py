@@ -24,15 +24,22 @@ async def stream(request: Request):
         for i in range(3):
             yield f"data: {i}\n\n"
             await asyncio.sleep(0)
+
     return StreamingResponse(chunks(), media_type="text/event-stream")
 
 
-def call(config: ModelConfig, method: str, path: str, headers: dict, body: bytes | None = None,
-         settings: dict | None = None) -> httpx.Response:
+def call(
+    config: ModelConfig, method: str, path: str, headers: dict, body: bytes | None = None, settings: dict | None = None
+) -> httpx.Response:
     holder = {"config": config}
-    app = Starlette(routes=[Route("/v1/chat/completions", echo, methods=["POST"]),
-                            Route("/v1/messages", echo, methods=["POST"]),
-                            Route("/v1/stream", stream), Route("/health", lambda r: JSONResponse({"ok": 1}))])
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", echo, methods=["POST"]),
+            Route("/v1/messages", echo, methods=["POST"]),
+            Route("/v1/stream", stream),
+            Route("/health", lambda r: JSONResponse({"ok": 1})),
+        ]
+    )
     app.add_middleware(BrowserDefences, config=lambda: holder["config"])
 
     async def run():
@@ -96,16 +103,25 @@ def test_a_foreign_origin_is_refused(origin):
 
 
 def test_the_servers_own_origin_is_served():
-    r = call(LOCAL, "POST", "/v1/chat/completions",
-             {"origin": "http://127.0.0.1:8000", "content-type": "application/json"}, BODY)
+    r = call(
+        LOCAL,
+        "POST",
+        "/v1/chat/completions",
+        {"origin": "http://127.0.0.1:8000", "content-type": "application/json"},
+        BODY,
+    )
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 
 def test_under_any_host_a_rebound_name_is_not_its_own_origin():
     anywhere = ModelConfig(model="x", host="0.0.0.0")
-    r = call(anywhere, "POST", "/v1/chat/completions",
-             {"host": "evil.example:8000", "origin": "http://evil.example:8000", "content-type": "application/json"},
-             BODY)
+    r = call(
+        anywhere,
+        "POST",
+        "/v1/chat/completions",
+        {"host": "evil.example:8000", "origin": "http://evil.example:8000", "content-type": "application/json"},
+        BODY,
+    )
     assert r.status_code == 403
 
 
@@ -116,11 +132,14 @@ def test_same_origin_compares_host_and_port_with_default_ports():
     assert not same_origin("null", "example.com", "http")
 
 
-@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8",
-                                          "Application/JSON", "application/vnd.api+json"])
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/json", "application/json; charset=utf-8", "Application/JSON", "application/vnd.api+json"],
+)
 def test_json_bodies_are_served(content_type):
-    r = call(LOCAL, "POST", "/v1/chat/completions", {"content-type": content_type, "sec-fetch-site": "same-origin"},
-             BODY)
+    r = call(
+        LOCAL, "POST", "/v1/chat/completions", {"content-type": content_type, "sec-fetch-site": "same-origin"}, BODY
+    )
     assert r.status_code == 200 and r.json()["got"] == BODY.decode()
 
 
@@ -130,13 +149,16 @@ def test_curl_without_a_json_type_still_works(headers):
     assert r.status_code == 200 and r.json()["got"] == BODY.decode()
 
 
-@pytest.mark.parametrize("headers", [
-    {"content-type": "text/plain"},
-    {"content-type": "multipart/form-data; boundary=x"},
-    {"content-type": "application/x-www-form-urlencoded", "sec-fetch-mode": "no-cors"},
-    {"content-type": "application/x-www-form-urlencoded", "sec-fetch-site": "cross-site"},
-    {"sec-fetch-site": "same-origin"},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"content-type": "text/plain"},
+        {"content-type": "multipart/form-data; boundary=x"},
+        {"content-type": "application/x-www-form-urlencoded", "sec-fetch-mode": "no-cors"},
+        {"content-type": "application/x-www-form-urlencoded", "sec-fetch-site": "cross-site"},
+        {"sec-fetch-site": "same-origin"},
+    ],
+)
 def test_other_body_types_are_a_415_saying_what_to_send(headers):
     r = call(LOCAL, "POST", "/v1/chat/completions", headers, BODY)
     assert r.status_code == 415
@@ -144,8 +166,11 @@ def test_other_body_types_are_a_415_saying_what_to_send(headers):
 
 
 CORS = ModelConfig(model="x", cors_origins=("https://app.example",))
-PREFLIGHT = {"origin": "https://app.example", "access-control-request-method": "POST",
-             "access-control-request-headers": "authorization, content-type, anthropic-version"}
+PREFLIGHT = {
+    "origin": "https://app.example",
+    "access-control-request-method": "POST",
+    "access-control-request-headers": "authorization, content-type, anthropic-version",
+}
 
 
 def test_no_cors_headers_unless_origins_are_configured():
@@ -161,8 +186,13 @@ def test_a_preflight_from_a_listed_origin_is_answered():
 
 
 def test_a_listed_origin_gets_cors_headers_and_an_unlisted_one_a_403():
-    r = call(CORS, "POST", "/v1/chat/completions",
-             {"origin": "https://app.example", "content-type": "application/json"}, BODY)
+    r = call(
+        CORS,
+        "POST",
+        "/v1/chat/completions",
+        {"origin": "https://app.example", "content-type": "application/json"},
+        BODY,
+    )
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
     assert "x-request-id" in r.headers["access-control-expose-headers"]
     assert "retry-after" in r.headers["access-control-expose-headers"]
@@ -171,8 +201,9 @@ def test_a_listed_origin_gets_cors_headers_and_an_unlisted_one_a_403():
 
 
 def test_a_listed_page_can_read_a_415():
-    r = call(CORS, "POST", "/v1/chat/completions", {"origin": "https://app.example", "content-type": "text/plain"},
-             BODY)
+    r = call(
+        CORS, "POST", "/v1/chat/completions", {"origin": "https://app.example", "content-type": "text/plain"}, BODY
+    )
     assert r.status_code == 415 and r.headers["access-control-allow-origin"] == "https://app.example"
 
 

@@ -21,8 +21,17 @@ class FakeEngine:
 
     def __init__(self, stats: EngineStats | None = None):
         self.stats = stats or EngineStats()
-        self.cache = {"type": "prefix_lru", "entries": 2, "hit_rate": 0.5, "memory_mb": 1.5, "budget_mb": 64.0,
-                      "hits": 3, "misses": 3, "cached_tokens": 120, "evictions": 1}
+        self.cache = {
+            "type": "prefix_lru",
+            "entries": 2,
+            "hit_rate": 0.5,
+            "memory_mb": 1.5,
+            "budget_mb": 64.0,
+            "hits": 3,
+            "misses": 3,
+            "cached_tokens": 120,
+            "evictions": 1,
+        }
 
     def cache_status(self) -> dict:
         return self.cache
@@ -36,8 +45,14 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
 
 
 def test_the_collector_reads_engine_stats_at_scrape_time():
-    stats = EngineStats(steps_executed=9, num_running=1, num_waiting=2, total_requests_processed=3,
-                        total_prompt_tokens=40, total_completion_tokens=50)
+    stats = EngineStats(
+        steps_executed=9,
+        num_running=1,
+        num_waiting=2,
+        total_requests_processed=3,
+        total_prompt_tokens=40,
+        total_completion_tokens=50,
+    )
     metrics = Metrics(FakeEngine(stats), "m")
     assert sample(metrics, "vllmmlxd_prompt_tokens_total") == 40
     assert sample(metrics, "vllmmlxd_completion_tokens_total") == 50

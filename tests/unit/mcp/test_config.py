@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from vllmmlxd.config.diff import LIVE_FIELDS, classify, changed_fields
+from vllmmlxd.config.diff import LIVE_FIELDS, changed_fields, classify
 from vllmmlxd.config.load import parse_config
 from vllmmlxd.config.mcp import load_mcp_file
 from vllmmlxd.config.schema import INTERNAL_FIELDS, ResolvedModel
@@ -62,8 +62,10 @@ def test_secrets_of_servers_are_never_printed_but_reach_the_worker():
 
 def test_an_unknown_server_is_an_error_at_its_place():
     text = BASE.replace("mcp: [files, search]", "mcp: [files, serch]")
-    assert error_of(text) == ("c.yaml:9:3: models.llama: model 'llama': mcp[1] names an MCP server mcp_servers "
-                              "does not define; defined: files, legacy, search")
+    assert error_of(text) == (
+        "c.yaml:9:3: models.llama: model 'llama': mcp[1] names an MCP server mcp_servers "
+        "does not define; defined: files, legacy, search"
+    )
     text = BASE.replace("mcp: [search]}", "mcp: [nope]}")
     assert error_of(text).startswith("c.yaml:7:3: api_keys.ci: key 'ci': mcp[0] names an MCP server")
     text = BASE.replace("mcp_auto_execute: [files__*]", "mcp_auto_execute: [legacy__x]")
@@ -78,14 +80,19 @@ def test_servers_are_checked_without_showing_secrets(monkeypatch):
     bad = BASE.replace('url: "http://127.0.0.1:9100/mcp", ', "")
     message = error_of(bad)
     assert "mcp_servers.search: a streamable-http MCP server needs url" in message and "t0ps3cret" not in message
-    assert "'__' separates" in error_of(BASE.replace("  files:", "  my__files:").replace("[files, search]", "[search]")
-                                         .replace("files__*", "search__*"))
+    assert "'__' separates" in error_of(
+        BASE.replace("  files:", "  my__files:").replace("[files, search]", "[search]").replace("files__*", "search__*")
+    )
     assert "url and headers are for" in error_of(BASE.replace("timeout: 30}", 'url: "http://x"}'))
 
 
 def test_embedded_substitution_is_only_for_mcp_servers(monkeypatch):
-    config = parse_config(BASE.replace("  plain: {model: builtin:tiny, port: 8001}",
-                                       '  plain: {model: builtin:tiny, port: 8001, owned_by: "a ${env:MCP_T}"}')).config
+    config = parse_config(
+        BASE.replace(
+            "  plain: {model: builtin:tiny, port: 8001}",
+            '  plain: {model: builtin:tiny, port: 8001, owned_by: "a ${env:MCP_T}"}',
+        )
+    ).config
     assert config.models["plain"].owned_by == "a ${env:MCP_T}"
     assert "MCP_NOT_SET is not set" in error_of(BASE.replace("Bearer ${env:MCP_T}", "Bearer ${env:MCP_NOT_SET}"))
 
@@ -97,11 +104,14 @@ def desktop_file(tmp_path, servers: dict):
 
 
 def test_a_claude_desktop_file_imports_as_is(tmp_path):
-    desktop_file(tmp_path, {
-        "fs": {"command": "npx", "args": ["-y", "server-fs", "/tmp"], "env": {"K": "v"}, "autoApprove": ["read"]},
-        "remote": {"url": "https://example.com/mcp", "headers": {"X-Key": "h"}},
-        "old": {"type": "sse", "url": "http://localhost:1/sse", "disabled": True},
-    })
+    desktop_file(
+        tmp_path,
+        {
+            "fs": {"command": "npx", "args": ["-y", "server-fs", "/tmp"], "env": {"K": "v"}, "autoApprove": ["read"]},
+            "remote": {"url": "https://example.com/mcp", "headers": {"X-Key": "h"}},
+            "old": {"type": "sse", "url": "http://localhost:1/sse", "disabled": True},
+        },
+    )
     text = "mcp_config: claude_desktop_config.json\nmodels:\n  a: {model: builtin:tiny, mcp: [fs, remote]}\n"
     config = parse_config(text, str(tmp_path / "c.yaml")).config
     assert set(config.mcp_servers) == {"fs", "remote", "old"}
@@ -124,7 +134,9 @@ def test_a_models_own_mcp_config_connects_all_its_servers(tmp_path):
 def test_bad_mcp_files_are_reported_at_the_key(tmp_path):
     path = tmp_path / "m.json"
     path.write_text("{not json")
-    assert error_of("mcp_config: m.json\n", str(tmp_path / "c.yaml")).startswith(f"{tmp_path}/c.yaml:1:13: mcp_config: the MCP config file is not JSON")
+    assert error_of("mcp_config: m.json\n", str(tmp_path / "c.yaml")).startswith(
+        f"{tmp_path}/c.yaml:1:13: mcp_config: the MCP config file is not JSON"
+    )
     path.write_text(json.dumps({"mcpServers": {"x": {"url": "ftp://h", "headers": {"A": "s3cr3t"}}}}))
     with pytest.raises(ValueError) as e:
         load_mcp_file(path)
@@ -139,10 +151,12 @@ def test_mcp_fields_are_internal_or_live():
     new = parse_config(BASE.replace("timeout: 30", "timeout: 5")).config.models["llama"]
     assert changed_fields(old, new) == ("mcp_servers_resolved",) and classify(changed_fields(old, new)).live
     assert error_of(BASE.replace("    api_keys: [ci]", "    api_keys: [ci]\n    mcp_servers_resolved: {}")).endswith(
-        "models.llama.mcp_servers_resolved is filled in by vllmmlxd (from api_keys, mcp); remove it")
+        "models.llama.mcp_servers_resolved is filled in by vllmmlxd (from api_keys, mcp); remove it"
+    )
 
 
 def test_tool_filters():
-    server = parse_config(BASE.replace("timeout: 30}", 'timeout: 30, allow_tools: ["read_*", "list"], deny_tools: ["read_secret*"]}')
-                          ).config.mcp_servers["files"]
+    server = parse_config(
+        BASE.replace("timeout: 30}", 'timeout: 30, allow_tools: ["read_*", "list"], deny_tools: ["read_secret*"]}')
+    ).config.mcp_servers["files"]
     assert [t for t in ("read_file", "read_secret_key", "list", "write") if server.offers(t)] == ["read_file", "list"]

@@ -35,8 +35,13 @@ def test_tools_calls_and_a_restart(caplog):
     caplog.set_level(logging.INFO, logger="vllmmlxd.mcp")
 
     async def scenario():
-        hub = McpHub({"files": stdio(env={"MCP_TEST_GREETING": "hi"}, deny_tools=("echo",)),
-                      "broken": McpServerConfig(command="/nonexistent/mcp-server")}, model="m")
+        hub = McpHub(
+            {
+                "files": stdio(env={"MCP_TEST_GREETING": "hi"}, deny_tools=("echo",)),
+                "broken": McpServerConfig(command="/nonexistent/mcp-server"),
+            },
+            model="m",
+        )
         async with hub.lifespan():
             await until(lambda: {s["name"]: s["state"] for s in hub.status()} == {"files": "ready", "broken": "failed"})
             names = [t.name for t in hub.tools()]
@@ -101,7 +106,12 @@ def test_reconfigure_restarts_only_changed_servers():
 
 
 def test_arguments_are_checked_against_the_schema():
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
     check_arguments({"n": 1}, schema)
     for bad in ({}, {"n": "1"}, {"n": 1, "x": 2}, [1]):
         with pytest.raises(McpBadArguments):
@@ -111,12 +121,16 @@ def test_arguments_are_checked_against_the_schema():
 
 
 def test_text_joins_text_blocks():
-    result = McpResult([{"type": "text", "text": "a"}, {"type": "image", "data": "..."}, {"type": "text", "text": "b"}], False)
+    result = McpResult(
+        [{"type": "text", "text": "a"}, {"type": "image", "data": "..."}, {"type": "text", "text": "b"}], False
+    )
     assert result.text() == "a\nb"
 
 
 def test_a_key_narrows_the_servers():
-    config = ModelConfig(model="builtin:tiny").model_copy(update={"mcp_servers_resolved": {"files": stdio(), "web": stdio()}})
+    config = ModelConfig(model="builtin:tiny").model_copy(
+        update={"mcp_servers_resolved": {"files": stdio(), "web": stdio()}}
+    )
     grant = KeyGrant(name="ci", sha256="0" * 64, allowed=True, mcp=("web",))
     assert allowed_servers(Caller("key:ci", grant), config) == frozenset({"web"})
     assert allowed_servers(Caller("key:all", grant.model_copy(update={"mcp": None})), config) is None
@@ -135,7 +149,7 @@ def test_a_servers_stderr_reaches_operators_only():
             return hub.status()[0], hub.public_status()[0], called
 
     operator, public, called = asyncio.run(scenario())
-    assert "MCP_TEST_REFUSE" in operator["last_error"] and any("MCP_TEST_REFUSE" in l for l in operator["stderr"])
+    assert "MCP_TEST_REFUSE" in operator["last_error"] and any("MCP_TEST_REFUSE" in x for x in operator["stderr"])
     assert "stderr" not in public and public["state"] == "failed" and public["last_error"]
     assert "MCP_TEST_REFUSE" not in repr(public) and "MCP_TEST_REFUSE" not in called.text()
     assert called.is_error and "not available (failed: " in called.text()

@@ -12,8 +12,15 @@ from vllmmlxd.parsers.grammar import declared_only, json_grammar
 from vllmmlxd.parsers.tools import TOOL_PARSERS, tool_parser_class
 
 POINT = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 
 
 def dumps(value) -> str:
@@ -29,17 +36,25 @@ def test_structured_output_writes_only_declared_keys():
 
 
 def test_nested_objects_and_definitions_are_closed_too():
-    schema = {"type": "object", "properties": {"at": {"$ref": "#/$defs/point"},
-                                               "all": {"type": "array", "items": {"$ref": "#/$defs/point"}}},
-              "$defs": {"point": POINT}}
+    schema = {
+        "type": "object",
+        "properties": {"at": {"$ref": "#/$defs/point"}, "all": {"type": "array", "items": {"$ref": "#/$defs/point"}}},
+        "$defs": {"point": POINT},
+    }
     g = json_grammar(schema)
     assert accepts(g, dumps({"at": {"x": 1}, "all": [{"x": 2, "y": 3}]}))
     assert not accepts(g, dumps({"at": {"x": 1, "w": 0}}))
     assert not accepts(g, dumps({"all": [{"x": 1, "w": 0}]}))
 
 
-@pytest.mark.parametrize("opened", [{"additionalProperties": True}, {"additionalProperties": {"type": "integer"}},
-                                    {"patternProperties": {"^z": {"type": "integer"}}}])
+@pytest.mark.parametrize(
+    "opened",
+    [
+        {"additionalProperties": True},
+        {"additionalProperties": {"type": "integer"}},
+        {"patternProperties": {"^z": {"type": "integer"}}},
+    ],
+)
 def test_a_schema_that_opens_its_object_keeps_it_open(opened):
     assert accepts(json_grammar({**POINT, **opened}), dumps({"x": 1, "z": 3}))
 
@@ -50,8 +65,12 @@ def test_an_object_without_declared_properties_stays_free():
 
 def test_parts_of_a_combination_are_left_open():
     # Closing one part of allOf would refuse the keys the other part declares.
-    schema = {"allOf": [{"type": "object", "properties": {"x": {"type": "integer"}}},
-                        {"type": "object", "properties": {"y": {"type": "integer"}}}]}
+    schema = {
+        "allOf": [
+            {"type": "object", "properties": {"x": {"type": "integer"}}},
+            {"type": "object", "properties": {"y": {"type": "integer"}}},
+        ]
+    }
     assert declared_only(schema) == schema
 
 

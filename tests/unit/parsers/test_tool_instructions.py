@@ -7,8 +7,16 @@ from vllmmlxd.parsers.tools import tool_parser_class
 from vllmmlxd.parsers.tools.instructions import calls_as_text, with_tool_instructions
 
 HERMES = tool_parser_class("hermes")
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 def test_instructions_join_the_system_message_or_become_one():
@@ -21,8 +29,15 @@ def test_instructions_join_the_system_message_or_become_one():
 
 
 def test_earlier_calls_are_written_into_the_assistant_turn():
-    msgs = [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}]
+    msgs = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+            ],
+        }
+    ]
     [turn] = calls_as_text(msgs, HERMES)
     assert "tool_calls" not in turn and turn["content"] == HERMES.render_call("get_weather", {"city": "Oslo"})
 

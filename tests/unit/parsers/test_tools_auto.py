@@ -10,14 +10,23 @@ from vllmmlxd.parsers.tools import tool_parser_class
 from vllmmlxd.parsers.tools.auto import family_for_template
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["city"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
 ]
 P = tool_parser_class("auto")
 DS_BEGIN, DS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
-DS_CALL = '<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>'
+DS_CALL = "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
 KIMI = "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"
 
 GOLDEN = {
@@ -95,7 +104,9 @@ def test_markers_are_every_familys():
 def test_render_call_and_grammar_are_hermes():
     hermes = tool_parser_class("hermes")
     assert P.render_call("get_time", {}) == hermes.render_call("get_time", {})
-    assert run("auto", TOOLS, [P.render_call("get_weather", {"city": "Rome"})]) == [call("get_weather", '{"city": "Rome"}')]
+    assert run("auto", TOOLS, [P.render_call("get_weather", {"city": "Rome"})]) == [
+        call("get_weather", '{"city": "Rome"}')
+    ]
     g = P.grammar(TOOLS)
     assert compile_error(g) is None
     assert accepts(g, P.render_call("get_weather", {"city": "Paris", "days": 3}))
@@ -106,9 +117,9 @@ def test_render_call_and_grammar_are_hermes():
 # Fragments of the real chat templates, enough to tell each family.
 TEMPLATES = {
     "qwen": "{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}{%- for args_name in tool_call.arguments %}"
-            "{{- '<parameter=' + args_name + '>\\n' }}",
+    "{{- '<parameter=' + args_name + '>\\n' }}",
     "hermes": '{{- "<tool_call>\\n{\\"name\\": \\"" }}{{- tool_call.name }}{{- "\\", \\"arguments\\": " }}',
-    "mistral": "{{- \"[TOOL_CALLS]\" + tool_call.function.name + \"[ARGS]\" + arguments }}",
+    "mistral": '{{- "[TOOL_CALLS]" + tool_call.function.name + "[ARGS]" + arguments }}',
     "llama": "{{- '<|python_tag|>' + tool_call.name + '.call(' }}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}",
     "deepseek": "{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name']}}",
     "kimi": "<|tool_calls_section_begin|>{%- for tool_call in message['tool_calls'] -%}<|tool_call_begin|>{{ tool_call['id'] }}",
@@ -121,9 +132,11 @@ def test_family_for_template(family):
 
 
 def test_family_for_a_llama3_template_without_the_tag():
-    template = ('<|start_header_id|>user<|end_header_id|>\\n\\nGiven the following functions, respond with a JSON for a '
-                'function call with its proper arguments. Respond in the format {"name": function name, "parameters": '
-                'dictionary of argument name and its value}.')
+    template = (
+        "<|start_header_id|>user<|end_header_id|>\\n\\nGiven the following functions, respond with a JSON for a "
+        'function call with its proper arguments. Respond in the format {"name": function name, "parameters": '
+        "dictionary of argument name and its value}."
+    )
     assert family_for_template(template, None) == "llama"
 
 

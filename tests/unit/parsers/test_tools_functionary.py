@@ -10,12 +10,26 @@ from tests.unit.parsers.tool_split import assert_splits_agree, call
 from vllmmlxd.parsers.tools import tool_parser_class
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["city"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
-    {"type": "function", "function": {"name": "python", "parameters": {
-        "type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        },
+    },
 ]
 P = tool_parser_class("functionary")
 
@@ -33,7 +47,7 @@ GOLDEN = {
         [call("get_weather", '{"city": "Lyon"}'), call("get_time", "{}")],
     ),
     "v3.2: the model writes the first >>> too": (
-        '>>>get_time\n{}\n>>>all\nOne moment.',
+        ">>>get_time\n{}\n>>>all\nOne moment.",
         [call("get_time", "{}"), ("content", "\nOne moment.")],
     ),
     "v3.2: python with raw code": (

@@ -12,14 +12,37 @@ from tests.unit.parsers.tool_split import assert_splits_agree, call, run
 from vllmmlxd.parsers.tools import tool_parser_class
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["city"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
-    {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {
-        "query": {"type": "string"}, "filters": {"type": "object"}, "limit": {"type": "integer"},
-        "exact": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string"}},
-        "unit": {"type": "string", "enum": ["metric", "imperial"]}}, "required": ["query"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "filters": {"type": "object"},
+                    "limit": {"type": "integer"},
+                    "exact": {"type": "boolean"},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                    "unit": {"type": "string", "enum": ["metric", "imperial"]},
+                },
+                "required": ["query"],
+            },
+        },
+    },
 ]
 P = tool_parser_class("glm47")
 
@@ -28,7 +51,10 @@ GOLDEN = {
         "I'll check the weather in Paris for you.\n"
         "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
         "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
-        [("content", "I'll check the weather in Paris for you.\n"), call("get_weather", '{"city": "Paris", "days": 3}')],
+        [
+            ("content", "I'll check the weather in Paris for you.\n"),
+            call("get_weather", '{"city": "Paris", "days": 3}'),
+        ],
     ),
     "4.7: no newlines": (
         "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
@@ -112,7 +138,9 @@ def test_grammar_compiles_and_accepts_what_the_family_writes():
     g = P.grammar(TOOLS)
     assert compile_error(g) is None
     assert accepts(g, P.render_call("get_weather", {"city": "Paris", "days": 3}))
-    assert accepts(g, P.render_call("search", {"query": "a </arg_key> <b>\n", "limit": 5, "tags": ["x"], "unit": "imperial"}))
+    assert accepts(
+        g, P.render_call("search", {"query": "a </arg_key> <b>\n", "limit": 5, "tags": ["x"], "unit": "imperial"})
+    )
     assert accepts(g, P.render_call("get_time", {}) + "\n" + P.render_call("get_weather", {"city": "Oslo"}))
     assert accepts(g, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>")  # 4.7
 

@@ -10,8 +10,13 @@ from tests.unit.parsers.tool_split import assert_splits_agree, call, run
 from vllmmlxd.parsers.tools import tool_parser_class
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
 ]
 
@@ -52,10 +57,14 @@ def test_golden_split_at_every_boundary(name):
 
 
 def test_arguments_are_a_json_object_text():
-    [(_, got)] = run("hermes", TOOLS, ['<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}</tool_call>'])
+    [(_, got)] = run(
+        "hermes", TOOLS, ['<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}</tool_call>']
+    )
     assert json.loads(got.arguments) == {"city": "Oslo"}
 
 
 def test_render_call_is_read_back():
     cls = tool_parser_class("hermes")
-    assert run("hermes", TOOLS, [cls.render_call("get_weather", {"city": "Rome"})]) == [call("get_weather", '{"city": "Rome"}')]
+    assert run("hermes", TOOLS, [cls.render_call("get_weather", {"city": "Rome"})]) == [
+        call("get_weather", '{"city": "Rome"}')
+    ]

@@ -9,9 +9,18 @@ from tests.unit.parsers.tool_split import assert_splits_agree, call, run
 from vllmmlxd.parsers.tools import tool_parser_class
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["city"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
 ]
 P = tool_parser_class("kimi")
@@ -29,7 +38,13 @@ GOLDEN = {
         [("content", "I'll check the weather in Paris."), call("get_weather", '{"city": "Paris"}')],
     ),
     "parallel calls with newlines": (
-        BEGIN + "\n" + one("get_weather", 0, '{"city": "Lyon", "days": 2}') + "\n" + one("get_time", 1, "{}") + "\n" + END,
+        BEGIN
+        + "\n"
+        + one("get_weather", 0, '{"city": "Lyon", "days": 2}')
+        + "\n"
+        + one("get_time", 1, "{}")
+        + "\n"
+        + END,
         [call("get_weather", '{"city": "Lyon", "days": 2}'), call("get_time", "{}")],
     ),
     "text after the section stays content": (
@@ -49,8 +64,8 @@ GOLDEN = {
         [call("get_weather", '{"city": "Rome"}')],
     ),
     "cut off inside a call stays text": (
-        BEGIN + "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"ci",
-        [("content", BEGIN + "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"ci")],
+        BEGIN + '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"ci',
+        [("content", BEGIN + '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"ci')],
     ),
     "malformed json stays text": (
         BEGIN + one("get_weather", 0, "{'city': 'Paris'") + END + " ok",
@@ -58,7 +73,12 @@ GOLDEN = {
     ),
     "a header without its index stays text": (
         BEGIN + "<|tool_call_begin|>functions.get_time<|tool_call_argument_begin|>{}<|tool_call_end|>" + END,
-        [("content", BEGIN + "<|tool_call_begin|>functions.get_time<|tool_call_argument_begin|>{}<|tool_call_end|>" + END)],
+        [
+            (
+                "content",
+                BEGIN + "<|tool_call_begin|>functions.get_time<|tool_call_argument_begin|>{}<|tool_call_end|>" + END,
+            )
+        ],
     ),
     "unknown tool stays text": (
         BEGIN + one("rm_rf", 0, '{"path": "/"}') + END,

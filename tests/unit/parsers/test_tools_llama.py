@@ -9,12 +9,33 @@ from tests.unit.parsers.tool_split import assert_splits_agree, call, run
 from vllmmlxd.parsers.tools import tool_parser_class
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["city"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
-    {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {
-        "query": {"type": "string"}, "filters": {"type": "object"}, "exact": {"type": "boolean"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "filters": {"type": "object"},
+                    "exact": {"type": "boolean"},
+                },
+            },
+        },
+    },
 ]
 P = tool_parser_class("llama")
 
@@ -40,7 +61,7 @@ GOLDEN = {
         [call("get_weather", '{"city": "Paris", "days": 3}'), call("get_time", "{}")],
     ),
     "pythonic literals, json names, brackets in strings": (
-        "[search(query='a ] b ) c \\' \"', filters={\"lang\": \"en\", \"tags\": [1, 2]}, exact=true)]",
+        '[search(query=\'a ] b ) c \\\' "\', filters={"lang": "en", "tags": [1, 2]}, exact=true)]',
         [call("search", '{"query": "a ] b ) c \' \\"", "filters": {"lang": "en", "tags": [1, 2]}, "exact": true}')],
     ),
     "pythonic between python start and end": (
@@ -116,4 +137,6 @@ def test_grammar_refuses_what_the_schema_refuses():
     assert not accepts(g, P.render_call("get_weather", {"city": "Paris", "days": 9}))
     assert not accepts(g, P.render_call("rm_rf", {}))
     assert not accepts(g, "Sure! " + P.render_call("get_time", {}))
-    assert not accepts(P.grammar(TOOLS, parallel=False), P.render_call("get_time", {}) + "; " + P.render_call("get_time", {}))
+    assert not accepts(
+        P.grammar(TOOLS, parallel=False), P.render_call("get_time", {}) + "; " + P.render_call("get_time", {})
+    )

@@ -9,9 +9,18 @@ from tests.unit.parsers.tool_split import assert_splits_agree, call, run
 from vllmmlxd.parsers.tools import tool_parser_class
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["city"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
 ]
 P = tool_parser_class("mistral")
@@ -35,7 +44,7 @@ GOLDEN = {
         [("content", "Sure."), call("get_weather", '{"city": "Nice"}'), call("get_time", "{}")],
     ),
     "text after the json closes stays content": (
-        '[TOOL_CALLS]get_time[ARGS]{}\nDone.',
+        "[TOOL_CALLS]get_time[ARGS]{}\nDone.",
         [call("get_time", "{}"), ("content", "\nDone.")],
     ),
     "braces and markers inside strings": (
@@ -75,7 +84,9 @@ def test_arguments_written_as_a_json_string():
 
 def test_render_call_is_read_back():
     assert P.render_call("get_weather", {"city": "Rome"}) == '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'
-    assert run("mistral", TOOLS, [P.render_call("get_weather", {"city": "Rome"})]) == [call("get_weather", '{"city": "Rome"}')]
+    assert run("mistral", TOOLS, [P.render_call("get_weather", {"city": "Rome"})]) == [
+        call("get_weather", '{"city": "Rome"}')
+    ]
 
 
 def test_markers_are_the_special_tokens():

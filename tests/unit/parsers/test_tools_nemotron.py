@@ -10,9 +10,18 @@ from tests.unit.parsers.tool_split import assert_splits_agree, call
 from vllmmlxd.parsers.tools import tool_parser_class
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["city"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
 ]
 P = tool_parser_class("nemotron")
@@ -54,8 +63,8 @@ GOLDEN = {
         [("content", '<TOOLCALL>[{"name": "get_time", "arguments": {}},]</TOOLCALL> ok')],
     ),
     "not json stays text": (
-        '<TOOLCALL>get_time()</TOOLCALL>',
-        [("content", '<TOOLCALL>get_time()</TOOLCALL>')],
+        "<TOOLCALL>get_time()</TOOLCALL>",
+        [("content", "<TOOLCALL>get_time()</TOOLCALL>")],
     ),
     "unknown tool stays text": (
         '<TOOLCALL>[{"name": "rm_rf", "arguments": {"path": "/"}}]</TOOLCALL>',
@@ -87,7 +96,10 @@ def test_grammar_compiles_and_accepts_what_the_family_writes():
     g = P.grammar(TOOLS)
     assert compile_error(g) is None
     assert accepts(g, P.render_call("get_weather", {"city": "Paris", "days": 3}))
-    assert accepts(g, '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Lyon"}}, {"name": "get_time", "arguments": {}}]</TOOLCALL>')
+    assert accepts(
+        g,
+        '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Lyon"}}, {"name": "get_time", "arguments": {}}]</TOOLCALL>',
+    )
 
 
 def test_grammar_refuses_what_the_schema_refuses():
@@ -102,4 +114,6 @@ def test_grammar_refuses_what_the_schema_refuses():
 def test_one_call_only_unless_parallel():
     g = P.grammar(TOOLS, parallel=False)
     assert accepts(g, P.render_call("get_time", {}))
-    assert not accepts(g, '<TOOLCALL>[{"name": "get_time", "arguments": {}}, {"name": "get_time", "arguments": {}}]</TOOLCALL>')
+    assert not accepts(
+        g, '<TOOLCALL>[{"name": "get_time", "arguments": {}}, {"name": "get_time", "arguments": {}}]</TOOLCALL>'
+    )

@@ -11,13 +11,36 @@ from tests.unit.parsers.tool_split import assert_splits_agree, call, run
 from vllmmlxd.parsers.tools import tool_parser_class
 
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["city"], "additionalProperties": False}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
     {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
-    {"type": "function", "function": {"name": "write_file", "parameters": {"type": "object", "properties": {
-        "path": {"type": "string"}, "content": {"type": "string"}, "overwrite": {"type": "boolean"},
-        "mode": {"type": "integer"}, "tags": {"type": "array"}, "ratio": {"type": "number"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string"},
+                    "content": {"type": "string"},
+                    "overwrite": {"type": "boolean"},
+                    "mode": {"type": "integer"},
+                    "tags": {"type": "array"},
+                    "ratio": {"type": "number"},
+                },
+            },
+        },
+    },
 ]
 P = tool_parser_class("qwen")
 
@@ -38,11 +61,24 @@ GOLDEN = {
     ),
     "xml values typed by the schema, raw text kept": (
         "<tool_call>\n<function=write_file>\n<parameter=path>\n/tmp/a.py\n</parameter>\n"
-        "<parameter=content>\ndef f():\n    return {\"a\": 1}  # </tool_call\n\n</parameter>\n"
+        '<parameter=content>\ndef f():\n    return {"a": 1}  # </tool_call\n\n</parameter>\n'
         "<parameter=overwrite>\ntrue\n</parameter>\n<parameter=mode>\n644\n</parameter>\n"
-        "<parameter=tags>\n[\"x\", \"y\"]\n</parameter>\n<parameter=ratio>\n0.5\n</parameter>\n</function>\n</tool_call>",
-        [call("write_file", json.dumps({"path": "/tmp/a.py", "content": 'def f():\n    return {"a": 1}  # </tool_call\n',
-                                        "overwrite": True, "mode": 644, "tags": ["x", "y"], "ratio": 0.5}))],
+        '<parameter=tags>\n["x", "y"]\n</parameter>\n<parameter=ratio>\n0.5\n</parameter>\n</function>\n</tool_call>',
+        [
+            call(
+                "write_file",
+                json.dumps(
+                    {
+                        "path": "/tmp/a.py",
+                        "content": 'def f():\n    return {"a": 1}  # </tool_call\n',
+                        "overwrite": True,
+                        "mode": 644,
+                        "tags": ["x", "y"],
+                        "ratio": 0.5,
+                    }
+                ),
+            )
+        ],
     ),
     "a value that is not its type stays a string": (
         "<tool_call>\n<function=write_file>\n<parameter=mode>\nrw-r--r--\n</parameter>\n</function>\n</tool_call>",
@@ -84,7 +120,9 @@ def test_xml_without_tools_keeps_strings():
 
 
 def test_render_call_is_read_back():
-    assert run("qwen", TOOLS, [P.render_call("get_weather", {"city": "Rome"})]) == [call("get_weather", '{"city": "Rome"}')]
+    assert run("qwen", TOOLS, [P.render_call("get_weather", {"city": "Rome"})]) == [
+        call("get_weather", '{"city": "Rome"}')
+    ]
 
 
 def test_markers_are_the_tags():
@@ -99,4 +137,6 @@ def test_grammar_is_hermes_and_holds_the_schema():
     assert not accepts(g, P.render_call("get_weather", {"city": "Paris", "days": 9}))
     assert not accepts(g, P.render_call("get_weather", {"days": 3}))
     assert not accepts(g, P.render_call("rm_rf", {}))
-    assert not accepts(P.grammar(TOOLS, parallel=False), P.render_call("get_time", {}) + "\n" + P.render_call("get_time", {}))
+    assert not accepts(
+        P.grammar(TOOLS, parallel=False), P.render_call("get_time", {}) + "\n" + P.render_call("get_time", {})
+    )

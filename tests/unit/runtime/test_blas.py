@@ -21,8 +21,7 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 def activate_in_child(choice: str, threads: int = 1, *, confirm: bool = False, before: str = "") -> dict:
     """Run ``activate`` in a new interpreter (optionally confirming through MLX) and return its BlasInfo."""
     code = (
-        "import json, sys\n" + before +
-        "from vllmmlxd.runtime.blas import activate\n"
+        "import json, sys\n" + before + "from vllmmlxd.runtime.blas import activate\n"
         f"active = activate({choice!r}, {threads})\n"
         "info = active.info\n"
         + ("from vllmmlxd.engine.blas_check import confirm\ninfo = confirm(active)\n" if confirm else "")
@@ -51,8 +50,14 @@ def test_a_file_that_is_not_a_library_falls_back(tmp_path):
 
 @linux_only
 def test_a_library_without_cblas_sgemm_falls_back():
-    libm = next((p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/lib/aarch64-linux-gnu/libm.so.6", "/lib64/libm.so.6")
-                 if Path(p).exists()), None)
+    libm = next(
+        (
+            p
+            for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/lib/aarch64-linux-gnu/libm.so.6", "/lib64/libm.so.6")
+            if Path(p).exists()
+        ),
+        None,
+    )
     if libm is None:
         pytest.skip("no libm.so.6 at a known path")
     info = activate_in_child(libm)
@@ -80,10 +85,16 @@ def test_a_library_that_crashes_in_its_self_check_cannot_take_the_worker_down(tm
 @linux_only
 def test_a_library_that_computes_wrong_results_is_refused(tmp_path):
     # Writes zeros: C is left untouched at 0 while the true product is not.
-    body = ("void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const float *a, int lda,"
-            " const float *b, int ldb, float be, float *c, int ldc) { for (int i = 0; i < m * n; i++) c[i] = 0; }\n")
+    body = (
+        "void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const float *a, int lda,"
+        " const float *b, int ldb, float be, float *c, int ldc) { for (int i = 0; i < m * n; i++) c[i] = 0; }\n"
+    )
     info = activate_in_child(str(_build_library(tmp_path, body)))
-    assert info["name"] == "bundled" and info["warning"].startswith("libfakeblas.so (") and "wrong results" in info["warning"]
+    assert (
+        info["name"] == "bundled"
+        and info["warning"].startswith("libfakeblas.so (")
+        and "wrong results" in info["warning"]
+    )
 
 
 @linux_only

@@ -53,8 +53,10 @@ def test_nothing_to_plan():
     assert plan_shares({"a": None}, []) == {}
 
 
-@pytest.mark.parametrize("ids, text", [([0], "0"), ([0, 1, 2, 3], "0-3"), ([0, 1, 2, 3, 6], "0-3,6"),
-                                       ([5, 1, 3, 2], "1-3,5"), ([0, 2, 4], "0,2,4")])
+@pytest.mark.parametrize(
+    "ids, text",
+    [([0], "0"), ([0, 1, 2, 3], "0-3"), ([0, 1, 2, 3, 6], "0-3,6"), ([5, 1, 3, 2], "1-3,5"), ([0, 2, 4], "0,2,4")],
+)
 def test_cpu_lists_round_trip(ids, text):
     assert format_cpus(ids) == text
     assert parse_cpus(text) == tuple(sorted(ids))

@@ -64,8 +64,11 @@ def test_16_bit_tensors_count_twice_on_the_cpu_backend(tmp_path):
 
 
 def test_a_quantized_folder_is_loaded_as_it_is(tmp_path):
-    size = model_folder(tmp_path, {"w": ("U32", (1000, 125)), "scales": ("F16", (1000, 31))},
-                        {"model_type": "llama", "quantization": {"group_size": 32, "bits": 4}})
+    size = model_folder(
+        tmp_path,
+        {"w": ("U32", (1000, 125)), "scales": ("F16", (1000, 31))},
+        {"model_type": "llama", "quantization": {"group_size": 32, "bits": 4}},
+    )
     assert folder_weights(tmp_path, cpu=True).nbytes == size
 
 
@@ -126,10 +129,17 @@ def test_the_smollm2_constant_matches_its_gguf(state_dir):
 def gguf_file(tmp_path) -> tuple[Path, int]:
     import mlx.core as mx
 
-    tensors = {"token_embd.weight": mx.zeros((100, 16)), "blk.0.attn_q.weight": mx.zeros((16, 16), dtype=mx.float16),
-               "output_norm.weight": mx.ones((16,))}
-    metadata = {"general.architecture": "llama", "tokenizer.ggml.tokens": [f"t{i}" for i in range(100)],
-                "llama.block_count": mx.array(1, dtype=mx.uint32), "tokenizer.ggml.scores": mx.zeros((100,))}
+    tensors = {
+        "token_embd.weight": mx.zeros((100, 16)),
+        "blk.0.attn_q.weight": mx.zeros((16, 16), dtype=mx.float16),
+        "output_norm.weight": mx.ones((16,)),
+    }
+    metadata = {
+        "general.architecture": "llama",
+        "tokenizer.ggml.tokens": [f"t{i}" for i in range(100)],
+        "llama.block_count": mx.array(1, dtype=mx.uint32),
+        "tokenizer.ggml.scores": mx.zeros((100,)),
+    }
     path = tmp_path / "m.gguf"
     mx.save_gguf(str(path), tensors, metadata)
     return path, 100 * 16 + 16 * 16 + 16
@@ -148,9 +158,12 @@ def test_a_bad_or_missing_gguf_is_unknown(gguf_file, tmp_path):
     truncated = tmp_path / "cut.gguf"
     truncated.write_bytes(path.read_bytes()[:200])
     assert estimate_weights(str(truncated), tmp_path, cpu=True) == weights.WeightsEstimate(
-        None, "unreadable GGUF: truncated header")
+        None, "unreadable GGUF: truncated header"
+    )
     (tmp_path / "text.gguf").write_text("hello")
-    assert estimate_weights(str(tmp_path / "text.gguf"), tmp_path, cpu=True).source == "unreadable GGUF: not a GGUF file"
+    assert (
+        estimate_weights(str(tmp_path / "text.gguf"), tmp_path, cpu=True).source == "unreadable GGUF: not a GGUF file"
+    )
     assert estimate_weights(str(tmp_path / "none.gguf"), tmp_path, cpu=True).nbytes is None
 
 

@@ -16,24 +16,40 @@ def test_workers_are_reached_over_loopback_when_bound_to_every_address():
 
 
 def test_a_route_per_entry_with_its_names_state_and_keys():
-    config = Config.model_validate({
-        "gateway": {"port": 8080},
-        "api_keys": {"alice": {"key": "alice-key", "models": ["llama"]}},
-        "models": {
-            "llama": {"model": "builtin:tiny", "port": 8001, "served_model_name": "Llama-3", "aliases": ["l"],
-                      "api_keys": ["alice"], "embedding_model": "builtin:all-minilm-l6-v2"},
-            "qwen": {"model": "builtin:tiny", "host": "0.0.0.0", "port": 8002, "load": "lazy"},
-            "far": {"upstream": "http://studio-2.local:8001", "served_model_name": "Q72", "upstream_api_key": "up"},
-        },
-    })
-    spec = build_spec(config.gateway, config.models, {"llama": ("ready", None), "qwen": ("unloaded", None),
-                                                      "far": ("unreachable", "cannot reach")}, Path("/s/control.sock"))
+    config = Config.model_validate(
+        {
+            "gateway": {"port": 8080},
+            "api_keys": {"alice": {"key": "alice-key", "models": ["llama"]}},
+            "models": {
+                "llama": {
+                    "model": "builtin:tiny",
+                    "port": 8001,
+                    "served_model_name": "Llama-3",
+                    "aliases": ["l"],
+                    "api_keys": ["alice"],
+                    "embedding_model": "builtin:all-minilm-l6-v2",
+                },
+                "qwen": {"model": "builtin:tiny", "host": "0.0.0.0", "port": 8002, "load": "lazy"},
+                "far": {"upstream": "http://studio-2.local:8001", "served_model_name": "Q72", "upstream_api_key": "up"},
+            },
+        }
+    )
+    spec = build_spec(
+        config.gateway,
+        config.models,
+        {"llama": ("ready", None), "qwen": ("unloaded", None), "far": ("unreachable", "cannot reach")},
+        Path("/s/control.sock"),
+    )
     llama, qwen, far = spec.routes
     assert llama.names() == ("Llama-3", "llama", "l") and llama.embedding_model == "all-minilm-l6-v2"
     assert llama.url == "http://127.0.0.1:8001" and not llama.is_open and llama.key_grants[0].allowed
     assert (qwen.url, qwen.load, qwen.state, qwen.is_open) == ("http://127.0.0.1:8002", "lazy", "unloaded", True)
-    assert (far.kind, far.url, far.state, far.last_error) == ("upstream", "http://studio-2.local:8001", "unreachable",
-                                                              "cannot reach")
+    assert (far.kind, far.url, far.state, far.last_error) == (
+        "upstream",
+        "http://studio-2.local:8001",
+        "unreachable",
+        "cannot reach",
+    )
     assert spec.control_socket == "/s/control.sock"
     # Secrets travel only down the gateway's pipe, never in its repr.
     assert "up" not in repr(far.upstream_api_key) and '"upstream_api_key": "up"' in spec.to_worker_json()

@@ -12,8 +12,12 @@ def test_it_fits_without_unloading_anything():
 
 
 def test_the_least_recently_used_idle_model_goes_first_and_only_as_many_as_needed():
-    resident = [Resident("eager", 300), Resident("recent", 300, idle_s=5), Resident("old", 300, idle_s=500),
-                Resident("older", 100, idle_s=900)]
+    resident = [
+        Resident("eager", 300),
+        Resident("recent", 300, idle_s=5),
+        Resident("old", 300, idle_s=500),
+        Resident("older", 100, idle_s=900),
+    ]
     room = make_room("new", 400, 1100, resident)
     # 1000 in use, 100 free: "older" (100) is not enough alone, "old" comes next; "recent" stays.
     assert room.fits and room.evict == ("older", "old")
@@ -40,8 +44,9 @@ def test_idle_time_grows_from_the_last_report_and_a_busy_worker_is_not_idle():
 
 def test_only_the_largest_lazy_model_counts_at_admission():
     fp = lambda total: Footprint(weights_mb=total - 200, cache_mb=0)  # noqa: E731
-    plan = plan_memory(Capacity(4000, 0), {"eager": fp(1000), "l1": fp(2000), "l2": fp(2500)},
-                       lazy=frozenset({"l1", "l2"}))
+    plan = plan_memory(
+        Capacity(4000, 0), {"eager": fp(1000), "l1": fp(2000), "l2": fp(2500)}, lazy=frozenset({"l1", "l2"})
+    )
     assert plan.needed_mb == 3500 and plan.fits
     assert "l2: 2,500 MB" in plan.render() and "(lazy: only the largest lazy model is counted)" in plan.render()
     assert not plan_memory(Capacity(3000, 0), {"eager": fp(1000), "l2": fp(2500)}, lazy=frozenset({"l2"})).fits

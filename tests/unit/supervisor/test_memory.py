@@ -24,8 +24,13 @@ GIB = 1024  # in MB
 
 
 def fp(weights: int, cache: int = 0, known: bool = True) -> Footprint:
-    return Footprint(weights_mb=weights, cache_mb=cache, weights_known=known, weights_note="m: safetensors",
-                     cache_note="cache_memory_mb")
+    return Footprint(
+        weights_mb=weights,
+        cache_mb=cache,
+        weights_known=known,
+        weights_note="m: safetensors",
+        cache_note="cache_memory_mb",
+    )
 
 
 def test_a_config_that_fits():
@@ -35,8 +40,11 @@ def test_a_config_that_fits():
     assert plan.capacity.usable_mb == 14 * GIB
     text = plan.render()
     assert text.splitlines()[0] == (
-        "memory: 6,400 MB needed, 14,336 MB usable (16,384 MB physical (MemTotal) - 2,048 MB reserve): fits")
-    assert "  a: 5,200 MB = 4,000 MB weights (m: safetensors) + 1,000 MB cache (cache_memory_mb) + 200 MB worker" in text
+        "memory: 6,400 MB needed, 14,336 MB usable (16,384 MB physical (MemTotal) - 2,048 MB reserve): fits"
+    )
+    assert (
+        "  a: 5,200 MB = 4,000 MB weights (m: safetensors) + 1,000 MB cache (cache_memory_mb) + 200 MB worker" in text
+    )
 
 
 def test_a_config_that_does_not_fit_names_each_entry_with_its_numbers():
@@ -44,8 +52,10 @@ def test_a_config_that_does_not_fit_names_each_entry_with_its_numbers():
     assert not plan.fits
     assert "does not fit" in plan.render().splitlines()[0]
     lines = plan.refusal().splitlines()
-    assert lines[0] == ("not enough memory: the models need 16,500 MB, "
-                        "14,336 MB usable (16,384 MB physical (MemTotal) - 2,048 MB reserve)")
+    assert lines[0] == (
+        "not enough memory: the models need 16,500 MB, "
+        "14,336 MB usable (16,384 MB physical (MemTotal) - 2,048 MB reserve)"
+    )
     # The biggest first: the likeliest to change.
     assert lines[1].startswith("  big: 16,200 MB = 8,000 MB weights") and lines[2].startswith("  small: 300 MB")
     assert "cache_memory_mb" in lines[-1] and "memory_reserve_mb" in lines[-1]
@@ -90,8 +100,9 @@ def test_a_changed_entry_swaps_when_old_and_new_fit_together():
 def test_a_changed_entry_restarts_when_old_and_new_do_not_fit_together():
     plan = plan_memory(Capacity(6000, 0), {"a": fp(3000), "b": fp(1000)}, {"a": fp(2800)})
     assert plan.fits and not plan.swap("a")
-    assert ("  a, changed: restart: not enough memory for both "
-            "(old and new worker at once would need 7,400 MB of 6,000 MB)") in plan.render()
+    assert (
+        "  a, changed: restart: not enough memory for both (old and new worker at once would need 7,400 MB of 6,000 MB)"
+    ) in plan.render()
 
 
 def test_swaps_share_the_room_left_in_order():
@@ -119,7 +130,12 @@ def test_the_cache_budget_comes_from_mb_else_from_a_share_of_physical():
 def test_a_footprint_rounds_weights_up_to_whole_mb():
     entry = ModelConfig(model="builtin:tiny", cache_memory_mb=64)
     f = make_footprint(entry, WeightsEstimate(12_881_208, "safetensors"), 16 * GIB)
-    assert (f.weights_mb, f.cache_mb, f.worker_mb, f.total_mb) == (13, 64, WORKER_OVERHEAD_MB, 13 + 64 + WORKER_OVERHEAD_MB)
+    assert (f.weights_mb, f.cache_mb, f.worker_mb, f.total_mb) == (
+        13,
+        64,
+        WORKER_OVERHEAD_MB,
+        13 + 64 + WORKER_OVERHEAD_MB,
+    )
     assert f.weights_note == "builtin:tiny: safetensors" and f.weights_known
     unknown = make_footprint(entry, WeightsEstimate(None, "not downloaded yet"), 16 * GIB)
     assert unknown.weights_mb == 0 and not unknown.weights_known
@@ -131,11 +147,15 @@ def sixteen_gib(monkeypatch):
 
 
 def test_load_memory_plan_reads_this_config_on_a_given_machine(sixteen_gib, tmp_path: Path):
-    config = Config.model_validate({
-        "daemon": {"memory_reserve_mb": 1024},
-        "models": {"a": {"model": "builtin:tiny", "port": 8001, "cache_memory_mb": 100},
-                   "b": {"model": "builtin:tiny", "port": 8002, "cache_memory_mb": 100, "default_temperature": 0.1}},
-    })
+    config = Config.model_validate(
+        {
+            "daemon": {"memory_reserve_mb": 1024},
+            "models": {
+                "a": {"model": "builtin:tiny", "port": 8001, "cache_memory_mb": 100},
+                "b": {"model": "builtin:tiny", "port": 8002, "cache_memory_mb": 100, "default_temperature": 0.1},
+            },
+        }
+    )
     running_b = config.models["b"].model_copy(update={"default_temperature": 0.2})
     plan = load_memory_plan(config, tmp_path, {"b": running_b})
     assert plan.capacity == Capacity(16 * GIB, 1024, None, "MemTotal")

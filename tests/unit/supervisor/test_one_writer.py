@@ -27,10 +27,15 @@ def assignments(path: Path):
         if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         for node in ast.walk(func):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
-                if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                else []
+            )
             for target in targets:
-                for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
                     if isinstance(t, ast.Attribute) and not (isinstance(t.value, ast.Name) and t.value.id == "self"):
                         found.append((func.name, ast.unparse(t), t.attr))
     return found

@@ -4,10 +4,19 @@ a real daemon is decided here from facts."""
 
 from __future__ import annotations
 
-from vllmmlxd.config.diff import classify, ReloadPlan
+from vllmmlxd.config.diff import ReloadPlan, classify
 from vllmmlxd.supervisor import states
 from vllmmlxd.supervisor.plan import (
-    Answer, EntryFacts, Join, Load, LoadWanted, Tick, Unload, UnitFacts, plan, plan_reload,
+    Answer,
+    EntryFacts,
+    Join,
+    Load,
+    LoadWanted,
+    Tick,
+    UnitFacts,
+    Unload,
+    plan,
+    plan_reload,
 )
 
 
@@ -27,9 +36,18 @@ def units(*facts: UnitFacts) -> dict[str, UnitFacts]:
 
 
 def test_a_lazy_model_idle_for_its_limit_is_unloaded_and_nothing_else():
-    got = plan(units(lazy("due", idle_s=30.0, idle_unload_s=30), lazy("soon", idle_s=29.0, idle_unload_s=30),
-                     lazy("busy", idle_s=None, idle_unload_s=30), lazy("forever", idle_s=999.0),
-                     eager("eager"), lazy("loading", state=states.STARTING, idle_unload_s=1)), None, Tick())
+    got = plan(
+        units(
+            lazy("due", idle_s=30.0, idle_unload_s=30),
+            lazy("soon", idle_s=29.0, idle_unload_s=30),
+            lazy("busy", idle_s=None, idle_unload_s=30),
+            lazy("forever", idle_s=999.0),
+            eager("eager"),
+            lazy("loading", state=states.STARTING, idle_unload_s=1),
+        ),
+        None,
+        Tick(),
+    )
     assert got == [Unload("due", "idle")]
 
 
@@ -43,8 +61,13 @@ def test_an_idle_unload_leaves_alone_a_model_an_operation_is_on():
 
 
 def test_a_load_joins_a_model_that_is_loaded_or_on_its_way():
-    for facts in (lazy("m"), lazy("m", state=states.STARTING), lazy("m", state=states.UNLOADED, busy="loading"),
-                  eager("m", state=states.STARTING), lazy("m", busy="reloading", state=states.UNLOADED)):
+    for facts in (
+        lazy("m"),
+        lazy("m", state=states.STARTING),
+        lazy("m", state=states.UNLOADED, busy="loading"),
+        eager("m", state=states.STARTING),
+        lazy("m", busy="reloading", state=states.UNLOADED),
+    ):
         assert plan(units(facts), 1000, LoadWanted("m")) == [Join("m")]
 
 
@@ -63,16 +86,29 @@ def test_a_load_that_fits_unloads_nothing():
 
 
 def test_room_is_made_from_idle_lazy_models_least_recently_used_first():
-    facts = units(lazy("new", state=states.UNLOADED), eager("e"),
-                  lazy("recent", idle_s=5.0), lazy("oldest", idle_s=500.0), lazy("older", idle_s=50.0))
+    facts = units(
+        lazy("new", state=states.UNLOADED),
+        eager("e"),
+        lazy("recent", idle_s=5.0),
+        lazy("oldest", idle_s=500.0),
+        lazy("older", idle_s=50.0),
+    )
     assert plan(facts, 400, LoadWanted("new")) == [Unload("oldest", "memory", "new"), Load("new")]
-    assert plan(facts, 300, LoadWanted("new")) == [Unload("oldest", "memory", "new"), Unload("older", "memory", "new"),
-                                                     Load("new")]
+    assert plan(facts, 300, LoadWanted("new")) == [
+        Unload("oldest", "memory", "new"),
+        Unload("older", "memory", "new"),
+        Load("new"),
+    ]
 
 
 def test_busy_eager_loading_and_operated_on_models_are_never_evicted():
-    facts = units(lazy("new", state=states.UNLOADED), eager("e"), lazy("busy", idle_s=None),
-                  lazy("loading", state=states.STARTING), lazy("reloading", idle_s=900.0, busy="reloading"))
+    facts = units(
+        lazy("new", state=states.UNLOADED),
+        eager("e"),
+        lazy("busy", idle_s=None),
+        lazy("loading", state=states.STARTING),
+        lazy("reloading", idle_s=900.0, busy="reloading"),
+    )
     (answer,) = plan(facts, 400, LoadWanted("new"))
     assert isinstance(answer, Answer) and not answer.ok
     assert "not enough memory to load new" in answer.message and "busy 100 MB (busy or eager)" in answer.message
@@ -105,8 +141,12 @@ def test_an_unknown_name_is_answered_with_the_names():
 
 def diff(added=(), removed=(), changed=None) -> ReloadPlan:
     changed = changed or {}
-    return ReloadPlan(added=tuple(added), removed=tuple(removed), changed=changed,
-                      changes={n: classify(k) for n, k in changed.items()})
+    return ReloadPlan(
+        added=tuple(added),
+        removed=tuple(removed),
+        changed=changed,
+        changes={n: classify(k) for n, k in changed.items()},
+    )
 
 
 HERE = EntryFacts("model", ("127.0.0.1", 8000))
@@ -115,8 +155,12 @@ HERE = EntryFacts("model", ("127.0.0.1", 8000))
 def test_a_reload_frees_sockets_first_and_starts_after():
     d = diff(added=["new"], removed=["old"], changed={"moved": ("port",), "live": ("timeout",), "big": ("model",)})
     facts = units(eager("old"), eager("moved"), eager("live"), eager("big"))
-    addresses = {"old": ("127.0.0.1", 1), "moved": ("127.0.0.1", 2), "live": ("127.0.0.1", 8000),
-                 "big": ("127.0.0.1", 8000)}
+    addresses = {
+        "old": ("127.0.0.1", 1),
+        "moved": ("127.0.0.1", 2),
+        "live": ("127.0.0.1", 8000),
+        "big": ("127.0.0.1", 8000),
+    }
     entries = {"new": HERE, "moved": EntryFacts("model", ("127.0.0.1", 1)), "live": HERE, "big": HERE}
     steps = plan_reload(d, facts, addresses, entries, frozenset(), live_push=True)
     assert steps.first == (("old", "remove"), ("moved", "move"))

@@ -20,7 +20,9 @@ def test_each_answer_is_reported_so_a_request_can_load_a_lazy_model():
     async def run() -> list[str]:
         sock = bind_tcp("127.0.0.1", 0)
         told: list[str] = []
-        responder = Responder(sock, lambda: Unavailable("unloaded", "not loaded", 5), lambda why: told.append(why.status))
+        responder = Responder(
+            sock, lambda: Unavailable("unloaded", "not loaded", 5), lambda why: told.append(why.status)
+        )
         await responder.start()
         reader, writer = await asyncio.open_connection(*sock.getsockname())
         writer.write(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")

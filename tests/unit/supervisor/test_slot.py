@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fake_worker import FakeWorker
 from vllmmlxd.config.schema import ModelConfig
 from vllmmlxd.supervisor import slot as slot_module
 from vllmmlxd.supervisor import states
 from vllmmlxd.supervisor.backoff import BackoffPolicy
 from vllmmlxd.supervisor.slot import Slot, SlotSettings
 from vllmmlxd.supervisor.tuning import Tuning
-from tests.support.fake_worker import FakeWorker
+
 
 @pytest.fixture(autouse=True)
 def fake_workers(monkeypatch):
@@ -218,14 +219,23 @@ def test_live_settings_are_pushed_to_the_running_worker_and_a_failed_swap_keeps_
             return (config.default_temperature != 0.9, None if config.default_temperature != 0.9 else "refused")
 
         sock = listening_socket()
-        slot = Slot("a", ModelConfig(model="builtin:tiny", port=sock.getsockname()[1]), settings(), lambda: None,
-                    sock=sock, push_settings=push)
+        slot = Slot(
+            "a",
+            ModelConfig(model="builtin:tiny", port=sock.getsockname()[1]),
+            settings(),
+            lambda: None,
+            sock=sock,
+            push_settings=push,
+        )
         await slot.start()
         worker = slot.worker
         live = slot.config.model_copy(update={"default_temperature": 0.2})
         assert await slot.apply_settings(live) == (True, None)
         assert slot.worker is worker and worker.config.default_temperature == 0.2 and pushed == [0.2]
-        assert await slot.apply_settings(slot.config.model_copy(update={"default_temperature": 0.9})) == (False, "refused")
+        assert await slot.apply_settings(slot.config.model_copy(update={"default_temperature": 0.9})) == (
+            False,
+            "refused",
+        )
         FakeWorker.script = [1]
         ok, _ = await slot.replace(live.model_copy(update={"prefill_step_size": 128}))
         assert not ok and slot.config.default_temperature == 0.2 and slot.config.prefill_step_size == 512

@@ -54,6 +54,7 @@ def make(tmp_path: Path, models: dict, push_settings=push) -> Supervisor:
 
 def with_memory(sup: Supervisor, usable_mb: int, each_mb: int) -> None:
     """Every model weighs ``each_mb``; ``usable_mb`` is what the machine has for them."""
+
     def footprints():
         return Capacity(usable_mb, 0), {name: each_mb for name in sup.entry_units()}
 

@@ -20,7 +20,15 @@ from vllmmlxd.supervisor.transitions import (
 )
 
 POLICY = BackoffPolicy(initial_s=0.5, factor=2, max_s=30, fast_crash_s=10, max_fast_crashes=3)
-S, R, D, B, F, X, W = states.STARTING, states.READY, states.DRAINING, states.BACKOFF, states.FAILED, states.STOPPED, SWAPPING
+S, R, D, B, F, X, W = (
+    states.STARTING,
+    states.READY,
+    states.DRAINING,
+    states.BACKOFF,
+    states.FAILED,
+    states.STOPPED,
+    SWAPPING,
+)
 U = UNLOADED
 
 # (phase, event kind) → (next phase, actions, outcome); absent pairs are illegal (refused).

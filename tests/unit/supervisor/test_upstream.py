@@ -47,7 +47,9 @@ def test_one_slow_answer_is_not_a_fault_two_are(monkeypatch):
 
     async def run():
         server, port, _ = await _server(delay=0.5)
-        slot = UpstreamChecks("far", ResolvedUpstream(upstream=f"http://127.0.0.1:{port}"), interval_s=60, on_change=lambda: None)
+        slot = UpstreamChecks(
+            "far", ResolvedUpstream(upstream=f"http://127.0.0.1:{port}"), interval_s=60, on_change=lambda: None
+        )
         await slot.close()  # its own loop stopped: the checks here are the test's
         slot.state = READY
         first = await slot.check()
@@ -64,7 +66,9 @@ def test_one_slow_answer_is_not_a_fault_two_are(monkeypatch):
 def test_an_error_answer_is_unreachable_with_its_status():
     async def run():
         server, port, _ = await _server(status=503)
-        slot = UpstreamChecks("far", ResolvedUpstream(upstream=f"http://127.0.0.1:{port}"), interval_s=60, on_change=lambda: None)
+        slot = UpstreamChecks(
+            "far", ResolvedUpstream(upstream=f"http://127.0.0.1:{port}"), interval_s=60, on_change=lambda: None
+        )
         await slot.close()  # its own loop stopped: the checks here are the test's
         state, why = await slot.check()
         await slot.close()

@@ -33,8 +33,9 @@ def test_reloads_survive_failures_and_a_deletion_is_reported(tmp_path):
 
     async def main():
         stop = asyncio.Event()
-        task = asyncio.create_task(watch_config(path, lambda d: d in running, reload, stop,
-                                                on_missing=missing.append, settle_ms=100))
+        task = asyncio.create_task(
+            watch_config(path, lambda d: d in running, reload, stop, on_missing=missing.append, settle_ms=100)
+        )
         await asyncio.sleep(0.3)
         save("two\n")
         await until(lambda: reloads == ["two\n"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 from starlette.requests import Request
 from starlette.testclient import TestClient
@@ -26,8 +25,17 @@ class FakeEngine:
         self.max_queue = 64
 
     def cache_status(self) -> dict:
-        return {"type": "prefix_lru", "entries": 0, "hit_rate": 0.0, "memory_mb": 0.0, "budget_mb": 8.0,
-                "hits": 0, "misses": 0, "cached_tokens": 0, "evictions": 0}
+        return {
+            "type": "prefix_lru",
+            "entries": 0,
+            "hit_rate": 0.0,
+            "memory_mb": 0.0,
+            "budget_mb": 8.0,
+            "hits": 0,
+            "misses": 0,
+            "cached_tokens": 0,
+            "evictions": 0,
+        }
 
     def memory(self) -> dict:
         return {"active_memory_gb": 0.0, "peak_memory_gb": 0.0, "cache_memory_gb": 0.0}
@@ -92,8 +100,11 @@ def test_the_private_app_applies_a_push_and_the_public_app_sees_it():
     assert public.get("/metrics").status_code == 404  # enable_metrics is off
     r = private.post("/internal/settings", json=entry(max_queue=3, owned_by="me", enable_metrics=True))
     new = BASE.model_copy(update={"max_queue": 3, "owned_by": "me", "enable_metrics": True})
-    assert r.status_code == 200 and r.json() == {"ok": True, "config_hash": new.config_hash(),
-                                                  "changed": ["enable_metrics", "max_queue", "owned_by"]}
+    assert r.status_code == 200 and r.json() == {
+        "ok": True,
+        "config_hash": new.config_hash(),
+        "changed": ["enable_metrics", "max_queue", "owned_by"],
+    }
     assert engine.max_queue == 3
     assert public.get("/v1/models", headers=auth).json()["data"][0]["owned_by"] == "me"
     assert public.get("/metrics").status_code == 200

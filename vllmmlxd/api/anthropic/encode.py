@@ -55,18 +55,30 @@ def _is_object(text: str) -> bool:
 
 
 def tool_use_block(message_id: str, call: ToolCallDelta) -> dict:
-    return {"type": "tool_use", "id": call_id(CALL_PREFIX, message_id, call.index), "name": call.name,
-            "input": tool_input(call.arguments)}
+    return {
+        "type": "tool_use",
+        "id": call_id(CALL_PREFIX, message_id, call.index),
+        "name": call.name,
+        "input": tool_input(call.arguments),
+    }
 
 
 def server_tool_use_block(message_id: str, call: ToolCallDelta) -> dict:
-    return {"type": "server_tool_use", "id": call_id(SERVER_CALL_PREFIX, message_id, call.index), "name": call.name,
-            "input": json.loads(call.arguments)}
+    return {
+        "type": "server_tool_use",
+        "id": call_id(SERVER_CALL_PREFIX, message_id, call.index),
+        "name": call.name,
+        "input": json.loads(call.arguments),
+    }
 
 
 def mcp_tool_result_block(message_id: str, outcome: McpOutcome) -> dict:
-    return {"type": "mcp_tool_result", "tool_use_id": call_id(SERVER_CALL_PREFIX, message_id, outcome.call.index),
-            "is_error": outcome.is_error, "content": [{"type": "text", "text": outcome.text}]}
+    return {
+        "type": "mcp_tool_result",
+        "tool_use_id": call_id(SERVER_CALL_PREFIX, message_id, outcome.call.index),
+        "is_error": outcome.is_error,
+        "content": [{"type": "text", "text": outcome.text}],
+    }
 
 
 def message_response(message_id: str, model: str, folded: Folded) -> dict:
@@ -88,10 +100,17 @@ def message_response(message_id: str, model: str, folded: Folded) -> dict:
         content.append({"type": "text", "text": ""})
     reason, sequence = stop_reason(folded.finish)
     return {
-        "id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
-        "stop_reason": reason, "stop_sequence": sequence,
-        "usage": {"input_tokens": folded.finish.usage.prompt_tokens,
-                  "output_tokens": folded.finish.usage.completion_tokens},
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": {
+            "input_tokens": folded.finish.usage.prompt_tokens,
+            "output_tokens": folded.finish.usage.completion_tokens,
+        },
     }
 
 
@@ -124,8 +143,13 @@ class MessagesStreamEncoder:
     def start(self) -> list[str]:
         """``message_start`` with the message skeleton, then one ``ping``."""
         message = {
-            "id": self.message_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-            "stop_reason": None, "stop_sequence": None,
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
             # Nothing is generated yet when this is sent; message_delta carries the real count.
             "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
         }
@@ -150,15 +174,24 @@ class MessagesStreamEncoder:
             frames = self._close()
             self._open, self._blocks = "tool_use", self._blocks + 1
             frames.append(_frame({"type": "content_block_start", "index": self._blocks - 1, "content_block": block}))
-            frames.append(_frame({"type": "content_block_delta", "index": self._blocks - 1,
-                                  "delta": {"type": "input_json_delta", "partial_json": partial}}))
+            frames.append(
+                _frame(
+                    {
+                        "type": "content_block_delta",
+                        "index": self._blocks - 1,
+                        "delta": {"type": "input_json_delta", "partial_json": partial},
+                    }
+                )
+            )
             return frames + self._close()
         if isinstance(event, McpOutcome):
             frames = self._close()
             self._blocks += 1
             block = mcp_tool_result_block(self.message_id, event)
-            return frames + [_frame({"type": "content_block_start", "index": self._blocks - 1, "content_block": block}),
-                             _frame({"type": "content_block_stop", "index": self._blocks - 1})]
+            return frames + [
+                _frame({"type": "content_block_start", "index": self._blocks - 1, "content_block": block}),
+                _frame({"type": "content_block_stop", "index": self._blocks - 1}),
+            ]
         if isinstance(event, Finished):
             frames = self._close()
             if self._blocks == 0:
@@ -167,8 +200,15 @@ class MessagesStreamEncoder:
             usage = {"output_tokens": event.usage.completion_tokens}
             if self._ran_tools:  # message_start counted the first turn's prompt only; these are all turns'
                 usage = {"input_tokens": event.usage.prompt_tokens, **usage}
-            frames.append(_frame({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                  "usage": usage}))
+            frames.append(
+                _frame(
+                    {
+                        "type": "message_delta",
+                        "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                        "usage": usage,
+                    }
+                )
+            )
             frames.append(_frame({"type": "message_stop"}))
             return frames
         return []
@@ -198,8 +238,15 @@ class MessagesStreamEncoder:
         index, frames = self._blocks - 1, []
         if self._open == "thinking":
             # Anthropic sends a thinking block's signature last, just before its stop.
-            frames.append(_frame({"type": "content_block_delta", "index": index,
-                                  "delta": {"type": "signature_delta", "signature": LOCAL_SIGNATURE}}))
+            frames.append(
+                _frame(
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "signature_delta", "signature": LOCAL_SIGNATURE},
+                    }
+                )
+            )
         self._open = None
         frames.append(_frame({"type": "content_block_stop", "index": index}))
         return frames

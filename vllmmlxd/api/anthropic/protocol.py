@@ -86,8 +86,17 @@ class McpToolResultBlock(ToolResultBlock):
 
 
 ContentBlock = Annotated[
-    Union[TextBlock, ImageBlock, DocumentBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock,
-          ServerToolUseBlock, McpToolResultBlock],
+    Union[
+        TextBlock,
+        ImageBlock,
+        DocumentBlock,
+        ToolUseBlock,
+        ToolResultBlock,
+        ThinkingBlock,
+        RedactedThinkingBlock,
+        ServerToolUseBlock,
+        McpToolResultBlock,
+    ],
     Field(discriminator="type"),
 ]
 

@@ -13,8 +13,17 @@ from ..structured import anthropic_output_format
 from ..tooling import anthropic_tool_choice
 from ..turn import ChatPrompt, ChatTurn, refuse_client_template, tool_result_text
 from .protocol import (
-    CountTokensRequest, DocumentBlock, ImageBlock, McpToolResultBlock, MessagesRequest, RedactedThinkingBlock,
-    TextBlock, ThinkingBlock, Tool, ToolResultBlock, ToolUseBlock,
+    CountTokensRequest,
+    DocumentBlock,
+    ImageBlock,
+    McpToolResultBlock,
+    MessagesRequest,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    Tool,
+    ToolResultBlock,
+    ToolUseBlock,
 )
 
 # Blocks are separate segments (a system reminder, then the prompt); a blank line keeps them
@@ -36,10 +45,16 @@ def to_prompt(req: CountTokensRequest) -> ChatPrompt:
 def to_turn(req: MessagesRequest) -> ChatTurn:
     """A Messages request as the neutral turn ``api.chat.serve_chat`` serves, computed once."""
     choice = req.tool_choice
-    return ChatTurn(to_prompt(req), sampling_request(req), MESSAGE_ID_PREFIX,
-                    tool_choice=anthropic_tool_choice(choice and choice.type, choice and choice.name,
-                                                      choice and choice.disable_parallel_tool_use),
-                    output=anthropic_output_format(req.output_format), stream=req.stream)
+    return ChatTurn(
+        to_prompt(req),
+        sampling_request(req),
+        MESSAGE_ID_PREFIX,
+        tool_choice=anthropic_tool_choice(
+            choice and choice.type, choice and choice.name, choice and choice.disable_parallel_tool_use
+        ),
+        output=anthropic_output_format(req.output_format),
+        stream=req.stream,
+    )
 
 
 def to_template_messages(req: CountTokensRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
@@ -85,8 +100,11 @@ def to_template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(tools):
         if tool.type not in (None, "custom") or tool.input_schema is None:
             # Server tools (web search, code execution) run at Anthropic; nothing here runs them.
-            raise InvalidRequest(f"tools[{i}]: {tool.name!r} (type {tool.type!r}) has no input_schema; "
-                                 "this server runs no server tools, only tools the client runs", param=f"tools[{i}]")
+            raise InvalidRequest(
+                f"tools[{i}]: {tool.name!r} (type {tool.type!r}) has no input_schema; "
+                "this server runs no server tools, only tools the client runs",
+                param=f"tools[{i}]",
+            )
         function = {"name": tool.name, "description": tool.description or "", "parameters": tool.input_schema}
         out.append({"type": "function", "function": function})
     return out
@@ -105,9 +123,15 @@ def thinking_switch(req: CountTokensRequest) -> dict[str, bool]:
 def sampling_request(req: MessagesRequest) -> SamplingRequest:
     """The request's sampling fields, in no family's words."""
     return SamplingRequest(
-        max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-        stop=tuple(req.stop_sequences or ()), seed=req.seed, logit_bias=dict(req.logit_bias or {}),
-        min_p=req.min_p, repetition_penalty=req.repetition_penalty,
+        max_tokens=req.max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        stop=tuple(req.stop_sequences or ()),
+        seed=req.seed,
+        logit_bias=dict(req.logit_bias or {}),
+        min_p=req.min_p,
+        repetition_penalty=req.repetition_penalty,
     )
 
 
@@ -156,8 +180,9 @@ def _assistant(blocks: list, names: dict[str, str]) -> dict[str, Any]:
         item["reasoning_content"] = BLOCK_SEPARATOR.join(thinking)  # redacted_thinking is opaque: dropped
     calls = [b for b in blocks if isinstance(b, ToolUseBlock)]  # server_tool_use included (a subclass)
     if calls:
-        item["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.input}}
-                              for c in calls]
+        item["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.input}} for c in calls
+        ]
         names.update((c.id, c.name) for c in calls)
     return item
 
@@ -165,10 +190,15 @@ def _assistant(blocks: list, names: dict[str, str]) -> dict[str, Any]:
 def _tool_message(block: ToolResultBlock | McpToolResultBlock, names: dict[str, str], param: str) -> dict[str, Any]:
     for k, part in enumerate(block.content):
         if not isinstance(part, TextBlock):
-            raise InvalidRequest(f"{param}.content[{k}]: this model takes text only; {part.type} blocks are not "
-                                 "supported", param=f"{param}.content[{k}]")
-    item = {"role": "tool", "tool_call_id": block.tool_use_id, "content": tool_result_text(_joined(block.content),
-                                                                                           block.is_error)}
+            raise InvalidRequest(
+                f"{param}.content[{k}]: this model takes text only; {part.type} blocks are not supported",
+                param=f"{param}.content[{k}]",
+            )
+    item = {
+        "role": "tool",
+        "tool_call_id": block.tool_use_id,
+        "content": tool_result_text(_joined(block.content), block.is_error),
+    }
     if block.tool_use_id in names:
         item["name"] = names[block.tool_use_id]
     return item

@@ -52,25 +52,30 @@ def make_router(live: LiveContext) -> APIRouter:
         embedder = _embedder_for(ctx, req.model)
         info = embedder.info
         if req.dimensions is not None and req.dimensions != info.dimensions:
-            raise InvalidRequest(f"dimensions: {info.name} makes {info.dimensions}-dimension vectors and cannot "
-                                 f"shorten them (it was not trained for it); omit dimensions or send {info.dimensions}",
-                                 param="dimensions")
+            raise InvalidRequest(
+                f"dimensions: {info.name} makes {info.dimensions}-dimension vectors and cannot "
+                f"shorten them (it was not trained for it); omit dimensions or send {info.dimensions}",
+                param="dimensions",
+            )
         texts, token_lists = parse_input(req.input)
         if texts is not None:
             token_lists = await asyncio.to_thread(embedder.tokenize, texts)
         else:
             for i, ids in enumerate(token_lists):
                 if any(not 0 <= t < info.vocab_size for t in ids):
-                    raise InvalidRequest(f"input[{i}]: token ids must be inside the vocabulary (0..{info.vocab_size - 1})",
-                                         param="input")
+                    raise InvalidRequest(
+                        f"input[{i}]: token ids must be inside the vocabulary (0..{info.vocab_size - 1})", param="input"
+                    )
         token_lists = fit_lengths(token_lists, info.max_tokens, truncate=req.truncate, special_end=texts is not None)
         ctx.request_id(request, "embd-")
         vectors = await unless_disconnected(request, embedder.embed(token_lists))
         used = sum(len(ids) for ids in token_lists)
         return {
             "object": "list",
-            "data": [{"object": "embedding", "index": i, "embedding": encode_vector(v, req.encoding_format)}
-                     for i, v in enumerate(vectors)],
+            "data": [
+                {"object": "embedding", "index": i, "embedding": encode_vector(v, req.encoding_format)}
+                for i, v in enumerate(vectors)
+            ],
             "model": _model_name(ctx, embedder),
             "usage": {"prompt_tokens": used, "total_tokens": used},
         }
@@ -94,7 +99,9 @@ def _embedder_for(ctx: ServingContext, requested: str | None) -> Embedder:
         if _embeddings_only(ctx):
             names |= ctx.names()
         if requested not in names:
-            raise ModelNotFound(f"model {requested!r} is not served here; this server embeds with {embedder.info.name!r}")
+            raise ModelNotFound(
+                f"model {requested!r} is not served here; this server embeds with {embedder.info.name!r}"
+            )
     return embedder
 
 
@@ -143,7 +150,9 @@ def fit_lengths(token_lists: list[list[int]], limit: int, *, truncate: bool, spe
             if not truncate:
                 raise ContextLengthExceeded(
                     f"input[{i}] is {len(ids)} tokens; this model takes at most {limit} "
-                    "(send truncate: true to cut longer inputs to that)", param="input")
+                    "(send truncate: true to cut longer inputs to that)",
+                    param="input",
+                )
             ids = ids[: limit - 1] + ids[-1:] if special_end else ids[:limit]
         out.append(ids)
     return out

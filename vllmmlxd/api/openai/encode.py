@@ -20,14 +20,20 @@ CALL_PREFIX = "call_"
 
 
 def tool_call(rid: str, call: ToolCallDelta) -> dict:
-    return {"id": call_id(CALL_PREFIX, rid, call.index), "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments}}
+    return {
+        "id": call_id(CALL_PREFIX, rid, call.index),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
 
 
 def mcp_call(rid: str, call: ToolCallDelta) -> dict:
     """An executed call, without its result (``mcp_calls`` entries, and the streamed call)."""
-    return {"id": call_id(CALL_PREFIX, rid, call.index), "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments}}
+    return {
+        "id": call_id(CALL_PREFIX, rid, call.index),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
 
 
 def mcp_result(outcome: McpOutcome) -> dict:
@@ -144,15 +150,18 @@ class ChatStreamEncoder(_Encoder):
         if isinstance(event, ToolCallDelta):
             # The call's id and name first, then its arguments: clients concatenate the fragments.
             head = {**tool_call(self.rid, event), "function": {"name": event.name, "arguments": ""}}
-            return [self._delta({"tool_calls": [{"index": event.index, **head}]}),
-                    self._delta({"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]})]
+            return [
+                self._delta({"tool_calls": [{"index": event.index, **head}]}),
+                self._delta({"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]}),
+            ]
         if isinstance(event, McpCall):  # sent before it runs: a client sees what the model is waiting for
             return [self._mcp(event.call, mcp_call(self.rid, event.call))]
         if isinstance(event, McpOutcome):
             return [self._mcp(event.call, {"result": mcp_result(event)})]
         if isinstance(event, Finished):
-            return self._finished(event, {"index": 0, "delta": {}, "logprobs": None,
-                                          "finish_reason": finish_reason(event.reason)})
+            return self._finished(
+                event, {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason(event.reason)}
+            )
         return []
 
 

@@ -9,7 +9,6 @@ them (``encode.py``), a whole response is their fold (``api.stream``).
 from __future__ import annotations
 
 import asyncio
-
 import time
 
 from fastapi import APIRouter
@@ -50,8 +49,9 @@ def make_router(live: LiveContext) -> APIRouter:
         ctx = live.capture(request)
         req = validate(ChatCompletionRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
-        return await serve_chat(ctx, request, tr.to_turn(req),
-                                encode.ChatEncoding(int(time.time()), ctx.name, tr.include_usage(req)))
+        return await serve_chat(
+            ctx, request, tr.to_turn(req), encode.ChatEncoding(int(time.time()), ctx.name, tr.include_usage(req))
+        )
 
     @router.post("/v1/completions")
     async def completions(request: Request):
@@ -67,7 +67,9 @@ def make_router(live: LiveContext) -> APIRouter:
         gen = await make_generation(ctx, tr.sampling_request(req), tokens, rid, reasoning=False)
         created = int(time.time())
         if req.stream:
-            return stream(ctx, request, gen, encode.CompletionStreamEncoder(rid, created, ctx.name, tr.include_usage(req)))
+            return stream(
+                ctx, request, gen, encode.CompletionStreamEncoder(rid, created, ctx.name, tr.include_usage(req))
+            )
         return encode.completion_response(rid, created, ctx.name, await fold(ctx, request, gen))
 
     return router
@@ -76,15 +78,16 @@ def make_router(live: LiveContext) -> APIRouter:
 def _model_cards(ctx: ServingContext) -> list[dict]:
     """The entry's model, then its embedding model when it has one beside a generation model
     (an embeddings-only entry is one model, under the entry's name)."""
-    cards = [{
-        "id": ctx.name,
-        "object": "model",
-        "created": int(ctx.started),
-        "owned_by": ctx.config.owned_by,
-        "max_model_len": ctx.engine.info.context_length,
-    }]
+    cards = [
+        {
+            "id": ctx.name,
+            "object": "model",
+            "created": int(ctx.started),
+            "owned_by": ctx.config.owned_by,
+            "max_model_len": ctx.engine.info.context_length,
+        }
+    ]
     embedder = ctx.embedder
     if embedder is not None and not getattr(ctx.engine, "embeddings_only", False):
         cards.append({**cards[0], "id": embedder.info.name, "max_model_len": embedder.info.max_tokens})
     return cards
-

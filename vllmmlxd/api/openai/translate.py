@@ -20,24 +20,37 @@ def to_turn(req: ChatCompletionRequest) -> ChatTurn:
     fields this server would not honour are a 400 first."""
     refuse_unhonoured(req)
     prompt = ChatPrompt(to_template_messages(req.messages), req.tools, req.chat_template_kwargs)
-    return ChatTurn(prompt, sampling_request(req), CHAT_ID_PREFIX,
-                    tool_choice=openai_tool_choice(req.tool_choice, req.parallel_tool_calls),
-                    output=openai_output_format(req.response_format), stream=req.stream)
+    return ChatTurn(
+        prompt,
+        sampling_request(req),
+        CHAT_ID_PREFIX,
+        tool_choice=openai_tool_choice(req.tool_choice, req.parallel_tool_calls),
+        output=openai_output_format(req.response_format),
+        stream=req.stream,
+    )
 
 
 def include_usage(req: _SamplingFields) -> bool:
     """Does a streamed response end with a usage chunk (``stream_options.include_usage``)?"""
     return bool(req.stream_options and req.stream_options.include_usage)
 
+
 def sampling_request(req: _SamplingFields) -> SamplingRequest:
     """The request's sampling fields, in no family's words."""
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return SamplingRequest(
         max_tokens=getattr(req, "max_completion_tokens", None) or req.max_tokens,
-        temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
-        repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty, seed=req.seed, stop=stop,
-        logit_bias=dict(req.logit_bias or {}), ignore_eos=req.ignore_eos,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        repetition_penalty=req.repetition_penalty,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        seed=req.seed,
+        stop=stop,
+        logit_bias=dict(req.logit_bias or {}),
+        ignore_eos=req.ignore_eos,
     )
 
 
@@ -87,8 +100,15 @@ def _ran_by_server(mcp_calls: object) -> list[dict[str, Any]]:
     calls = [c for c in mcp_calls if _is_call(c)] if isinstance(mcp_calls, list) else []
     if not calls:
         return []
-    turns: list[dict[str, Any]] = [{"role": "assistant", "content": "", "tool_calls": _parsed_arguments(
-        [{"id": c.get("id"), "type": "function", "function": c["function"]} for c in calls])}]
+    turns: list[dict[str, Any]] = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": _parsed_arguments(
+                [{"id": c.get("id"), "type": "function", "function": c["function"]} for c in calls]
+            ),
+        }
+    ]
     for c in calls:
         result = c.get("result") if isinstance(c.get("result"), dict) else {}
         blocks = result.get("content") if isinstance(result.get("content"), list) else []

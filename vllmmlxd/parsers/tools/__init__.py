@@ -11,8 +11,18 @@ __all__ = ["TOOL_PARSERS", "Piece", "ToolCall", "ToolParser", "tool_parser_class
 # Each name is a module here that defines ``Parser``; listed so that config can be checked
 # without importing, and so that no other module name is ever imported.
 TOOL_PARSERS: tuple[str, ...] = (
-    "auto", "deepseek", "functionary", "glm47", "granite", "hermes", "kimi", "llama", "mistral",
-    "nemotron", "qwen", "xlam",
+    "auto",
+    "deepseek",
+    "functionary",
+    "glm47",
+    "granite",
+    "hermes",
+    "kimi",
+    "llama",
+    "mistral",
+    "nemotron",
+    "qwen",
+    "xlam",
 )
 
 

@@ -89,9 +89,16 @@ _TEMPLATE_SIGNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hermes", ("<tool_call>",)),
 )
 # Tokens that name a family when the template says nothing (checked in the order above).
-_VOCAB_SIGNS = {"glm47": "<arg_key>", "mistral": "[TOOL_CALLS]", "deepseek": deepseek.CALLS_BEGIN,
-                "kimi": kimi.SECTION_BEGIN, "llama": llama.PYTHON_TAG, "granite": "<|tool_call|>",
-                "nemotron": "<TOOLCALL>", "hermes": "<tool_call>"}
+_VOCAB_SIGNS = {
+    "glm47": "<arg_key>",
+    "mistral": "[TOOL_CALLS]",
+    "deepseek": deepseek.CALLS_BEGIN,
+    "kimi": kimi.SECTION_BEGIN,
+    "llama": llama.PYTHON_TAG,
+    "granite": "<|tool_call|>",
+    "nemotron": "<TOOLCALL>",
+    "hermes": "<tool_call>",
+}
 
 
 def family_for_template(chat_template: str | None, vocab: set[str] | None = None) -> str | None:

@@ -87,9 +87,7 @@ class Glm47ToolParser(ToolParser):
 
     @classmethod
     def render_call(cls, name: str, arguments: dict) -> str:
-        pairs = "".join(
-            f"<arg_key>{k}</arg_key>\n<arg_value>{_raw(v)}</arg_value>\n" for k, v in arguments.items()
-        )
+        pairs = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{_raw(v)}</arg_value>\n" for k, v in arguments.items())
         return f"{cls.start}{name}\n{pairs}{cls.end}"  # GLM-4.5/4.6 spacing
 
     @classmethod

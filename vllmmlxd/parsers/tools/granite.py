@@ -14,7 +14,6 @@ Granite 4.x writes hermes-style blocks, one per call::
 
 from __future__ import annotations
 
-
 from vllmmlxd.parsers.grammar import json_rule
 from vllmmlxd.parsers.tools._jsoncalls import calls_array_schema, calls_from_json, json_call_end
 from vllmmlxd.parsers.tools.base import ToolCall, ToolParser
@@ -41,15 +40,17 @@ class GraniteToolParser(ToolParser):
     @classmethod
     def grammar(cls, tools: list[dict], *, parallel: bool = True) -> str:
         # Either generation's form; a model takes the one it was trained on.
-        return "\n".join([
-            "start: three | four",
-            'three: "<|tool_call|>" calls',
-            f"calls: {json_rule(calls_array_schema(tools, parallel))}",
-            'four: call ("\\n" call)*' if parallel else "four: call",
-            'call: "<tool_call>" ws body ws "</tool_call>"',
-            f"body: {json_rule(call_schema(tools))}",
-            "ws: /[ \\n]{0,2}/",
-        ])
+        return "\n".join(
+            [
+                "start: three | four",
+                'three: "<|tool_call|>" calls',
+                f"calls: {json_rule(calls_array_schema(tools, parallel))}",
+                'four: call ("\\n" call)*' if parallel else "four: call",
+                'call: "<tool_call>" ws body ws "</tool_call>"',
+                f"body: {json_rule(call_schema(tools))}",
+                "ws: /[ \\n]{0,2}/",
+            ]
+        )
 
 
 Parser = GraniteToolParser

@@ -35,12 +35,14 @@ class HermesToolParser(ToolParser):
     def grammar(cls, tools: list[dict], *, parallel: bool = True) -> str:
         # Nothing after the last call but the end of the turn: trailing whitespace would be an
         # empty answer beside the calls.
-        return "\n".join([
-            'start: call ("\\n" call)*' if parallel else "start: call",
-            f'call: "{cls.start}" ws body ws "{cls.end}"',
-            f"body: {json_rule(call_schema(tools))}",
-            'ws: /[ \\n]{0,2}/',
-        ])
+        return "\n".join(
+            [
+                'start: call ("\\n" call)*' if parallel else "start: call",
+                f'call: "{cls.start}" ws body ws "{cls.end}"',
+                f"body: {json_rule(call_schema(tools))}",
+                "ws: /[ \\n]{0,2}/",
+            ]
+        )
 
 
 def call_schema(tools: list[dict]) -> dict:
@@ -48,12 +50,14 @@ def call_schema(tools: list[dict]) -> dict:
     options = []
     for tool in tools:
         fn = function_of(tool)
-        options.append({
-            "type": "object",
-            "properties": {"name": {"const": fn["name"]}, "arguments": fn.get("parameters") or {"type": "object"}},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, "arguments": fn.get("parameters") or {"type": "object"}},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 

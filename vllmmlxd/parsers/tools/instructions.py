@@ -18,7 +18,9 @@ def tool_instructions(tools: list[dict], parser: type[ToolParser]) -> str:
     lines = ["You can call functions to help with the request. The functions, one JSON signature per line:"]
     for tool in tools:
         fn = function_of(tool)
-        lines.append(json.dumps({k: fn[k] for k in ("name", "description", "parameters") if k in fn}, ensure_ascii=False))
+        lines.append(
+            json.dumps({k: fn[k] for k in ("name", "description", "parameters") if k in fn}, ensure_ascii=False)
+        )
     example = function_of(tools[0])
     lines += [
         "",
@@ -59,7 +61,10 @@ def calls_as_text(messages: list[dict], parser: type[ToolParser]) -> list[dict]:
         if msg.get("role") != "assistant" or not calls:
             out.append(msg)
             continue
-        written = [parser.render_call(function_of(c).get("name", ""), _as_object(function_of(c).get("arguments"))) for c in calls]
+        written = [
+            parser.render_call(function_of(c).get("name", ""), _as_object(function_of(c).get("arguments")))
+            for c in calls
+        ]
         text = "\n".join(filter(None, [msg.get("content") or "", *written]))
         out.append({k: v for k, v in {**msg, "content": text}.items() if k != "tool_calls"})
     return out

@@ -26,7 +26,9 @@ _HEADER = re.compile(r"\s*(?:functions\.)?(\S+?):\d+\s*")
 class KimiToolParser(ToolParser):
     name = "kimi"
     starts = (SECTION_BEGIN, SECTION_BEGIN_1)
-    markers = frozenset({SECTION_BEGIN, SECTION_END, SECTION_BEGIN_1, SECTION_END_1, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END})
+    markers = frozenset(
+        {SECTION_BEGIN, SECTION_END, SECTION_BEGIN_1, SECTION_END_1, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END}
+    )
 
     def call_end(self, buf: str) -> int | None:
         ends = [(at, len(end)) for end in (SECTION_END, SECTION_END_1) if (at := buf.find(end)) >= 0]
@@ -54,15 +56,21 @@ class KimiToolParser(ToolParser):
 
     @classmethod
     def render_call(cls, name: str, arguments: dict, index: int = 0) -> str:
-        call = f"{CALL_BEGIN}functions.{name}:{index}{ARGUMENT_BEGIN}{json.dumps(arguments, ensure_ascii=False)}{CALL_END}"
+        call = (
+            f"{CALL_BEGIN}functions.{name}:{index}{ARGUMENT_BEGIN}{json.dumps(arguments, ensure_ascii=False)}{CALL_END}"
+        )
         return SECTION_BEGIN + call + SECTION_END
 
     @classmethod
     def grammar(cls, tools: list[dict], *, parallel: bool = True) -> str:
         # The markers are special tokens; written here as their text, which matches where
         # llguidance's tokenizer maps that text to the token (and as plain text in tests).
-        calls, rules = per_tool_rules(tools, lambda name, schema: (
-            f'{json.dumps(name, ensure_ascii=False)} ":" /[0-9]+/ "{ARGUMENT_BEGIN}" {json_rule(schema)}'))
+        calls, rules = per_tool_rules(
+            tools,
+            lambda name, schema: (
+                f'{json.dumps(name, ensure_ascii=False)} ":" /[0-9]+/ "{ARGUMENT_BEGIN}" {json_rule(schema)}'
+            ),
+        )
         lines = [
             f'start: "{SECTION_BEGIN}" call{"+" if parallel else ""} "{SECTION_END}"',
             f'call: "{CALL_BEGIN}functions." {calls} "{CALL_END}"',

@@ -23,7 +23,15 @@ import ast
 import json
 
 from vllmmlxd.parsers.grammar import json_rule
-from vllmmlxd.parsers.tools.base import MalformedCall, ToolCall, ToolParser, arguments_text, bracket_end, function_of, json_value_end
+from vllmmlxd.parsers.tools.base import (
+    MalformedCall,
+    ToolCall,
+    ToolParser,
+    arguments_text,
+    bracket_end,
+    function_of,
+    json_value_end,
+)
 
 PYTHON_TAG, PYTHON_START, PYTHON_END = "<|python_tag|>", "<|python_start|>", "<|python_end|>"
 _JSON_NAMES = {"true": True, "false": False, "null": None}
@@ -82,17 +90,24 @@ class LlamaToolParser(ToolParser):
         options = []
         for tool in tools:
             fn = function_of(tool)
-            options.append({
-                "type": "object",
-                "properties": {"name": {"const": fn["name"]}, "parameters": fn.get("parameters") or {"type": "object"}},
-                "required": ["name", "parameters"],
-                "additionalProperties": False,
-            })
+            options.append(
+                {
+                    "type": "object",
+                    "properties": {
+                        "name": {"const": fn["name"]},
+                        "parameters": fn.get("parameters") or {"type": "object"},
+                    },
+                    "required": ["name", "parameters"],
+                    "additionalProperties": False,
+                }
+            )
         schema = options[0] if len(options) == 1 else {"anyOf": options}
-        return "\n".join([
-            'start: call (";" " "? call)*' if parallel else "start: call",
-            f"call: {json_rule(schema)}",
-        ])
+        return "\n".join(
+            [
+                'start: call (";" " "? call)*' if parallel else "start: call",
+                f"call: {json_rule(schema)}",
+            ]
+        )
 
 
 def _skip_space(text: str, i: int) -> int:

@@ -21,7 +21,14 @@ import json
 import re
 
 from vllmmlxd.parsers.grammar import json_rule
-from vllmmlxd.parsers.tools.base import MalformedCall, ToolCall, ToolParser, arguments_text, json_value_end, per_tool_rules
+from vllmmlxd.parsers.tools.base import (
+    MalformedCall,
+    ToolCall,
+    ToolParser,
+    arguments_text,
+    json_value_end,
+    per_tool_rules,
+)
 
 ARGS, CALL_ID = "[ARGS]", "[CALL_ID]"
 # name, then an optional [CALL_ID]id, then [ARGS] (which a decoder that drops special tokens loses).
@@ -55,7 +62,7 @@ class MistralToolParser(ToolParser):
             if not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
                 raise MalformedCall("each call is an object with a name")
             return [ToolCall(c["name"], arguments_text(c.get("arguments", {}))) for c in calls]
-        arguments = json.loads(body[match.end():])
+        arguments = json.loads(body[match.end() :])
         return [ToolCall(match.group(1), arguments_text(arguments))]
 
     @classmethod
@@ -67,7 +74,8 @@ class MistralToolParser(ToolParser):
         # The markers are special tokens; written here as their text, which matches where
         # llguidance's tokenizer maps that text to the token (and as plain text in tests).
         calls, rules = per_tool_rules(
-            tools, lambda name, schema: f'{json.dumps(name, ensure_ascii=False)} "{ARGS}" {json_rule(schema)}')
+            tools, lambda name, schema: f'{json.dumps(name, ensure_ascii=False)} "{ARGS}" {json_rule(schema)}'
+        )
         lines = [f"start: call{'+' if parallel else ''}", f'call: "{cls.start}" {calls}', *rules]
         return "\n".join(lines)
 
@@ -77,10 +85,12 @@ def _may_become_header(buf: str) -> bool:
     name = _NAME.match(buf)
     if name is None:
         return False
-    rest = buf[name.end():]
+    rest = buf[name.end() :]
     if rest.startswith(CALL_ID):
-        rest = re.sub(r"^\s*\w*", "", rest[len(CALL_ID):])
-    return not rest.strip() or any(m.startswith(rest) or (rest.startswith(m) and not rest[len(m):].strip()) for m in (CALL_ID, ARGS))
+        rest = re.sub(r"^\s*\w*", "", rest[len(CALL_ID) :])
+    return not rest.strip() or any(
+        m.startswith(rest) or (rest.startswith(m) and not rest[len(m) :].strip()) for m in (CALL_ID, ARGS)
+    )
 
 
 Parser = MistralToolParser

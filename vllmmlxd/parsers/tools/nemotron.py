@@ -39,10 +39,12 @@ class NemotronToolParser(ToolParser):
 
     @classmethod
     def grammar(cls, tools: list[dict], *, parallel: bool = True) -> str:
-        return "\n".join([
-            f'start: "{cls.start}" calls "{cls.end}"',
-            f"calls: {json_rule(calls_array_schema(tools, parallel))}",
-        ])
+        return "\n".join(
+            [
+                f'start: "{cls.start}" calls "{cls.end}"',
+                f"calls: {json_rule(calls_array_schema(tools, parallel))}",
+            ]
+        )
 
 
 Parser = NemotronToolParser
