@@ -22,10 +22,10 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from ..api.body import read_body
-from ..api.errors import anthropic_error, is_anthropic, openai_error
 from ..config.gateway import Route
 from ..errors import InvalidRequest, Overloaded, RequestError, RequestTimeout
 from ..http.access import presented_key
+from ..http.error_shapes import anthropic_error, is_anthropic, openai_error
 from ..log import log_event
 from .lazy import DaemonClient
 from .proxy import (

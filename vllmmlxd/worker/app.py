@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse
 from ..api.anthropic.routes import make_router as make_anthropic_router
 from ..api.context import LiveContext
 from ..api.errors import install_error_handlers
+from ..api.mcp_routes import make_router as make_mcp_router
 from ..api.openai.embeddings import make_router as make_embeddings_router
 from ..api.openai.routes import make_router as make_openai_router
 from ..api.openapi import install as install_openapi
@@ -34,7 +35,6 @@ from ..http.ratelimit import STATE_KEY, RateLimitHeaders
 from ..http.request_id import RequestIdMiddleware
 from ..log import log_event
 from ..mcp.hub import McpHub
-from ..mcp.routes import make_router as make_mcp_router
 from .liveness import DEGRADED, engine_health, stuck_after_s
 from .settings import SettingsRefused, judge_update
 

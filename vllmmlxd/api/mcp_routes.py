@@ -12,11 +12,11 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 
-from ..api.body import read_json, validate
-from ..api.context import LiveContext, ServingContext
 from ..errors import Forbidden
-from .hub import McpHub, McpUnknownTool
-from .scope import allowed_servers
+from ..mcp.hub import McpHub, McpUnknownTool
+from ..mcp.scope import allowed_servers
+from .body import read_json, validate
+from .context import LiveContext, ServingContext
 
 
 class ExecuteRequest(BaseModel):
