@@ -13,7 +13,7 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncGenerator
 
 import mlx.core as mx
 from jinja2.exceptions import SecurityError
@@ -151,7 +151,7 @@ class MLXEngine:
         kwargs = {"tools": tools} if tools else {}
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """Queue ``request`` (or raise :class:`Overloaded` at once) and return its event stream.
 
         Closing the stream early, or cancelling the task reading it, cancels the request.
@@ -209,7 +209,7 @@ class MLXEngine:
         ]
         return int(min(max(math.ceil(min(remaining, default=1.0)), 1), 60))
 
-    async def _events(self, seq: Sequence) -> AsyncIterator[EngineEvent]:
+    async def _events(self, seq: Sequence) -> AsyncGenerator[EngineEvent, None]:
         try:
             while True:
                 event = await seq.events.get()
