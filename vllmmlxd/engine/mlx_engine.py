@@ -34,6 +34,7 @@ from .tool_setup import resolve_tool_parser, template_renders_tools
 from .types import Constraint, EngineEvent, EngineStats, Finished, GenerationRequest, ModelInfo
 
 if TYPE_CHECKING:
+    from .embedder import MLXEmbedder
     from .loader import LoadedModel
 
 logger = logging.getLogger("vllmmlxd.engine")
@@ -49,6 +50,8 @@ class MLXEngine:
     def __init__(self, loaded: "LoadedModel", *, name: str | None = None, options: EngineOptions | None = None):
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
+        # The entry's embedding model (``embedding_model``), set by the worker; closed with the engine.
+        self.embedder: "MLXEmbedder | None" = None
         self.options = options or EngineOptions()
         has_template = bool(getattr(self.tokenizer, "has_chat_template", False))
         tool_parser, chosen = resolve_tool_parser(
@@ -240,5 +243,7 @@ class MLXEngine:
         return self._scheduler.cache.describe()
 
     def close(self) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
         self._scheduler.inbox.put(None)
         self._thread.join(timeout=10)
