@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 CONFIG ?= config/default.yaml
 PYTEST_ARGS ?=
 
-.PHONY: serve test test-fast bench clean system-deps
+.PHONY: serve test test-fast lint bench clean system-deps
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "vllmmlxd needs Python >= 3.11 (found: $$($(PYTHON) --version))"; exit 1; }
@@ -25,9 +25,15 @@ $(VENV)/.dev: pyproject.toml $(VENV)/.runtime
 serve: $(VENV)/.runtime
 	$(BIN)/vllmmlxd run --config $(CONFIG)
 
-## test: install the dev extra into .venv and run the whole suite
-test: $(VENV)/.dev system-deps
+## test: install the dev extra into .venv, lint and type-check (fast failures first), then run the whole suite
+test: $(VENV)/.dev lint system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## lint: ruff (lint and format) and mypy, configured in pyproject.toml
+lint: $(VENV)/.dev
+	$(BIN)/ruff check vllmmlxd tests
+	$(BIN)/ruff format --check vllmmlxd tests
+	$(BIN)/mypy
 
 ## test-fast: everything but the tests marked slow
 test-fast: $(VENV)/.dev
@@ -52,4 +58,4 @@ system-deps:
 	fi
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

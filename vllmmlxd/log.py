@@ -58,7 +58,7 @@ def format_fields(fields: dict[str, Any]) -> str:
 def event_line(event: str, level: str = "info", **fields: Any) -> str:
     """One logfmt line formatted as :class:`LogfmtFormatter` would, for lines kept or forwarded by hand."""
     record = logging.LogRecord("vllmmlxd", logging.getLevelName(level.upper()), "", 0, event, None, None)
-    record.event, record.fields = event, fields  # type: ignore[attr-defined]
+    record.event, record.fields = event, fields
     return LogfmtFormatter(journald=under_journald()).format(record)
 
 
@@ -90,8 +90,9 @@ class LogfmtFormatter(logging.Formatter):
         return line
 
 
-def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
-    """Log one event with fields, formatted as logfmt by :class:`LogfmtFormatter`."""
+def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, /, **fields: Any) -> None:
+    """Log one event with fields, formatted as logfmt by :class:`LogfmtFormatter` (positional
+    ``level``: every keyword is a field)."""
     if logger.isEnabledFor(level):
         logger.log(level, event, extra={"event": event, "fields": fields})
 

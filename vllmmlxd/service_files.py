@@ -22,7 +22,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict
 
 from .paths import ENV_STATE_DIR
 
@@ -32,13 +32,32 @@ LABEL = "io.vllmmlxd.daemon"
 LOG_NAME = "vllmmlxd.log"
 BASE_PATH = "/opt/homebrew/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 
-TEMPLATE_SYSTEMD = dict(
+
+class SystemdInstall(TypedDict):
+    """What a systemd unit is rendered from (``render_systemd_unit``'s arguments)."""
+
+    exe: str
+    config: Path
+    state_dir: Path
+    user: bool
+
+
+class LaunchdInstall(TypedDict):
+    """What a launchd plist is rendered from (``render_launchd_plist``'s required arguments)."""
+
+    exe: str
+    config: Path
+    state_dir: Path
+    log_dir: Path
+
+
+TEMPLATE_SYSTEMD = SystemdInstall(
     exe="/usr/local/bin/vllmmlxd",
     config=Path("/etc/vllmmlxd/config.yaml"),
     state_dir=Path("/var/lib/vllmmlxd"),
     user=False,
 )
-TEMPLATE_LAUNCHD = dict(
+TEMPLATE_LAUNCHD = LaunchdInstall(
     exe="/opt/homebrew/bin/vllmmlxd",
     config=Path("/opt/homebrew/etc/vllmmlxd/config.yaml"),
     state_dir=Path("/opt/homebrew/var/vllmmlxd"),
@@ -322,7 +341,7 @@ def make_service_file(
     if kind == "systemd":
         content = render_systemd_unit(exe, config, state, user).encode()
         # StateDirectory= creates /var/lib/<name> itself; anywhere else the dir must exist first.
-        dirs = () if (not user and _under_var_lib(state)) else (state,)
+        dirs: tuple[Path, ...] = () if (not user and _under_var_lib(state)) else (state,)
     else:
         logs = Path(os.path.abspath(Path(log_dir).expanduser())) if log_dir else default_log_dir(user)
         owner = None if user else (account or default_daemon_account())
@@ -335,9 +354,10 @@ def write_service_file(service: ServiceFile) -> Path:
     """Create the directories it needs (handed to ``service.owner``) and write the file atomically (mode 0644)."""
     for directory in (*service.dirs, service.path.parent):
         directory.mkdir(parents=True, exist_ok=True)
-    for directory in service.dirs if service.owner else ():
+    if service.owner:
         # Made by root under sudo: the unprivileged daemon must be able to write its state and logs.
-        shutil.chown(directory, user=service.owner)
+        for directory in service.dirs:
+            shutil.chown(directory, user=service.owner)
     fd, tmp = tempfile.mkstemp(dir=service.path.parent, prefix=f".{service.path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:

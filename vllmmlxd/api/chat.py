@@ -10,7 +10,7 @@ Anthropic's ``count_tokens`` counts exactly what ``/v1/messages`` sends to the e
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncGenerator, Protocol
 
 from starlette.requests import Request
 
@@ -53,7 +53,7 @@ async def serve_chat(ctx: ServingContext, request: Request, turn: ChatTurn, enco
     plan = tool_plan(ctx, offered_tools(prompt, offered), turn.tool_choice, prompt.template_kwargs)
     tokens = await render_prompt(ctx, prompt, offered)
     rid = ctx.request_id(request, turn.id_prefix)
-    gen = await make_generation(
+    turn_request = await make_generation(
         ctx,
         turn.sampling,
         tokens,
@@ -63,13 +63,15 @@ async def serve_chat(ctx: ServingContext, request: Request, turn: ChatTurn, enco
         output=turn.output,
         after_reasoning=thinking_on(ctx, prompt.template_kwargs),
     )
+    gen: Generation = turn_request
     if offered:
-        gen = ToolLoop(ctx, offered, prompt.messages, prompt.template_kwargs, turn.sampling, turn.output, gen)
+        gen = ToolLoop(ctx, offered, prompt.messages, prompt.template_kwargs, turn.sampling, turn.output, turn_request)
     if plan.constraint is not None:  # a forced call that max_tokens cuts short is still a call
         gen = ForcedCall(ctx, gen, offered_tools(prompt, offered) or [], turn.tool_choice)
     if turn.stream:
         return stream(ctx, request, gen, encoding.stream_encoder(rid, len(tokens)))
     folded = await fold(ctx, request, gen)
+    assert folded.finish is not None  # fold raises when the generation did not finish
     ensure_valid(turn.output, folded.text, folded.finish.reason)
     return encoding.response(rid, folded)
 
@@ -88,11 +90,11 @@ class ForcedCall:
         self.request_id = inner.request_id
         self.cancelled = inner.cancelled
 
-    def open(self) -> AsyncIterator:
+    def open(self) -> AsyncGenerator:
         """Admit the turn now (a full queue is a 503 before any byte), then read its events."""
         return self._events(open_events(self.ctx, self.inner))
 
-    async def _events(self, events: AsyncIterator) -> AsyncIterator:
+    async def _events(self, events: AsyncGenerator) -> AsyncGenerator:
         held: list[TextDelta] = []
         calls, forced = 0, True
         try:
@@ -108,7 +110,8 @@ class ForcedCall:
                     text = "".join(e.text for e in held)
                     cut = cut_call(text, self.tools, self.choice)
                     if cut is not None:
-                        held = [ToolCallDelta(calls, cut[0], cut[1], sum(e.token_count for e in held))]
+                        yield ToolCallDelta(calls, cut[0], cut[1], sum(e.token_count for e in held))
+                        held = []
                 for e in held:
                     yield e
                 held = []

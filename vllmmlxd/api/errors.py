@@ -8,6 +8,7 @@ status and type pairs), everything else OpenAI's (``{"error": {"message", "type"
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -34,6 +35,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError):
         # SDKs read Retry-After to pace their retries.
+        headers: Mapping[str, str] | None
         if isinstance(exc, RateLimited):
             headers = exc.headers
         else:
@@ -44,7 +46,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError):
         err = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
         param = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or None
-        return render_error(request, 400, err["msg"], "invalid_request_error", param)
+        return render_error(request, 400, str(err["msg"]), "invalid_request_error", param)
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(request: Request, exc: ClientDisconnected):

@@ -115,7 +115,7 @@ def install(app: FastAPI) -> None:
             app.openapi_schema = describe(app)
         return app.openapi_schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override; it types openapi as a method
 
 
 def statuses(method: str, path: str) -> list[int]:
@@ -145,7 +145,7 @@ def _operation(method: str, path: str, base: dict, bodies: dict[str, dict]) -> d
             }
         else:
             responses[str(code)] = {"description": "error", "content": {"application/json": {"schema": error}}}
-    keys = [{"bearer": []}, {"apiKey": []}]
+    keys: list[dict[str, list[str]]] = [{"bearer": []}, {"apiKey": []}]
     op: dict[str, Any] = {
         "operationId": base["operationId"],
         "summary": base.get("summary", ""),
@@ -164,7 +164,7 @@ def _operation(method: str, path: str, base: dict, bodies: dict[str, dict]) -> d
 def _success_content(path: str) -> dict[str, Any]:
     if path == "/metrics":
         return {"text/plain": {"schema": {"type": "string"}}}
-    content = {"application/json": {"schema": {"type": "object"}}}
+    content: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
     if path in STREAMED:
         # Before OpenAPI 3.2 (``itemSchema``), an event stream's schema is read as each event's.
         content["text/event-stream"] = {"schema": SSE_EVENT}

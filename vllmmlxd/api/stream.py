@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol, Union
+from typing import Any, AsyncGenerator, Literal, Protocol, Union
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -26,6 +26,13 @@ from .structured import ConstraintFailed
 from .tool_loop import McpCall, McpOutcome, ToolLoop
 
 logger = logging.getLogger("vllmmlxd.api")
+
+# One block of a folded answer, in the order the model wrote them (see Folded).
+Part = Union[
+    tuple[Literal["text", "reasoning"], str],
+    tuple[Literal["tool_call", "mcp_call"], ToolCallDelta],
+    tuple[Literal["mcp_result"], McpOutcome],
+]
 
 
 class StreamEncoder(Protocol):
@@ -59,7 +66,7 @@ class Folded:
     text: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
-    parts: list[tuple[str, object]] = field(default_factory=list)
+    parts: list[Part] = field(default_factory=list)
     finish: Finished | None = None
     executed: list[McpOutcome] = field(default_factory=list)
 
@@ -79,15 +86,16 @@ class Folded:
         elif isinstance(event, Finished):
             self.finish = event
             if self.tool_calls or self.executed:  # the blank lines around calls are no answer of their own
-                self.parts = [(k, v) for k, v in self.parts if k != "text" or v.strip()]
-            self.text = "".join(v for k, v in self.parts if k == "text")
-            self.reasoning = "".join(v for k, v in self.parts if k == "reasoning")
+                self.parts = [p for p in self.parts if p[0] != "text" or (isinstance(p[1], str) and p[1].strip())]
+            self.text = "".join(v for k, v in self.parts if k == "text" and isinstance(v, str))
+            self.reasoning = "".join(v for k, v in self.parts if k == "reasoning" and isinstance(v, str))
 
-    def _part(self, kind: str, text: str) -> None:
+    def _part(self, kind: Literal["text", "reasoning"], text: str) -> None:
         if not text:
             return
-        if self.parts and self.parts[-1][0] == kind:
-            self.parts[-1] = (kind, self.parts[-1][1] + text)
+        last = self.parts[-1] if self.parts else None
+        if last is not None and last[0] == kind and isinstance(last[1], str):
+            self.parts[-1] = (kind, last[1] + text)
         else:
             self.parts.append((kind, text))
 
@@ -98,19 +106,19 @@ class Opens(Protocol):
     request_id: str
     cancelled: Any  # set() when the response ends or its client goes
 
-    def open(self) -> AsyncIterator: ...
+    def open(self) -> AsyncGenerator: ...
 
 
 # One generation, or what reads as one.
 Generation = Union[GenerationRequest, ToolLoop, Opens]
 
 
-def open_events(ctx: ServingContext, gen: Generation) -> AsyncIterator:
+def open_events(ctx: ServingContext, gen: Generation) -> AsyncGenerator:
     """Admit ``gen`` (an engine request, or anything that opens its own events) and return its events."""
     return ctx.engine.generate(gen) if isinstance(gen, GenerationRequest) else gen.open()
 
 
-def _events(ctx: ServingContext, request: Request, gen: Generation) -> AsyncIterator:
+def _events(ctx: ServingContext, request: Request, gen: Generation) -> AsyncGenerator:
     """Admit ``gen`` and return its events; what the access log reports is taken from the
     engine's progress of the (first) turn, which the engine keeps from admission on."""
     events = open_events(ctx, gen)
@@ -175,7 +183,7 @@ def stream(ctx: ServingContext, request: Request, gen: Generation, encoder: Stre
     """Admit ``gen`` now (a full queue is a 503 before any byte is sent), then stream its frames."""
     events = _events(ctx, request, gen)
 
-    async def body() -> AsyncIterator[str]:
+    async def body() -> AsyncGenerator[str, None]:
         try:
             for frame in encoder.start():
                 yield frame

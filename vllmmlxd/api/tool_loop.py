@@ -32,7 +32,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any, AsyncIterator, Protocol, Union
+from typing import Any, AsyncGenerator, Protocol, Union
 
 from ..engine.types import EngineEvent, Finished, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from ..errors import RequestError
@@ -152,11 +152,11 @@ class ToolLoop:
         self.cancelled = _Cancel(first)
         self.executed = 0
 
-    def open(self) -> AsyncIterator[LoopEvent]:
+    def open(self) -> AsyncGenerator[LoopEvent, None]:
         """Admit the first turn now (a full queue is a 503 before any byte), then run the turns."""
         return self._turns(self.ctx.engine.generate(self.first))
 
-    async def _turns(self, events: AsyncIterator[EngineEvent]) -> AsyncIterator[LoopEvent]:
+    async def _turns(self, events: AsyncGenerator[EngineEvent, None]) -> AsyncGenerator[LoopEvent, None]:
         spent, numbered, turn = Usage(0, 0), 0, 1
         budget = self.first.sampling.max_tokens
         while True:

@@ -86,8 +86,10 @@ def anthropic_tool_choice(kind: str | None, name: str | None, disable_parallel: 
     """Anthropic's ``tool_choice``: auto | any | tool (with name) | none. A forced turn holds one
     call unless ``disable_parallel_tool_use`` is sent as false (see ``openai_tool_choice``)."""
     par = disable_parallel is False
-    if kind in (None, "auto", "none"):
-        return ToolChoice(kind or "auto", parallel=par)
+    if kind is None or kind == "auto":
+        return ToolChoice("auto", parallel=par)
+    if kind == "none":
+        return ToolChoice("none", parallel=par)
     if kind == "any":
         return ToolChoice("required", parallel=par)
     if not name:

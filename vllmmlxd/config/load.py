@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 from yaml.nodes import CollectionNode, MappingNode, Node, ScalarNode, SequenceNode
 
 from vllmmlxd.config.entries import ENTRY_KINDS
@@ -242,7 +243,7 @@ class _Reader:
             return f"{where}: invalid YAML: {context}, {problem}"
         return f"{where}: invalid YAML: {problem} ({context})"
 
-    def describe(self, err: dict) -> str:
+    def describe(self, err: ErrorDetails) -> str:
         """One pydantic error as ``FILE:LINE:COL: path: message``, without its input value."""
         raw: Loc = tuple(part for part in err["loc"] if part != "[key]")
         loc: Loc = tuple(part for part in raw if part not in ENTRY_KINDS)  # which kind of entry: not a key

@@ -169,7 +169,7 @@ class Config(_Strict):
         # Each entry carries the full definitions of its servers (the names it lists, and all of
         # its own mcp_config file's): a worker never sees the rest of the config.
         servers: dict[str, McpServerConfig] = info.data.get("mcp_servers") or {}
-        out = {}
+        out: dict[str, Resolved] = {}
         for name, entry in models.items():
             if not isinstance(entry, ResolvedModel):
                 out[name] = entry

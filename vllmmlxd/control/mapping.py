@@ -21,7 +21,8 @@ from vllmmlxd.control.protocol import (
 
 
 def _fields(view: Any) -> dict:
-    return dataclasses.asdict(view) if dataclasses.is_dataclass(view) else dict(vars(view))
+    is_instance = dataclasses.is_dataclass(view) and not isinstance(view, type)
+    return dataclasses.asdict(view) if is_instance else dict(vars(view))
 
 
 def status_response(view: Any) -> StatusResponse:

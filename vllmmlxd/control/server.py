@@ -161,7 +161,12 @@ async def serve_control(app: FastAPI, path: Path) -> ControlServer:
         raise OSError(e.errno, f"cannot bind the control socket {path}: {e.strerror or e}") from None
     inode = os.stat(path).st_ino
     config = uvicorn.Config(
-        app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=_GRACEFUL_S
+        app,
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        # uvicorn types it int but hands it to asyncio.wait_for, which takes a float.
+        timeout_graceful_shutdown=_GRACEFUL_S,  # type: ignore[arg-type]
     )
     server = _QuietServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="control-server")

@@ -71,7 +71,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
         result = client.reload(dry_run=args.dry_run, file=file)
     read = getattr(result, "config_path", None)
     about_file = read == file or (
-        not result.ok and bool(file) and file in (result.error or "")
+        not result.ok and bool(file) and str(file) in (result.error or "")
     )  # FILE:LINE:COL errors name it
     if file and not about_file:
         # A daemon that does not know the file parameter previews its own config instead.

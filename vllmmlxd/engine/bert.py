@@ -14,6 +14,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -201,7 +202,8 @@ def load_bert(folder: Path) -> BertEncoder:
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {folder}")
     for path in files:
-        for name, value in mx.load(str(path)).items():
+        # A safetensors file loads as a dict of arrays; mlx types every form load can return as one union.
+        for name, value in cast(dict[str, mx.array], mx.load(str(path))).items():
             for prefix in _PREFIXES:
                 if name.startswith(prefix):
                     name = name[len(prefix) :]

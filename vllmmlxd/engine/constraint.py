@@ -18,7 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence, cast
 
 import llguidance
 import mlx.core as mx
@@ -100,7 +100,7 @@ class Grammars:
             return str(exc)
         return first_step_problem(template.deep_copy(), self.tokenizer.vocab_size)
 
-    def processor(self, constraint: Constraint, request_id: str = "", prompt: list[int] = ()) -> "GrammarProcessor":
+    def processor(self, constraint: Constraint, request_id: str = "", prompt: Sequence[int] = ()) -> "GrammarProcessor":
         """A fresh processor for one request. A grammar that does not compile now (the API's check
         passed it, but it left the cache and took too long to compile again) gives a processor
         that has already failed: the request ends at once with a constraint error, its client is
@@ -204,8 +204,10 @@ class GrammarProcessor:
         request_id: str = "",
         report: Callable[[str], None] | None = None,
     ):
-        self.matcher = matcher
+        self.matcher = matcher  # None only for a processor made failed (it reads no tokens)
         self.eos = list(eos_ids)
+        self.think_start: int | None
+        self.think_end: int | None
         self.think_start, self.think_end = think if think else (None, None)
         self.may_think = self.think_start is not None  # the first token may open thinking
         # The token that ends thinking, while the model thinks; None: the grammar holds.
@@ -223,14 +225,18 @@ class GrammarProcessor:
         if not first and not self._ended():
             # Waits for the previous step's token: the mask depends on it. (Starting this step's
             # forward pass first with mx.async_eval measured slower on the CPU backend.)
-            self._advance(int(tokens[-1].item()))
+            self._advance(int(cast(int, tokens[-1].item())))  # a token id; mlx types item() as any scalar
         if self.waiting_for is not None:
             return logits
         return self._apply(logits)
 
     def _ended(self) -> bool:
         """Only EOS is allowed from now on (the grammar is complete, or failed): no token to read."""
-        return self.waiting_for is None and (self.failed or self.matcher.is_stopped())
+        return self.waiting_for is None and (self.failed or self._live_matcher().is_stopped())
+
+    def _live_matcher(self) -> llguidance.LLMatcher:
+        assert self.matcher is not None  # a processor without one was failed when it was made
+        return self.matcher
 
     def _advance(self, token: int) -> None:
         if self.may_think:
@@ -242,23 +248,25 @@ class GrammarProcessor:
             if token == self.waiting_for:
                 self.waiting_for = None
             return
-        if not self.matcher.consume_token(token):
-            self._fail(f"token {token} refused: {self.matcher.get_error()}")
+        matcher = self._live_matcher()
+        if not matcher.consume_token(token):
+            self._fail(f"token {token} refused: {matcher.get_error()}")
 
     def _apply(self, logits: mx.array) -> mx.array:
         if not self.failed:
+            matcher = self._live_matcher()
             try:
-                fill_next_token_bitmask(self.matcher, self._bitmask)
+                fill_next_token_bitmask(matcher, self._bitmask)
             except Exception as exc:  # an API misuse or a bug: end this request, not the batch
                 self._fail(repr(exc))
-            if self.matcher.is_error() and not self.failed:  # e.g. a step over the effort limits
-                self._fail(self.matcher.get_error())
+            if matcher.is_error() and not self.failed:  # e.g. a step over the effort limits
+                self._fail(matcher.get_error())
         if self.failed:  # let EOS through, and nothing else
             words = self._bitmask.view(np.uint32)
             words[:] = 0
             for t in self.eos:
                 words[0, t // 32] |= np.uint32(1 << (t % 32))
-        elif self.may_think:  # the first token: the grammar's, or <think> to reason first
+        elif self.may_think and self.think_start is not None:  # the first token: the grammar's, or <think>
             words = self._bitmask.view(np.uint32)
             words[0, self.think_start // 32] |= np.uint32(1 << (self.think_start % 32))
         if self._metal:

@@ -8,7 +8,7 @@ space ("is" → " Paris"), which decoding the new tokens alone would drop. No ml
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 CONTEXT_TOKENS = 6  # prompt tokens decoded before the first new one
 
@@ -16,7 +16,7 @@ CONTEXT_TOKENS = 6  # prompt tokens decoded before the first new one
 class IncrementalDetokenizer:
     """``add_token`` then read ``last_segment``; ``finalize`` flushes an incomplete character."""
 
-    def __init__(self, decode: Callable[[list[int]], str], context: list[int] = ()):
+    def __init__(self, decode: Callable[[list[int]], str], context: Sequence[int] = ()):
         self._decode = decode
         self._ids = list(context[-CONTEXT_TOKENS:])
         self._prefix = 0  # where the decoded window starts

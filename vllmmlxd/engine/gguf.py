@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import mlx.core as mx
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -63,7 +63,8 @@ _SPLIT_PATTERNS = {
 def load_gguf(path: Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     """Read a GGUF file's tensors and metadata (``mx.load``), as ModelLoadError on failure."""
     try:
-        return mx.load(str(path), return_metadata=True)
+        # With return_metadata, a (tensors, metadata) pair; mlx types every form load can return as one union.
+        return cast(tuple[dict[str, mx.array], dict[str, Any]], mx.load(str(path), return_metadata=True))
     except Exception as exc:  # mlx raises plain RuntimeError/ValueError for bad files
         raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
 

@@ -36,7 +36,7 @@ def _copy_layer(layer: Any, n: int) -> Any:
     if type(layer) is KVCache:
         # Only the first n positions, as fresh arrays: a slice would keep a batch's whole buffer alive.
         new = KVCache()
-        if layer.keys is not None and n > 0:
+        if layer.keys is not None and layer.values is not None and n > 0:  # set together
             new.keys = mx.contiguous(layer.keys[..., :n, :])
             new.values = mx.contiguous(layer.values[..., :n, :])
             new.offset = n

@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -45,7 +45,11 @@ def load_model(spec: str, state_dir: Path, *, trust_remote_code: bool = False) -
     started = time.monotonic()
     source, name = resolve_spec(spec, state_dir)
     try:
-        model, tokenizer, config = mlx_lm_load(str(source), return_config=True, trust_remote_code=trust_remote_code)
+        # With return_config the result is a triple; mlx-lm types it as either tuple (no overloads).
+        model, tokenizer, config = cast(
+            tuple[nn.Module, TokenizerWrapper, dict[str, Any]],
+            mlx_lm_load(str(source), return_config=True, trust_remote_code=trust_remote_code),
+        )
     except ModelLoadError:
         raise
     except Exception as exc:  # mlx-lm raises ValueError, FileNotFoundError, hub and network errors
@@ -108,7 +112,8 @@ def prefer_cpu_dtype(model: nn.Module, config: dict[str, Any]) -> str:
     Measured with SmolLM2-135M on a 2-core x86 CPU: float16 decodes at ~2.8 tok/s,
     float32 at ~8 tok/s (MLX's CPU float16 matmul is slow). Metal keeps float16.
     """
-    dtypes = {v.dtype for _, v in tree_flatten(model.parameters())}
+    # Without a destination, tree_flatten returns (name, array) pairs; it is typed as that or a dict.
+    dtypes = {v.dtype for _, v in cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))}
     if mx.default_device() == mx.cpu and "quantization" not in config and dtypes & {mx.float16, mx.bfloat16}:
         model.set_dtype(mx.float32)
         mx.eval(model.parameters())

@@ -13,7 +13,7 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncGenerator
 
 import mlx.core as mx
 from jinja2.exceptions import SecurityError
@@ -34,6 +34,7 @@ from .tool_setup import resolve_tool_parser, template_renders_tools
 from .types import Constraint, EngineEvent, EngineStats, Finished, GenerationRequest, ModelInfo
 
 if TYPE_CHECKING:
+    from .embedder import MLXEmbedder
     from .loader import LoadedModel
 
 logger = logging.getLogger("vllmmlxd.engine")
@@ -49,6 +50,8 @@ class MLXEngine:
     def __init__(self, loaded: "LoadedModel", *, name: str | None = None, options: EngineOptions | None = None):
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
+        # The entry's embedding model (``embedding_model``), set by the worker; closed with the engine.
+        self.embedder: "MLXEmbedder | None" = None
         self.options = options or EngineOptions()
         has_template = bool(getattr(self.tokenizer, "has_chat_template", False))
         tool_parser, chosen = resolve_tool_parser(
@@ -151,7 +154,7 @@ class MLXEngine:
         kwargs = {"tools": tools} if tools else {}
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """Queue ``request`` (or raise :class:`Overloaded` at once) and return its event stream.
 
         Closing the stream early, or cancelling the task reading it, cancels the request.
@@ -209,7 +212,7 @@ class MLXEngine:
         ]
         return int(min(max(math.ceil(min(remaining, default=1.0)), 1), 60))
 
-    async def _events(self, seq: Sequence) -> AsyncIterator[EngineEvent]:
+    async def _events(self, seq: Sequence) -> AsyncGenerator[EngineEvent, None]:
         try:
             while True:
                 event = await seq.events.get()
@@ -240,5 +243,7 @@ class MLXEngine:
         return self._scheduler.cache.describe()
 
     def close(self) -> None:
+        if self.embedder is not None:
+            self.embedder.close()
         self._scheduler.inbox.put(None)
         self._thread.join(timeout=10)

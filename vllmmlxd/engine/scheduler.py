@@ -180,8 +180,8 @@ class Scheduler:
             prompt_responses, responses = self.gen.next()
         except Exception as exc:  # e.g. out of memory: every sequence of the batch fails, the engine lives on
             log_event(logger, "engine.error", logging.ERROR, running=len(self.running), error=repr(exc))
-            for seq in list(self.running.values()):
-                self._retire(seq, "error", str(exc))
+            for lost in list(self.running.values()):
+                self._retire(lost, "error", str(exc))
             self.running.clear()
             self.gen = self._new_generator()
             return
@@ -209,6 +209,7 @@ class Scheduler:
         previous = seq.progress.last_token_at
         reason = seq.feed(token)
         progress = seq.progress
+        assert progress.first_token_at is not None and progress.last_token_at is not None  # fed: both set
         if previous is None:
             self.stats.ttft.observe(progress.first_token_at - progress.queued_at)
         else:
@@ -235,6 +236,7 @@ class Scheduler:
 
     def _leave(self, seq: Sequence, reason: FinishReason, *, keep_kv: bool) -> None:
         """Take ``seq`` out of the batch now (its KV goes to the prefix cache when asked)."""
+        assert seq.uid is not None  # only a running sequence leaves the batch
         self.running.pop(seq.uid, None)
         try:
             got = self.gen.remove([seq.uid], return_prompt_caches=keep_kv and self.cache.enabled)

@@ -15,6 +15,7 @@ any tokenizer.
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import time
 from typing import Any, Callable, Protocol
 
@@ -31,15 +32,18 @@ from .types import (
     Usage,
 )
 
+# (kind, value) pairs; each parser family narrows the kinds to its own literals.
+Pieces = collections.abc.Sequence[tuple[str, Any]]
+
 
 class OutputParser(Protocol):
     """Splits generated text into typed pieces; the reasoning parsers are the first kind."""
 
     markers: frozenset[str]
 
-    def feed(self, text: str) -> list[tuple[str, str]]: ...
+    def feed(self, text: str) -> Pieces: ...
 
-    def finish(self) -> list[tuple[str, str]]: ...
+    def finish(self) -> Pieces: ...
 
 
 class AnswerOnly:
@@ -70,11 +74,11 @@ class Chain:
 
     def finish(self) -> list[tuple[str, Any]]:
         out = self._answer(self._reasoning.finish()) if self._reasoning else []
-        return out + (self._tools.finish() if self._tools else [])
+        return out + list(self._tools.finish() if self._tools else [])
 
-    def _answer(self, pieces: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    def _answer(self, pieces: Pieces) -> list[tuple[str, Any]]:
         if self._tools is None:
-            return pieces
+            return list(pieces)
         out: list[tuple[str, Any]] = []
         for kind, value in pieces:
             out += self._tools.feed(value) if kind == "content" else [(kind, value)]
@@ -93,7 +97,7 @@ class Sequence:
         special_ids: set[int],
         *,
         parser: OutputParser | None = None,
-        token_text: Callable[[int], str] = lambda token: "",
+        token_text: Callable[[int], str | None] = lambda token: "",
     ):
         self.request = request
         self.loop = loop
@@ -181,7 +185,7 @@ class Sequence:
         out, self._outbox = self._outbox, []
         return out
 
-    def _take(self, pieces: list[tuple[str, Any]]) -> None:
+    def _take(self, pieces: Pieces) -> None:
         """The parser's pieces: reasoning as it is, the answer through the stop strings, calls whole."""
         for kind, value in pieces:
             if self._stops.stopped:

@@ -10,7 +10,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Literal, Protocol, Union
+from typing import AsyncGenerator, Literal, Protocol, Union
 
 FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]  # timeouts cancel, in the API layer
 
@@ -276,7 +276,7 @@ class Engine(Protocol):
         self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
     ) -> list[int]: ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """Admit the request (raising ``Overloaded`` when the queue is full) and return
         its event stream; closing the stream early cancels the request."""
         ...

@@ -12,6 +12,7 @@ The body translations, the listings and that view are pure functions, tested wit
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 from fastapi import APIRouter
@@ -122,7 +123,8 @@ def status_for(status: object, table: Table, key: str | None) -> dict:
     status = status if isinstance(status, dict) else {}
     models = []
     for row in status.get("models") or ():
-        route = table.by_name.get(row.get("name")) if isinstance(row, dict) else None
+        name = row.get("name") if isinstance(row, dict) else None
+        route = table.by_name.get(name) if isinstance(name, str) else None
         if route is None or route.name != row.get("name") or not table.may_use(route, key):
             continue
         grant = table.access[route.name].match(key) if key and not route.is_open else None
@@ -137,7 +139,7 @@ def status_for(status: object, table: Table, key: str | None) -> dict:
                 if isinstance(m, dict) and (scope is None or m.get("name") in scope)
             ]
         models.append(shown)
-    out = {"daemon": _picked(status.get("daemon"), _DAEMON_SHOWN) or {}, "models": models}
+    out: dict[str, Any] = {"daemon": _picked(status.get("daemon"), _DAEMON_SHOWN) or {}, "models": models}
     if status.get("gateway") is not None:
         out["gateway"] = _picked(status.get("gateway"), _GATEWAY_SHOWN)
     return out

@@ -255,7 +255,7 @@ class LoadingStream(RawResponse):
 
     def __init__(self, gateway: Gateway, request: Request, route: Route, path: str, body: bytes, done: Done):
         super().__init__()
-        self.gateway, self.request, self.route, self.path, self.body, self.done = (
+        self.gateway, self.request, self.route, self.path, self.request_body, self.done = (
             gateway,
             request,
             route,
@@ -289,7 +289,7 @@ class LoadingStream(RawResponse):
             if not await self._wait_for_load(send):
                 return True
             try:
-                upstream = await self.gateway.open(self.request, self.route, self.path, self.body)
+                upstream = await self.gateway.open(self.request, self.route, self.path, self.request_body)
             except RequestError as exc:
                 return await self._fail(send, exc.status_code, exc.message, exc.error_type, exc.code)
             try:

@@ -7,10 +7,12 @@ replaced whole at each settings push, so a request that took a route keeps it.
 
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass, field
 
+from pydantic import SecretStr
+
 from ..config.gateway import GatewaySpec, Route
+from ..config.keys import KeyGrant
 from ..errors import InvalidRequest, ModelNotFound
 from ..http.access import Access
 
@@ -26,17 +28,28 @@ class TableError(ValueError):
     """The spec cannot be routed (two routes claim one name)."""
 
 
+@dataclass(frozen=True)
+class _RouteKeys:
+    """A route's key fields in the shape ``Access`` reads (``http.access.AccessSettings``)."""
+
+    is_open: bool
+    trusted_proxies: tuple[str, ...]
+    key_grants: tuple[KeyGrant, ...]
+    api_key: SecretStr | None
+    gateway_token: SecretStr | None = None  # the gateway's clients are never the gateway
+
+
 def route_access(route: Route | None, trusted_proxies: tuple[str, ...]) -> Access:
     """The key check of one route (None: an open one, for the client's address alone): ``Access``
     reads a config's key fields and trusted proxies."""
-    config = types.SimpleNamespace(
-        is_open=route is None or route.is_open,
-        trusted_proxies=trusted_proxies,
-        key_grants=route.key_grants if route else (),
-        api_key=route.api_key if route else None,
-        gateway_token=None,
-    )  # the gateway's clients are never the gateway
-    return Access(config)  # type: ignore[arg-type]  # duck-typed: the fields it reads
+    return Access(
+        _RouteKeys(
+            is_open=route is None or route.is_open,
+            trusted_proxies=trusted_proxies,
+            key_grants=route.key_grants if route else (),
+            api_key=route.api_key if route else None,
+        )
+    )
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,12 @@ import hashlib
 import ipaddress
 import secrets
 from dataclasses import dataclass
+from typing import Protocol
 
+from pydantic import SecretStr
 from starlette.requests import Request
 
 from ..config.keys import DIGEST_PREFIX, KeyGrant
-from ..config.schema import ResolvedModel
 from ..errors import Forbidden, Unauthorized
 
 OWN_KEY = "api_key"  # the name the entry's own api_key goes by
@@ -54,10 +55,25 @@ def presented_key(request: Request) -> str | None:
     return given or None
 
 
+class AccessSettings(Protocol):
+    """What the key table is built from: a resolved model entry, or one route of the gateway."""
+
+    @property
+    def is_open(self) -> bool: ...
+    @property
+    def trusted_proxies(self) -> tuple[str, ...]: ...
+    @property
+    def key_grants(self) -> tuple[KeyGrant, ...]: ...
+    @property
+    def api_key(self) -> SecretStr | None: ...
+    @property
+    def gateway_token(self) -> SecretStr | None: ...
+
+
 class Access:
     """One entry's key table, built from its config (rebuilt when the settings change)."""
 
-    def __init__(self, config: ResolvedModel):
+    def __init__(self, config: AccessSettings):
         self.open = config.is_open
         self.proxies = tuple(ipaddress.ip_network(p, strict=False) for p in config.trusted_proxies)
         grants = list(config.key_grants)
@@ -105,8 +121,9 @@ class Access:
 
     def from_gateway(self, request: Request) -> bool:
         """Does the request carry the daemon's gateway token? (Compared as digests, in constant time.)"""
-        given = request.headers.get(GATEWAY_TOKEN_HEADER) if self._gateway is not None else None
-        return given is not None and secrets.compare_digest(_digest(given), self._gateway)  # type: ignore[arg-type]
+        expected = self._gateway
+        given = request.headers.get(GATEWAY_TOKEN_HEADER) if expected is not None else None
+        return expected is not None and given is not None and secrets.compare_digest(_digest(given), expected)
 
     def _trusted(self, address: str) -> bool:
         try:

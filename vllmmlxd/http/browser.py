@@ -19,14 +19,13 @@ read the answers too. So, per request and under the current settings:
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..config.schema import ModelConfig
 from .error_shapes import render_error
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -65,7 +64,18 @@ def split_host(value: str, scheme: str = "http") -> tuple[str, int | None]:
     return name, int(port) if port.isdigit() else _DEFAULT_PORTS.get(scheme)
 
 
-def host_is_known(hostname: str, config: ModelConfig) -> bool:
+class BrowserSettings(Protocol):
+    """What the checks read: a model entry's settings, or the gateway's."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def allowed_hosts(self) -> tuple[str, ...]: ...
+    @property
+    def cors_origins(self) -> tuple[str, ...]: ...
+
+
+def host_is_known(hostname: str, config: BrowserSettings) -> bool:
     """Is ``hostname`` one this server answers as: its bind address, loopback, or ``allowed_hosts``."""
     if hostname in LOOPBACK_NAMES or hostname == config.host.lower().strip("[]").rstrip("."):
         return True
@@ -76,7 +86,7 @@ def host_is_known(hostname: str, config: ModelConfig) -> bool:
     return False
 
 
-def host_refusal(host: str | None, config: ModelConfig) -> str | None:
+def host_refusal(host: str | None, config: BrowserSettings) -> str | None:
     """Why a request under this Host header is refused (DNS rebinding), or None."""
     if host is None:  # HTTP/1.0 without Host: no name to have been rebound
         return None
@@ -98,7 +108,7 @@ def same_origin(origin: str, host: str | None, scheme: str) -> bool:
     return split_host(rest, origin_scheme.lower()) == split_host(host, scheme)
 
 
-def origin_refusal(origin: str | None, host: str | None, scheme: str, config: ModelConfig) -> str | None:
+def origin_refusal(origin: str | None, host: str | None, scheme: str, config: BrowserSettings) -> str | None:
     """Why a request from the web page at ``origin`` is refused, or None (no page, or one we trust)."""
     if origin is None or origin in config.cors_origins or "*" in config.cors_origins:
         return None
@@ -149,7 +159,7 @@ class _ContentTypeGate:
 class BrowserDefences:
     """Pure ASGI middleware applying the checks above under ``config()``, read per request."""
 
-    def __init__(self, app: ASGIApp, config: Callable[[], ModelConfig]):
+    def __init__(self, app: ASGIApp, config: Callable[[], BrowserSettings]):
         self.config = config
         self.gated = _ContentTypeGate(app)
         # cors_origins is a live setting: one CORS layer per distinct origin list seen.

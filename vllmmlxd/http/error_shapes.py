@@ -8,6 +8,8 @@ gateway answer in the same shapes as the routes' handlers (``api.errors``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -49,7 +51,7 @@ def render_error(
     type_: str,
     param: str | None = None,
     code: str | None = None,
-    headers: dict | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     """An error in the shape of the family ``request`` belongs to."""
     if is_anthropic(request):

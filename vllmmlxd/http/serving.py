@@ -78,7 +78,8 @@ def make_servers(app, private_app, *, drain_timeout: float, log_level: str, max_
             app,
             log_config=None,
             access_log=False,
-            timeout_graceful_shutdown=drain_timeout,
+            # uvicorn types it int but hands it to asyncio.wait_for, which takes a float.
+            timeout_graceful_shutdown=drain_timeout,  # type: ignore[arg-type]
             timeout_keep_alive=5,
             log_level=log_level,
             **client_bounds(max_connections),

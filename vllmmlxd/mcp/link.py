@@ -195,6 +195,7 @@ class Link:
                     errlog.close()
             return
         headers = {k: v.get_secret_value() for k, v in c.headers.items()}
+        assert c.url is not None  # the config refuses an sse or http server without one
         if c.transport == "sse":
             from mcp.client.sse import sse_client
 
@@ -220,7 +221,8 @@ class Link:
             public = text = f"no answer within {self.config.timeout:g}s"
         else:
             public, text = FAILED_REASON, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            cause, depth = exc, 0
+            cause: BaseException | None = exc
+            depth = 0
             while cause is not None and depth < 6:  # the OS's reason says most ("connection refused")
                 if isinstance(cause, BaseExceptionGroup) and cause.exceptions:
                     cause = cause.exceptions[0]

@@ -23,6 +23,7 @@ strings, arrays and numbers are bounded always ends; an unbounded string can run
 from __future__ import annotations
 
 import json
+from typing import overload
 
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -52,6 +53,10 @@ def json_rule(schema: dict) -> str:
     return "%json " + json.dumps({**declared_only(schema), "x-guidance": JSON_LAYOUT}, ensure_ascii=False)
 
 
+@overload
+def declared_only(schema: dict, *, closable: bool = True, depth: int = 0) -> dict: ...
+@overload
+def declared_only(schema: object, *, closable: bool = True, depth: int = 0) -> object: ...
 def declared_only(schema: object, *, closable: bool = True, depth: int = 0) -> object:
     """``schema`` with ``additionalProperties: false`` on every object schema that lists
     ``properties`` and says nothing of other keys (see the module's docstring). Pure: a copy."""

@@ -16,12 +16,15 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import httpx
 
 from ..log import event_line, log_event
 from .notify import strip_notify_env
+
+if TYPE_CHECKING:
+    from ..runtime.cpus import CpuShare
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
@@ -42,6 +45,8 @@ class UnitConfig(Protocol):
     def port(self) -> int: ...
 
     def to_worker_json(self) -> str: ...
+
+    def config_hash(self) -> str: ...
 
 
 class SpawnError(OSError):
@@ -66,7 +71,7 @@ class WorkerProcess:
         self.load_at: float | None = None  # monotonic time of that refresh
         self._sink = sink
         self.recent: deque[str] = deque(maxlen=40)
-        self.share = None  # the CpuShare it was started on (set by its slot)
+        self.share: CpuShare | None = None  # the cores it was started on (set by its slot)
         self.ready_at: float | None = None  # monotonic time it became ready (set by its slot)
         self.listening = False  # its health socket exists: it is about to accept, or accepts
         self.failure: str | None = None  # why its supervisor gave up on it (a start timeout), for status

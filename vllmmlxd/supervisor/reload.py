@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..config.diff import ReloadPlan, diff_models
 from ..config.load import LoadedConfig, load_config
-from ..config.schema import Config, ModelConfig, ResolvedModel
+from ..config.schema import Config, ModelConfig, Resolved, ResolvedModel, ResolvedUpstream
 from ..errors import ConfigError
 from ..log import log_event
 from ..runtime import cpus
@@ -178,6 +178,7 @@ class ReloadRun:
                 sock = self.pool.pop(address(entry), None) if isinstance(entry, ModelConfig) else None
                 sup._add_entry(name, entry, sock=sock)
             elif step == "live" and isinstance(unit := sup.units[name], UpstreamUnit):
+                assert isinstance(entry, ResolvedUpstream)  # the plan pairs a unit with an entry of its kind
                 unit.checks.update(entry, sup._upstream_interval())  # the checks take it at their next round
         for unit in sup.units.values():  # the gateway's interval may have changed
             if isinstance(unit, UpstreamUnit):
@@ -224,7 +225,7 @@ class ReloadRun:
                     f"gateway: moved to {unit.config.host}:{unit.config.port}; it did not become ready: {error}"
                 )
 
-    async def _apply(self, name: str, step: str, unit, config: ModelConfig) -> None:
+    async def _apply(self, name: str, step: str, unit, config: Resolved) -> None:
         """One entry's step of the second wave (an error is kept for the reply, never raised)."""
         share = self.sup.shares.get(name)
         if isinstance(unit, UpstreamUnit):

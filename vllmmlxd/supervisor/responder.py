@@ -53,7 +53,7 @@ def unavailable(name: str, phase: str, fail_reason: str | None, last_error: str 
 def answer(why: Unavailable, path: str) -> bytes:
     """The whole HTTP response for a request to ``path``. Pure."""
     if path.split("?", 1)[0] == "/health":
-        body = {"status": why.status, "message": why.message}
+        body: dict[str, object] = {"status": why.status, "message": why.message}
     else:
         body = {"type": "error", "error": {"message": why.message, "type": "overloaded_error", "code": why.status}}
     data = json.dumps(body).encode()

@@ -252,6 +252,7 @@ class Slot:
                 await self._sync_responder()
             return
         if msg.kind == "release_socket":
+            assert msg.future is not None  # its caller waits on it
             if self.phase != states.STOPPED:
                 msg.future.set_exception(RuntimeError(f"release_socket while {self.phase}"))
                 return
@@ -280,6 +281,7 @@ class Slot:
         if msg.kind == "backoff_elapsed":
             return Event("backoff_elapsed") if msg.token == self._backoff_token else None
         if msg.kind == "worker_exited":
+            assert worker is not None  # a worker's event names it
             if worker is self.held:
                 self.held = None
                 log_event(
@@ -305,6 +307,7 @@ class Slot:
         if worker is not self.worker:
             return None
         if msg.kind == "start_timeout":  # kept for when its exit (the kill) is reported
+            assert worker is not None  # a worker's event names it
             worker.failure = f"did not become ready within {self.settings.tuning.ready_timeout_s:g}s"
         return Event(_worker_event_kind(msg.kind))
 
@@ -470,6 +473,7 @@ class Slot:
         task.add_done_callback(self._retiring.discard)
 
     async def _push(self, worker: WorkerProcess, config: UnitConfig, future: asyncio.Future | None) -> None:
+        why: str | None
         ok, why = False, "no way to push settings"
         if self._push_settings is not None:
             try:

@@ -412,7 +412,7 @@ class Supervisor:
 
     # -- loads and idle unloads ------------------------------------------------------------------
 
-    def _on_demand(self, msg: _Msg) -> None:
+    def _on_demand(self, msg: _Msg) -> Awaitable[None]:
         """A request on an unloaded model's own port (answered 503): load it, as the gateway would."""
         log_event(logger, "model.demanded", model=msg.name, reason="a request on its port")
         return self._on_load(msg)

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal, TypedDict
 
 from . import states
 from .backoff import BackoffPolicy
 
 Phase = Literal["starting", "ready", "swapping", "draining", "backoff", "failed", "stopped", "unloaded"]
-SWAPPING: Phase = "swapping"
-UNLOADED: Phase = "unloaded"
+SWAPPING: Final = "swapping"
+UNLOADED: Final = "unloaded"
 PHASES: tuple[Phase, ...] = (*states.ALL, SWAPPING, UNLOADED)
 
 
@@ -106,6 +106,16 @@ Action = Literal[
 # How waiting callers learn the outcome: a start/restart/replace waits for "serving" outcomes,
 # a stop for "stopped" (or "gone": the worker is gone and a start follows).
 Outcome = Literal["ready", "restored", "crashed", "failed", "stopped", "gone", "kept"]
+
+
+class _StopChanges(TypedDict):
+    """The counters a stop sets, whatever the phase."""
+
+    closing: bool
+    then_start: bool
+    then_unload: bool
+
+
 # "kept": a command done without a worker (a replace of an unloaded model: its next load runs the new config).
 
 
@@ -152,7 +162,7 @@ def decide(phase: Phase, event: Event, counters: Counters, policy: BackoffPolicy
         closing = c.closing or kind == "shutdown"
         if phase in (states.STOPPED, states.FAILED, UNLOADED):
             return go(states.STOPPED, outcome="stopped", closing=closing, then_start=False, then_unload=False)
-        stop = {"closing": closing, "then_start": False, "then_unload": False}
+        stop: _StopChanges = {"closing": closing, "then_start": False, "then_unload": False}
         if phase == states.BACKOFF:
             return go(states.STOPPED, "cancel_backoff", outcome="stopped", **stop)
         if phase == states.STARTING:  # a half-started worker is killed, not waited for

@@ -47,13 +47,14 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
     ``app.state.live`` holds its settings, which ``create_private_app`` can replace.
     """
     # An engine may carry the entry's embedding model (worker/main.py: load_engine).
+    hub = McpHub(config.mcp_servers_resolved, model=key)
     live = LiveContext(
         engine,
         config,
         key,
         runtime,
         embedder=getattr(engine, "embedder", None),
-        mcp=McpHub(config.mcp_servers_resolved, model=key),
+        mcp=hub,
     )
     stuck_after = stuck_after_s()
     app = FastAPI(
@@ -61,7 +62,7 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
-        lifespan=live.current.mcp.lifespan,
+        lifespan=hub.lifespan,
     )  # MCP servers connect when serving starts, stop at its end
     app.state.live = live
     install_error_handlers(app)
@@ -70,19 +71,23 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
         # Every /v1 route: take this request's settings once, know the caller (401/403), then
         # spend its request budgets (429). A wrong key spends its address's budget: guessing is limited too.
         ctx = live.capture(request)
+        access, quotas = ctx.access, ctx.quotas
+        assert access is not None and quotas is not None  # LiveContext builds both
         try:
-            caller = ctx.access.identify(request)
+            caller = access.identify(request)
         except Unauthorized:
-            ctx.quotas.admit(Caller(identity="addr:" + ctx.access.client_address(request)))
+            quotas.admit(Caller(identity="addr:" + access.client_address(request)))
             raise
         request.state.caller = caller
-        setattr(request.state, STATE_KEY, ctx.quotas.admit(caller))
+        setattr(request.state, STATE_KEY, quotas.admit(caller))
 
     def key_if(flag: str):
         # /health and /metrics stay open for probes and scrapers unless the entry says otherwise.
         async def check(request: Request) -> None:
+            access = live.current.access
             if getattr(live.current.config, flag):
-                live.current.access.identify(request)
+                assert access is not None  # LiveContext builds it
+                access.identify(request)
 
         return Depends(check)
 

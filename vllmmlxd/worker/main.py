@@ -110,7 +110,7 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path):
     if is_embedding_spec(config.model):
         if config.embedding_model:
             raise ModelLoadError(f"{config.model} is an embedding model; embedding_model cannot be set beside it")
-        engine = EmbeddingsOnlyEngine(load_embedder(config.model, state_dir), name=config.display_name(key))
+        embeds = EmbeddingsOnlyEngine(load_embedder(config.model, state_dir), name=config.display_name(key))
         log_event(
             logger,
             "model.loaded",
@@ -119,21 +119,14 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path):
             embeddings_only=True,
             load_s=round(time.perf_counter() - started, 2),
         )
-        return engine
+        return embeds
     embedder = load_embedder(config.embedding_model, state_dir) if config.embedding_model else None
     loaded = load_model(config.model, state_dir, trust_remote_code=config.trust_remote_code)
     options = engine_options(config, read_machine_memory(working_set=False).physical or 0)
     engine = MLXEngine(loaded, name=config.display_name(key), options=options)
     if embedder is not None:
-        engine.embedder = embedder  # app.py hands it to the API layer
+        engine.embedder = embedder  # app.py hands it to the API layer; engine.close closes it too
         embedder.share_engine_thread(engine)  # its batches go between decode steps (engine/embedder.py)
-        close_engine = engine.close
-
-        def close_both() -> None:
-            embedder.close()
-            close_engine()
-
-        engine.close = close_both
     log_event(
         logger,
         "model.loaded",

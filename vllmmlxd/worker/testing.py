@@ -20,7 +20,7 @@ def install_test_hooks(engine: object) -> None:
     if seconds <= 0 or scheduler is None:
         return
     step = scheduler._step
-    stalled = []
+    stalled: list[bool] = []
 
     def stalling_step() -> None:
         if not stalled:

@@ -52,3 +52,15 @@ def test_the_family_comes_from_config_else_the_template_else_hermes():
     assert resolve_tool_parser("mistral", "<tool_call>", None) == ("mistral", "config")
     assert resolve_tool_parser("auto", "{{ '[TOOL_CALLS]' }}", None) == ("mistral", "template")
     assert resolve_tool_parser("auto", "{{ messages }}", set()) == ("hermes", "fallback")
+
+
+def test_example_arguments_read_any_property_schema():
+    # A type given as a list, or a property schema that is a bool, are valid JSON Schema: they
+    # once raised (an unhashable list as a dict key; .get on True) while writing the instructions.
+    params = {
+        "type": "object",
+        "properties": {"city": {"type": ["string", "null"]}, "n": True, "k": {"type": "integer"}},
+    }
+    tools = [{"type": "function", "function": {"name": "f", "parameters": params}}]
+    out = with_tool_instructions([{"role": "user", "content": "hi"}], tools, HERMES)
+    assert HERMES.render_call("f", {"city": "...", "n": "...", "k": 1}) in out[0]["content"]

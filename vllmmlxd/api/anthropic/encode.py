@@ -13,7 +13,7 @@ followed by an ``mcp_tool_result`` block with what it gave back, then the next t
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta
 from ...parsers.partial_json import partial_object
@@ -86,16 +86,14 @@ def message_response(message_id: str, model: str, folded: Folded) -> dict:
     assert folded.finish is not None
     content: list[dict] = []
     for kind, value in folded.parts:  # blocks in the order the model wrote them, as the stream sends them
-        if kind == "reasoning":
-            content.append({"type": "thinking", "thinking": value, "signature": LOCAL_SIGNATURE})
-        elif kind == "text":
-            content.append({"type": "text", "text": value})
-        elif kind == "mcp_call":
-            content.append(server_tool_use_block(message_id, value))
-        elif kind == "mcp_result":
+        if isinstance(value, McpOutcome):  # mcp_result
             content.append(mcp_tool_result_block(message_id, value))
+        elif isinstance(value, ToolCallDelta):  # a call: the worker's own (mcp_call), or the client's
+            content.append((server_tool_use_block if kind == "mcp_call" else tool_use_block)(message_id, value))
+        elif kind == "reasoning":
+            content.append({"type": "thinking", "thinking": value, "signature": LOCAL_SIGNATURE})
         else:
-            content.append(tool_use_block(message_id, value))
+            content.append({"type": "text", "text": value})
     if not content:
         content.append({"type": "text", "text": ""})
     reason, sequence = stop_reason(folded.finish)
@@ -142,7 +140,7 @@ class MessagesStreamEncoder:
 
     def start(self) -> list[str]:
         """``message_start`` with the message skeleton, then one ``ping``."""
-        message = {
+        message: dict[str, Any] = {
             "id": self.message_id,
             "type": "message",
             "role": "assistant",
@@ -164,10 +162,10 @@ class MessagesStreamEncoder:
         if isinstance(event, (ToolCallDelta, McpCall)):
             # A tool_use block starts with an empty input; its JSON follows as input_json_delta.
             if isinstance(event, McpCall):
-                event, block, self._ran_tools = event.call, server_tool_use_block(self.message_id, event.call), True
+                call, block, self._ran_tools = event.call, server_tool_use_block(self.message_id, event.call), True
             else:
-                block = tool_use_block(self.message_id, event)
-            partial = event.arguments
+                call, block = event, tool_use_block(self.message_id, event)
+            partial = call.arguments
             if block["type"] == "tool_use" and not _is_object(partial):  # cut short: what of it parses, as whole
                 partial = json.dumps(block["input"], ensure_ascii=False)
             block = {**block, "input": {}}

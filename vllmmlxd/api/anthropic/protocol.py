@@ -40,19 +40,19 @@ class DocumentBlock(_Lenient):
 ToolResultContentBlock = Annotated[Union[TextBlock, ImageBlock, DocumentBlock], Field(discriminator="type")]
 
 
-class ToolUseBlock(_Lenient):
-    """A tool call the assistant made, sent back in the history."""
+class CallBlock(_Lenient):
+    """A tool call in an assistant turn: ``tool_use`` (the client ran it) or ``server_tool_use``."""
 
-    type: Literal["tool_use"]
+    type: str
     id: str
     name: str
     input: dict[str, Any] = Field(default_factory=dict)
 
 
-class ToolResultBlock(_Lenient):
-    """The client's answer to a ``tool_use``, in a user turn."""
+class ResultBlock(_Lenient):
+    """What a tool call gave back: ``tool_result`` (from the client) or ``mcp_tool_result``."""
 
-    type: Literal["tool_result"]
+    type: str
     tool_use_id: str
     content: list[ToolResultContentBlock] = Field(default_factory=list)
     is_error: bool = False
@@ -73,13 +73,25 @@ class RedactedThinkingBlock(_Lenient):
     data: str = ""
 
 
-class ServerToolUseBlock(ToolUseBlock):
+class ToolUseBlock(CallBlock):
+    """A tool call the assistant made, sent back in the history."""
+
+    type: Literal["tool_use"]
+
+
+class ToolResultBlock(ResultBlock):
+    """The client's answer to a ``tool_use``, in a user turn."""
+
+    type: Literal["tool_result"]
+
+
+class ServerToolUseBlock(CallBlock):
     """A call this server ran itself (api.tool_loop), sent back in the history as it was answered."""
 
     type: Literal["server_tool_use"]
 
 
-class McpToolResultBlock(ToolResultBlock):
+class McpToolResultBlock(ResultBlock):
     """What such a call gave back, beside it in the history."""
 
     type: Literal["mcp_tool_result"]

@@ -13,23 +13,24 @@ from ..structured import anthropic_output_format
 from ..tooling import anthropic_tool_choice
 from ..turn import ChatPrompt, ChatTurn, refuse_client_template, tool_result_text
 from .protocol import (
+    CallBlock,
     CountTokensRequest,
     DocumentBlock,
     ImageBlock,
     McpToolResultBlock,
     MessagesRequest,
     RedactedThinkingBlock,
+    ResultBlock,
     TextBlock,
     ThinkingBlock,
     Tool,
     ToolResultBlock,
-    ToolUseBlock,
 )
 
 # Blocks are separate segments (a system reminder, then the prompt); a blank line keeps them
 # apart where gluing them would join the last word of one to the first of the next.
 BLOCK_SEPARATOR = "\n\n"
-_ASSISTANT_ONLY = (ToolUseBlock, ThinkingBlock, RedactedThinkingBlock, McpToolResultBlock)  # and their subclasses
+_ASSISTANT_ONLY = (CallBlock, ThinkingBlock, RedactedThinkingBlock, McpToolResultBlock)
 
 
 MESSAGE_ID_PREFIX = "msg_"
@@ -50,7 +51,9 @@ def to_turn(req: MessagesRequest) -> ChatTurn:
         sampling_request(req),
         MESSAGE_ID_PREFIX,
         tool_choice=anthropic_tool_choice(
-            choice and choice.type, choice and choice.name, choice and choice.disable_parallel_tool_use
+            choice.type if choice else None,
+            choice.name if choice else None,
+            choice.disable_parallel_tool_use if choice else None,
         ),
         output=anthropic_output_format(req.output_format),
         stream=req.stream,
@@ -84,7 +87,7 @@ def to_template_messages(req: CountTokensRequest) -> tuple[list[dict[str, Any]],
             _add_user_text(out, _joined([b for b in msg.content if isinstance(b, TextBlock)]))
             continue
         for j, block in enumerate(msg.content):
-            if isinstance(block, ToolResultBlock):
+            if isinstance(block, ResultBlock):
                 out.append(_tool_message(block, names, f"{where}[{j}]"))
         texts = [b for b in msg.content if isinstance(b, TextBlock)]
         if texts or not msg.content:
@@ -151,7 +154,7 @@ def _check_block(block, role: str, param: str) -> None:
         raise InvalidRequest(f"{param}: this model takes text only; {block.type} blocks are not supported", param=param)
     if role == "user" and isinstance(block, _ASSISTANT_ONLY):
         raise InvalidRequest(f"{param}: {block.type} blocks belong in assistant turns", param=param)
-    if role == "assistant" and type(block) is ToolResultBlock:  # not its mcp_tool_result subclass
+    if role == "assistant" and isinstance(block, ToolResultBlock):  # mcp_tool_result is an assistant's
         raise InvalidRequest(f"{param}: tool_result blocks belong in user turns", param=param)
 
 
@@ -178,7 +181,7 @@ def _assistant(blocks: list, names: dict[str, str]) -> dict[str, Any]:
     thinking = [b.thinking for b in blocks if isinstance(b, ThinkingBlock)]
     if thinking:
         item["reasoning_content"] = BLOCK_SEPARATOR.join(thinking)  # redacted_thinking is opaque: dropped
-    calls = [b for b in blocks if isinstance(b, ToolUseBlock)]  # server_tool_use included (a subclass)
+    calls = [b for b in blocks if isinstance(b, CallBlock)]  # tool_use and server_tool_use
     if calls:
         item["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.input}} for c in calls
@@ -187,7 +190,7 @@ def _assistant(blocks: list, names: dict[str, str]) -> dict[str, Any]:
     return item
 
 
-def _tool_message(block: ToolResultBlock | McpToolResultBlock, names: dict[str, str], param: str) -> dict[str, Any]:
+def _tool_message(block: ResultBlock, names: dict[str, str], param: str) -> dict[str, Any]:
     for k, part in enumerate(block.content):
         if not isinstance(part, TextBlock):
             raise InvalidRequest(
@@ -197,7 +200,7 @@ def _tool_message(block: ToolResultBlock | McpToolResultBlock, names: dict[str, 
     item = {
         "role": "tool",
         "tool_call_id": block.tool_use_id,
-        "content": tool_result_text(_joined(block.content), block.is_error),
+        "content": tool_result_text(_joined([p for p in block.content if isinstance(p, TextBlock)]), block.is_error),
     }
     if block.tool_use_id in names:
         item["name"] = names[block.tool_use_id]

@@ -61,6 +61,7 @@ def make_router(live: LiveContext) -> APIRouter:
         if texts is not None:
             token_lists = await asyncio.to_thread(embedder.tokenize, texts)
         else:
+            assert token_lists is not None  # the input is texts or token ids
             for i, ids in enumerate(token_lists):
                 if any(not 0 <= t < info.vocab_size for t in ids):
                     raise InvalidRequest(

@@ -9,6 +9,8 @@ clients merging deltas put each call and its result together.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from ..errors import openai_error
 from ..sse import DONE, sse_data
@@ -62,7 +64,7 @@ def envelope(rid: str, obj: str, created: int, model: str, choices: list[dict], 
 
 def chat_response(rid: str, created: int, model: str, folded: Folded) -> dict:
     assert folded.finish is not None
-    message = {"role": "assistant", "content": folded.text}
+    message: dict[str, Any] = {"role": "assistant", "content": folded.text}
     if folded.tool_calls:
         message["content"] = folded.text or None  # as OpenAI answers a turn that only calls tools
         message["tool_calls"] = [tool_call(rid, c) for c in folded.tool_calls]

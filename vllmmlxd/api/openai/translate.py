@@ -111,7 +111,8 @@ def _ran_by_server(mcp_calls: object) -> list[dict[str, Any]]:
     ]
     for c in calls:
         result = c.get("result") if isinstance(c.get("result"), dict) else {}
-        blocks = result.get("content") if isinstance(result.get("content"), list) else []
+        content = result.get("content")
+        blocks = content if isinstance(content, list) else []
         text = "\n\n".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict) and b.get("type") == "text")
         text = tool_result_text(text, bool(result.get("is_error")))
         turns.append({"role": "tool", "tool_call_id": c.get("id"), "name": c["function"]["name"], "content": text})
@@ -157,8 +158,9 @@ def completion_prompt(req: CompletionRequest) -> str | list[int]:
     """The single prompt of a completion request: text, or token ids."""
     prompt = req.prompt
     if isinstance(prompt, list):
-        if prompt and all(isinstance(p, int) for p in prompt):
-            return list(prompt)
+        ids = [p for p in prompt if isinstance(p, int)]
+        if prompt and len(ids) == len(prompt):
+            return ids
         if len(prompt) != 1 or not isinstance(prompt[0], str):
             raise InvalidRequest("send one prompt per request", param="prompt")
         prompt = prompt[0]

@@ -63,6 +63,7 @@ class AutoToolParser(ToolParser):
         return [("content", held)] if held else []
 
     def _counted(self, pieces: list[Piece]) -> list[Piece]:
+        assert self.family is not None  # called with the chosen family's pieces
         self.calls = self.family.calls
         return pieces
 

@@ -38,7 +38,9 @@ class FunctionaryToolParser(ToolParser):
     markers = frozenset()  # neither format uses special tokens
 
     def call_end(self, buf: str) -> int | None:
-        name = _NAME.match(buf).end()
+        match = _NAME.match(buf)
+        assert match is not None  # the pattern matches the empty string
+        name = match.end()
         if name == len(buf):
             return None
         if buf[name] != (">" if self.opened == _FUNCTION else "\n") or not name:

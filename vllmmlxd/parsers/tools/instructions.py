@@ -37,6 +37,7 @@ def with_tool_instructions(messages: list[dict], tools: list[dict], parser: type
     if messages and messages[0].get("role") == "system":
         first = messages[0]
         content = first.get("content")
+        merged: str | list
         if isinstance(content, list):  # content parts: keep them, add ours as one more text part
             merged = [*content, {"type": "text", "text": "\n\n" + text}]
         else:
@@ -48,8 +49,26 @@ def with_tool_instructions(messages: list[dict], tools: list[dict], parser: type
 def _example_arguments(schema: dict | None) -> dict:
     """Placeholder arguments shaped like ``schema``'s properties (just an example of the format)."""
     props = (schema or {}).get("properties") or {}
-    placeholders = {"string": "...", "integer": 1, "number": 1.0, "boolean": True, "array": [], "object": {}}
-    return {name: placeholders.get((spec or {}).get("type"), "...") for name, spec in list(props.items())[:3]}
+    return {name: _placeholder(spec) for name, spec in list(props.items())[:3]}
+
+
+_PLACEHOLDERS: dict[str, object] = {
+    "string": "...",
+    "integer": 1,
+    "number": 1.0,
+    "boolean": True,
+    "array": [],
+    "object": {},
+}
+
+
+def _placeholder(spec: object) -> object:
+    """An example value for one property's schema. A schema may be a bool, and its ``type`` a
+    list of types (``["string", "null"]``): the first one named is the example's."""
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if isinstance(kind, list):
+        kind = next((k for k in kind if isinstance(k, str)), None)
+    return _PLACEHOLDERS.get(kind, "...") if isinstance(kind, str) else "..."
 
 
 def calls_as_text(messages: list[dict], parser: type[ToolParser]) -> list[dict]:

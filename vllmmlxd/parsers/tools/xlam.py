@@ -34,10 +34,10 @@ class XlamToolParser(ToolParser):
                 at = len(TOOL_CALLS)
             elif TOOL_CALLS.startswith(buf):
                 return None
-        return json_call_end(buf, _ENDS.get(self.opened, ""), at)
+        return json_call_end(buf, _ENDS.get(self.opened or "", ""), at)
 
     def body_of(self, call_text: str) -> str:
-        end = _ENDS.get(self.opened, "")
+        end = _ENDS.get(self.opened or "", "")
         body = call_text[: -len(end)] if end and call_text.endswith(end) else call_text
         return body.removeprefix(TOOL_CALLS) if self.opened == "" else body
 
