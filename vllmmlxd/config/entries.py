@@ -228,7 +228,8 @@ class ModelConfig(EntryConfig):
     @model_validator(mode="before")
     @classmethod
     def _where_it_runs(cls, data: Any):
-        if isinstance(data, dict) and "model" not in data:
+        # Said of the entry as a whole, unless a misspelt key ("modle") is there to be named instead.
+        if isinstance(data, dict) and "model" not in data and set(data) <= set(cls.model_fields):
             raise ValueError(ONE_OF_THE_TWO)
         if isinstance(data, dict) and "upstream_api_key" in data:
             raise ValueError("upstream_api_key needs upstream")

@@ -266,3 +266,9 @@ def test_the_config_knows_every_tool_call_parser_and_no_other():
         == "mistral"
     )
     assert "auto, deepseek" in error_of("models:\n  a:\n    model: builtin:tiny\n    tool_call_parser: gpt\n")
+
+
+def test_a_misspelt_model_key_is_named_at_its_place():
+    # The entry is one of two kinds (model or upstream); a typo must still be pointed at, with the fix.
+    lines = error_of("models:\n  llama:\n    modle: builtin:tiny\n").splitlines()
+    assert "c.yaml:3:5: models.llama.modle: unknown key; did you mean 'model'?" in lines
