@@ -4,6 +4,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 CONFIG ?= config/default.yaml
 PYTEST_ARGS ?=
+# Test files run on this many processes (a file's tests stay together, so its servers start once).
+# Most of a file's time is a worker starting or a request waiting: two keep two cores busy.
+TEST_JOBS ?= 2
 
 .PHONY: serve test test-fast lint bench clean system-deps
 
@@ -27,7 +30,7 @@ serve: $(VENV)/.runtime
 
 ## test: install the dev extra into .venv, lint and type-check (fast failures first), then run the whole suite
 test: $(VENV)/.dev lint system-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 ## lint: ruff (lint and format) and mypy, configured in pyproject.toml
 lint: $(VENV)/.dev
