@@ -14,6 +14,7 @@ where ``stopped`` (on purpose) waits for a ``start``. Unloading is a stop that e
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Final, Literal, TypedDict
 
@@ -31,43 +32,14 @@ def public_state(phase: Phase) -> states.Shown:
     return states.READY if phase == SWAPPING else phase
 
 
-EventKind = Literal[
-    # commands (from the supervisor, the control API, shutdown)
-    "start",
-    "stop",
-    "restart",
-    "replace",
-    "apply_settings",
-    "shutdown",
-    "load",
-    "unload",
-    # events about the slot's workers and timers
-    "worker_ready",
-    "worker_exited",
-    "held_exited",
-    "health_failed",
-    "start_timeout",
-    "backoff_elapsed",
+Command = Literal["start", "stop", "restart", "replace", "apply_settings", "shutdown", "load", "unload"]
+WorkerEvent = Literal[
+    "worker_ready", "worker_exited", "held_exited", "health_failed", "start_timeout", "backoff_elapsed"
 ]
-COMMANDS: tuple[EventKind, ...] = (
-    "start",
-    "stop",
-    "restart",
-    "replace",
-    "apply_settings",
-    "shutdown",
-    "load",
-    "unload",
-)
-EVENTS: tuple[EventKind, ...] = (
-    *COMMANDS,
-    "worker_ready",
-    "worker_exited",
-    "held_exited",
-    "health_failed",
-    "start_timeout",
-    "backoff_elapsed",
-)
+# Commands come from the supervisor, the control API and shutdown; worker events from the slot's watches and timers.
+EventKind = Literal[Command, WorkerEvent]
+COMMANDS: tuple[Command, ...] = typing.get_args(Command)
+EVENTS: tuple[EventKind, ...] = (*COMMANDS, *typing.get_args(WorkerEvent))
 
 
 @dataclass(frozen=True)
