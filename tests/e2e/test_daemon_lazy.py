@@ -95,6 +95,14 @@ def _wait_log(d, needle: str, timeout: float, after: int = 0) -> float:
     raise AssertionError(f"{needle!r} not logged within {timeout}s:\n{d.log()[-3000:]}")
 
 
+def _gateway_ready(d, timeout: float = 60) -> None:
+    """Before the first request: the gateway's own port answers 503 while its process starts."""
+    deadline = time.monotonic() + timeout
+    while (d.status() or {}).get("gateway", {}).get("state") != "ready":
+        assert time.monotonic() < deadline, f"the gateway did not become ready:\n{d.log()[-3000:]}"
+        time.sleep(0.1)
+
+
 def _stream_for(client, seconds: float) -> None:
     """Stream answers back to back for at least ``seconds``: one request busy across several idle checks."""
     until = time.monotonic() + seconds
@@ -122,6 +130,7 @@ def test_an_idle_unload_happens_on_time_after_a_long_stream_with_nobody_watching
     )
     d.start(env=FAST)
     d.wait_for(lambda ms: ms["b"]["state"] == "unloaded", what="b unloaded")
+    _gateway_ready(d)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway}/v1", api_key="x", max_retries=0, timeout=120)
     _stream_for(client, 5.0)  # longer than idle_unload_s, so idle checks find it busy
     ended, offset = time.monotonic(), len(d.log())
@@ -141,6 +150,7 @@ def test_an_idle_unload_and_a_reload_of_the_same_model_at_once(daemon):
     d.write({"b": entry}, daemon={"drain_timeout": 5}, gateway={"port": gateway, "load_timeout": 120})
     d.start(env=FAST)
     d.wait_for(lambda ms: ms["b"]["state"] == "unloaded", what="b unloaded")
+    _gateway_ready(d)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway}/v1", api_key="x", max_retries=0, timeout=120)
     assert client.completions.create(model="b", prompt="hi", max_tokens=2).choices
     offset = len(d.log())
