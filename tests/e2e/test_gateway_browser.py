@@ -102,6 +102,9 @@ def walk_the_page(driver, base: str, running, completion_tokens) -> None:
     max_tokens = driver.find_element(By.ID, "max-tokens")
     max_tokens.clear()
     max_tokens.send_keys(str(MAX_TOKENS))
+    # Seeded: unseeded random weights sometimes end the answer in a few tokens, before it can be
+    # seen growing or stopped; with this seed tiny's answer runs to max_tokens.
+    driver.find_element(By.ID, "seed").send_keys("1")
     before = completion_tokens()
     box = driver.find_element(By.ID, "chat-input")
     box.send_keys("Tell me a long story.")

@@ -194,11 +194,13 @@ function num(id, fallback) {
 }
 
 function params() {
+  const seed = parseInt($("seed").value, 10); // set: the same answer again, for the same settings
   return {
     model: $("model").value,
     max_tokens: Math.max(1, Math.round(num("max-tokens", 512))),
     temperature: num("temperature", 0.7),
     top_p: num("top-p", 1),
+    ...(Number.isFinite(seed) ? { seed } : {}),
   };
 }
 
@@ -479,6 +481,7 @@ function updateCode() {
     "    max_tokens=" + body.max_tokens + ",",
     "    temperature=" + body.temperature + ",",
     "    top_p=" + body.top_p + ",",
+    ...(body.seed !== undefined ? ["    seed=" + body.seed + ","] : []),
     "    stream=True,",
     ")",
     "for chunk in stream:",
@@ -512,7 +515,7 @@ function setupPlayground() {
       runCompletion();
     }
   });
-  for (const id of ["pg-prompt", "model", "temperature", "top-p", "max-tokens"]) $(id).addEventListener("input", updateCode);
+  for (const id of ["pg-prompt", "model", "temperature", "top-p", "max-tokens", "seed"]) $(id).addEventListener("input", updateCode);
   $("model").addEventListener("change", () => localStorage.setItem("vllmmlxd.model", $("model").value));
   document.querySelectorAll("button.copy").forEach((b) => b.addEventListener("click", () => copyText(b)));
 }
