@@ -52,39 +52,34 @@ def test_auto_serves_on_a_real_library_with_every_core():
     assert "event=blas.selected" in server.log() and f"blas={runtime['blas']}" in server.log()
 
 
-def greedy(blas: str, model: str, tokens: int) -> dict:
+MODELS = ["builtin:tiny", "builtin:smollm2-135m-instruct"]  # SmolLM2: real sizes for the libraries' kernels
+
+
+def greedy(blas: str, tokens: int) -> dict[str, dict]:
+    """Each model's greedy run on ``blas``, in one process (the library is chosen once per process)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.support.greedy", blas, model, str(tokens)],
+        [sys.executable, "-m", "tests.support.greedy", blas, str(tokens), *MODELS],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def installed_choices() -> list[str]:
-    return ["bundled", *INSTALLED]
-
-
-def assert_same_outputs(model: str, tokens: int, tolerance: float) -> None:
-    choices = installed_choices()
-    if len(choices) < 2:
-        pytest.skip("only the bundled BLAS is installed")
-    runs = {choice: greedy(choice, model, tokens) for choice in choices}
-    assert [r["blas"] for r in runs.values()] == choices  # each really ran on its library
-    reference = runs["bundled"]
-    scale = max(abs(x) for x in reference["logits"])
-    for choice, run in runs.items():
-        assert run["tokens"] == reference["tokens"], (choice, run["text"], reference["text"])
-        worst = max(abs(a - b) for a, b in zip(run["logits"], reference["logits"]))
-        assert worst <= tolerance * scale, f"{choice}: logits differ by {worst} (scale {scale})"
-
-
-def test_tiny_gives_the_same_greedy_text_on_every_blas():
-    assert_same_outputs("builtin:tiny", 24, 1e-4)
+    runs = [json.loads(line) for line in proc.stdout.strip().splitlines() if line.startswith("{")]
+    return {run["model"]: run for run in runs}
 
 
 @pytest.mark.slow
-def test_smollm2_gives_the_same_greedy_text_on_every_blas():
-    assert_same_outputs("builtin:smollm2-135m-instruct", 24, 1e-4)
+def test_each_model_gives_the_same_greedy_text_and_logits_on_every_blas():
+    choices = ["bundled", *INSTALLED]
+    if len(choices) < 2:
+        pytest.skip("only the bundled BLAS is installed")
+    runs = {choice: greedy(choice, 16) for choice in choices}
+    for model in MODELS:
+        each = {choice: run[model] for choice, run in runs.items()}
+        assert [r["blas"] for r in each.values()] == choices  # each really ran on its library
+        reference = each["bundled"]
+        scale = max(abs(x) for x in reference["logits"])
+        for choice, run in each.items():
+            assert run["tokens"] == reference["tokens"], (model, choice, run["text"], reference["text"])
+            worst = max(abs(a - b) for a, b in zip(run["logits"], reference["logits"]))
+            assert worst <= 1e-4 * scale, f"{model} on {choice}: logits differ by {worst} (scale {scale})"

@@ -55,21 +55,22 @@ def test_edge_values_that_mean_something_are_served(server, extra):
 
 
 def test_a_large_conversation_renders_without_stalling_health(server):
-    # ~15 MB of messages: rendered off the event loop, so /health keeps answering meanwhile.
-    big = [{"role": "user", "content": "word " * 1000}] * 3000
+    # ~6 MB of messages (seconds of rendering here): rendered off the event loop, so /health keeps
+    # answering meanwhile, many times over; on the loop, it would answer once, after the render.
+    big = [{"role": "user", "content": "word " * 1000}] * 1200
     with cf.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(
             httpx.post, server.url + "/v1/chat/completions", json={"messages": big, "max_tokens": 1}, timeout=120
         )
-        worst = 0.0
+        worst, answers = 0.0, 0
         while not fut.done():
             started = time.monotonic()
             assert httpx.get(server.url + "/health", timeout=10).status_code == 200
-            worst = max(worst, time.monotonic() - started)
+            worst, answers = max(worst, time.monotonic() - started), answers + 1
             time.sleep(0.05)
         r = fut.result()
     assert r.status_code in (400, 413), r.text  # longer than the context (or the body cap): a 4xx either way
-    assert worst < 2.0, worst
+    assert worst < 2.0 and answers >= 3, (worst, answers)
 
 
 KEY = "sk-hardening-test-key"

@@ -1,8 +1,9 @@
-"""Run in a fresh interpreter: choose a BLAS, load a model, print greedy tokens and last-token logits.
+"""Run in a fresh interpreter: choose a BLAS, load each model, print its greedy tokens and the
+log-probabilities of its first generated token, one JSON line per model.
 
-    python -m tests.support.greedy BLAS MODEL TOKENS
+    python -m tests.support.greedy BLAS TOKENS MODEL [MODEL...]
 
-Used to compare the engine's outputs across BLAS libraries; each needs its own process.
+Used to compare the engine's outputs across BLAS libraries; each library needs its own process.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 PROMPT = [{"role": "user", "content": "Name three colours and say why the sky is blue."}]
 
 
-def main(blas: str, model: str, tokens: int) -> None:
+def main(blas: str, tokens: int, models: list[str]) -> None:
     from vllmmlxd.runtime.blas import activate
 
     active = activate(blas, 1)
@@ -26,14 +27,17 @@ def main(blas: str, model: str, tokens: int) -> None:
     from vllmmlxd.paths import resolve_state_dir
 
     info = confirm(active)
-    loaded = load_model(model, resolve_state_dir())
-    prompt = loaded.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True)
-    logits = loaded.model(mx.array([prompt]))[0, -1]
-    out = [int(t) for t, _ in generate_step(mx.array(prompt), loaded.model, max_tokens=tokens)]
-    print(
-        json.dumps({"blas": info.name, "tokens": out, "text": loaded.tokenizer.decode(out), "logits": logits.tolist()})
-    )
+    for model in models:
+        loaded = load_model(model, resolve_state_dir())
+        prompt = loaded.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True)
+        out, first = [], None
+        # One prefill: the first step's log-probabilities stand for the prompt's last-token logits.
+        for token, logprobs in generate_step(mx.array(prompt), loaded.model, max_tokens=tokens):
+            out.append(int(token))
+            first = logprobs.tolist() if first is None else first
+        text = loaded.tokenizer.decode(out)
+        print(json.dumps({"model": model, "blas": info.name, "tokens": out, "text": text, "logits": first}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3:])

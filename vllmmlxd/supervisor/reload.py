@@ -84,7 +84,8 @@ async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -
     if dry_run:
         return ReloadReply(ok=True, dry_run=True, plan=text, error=None, entries=diff.entries())
     sup._take_daemon_keys(diff, new.config)
-    sup._keep_shares(diff, plan_shares(new.config))
+    sup.shares = plan_shares(new.config)
+    keep_shares(sup.entry_units(), diff, sup.shares)
     entries = {
         n: EntryFacts("model", (e.host, e.port), e.load == "lazy")
         if isinstance(e, ModelConfig)
@@ -96,7 +97,7 @@ async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -
     }
     steps = plan_reload(
         diff,
-        sup._facts(),
+        sup.loads.facts(),
         addresses,
         entries,
         frozenset(n for n in diff.changed if memory.swap(n)),
@@ -122,6 +123,29 @@ def plan_shares(config: Config) -> dict[str, cpus.CpuShare]:
     return shares
 
 
+def keep_shares(units, plan: ReloadPlan, shares: dict[str, cpus.CpuShare]) -> None:
+    """Running workers keep their cores; the new plan applies to the workers about to start.
+
+    Restarting an unchanged model only to move it to other cores would reload its weights
+    for nothing: it moves when it next restarts (``vllmmlxctl restart NAME``).
+    """
+    for name in plan.unchanged:
+        unit = units.get(name)
+        if not isinstance(unit, ModelUnit):
+            continue
+        held, planned = unit.slot.share, shares.get(name)
+        if held != planned:
+            log_event(
+                logger,
+                "cpu.share_kept",
+                model=name,
+                cpus=held and held.render(),
+                planned=planned and planned.render(),
+                applies="at its next restart",
+            )
+            unit.slot.plan_share(planned)
+
+
 class ReloadRun:
     """A reload between its plan and its record; see the module's docstring."""
 
@@ -139,8 +163,8 @@ class ReloadRun:
         """In the task: run the first wave; ``done`` (in the task too) gets the reply at the end."""
         self._done = done
         names = self.steps.names()
-        before = self.sup._pending(names)  # an idle unload or a load on one of them finishes first
-        self.sup._operation({n: "reloading" for n in names}, self._first(before), self._between)
+        before = self.sup.ops.pending(names)  # an idle unload or a load on one of them finishes first
+        self.sup.ops.start({n: "reloading" for n in names}, self._first(before), self._between)
 
     async def _first(self, before: list[asyncio.Task]) -> None:
         if before:
@@ -187,7 +211,7 @@ class ReloadRun:
         sup.units = dict(sorted(sup.units.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
         gateway_step = self._gateway_step()
         names = self.steps.names()
-        sup._operation({n: "reloading" for n in names}, self._second(gateway_step), self._end)
+        sup.ops.start({n: "reloading" for n in names}, self._second(gateway_step), self._end)
 
     def _gateway_step(self) -> tuple[str, GatewayUnit | None]:
         """What happens to the gateway, decided (and its unit made or dropped) in the task."""

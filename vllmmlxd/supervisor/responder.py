@@ -13,10 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import socket
 from dataclasses import dataclass
 from typing import Callable
+
+from ..log import log_event
+
+logger = logging.getLogger("vllmmlxd.supervisor")
 
 _HEAD_LIMIT = 64 * 1024
 _BODY_LIMIT = 1024 * 1024  # a larger body is not read: the close may then reset the connection
@@ -129,3 +134,34 @@ class Responder:
             writer.close()
             with contextlib.suppress(OSError, asyncio.TimeoutError):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+
+class StandIn:
+    """A slot's stand-in: a ``Responder`` on its socket exactly while the slot wants one."""
+
+    def __init__(self, name: str, why: Callable[[], Unavailable], answered: Callable[[Unavailable], None]):
+        self._name = name
+        self._why = why
+        self._answered = answered
+        self._responder: Responder | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._responder is not None
+
+    async def sync(self, sock: socket.socket | None, wanted: bool) -> None:
+        if sock is None or not wanted:
+            self.stop()
+            return
+        if self._responder is None:
+            self._responder = Responder(sock, self._why, self._answered)
+            try:
+                await self._responder.start()
+            except OSError as exc:
+                log_event(logger, "slot.responder_failed", logging.WARNING, model=self._name, error=str(exc))
+                self._responder = None
+
+    def stop(self) -> None:
+        if self._responder is not None:
+            self._responder.stop()
+            self._responder = None

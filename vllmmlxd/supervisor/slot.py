@@ -19,13 +19,12 @@ through its commands (a lazy model's load and unload, new settings, a planned sh
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, Literal
+from typing import Callable
 
 from ..log import event_line, log_event
 from ..runtime.cpus import CpuShare
@@ -34,29 +33,26 @@ from . import states
 from .exit_reason import exit_reason
 from .log_lines import LogLines
 from .process import UnitConfig, WorkerProcess
-from .responder import Responder, Unavailable, unavailable
+from .responder import StandIn, Unavailable, unavailable
+from .slot_news import Result, Waiter, Waits, announcement, settle, why_not
+from .slot_workers import PushSettings, SlotWorkers
 from .transitions import (
-    COMMANDS,
-    EVENTS,
     SWAPPING,
     UNLOADED,
     Counters,
     Decision,
     Event,
-    EventKind,
     Phase,
+    command_kind,
     decide,
     public_state,
+    worker_event_kind,
 )
 from .tuning import Tuning
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
-Result = tuple[bool, "str | None"]  # ok, and why not
-
-
-# supervisor/live.py's push_settings: (True, config hash) once the worker runs the config, else (False, why).
-PushSettings = Callable[[Path, UnitConfig], Awaitable["tuple[bool, str | None]"]]
+__all__ = ["PushSettings", "Result", "Slot", "SlotSettings"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +71,7 @@ class _Msg:
     event: Event | None = None
     worker: WorkerProcess | None = None
     future: asyncio.Future | None = None
-    waits: Literal["serving", "stopped"] | None = None
+    waits: Waits | None = None
     config: UnitConfig | None = None
     share: CpuShare | None = None
     sock: socket.socket | None = None
@@ -119,15 +115,12 @@ class Slot:
         self.module = module  # the program its workers run
         self._on_demand = on_demand  # a request came for it while unloaded: the supervisor loads it
         self._on_change = on_change
-        self._push_settings = push_settings
         self._queue: asyncio.Queue[_Msg] = asyncio.Queue()
-        self._waiters: list[tuple[asyncio.Future, str]] = []
+        self._waiters: list[Waiter] = []
         self._backoff: asyncio.Task | None = None
         self._backoff_token = 0
-        self._tasks: set[asyncio.Task] = set()  # worker watches, drains, pushes
-        self._retiring: set[asyncio.Task] = set()  # workers draining after a swap
-        self._alive: set[WorkerProcess] = set()  # every worker of this slot not yet reaped
-        self._responder: Responder | None = None
+        self._workers = SlotWorkers(name, self._post, push_settings)
+        self._stand_in = StandIn(name, self.unavailable, self._answered)
         self._closed = False
         self._actor = asyncio.create_task(self._run(), name=f"slot-{name}")
         if lazy:  # bound now: clients get a 503 saying why, not a refused connection
@@ -192,13 +185,11 @@ class Slot:
         """Stop for good: kill a starting worker, drain a ready one, end the actor. Returns the socket
         when ``keep_socket`` (for another slot to take), else closes it."""
         await self._command("shutdown", "stopped")
-        # asyncio.wait, not gather: a caller cancelled here must not cancel the drains or the actor.
-        if self._retiring:
-            await asyncio.wait(set(self._retiring))
+        await self._workers.wait_retired()
         sock = await self.release_socket()
         self._closed = True
         self._queue.put_nowait(_Msg("close"))
-        await asyncio.wait({self._actor})
+        await asyncio.wait({self._actor})  # not gather: a caller cancelled here must not cancel the actor
         if sock is not None and not keep_socket:
             sock.close()
             return None
@@ -208,7 +199,7 @@ class Slot:
         if self._actor.done():
             return False, f"model {self.name} is shut down"
         future = asyncio.get_running_loop().create_future()
-        event = Event(_command_kind(kind), hold_both=hold_both)
+        event = Event(command_kind(kind), hold_both=hold_both)
         self._queue.put_nowait(_Msg(kind, event=event, future=future, waits=waits, **payload))
         return await future
 
@@ -221,7 +212,7 @@ class Slot:
         while True:
             msg = await self._queue.get()
             if msg.kind == "close":
-                self._stop_responder()
+                self._stand_in.stop()
                 return
             try:
                 await self._handle(msg)
@@ -256,7 +247,7 @@ class Slot:
             if self.phase != states.STOPPED:
                 msg.future.set_exception(RuntimeError(f"release_socket while {self.phase}"))
                 return
-            self._stop_responder()
+            self._stand_in.stop()
             sock, self.sock = self.sock, None
             _resolve(msg.future, sock)
             return
@@ -309,7 +300,7 @@ class Slot:
         if msg.kind == "start_timeout":  # kept for when its exit (the kill) is reported
             assert worker is not None  # a worker's event names it
             worker.failure = f"did not become ready within {self.settings.tuning.ready_timeout_s:g}s"
-        return Event(_worker_event_kind(msg.kind))
+        return Event(worker_event_kind(msg.kind))
 
     async def _apply(self, d: Decision, msg: _Msg, event: Event) -> None:
         before = (public_state(self.phase), self.pid)
@@ -353,19 +344,20 @@ class Slot:
         elif action == "kill" and self.worker is not None:
             self.worker.kill()
         elif action == "drain" and self.worker is not None:
-            self._drain(self.worker)
+            self._workers.drain(self.worker, self.settings.drain_timeout)
         elif action == "release_held" and self.held is not None:
             held, self.held = self.held, None
-            self._retire(held)
+            self._workers.retire(held, self.settings.drain_timeout)
         elif action == "restore_held" and self.held is not None:
             self.worker, self.held = self.held, None
             self.config, self.share, self.planned_share = self.worker.config, self.worker.share, self.worker.share
             self.ready_since = time.time() - (time.monotonic() - (self.worker.ready_at or time.monotonic()))
         elif action == "push_settings" and self.worker is not None:
-            self._track(self._push(self.worker, self.config, msg.future))
+            future = msg.future
+            self._workers.push(self.worker, self.config, lambda result: _resolve(future, result))
         elif action == "schedule_backoff":
             self._backoff_token += 1
-            self._backoff = self._track(self._backoff_timer(d.delay or 0.0, self._backoff_token))
+            self._backoff = self._workers.backoff(d.delay or 0.0, self._backoff_token)
         elif action == "cancel_backoff":
             self._backoff_token += 1
             if self._backoff is not None:
@@ -377,12 +369,12 @@ class Slot:
         if msg.kind == "replace":
             self.planned_share = msg.share
         if msg.sock is not None and msg.sock is not self.sock:
-            self._stop_responder()
+            self._stand_in.stop()
             if self.sock is not None:
                 self.sock.close()
             self.sock = msg.sock
         elif (new.host, new.port) != (self.config.host, self.config.port) and self.sock is not None:
-            self._stop_responder()  # a new address: bound at the next spawn
+            self._stand_in.stop()  # a new address: bound at the next spawn
             self.sock.close()
             self.sock = None
         self.config = new
@@ -403,11 +395,11 @@ class Slot:
         try:
             if self.sock is None:
                 self.sock = bind_tcp(self.config.host, self.config.port)
-            self._stop_responder()  # the worker inherits the socket; the stand-in restarts if it must
-            worker = await WorkerProcess.spawn(
-                self.name,
+            self._stand_in.stop()  # the worker inherits the socket; the stand-in restarts if it must
+            worker = await self._workers.spawn(
                 self.config,
-                listen_fd=self.sock.fileno(),
+                self.sock,
+                s.tuning,
                 state_dir=s.state_dir,
                 drain_timeout=s.drain_timeout,
                 log_level=s.log_level,
@@ -423,87 +415,11 @@ class Slot:
             return Event("worker_exited", code=None, ready_for_s=None)
         worker.share = self.share = self.planned_share
         self.worker = worker
-        self._alive.add(worker)
-        self._track(self._watch(worker))
         return None
-
-    async def _watch(self, worker: WorkerProcess) -> None:
-        """Readiness, then periodic health, then the exit of one worker, posted as events."""
-        t = self.settings.tuning
-        try:
-            ready = await worker.wait_ready(t.ready_timeout_s, on_listening=lambda: self._post("listening", worker))
-            if ready:
-                self._post("worker_ready", worker)
-            elif worker.alive:
-                self._post("start_timeout", worker)
-            failures = 0
-            while ready and worker.alive:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(worker.proc.wait()), t.health_interval_s)
-                    break
-                failures = 0 if await worker.healthy(t.health_timeout_s) else failures + 1
-                if failures >= t.health_failures and worker.alive:
-                    log_event(
-                        logger,
-                        "worker.unhealthy",
-                        logging.WARNING,
-                        model=self.name,
-                        pid=worker.pid,
-                        failed_checks=failures,
-                    )
-                    self._post("health_failed", worker)
-                    failures = 0
-        finally:
-            await worker.wait()
-            self._alive.discard(worker)
-            self._post("worker_exited", worker)
-
-    def _drain(self, worker: WorkerProcess) -> None:
-        """SIGTERM now; SIGKILL if it is still there after the drain timeout (its exit is watched)."""
-        self._track(worker.stop(self.settings.drain_timeout))
-
-    def _retire(self, worker: WorkerProcess) -> None:
-        async def drain() -> None:
-            log_event(logger, "worker.draining", model=self.name, pid=worker.pid)
-            code = await worker.stop(self.settings.drain_timeout)
-            log_event(logger, "worker.exited", model=self.name, pid=worker.pid, exit_code=code)
-
-        task = self._track(drain())
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
-
-    async def _push(self, worker: WorkerProcess, config: UnitConfig, future: asyncio.Future | None) -> None:
-        why: str | None
-        ok, why = False, "no way to push settings"
-        if self._push_settings is not None:
-            try:
-                ok, why = await self._push_settings(worker.health_socket, config)
-            except Exception as exc:  # a push must never take the slot down
-                why = f"{type(exc).__name__}: {exc}"
-        if ok:
-            worker.config = config  # what it runs now: a failed swap later restores this, not its start config
-        else:
-            log_event(logger, "worker.settings_failed", logging.WARNING, model=self.name, pid=worker.pid, error=why)
-        _resolve(future, (ok, None if ok else why))
-
-    async def _backoff_timer(self, delay: float, token: int) -> None:
-        await asyncio.sleep(delay)
-        self._post("backoff_elapsed", token=token)
-
-    def _track(self, coro) -> asyncio.Task:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     def kill_all(self) -> list[int]:
         """SIGKILL every worker still alive (the daemon's last resort at exit); their pids."""
-        pids = []
-        for worker in list(self._alive):
-            if worker.alive:
-                worker.kill()
-                pids.append(worker.pid)
-        return pids
+        return self._workers.kill_all()
 
     # -- what callers and clients see -------------------------------------
 
@@ -511,25 +427,18 @@ class Slot:
         state = public_state(self.phase)
         if (state, self.pid) == before and not (d.phase == SWAPPING and event.kind != "held_exited"):
             return
-        fields: dict = {"model": self.name}
-        level = logging.INFO
-        if d.phase == SWAPPING:
-            name, fields = (
-                "worker.replacing",
-                fields | {"old_pid": self.held and self.held.pid, "pid": self.worker and self.worker.pid},
-            )
-        else:
-            name = f"worker.{state}"
-            if state in (states.STARTING, states.DRAINING):
-                fields["pid"] = self.worker and self.worker.pid
-            elif state == states.READY:
-                fields |= {"pid": self.pid, "url": self.url}
-            elif state == states.BACKOFF:
-                fields |= {"exit_code": self.last_exit_code, "retry_in_s": d.delay}
-                level = logging.WARNING
-            elif state == states.FAILED:
-                fields |= {"exit_code": self.last_exit_code, "reason": self.fail_reason}
-                level = logging.ERROR
+        name, level, fields = announcement(
+            self.name,
+            state,
+            d.phase == SWAPPING,
+            pid=self.pid,
+            worker_pid=self.worker.pid if self.worker else None,
+            held_pid=self.held.pid if self.held else None,
+            url=self.url,
+            exit_code=self.last_exit_code,
+            reason=self.fail_reason,
+            retry_in_s=d.delay,
+        )
         log_event(logger, name, level, **fields)
         # `vllmmlxctl logs MODEL` shows the daemon's view of the model beside the worker's own lines.
         self.log.keep(event_line(name, logging.getLevelName(level).lower(), **fields))
@@ -537,22 +446,9 @@ class Slot:
 
     def _settle(self, outcome: str) -> None:
         """Resolve the callers waiting for this outcome."""
-        error = None if outcome in ("ready", "stopped", "gone", "kept") else self._why_not(outcome)
-        keep = []
-        for future, waits in self._waiters:
-            if waits == "serving" and outcome != "gone":
-                ok = outcome in ("ready", "kept")
-                _resolve(future, (ok, error if outcome != "stopped" else "stopped before it was ready"))
-            elif waits == "stopped" and outcome in ("stopped", "gone"):
-                _resolve(future, (True, None))
-            else:
-                keep.append((future, waits))
-        self._waiters = keep
-
-    def _why_not(self, outcome: str) -> str:
-        if outcome == "failed":
-            return f"{self.fail_reason}: {self.last_error}" if self.last_error else str(self.fail_reason)
-        return self.last_error or outcome
+        answered, self._waiters = settle(self._waiters, outcome, why_not(outcome, self.fail_reason, self.last_error))
+        for future, result in answered:
+            _resolve(future, result)
 
     def _answered(self, why: Unavailable) -> None:
         if why.status == "unloaded":
@@ -566,21 +462,7 @@ class Slot:
         """Run the stand-in exactly while no worker serves, or is about to, on the slot's socket."""
         idle = self.phase in (states.STARTING, states.BACKOFF, states.FAILED, states.STOPPED, UNLOADED)
         worker_accepts = self.worker is not None and self.worker.listening
-        if self.sock is not None and idle and not worker_accepts and not self._closed:
-            if self._responder is None:
-                self._responder = Responder(self.sock, self.unavailable, self._answered)
-                try:
-                    await self._responder.start()
-                except OSError as exc:
-                    log_event(logger, "slot.responder_failed", logging.WARNING, model=self.name, error=str(exc))
-                    self._responder = None
-        else:
-            self._stop_responder()
-
-    def _stop_responder(self) -> None:
-        if self._responder is not None:
-            self._responder.stop()
-            self._responder = None
+        await self._stand_in.sync(self.sock, idle and not worker_accepts and not self._closed)
 
     @property
     def state(self) -> states.Shown:
@@ -604,21 +486,6 @@ class Slot:
     def serving(self) -> WorkerProcess | None:
         worker = self.held if self.phase == SWAPPING and self.held is not None else self.worker
         return worker if worker is not None and worker.alive else None
-
-
-_KINDS: dict[str, EventKind] = {kind: kind for kind in EVENTS}  # a message's kind, typed as the event it is
-
-
-def _command_kind(kind: str) -> EventKind:
-    if kind not in COMMANDS:
-        raise ValueError(f"not a slot command: {kind}")
-    return _KINDS[kind]
-
-
-def _worker_event_kind(kind: str) -> EventKind:
-    if kind not in _KINDS or kind in COMMANDS:
-        raise ValueError(f"not a worker event: {kind}")
-    return _KINDS[kind]
 
 
 def _resolve(future: asyncio.Future | None, value) -> None:

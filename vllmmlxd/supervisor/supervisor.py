@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
 import os
 import socket
@@ -31,11 +30,11 @@ from ..config.gateway import GatewayConfig
 from ..config.load import LoadedConfig
 from ..config.schema import Config, DaemonConfig, Resolved, ResolvedUpstream
 from ..log import log_event
-from ..runtime import cpus
 from . import states
 from .gateway import GATEWAY, Publication, build_spec
-from .memory import entry_footprints, load_memory_plan, read_capacity
-from .plan import Answer, Busy, Join, Load, LoadWanted, Tick, UnitFacts, Unload, plan
+from .loads import Loads
+from .memory import Capacity, entry_footprints, load_memory_plan, read_capacity
+from .operations import Msg, Operations, fail, resolve
 from .reload import plan_shares, prepare, swap_or_say_why
 from .slot import PushSettings, Slot, SlotSettings
 from .units import GatewayUnit, ModelUnit, Unit, UpstreamUnit
@@ -44,23 +43,7 @@ from .views import ActionReply, DaemonView, ReloadRecord, ReloadReply, StatusVie
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
-IDLE_CHECK_S = 1.0  # how often lazy models' idle time is read from their workers and compared with idle_unload_s
 GATEWAY_KEY = ":gateway"  # the gateway's key among the units: no entry name starts with ':'
-
-
-@dataclasses.dataclass
-class _Msg:
-    kind: str
-    future: asyncio.Future | None = None
-    name: str = ""
-    value: Any = None
-
-
-@dataclasses.dataclass
-class _Op:
-    task: asyncio.Task
-    names: tuple[str, ...]
-    done: Callable[[Any, BaseException | None], None] | None
 
 
 class Supervisor:
@@ -87,18 +70,16 @@ class Supervisor:
         self.shares = plan_shares(loaded.config)
         self.control_socket = control_socket  # the daemon's: the gateway asks there for lazy models to load
         self._on_change_outer = on_change
-        self._queue: asyncio.Queue[_Msg] = asyncio.Queue()
-        self._busy: dict[str, tuple[Busy, int]] = {}  # unit name -> what an operation does to it, and which
-        self._ops: dict[int, _Op] = {}
-        self._op_ids = itertools.count(1)
-        self._loads: dict[str, list[asyncio.Future]] = {}  # callers waiting for a load in flight
+        self._queue: asyncio.Queue[Msg] = asyncio.Queue()
+        self.ops = Operations(self._post)  # what runs beside the task, and the units it is on
+        # Late-bound: a test stands in for the machine's memory by replacing _footprints.
+        self.loads = Loads(self.entry_units, self.ops, lambda: self._footprints())
         self._reloading = False
-        self._reloads: list[_Msg] = []  # reloads asked for while one runs: one after the other
+        self._reloads: list[Msg] = []  # reloads asked for while one runs: one after the other
         self._publication = Publication()
         self._publishing = False
         self._change_queued = False
         self._closing = False
-        self._tasks: set[asyncio.Task] = set()  # joins and publications: short, tracked
         self._ticker: asyncio.Task | None = None
         self._task: asyncio.Task | None = None  # started by the first message (the daemon is built before its loop)
 
@@ -130,10 +111,10 @@ class Supervisor:
 
     def use_daemon_config(self, daemon: DaemonConfig) -> None:
         """Workers started from now on get this drain timeout and log level."""
-        self._post(_Msg("daemon_config", value=daemon))
+        self._post(Msg("daemon_config", value=daemon))
 
     def note_config_missing(self, missing: bool) -> None:
-        self._post(_Msg("config_missing", value=missing))
+        self._post(Msg("config_missing", value=missing))
 
     async def stop_all(self) -> None:
         """Shut every unit down in parallel: starting workers are killed, ready ones drain; sockets close."""
@@ -148,10 +129,10 @@ class Supervisor:
         if self._task is not None and self._task.done():
             raise RuntimeError("the supervisor has stopped")
         future = asyncio.get_running_loop().create_future()
-        self._post(_Msg(kind, future, name, value))
+        self._post(Msg(kind, future, name, value))
         return await future
 
-    def _post(self, msg: _Msg) -> None:
+    def _post(self, msg: Msg) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="supervisor")
         self._queue.put_nowait(msg)
@@ -160,7 +141,7 @@ class Supervisor:
         """A unit's news (its actor calls this): one "changed" message however many come at once."""
         if not self._change_queued:
             self._change_queued = True
-            self._post(_Msg("changed"))
+            self._post(Msg("changed"))
 
     # -- reads: plain data, from any task --------------------------------------------------------
 
@@ -236,79 +217,22 @@ class Supervisor:
                 log_event(
                     logger, "supervisor.error", logging.ERROR, kind=msg.kind, error=f"{type(exc).__name__}: {exc}"
                 )
-                _fail(msg.future, exc)
+                fail(msg.future, exc)
             if msg.kind == "shutdown":
                 return
 
-    def _operation(
-        self,
-        busy: dict[str, Busy],
-        work: Awaitable[Any],
-        done: Callable[[Any, BaseException | None], None] | None = None,
-    ) -> None:
-        """Run ``work`` beside the task with ``busy`` marked on its units; ``done`` runs in the task after it."""
-        op_id = next(self._op_ids)
-        self._busy.update({name: (what, op_id) for name, what in busy.items()})
-
-        async def run() -> None:
-            result, error = None, None
-            try:
-                result = await work
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                error = exc
-            self._post(_Msg("op_done", value=(op_id, result, error)))
-
-        self._ops[op_id] = _Op(asyncio.create_task(run(), name=f"op-{op_id}"), tuple(busy), done)
-
-    def _on_op_done(self, msg: _Msg) -> None:
-        op_id, result, error = msg.value
-        op = self._ops.pop(op_id, None)
-        if op is None:
-            return
-        for name in op.names:  # a later operation may have taken the unit over
-            if self._busy.get(name, (None, None))[1] == op_id:
-                del self._busy[name]
-        if error is not None:
-            log_event(
-                logger,
-                "supervisor.operation_failed",
-                logging.ERROR,
-                units=",".join(op.names),
-                error=f"{type(error).__name__}: {error}",
-            )
-        if op.done is not None:
-            op.done(result, error)
-        self._changed()
-
-    def _pending(self, names) -> list[asyncio.Task]:
-        """The operations on these units still running: a new one on them waits for them first."""
-        ids = {self._busy[n][1] for n in names if n in self._busy}
-        return [self._ops[i].task for i in ids if i in self._ops]
-
-    def _track(self, coro) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _facts(self, footprints: dict[str, int] | None = None) -> dict[str, UnitFacts]:
-        out: dict[str, UnitFacts] = {}
-        for name, unit in self.entry_units().items():
-            if isinstance(unit, ModelUnit):
-                out[name] = unit.facts((footprints or {}).get(name, 0), self._busy.get(name, (None, 0))[0])
-            else:
-                out[name] = unit.facts()
-        return out
-
     # -- messages --------------------------------------------------------------------------------
 
-    def _on_changed(self, msg: _Msg) -> None:
+    def _on_op_done(self, msg: Msg) -> None:
+        self.ops.finish(*msg.value)
+        self._changed()
+
+    def _on_changed(self, msg: Msg) -> None:
         self._change_queued = False
         self._on_change_outer()
         self._publish()
 
-    def _on_daemon_config(self, msg: _Msg) -> None:
+    def _on_daemon_config(self, msg: Msg) -> None:
         daemon: DaemonConfig = msg.value
         self.settings = dataclasses.replace(
             self.settings, drain_timeout=daemon.drain_timeout, log_level=daemon.log_level
@@ -317,21 +241,21 @@ class Supervisor:
             if isinstance(unit, (ModelUnit, GatewayUnit)):
                 unit.slot.use_settings(self.settings)
 
-    def _on_config_missing(self, msg: _Msg) -> None:
+    def _on_config_missing(self, msg: Msg) -> None:
         self.config_missing = msg.value
 
-    def _on_start_all(self, msg: _Msg) -> None:
+    def _on_start_all(self, msg: Msg) -> None:
         for name, entry in self.loaded.config.models.items():
             self._add_entry(name, entry)
         if self.loaded.config.gateway is not None:
             self._add_gateway(self.loaded.config.gateway)
-        self._ticker = asyncio.create_task(self._tick_loop(), name="idle-ticker")
+        self._ticker = asyncio.create_task(self.loads.ticker(self._post), name="idle-ticker")
         starting = [
             u.slot.start()
             for u in self.units.values()
             if isinstance(u, GatewayUnit) or isinstance(u, ModelUnit) and not u.lazy
         ]
-        self._operation({}, asyncio.gather(*starting), lambda _r, _e: _resolve(msg.future, None))
+        self.ops.start({}, asyncio.gather(*starting), lambda _r, _e: resolve(msg.future, None))
         self._changed()
 
     def _add_entry(self, name: str, config: Resolved, sock: socket.socket | None = None) -> None:
@@ -352,7 +276,7 @@ class Supervisor:
                 sock=sock,
                 push_settings=self.push_settings,
                 lazy=config.load == "lazy",
-                on_demand=lambda: self._post(_Msg("demand", name=name)),
+                on_demand=lambda: self._post(Msg("demand", name=name)),
             ),
         )
 
@@ -399,11 +323,11 @@ class Supervisor:
                 log_event(logger, "gateway.routes", logging.DEBUG, version=spec.version, routes=len(spec.routes))
             else:
                 log_event(logger, "gateway.push_failed", logging.WARNING, pid=gateway.slot.pid, error=why)
-            self._post(_Msg("published", value=(spec.config_hash(), ok)))
+            self._post(Msg("published", value=(spec.config_hash(), ok)))
 
-        self._track(hand_over())
+        self.ops.track(hand_over())
 
-    def _on_published(self, msg: _Msg) -> None:
+    def _on_published(self, msg: Msg) -> None:
         content, ok = msg.value
         self._publishing = False
         if ok:
@@ -412,131 +336,36 @@ class Supervisor:
 
     # -- loads and idle unloads ------------------------------------------------------------------
 
-    def _on_demand(self, msg: _Msg) -> Awaitable[None]:
+    def _on_demand(self, msg: Msg) -> Awaitable[None]:
         """A request on an unloaded model's own port (answered 503): load it, as the gateway would."""
         log_event(logger, "model.demanded", model=msg.name, reason="a request on its port")
         return self._on_load(msg)
 
-    async def _on_load(self, msg: _Msg) -> None:
-        await self._admit(msg, start=False)
+    async def _on_load(self, msg: Msg) -> None:
+        await self.loads.admit(msg.name, msg.future, start=False)
 
-    async def _admit(self, msg: _Msg, *, start: bool) -> None:
-        """Decide a load (``start``: a `vllmmlxctl start`, which also loads a model stopped on purpose)."""
-        name = msg.name
-        event = LoadWanted(name, start=start)
-        actions = plan(self._facts(), None, event)
-        if any(isinstance(a, Load) for a in actions):  # admission: now with fresh idle times, footprints, memory
-            await asyncio.gather(
-                *(
-                    u.refresh()
-                    for u in self.entry_units().values()
-                    if isinstance(u, ModelUnit) and u.lazy and u.slot.serving is not None
-                ),
-                return_exceptions=True,
-            )
-            capacity, footprints = await asyncio.to_thread(self._footprints)
-            actions = plan(self._facts(footprints), capacity.usable_mb, event)
-        for action in actions:
-            if isinstance(action, Answer):
-                if not action.ok:
-                    log_event(
-                        logger,
-                        "memory.load_refused" if "memory" in action.message else "model.load_refused",
-                        logging.WARNING,
-                        model=name,
-                        error=action.message,
-                    )
-                _resolve(msg.future, ActionReply(action.ok, name, action.message))
-            elif isinstance(action, Join):
-                self._join(name, msg.future)
-        unloads = [a for a in actions if isinstance(a, Unload)]
-        load = next((a for a in actions if isinstance(a, Load)), None)
-        if load is None:
-            return
-        unit = self.units[name]
-        assert isinstance(unit, ModelUnit)
-        for victim in unloads:
-            log_event(logger, "model.unloading", model=victim.name, reason="memory", for_model=name)
-        log_event(logger, "model.loading", model=name, reason="start" if start else "on demand")
-        self._loads[name] = [msg.future] if msg.future is not None else []
-        victims = [self.units[v.name] for v in unloads]
-        before = self._pending([name, *(v.name for v in unloads)])
+    def _on_tick(self, msg: Msg) -> None:
+        self.loads.tick()
 
-        async def work() -> tuple[bool, str | None]:
-            if before:
-                await asyncio.wait(before)
-            await asyncio.gather(*(v.slot.unload() for v in victims if isinstance(v, ModelUnit)))
-            if start:  # from stopped too
-                return await unit.slot.start(), unit.slot.last_error
-            return await unit.slot.load()
-
-        def done(result, error) -> None:
-            ok, why = result if error is None else (False, str(error))
-            reply = ActionReply(ok, name, "ready" if ok else f"did not become ready: {why}")
-            for future in self._loads.pop(name, []):
-                _resolve(future, reply)
-
-        self._operation({name: "loading", **{v.name: "unloading" for v in unloads}}, work(), done)
-
-    def _join(self, name: str, future: asyncio.Future | None) -> None:
-        """Wait for ``name`` to be ready: with the load in flight if there is one, else on its slot."""
-        if name in self._loads:
-            if future is not None:
-                self._loads[name].append(future)
-            return
-        unit = self.units[name]
-        if not isinstance(unit, ModelUnit):
-            return
-
-        async def wait() -> None:
-            ok, why = await unit.slot.load()
-            _resolve(future, ActionReply(ok, name, "ready" if ok else f"did not become ready: {why}"))
-
-        self._track(wait())
-
-    def _footprints(self):
+    def _footprints(self) -> tuple[Capacity, dict[str, int]]:
         """The machine's usable memory and every model unit's footprint (reads model files: off the task)."""
         capacity = read_capacity(self.daemon_config.memory_reserve_mb)
         entries = {n: u.config for n, u in self.entry_units().items() if isinstance(u, ModelUnit)}
         found = entry_footprints(entries, self.settings.state_dir, capacity.physical_mb)
         return capacity, {n: f.total_mb for n, f in found.items()}
 
-    async def _tick_loop(self) -> None:
-        """Every second: fresh load figures from lazy models' ready workers, then a tick to decide on."""
-        while True:
-            await asyncio.sleep(IDLE_CHECK_S)
-            watched = [
-                u
-                for u in self.entry_units().values()
-                if isinstance(u, ModelUnit) and u.config.idle_unload_s is not None and u.slot.state == states.READY
-            ]
-            await asyncio.gather(*(u.refresh() for u in watched), return_exceptions=True)
-            self._post(_Msg("tick"))
-
-    def _on_tick(self, msg: _Msg) -> None:
-        for action in plan(self._facts(), None, Tick()):
-            if isinstance(action, Unload):
-                self._unload_idle(action.name)
-
-    def _unload_idle(self, name: str) -> None:
-        unit = self.units[name]
-        assert isinstance(unit, ModelUnit)
-        idle, limit = unit.idle_s(), unit.config.idle_unload_s
-        log_event(logger, "model.unloading", model=name, reason="idle", idle_s=round(idle or 0, 1), idle_unload_s=limit)
-        self._operation({name: "unloading"}, unit.slot.unload())
-
     # -- start, stop, restart --------------------------------------------------------------------
 
-    def _model(self, msg: _Msg) -> ModelUnit | None:
+    def _model(self, msg: Msg) -> ModelUnit | None:
         """The model unit a command names, or None after answering why not."""
         unit = self.entry_units().get(msg.name)
         if unit is None:
-            _fail(
+            fail(
                 msg.future, KeyError(f"no model named {msg.name!r}; models: {', '.join(self.entry_units()) or 'none'}")
             )
             return None
         if isinstance(unit, UpstreamUnit):
-            _resolve(
+            resolve(
                 msg.future,
                 ActionReply(
                     False,
@@ -547,35 +376,35 @@ class Supervisor:
             return None
         return unit
 
-    async def _on_start(self, msg: _Msg) -> None:
+    async def _on_start(self, msg: Msg) -> None:
         unit = self._model(msg)
         if unit is None:
             return
         if unit.lazy:  # through memory admission, as a request would load it
-            await self._admit(msg, start=True)
+            await self.loads.admit(msg.name, msg.future, start=True)
             return
 
         async def work() -> None:
             ok = await unit.slot.start()
-            _resolve(
+            resolve(
                 msg.future,
                 ActionReply(ok, msg.name, "ready" if ok else f"did not become ready: {unit.slot.last_error}"),
             )
 
-        self._track(work())
+        self.ops.track(work())
 
-    def _on_stop(self, msg: _Msg) -> None:
+    def _on_stop(self, msg: Msg) -> None:
         unit = self._model(msg)
         if unit is None:
             return
 
         async def work() -> None:
             ok = await unit.slot.stop()  # stopped on purpose: no request loads it again until `start`
-            _resolve(msg.future, ActionReply(ok, msg.name, "stopped" if ok else "could not be stopped"))
+            resolve(msg.future, ActionReply(ok, msg.name, "stopped" if ok else "could not be stopped"))
 
-        self._operation({msg.name: "stopping"}, work())
+        self.ops.start({msg.name: "stopping"}, work())
 
-    async def _on_restart(self, msg: _Msg) -> None:
+    async def _on_restart(self, msg: Msg) -> None:
         unit = self._model(msg)
         if unit is None:
             return
@@ -590,13 +419,13 @@ class Supervisor:
                 if ok
                 else f"did not become ready: {unit.slot.last_error}"
             )
-            _resolve(msg.future, ActionReply(ok, msg.name, message))
+            resolve(msg.future, ActionReply(ok, msg.name, message))
 
-        self._track(work())
+        self.ops.track(work())
 
     # -- reload ----------------------------------------------------------------------------------
 
-    async def _on_reload(self, msg: _Msg) -> None:
+    async def _on_reload(self, msg: Msg) -> None:
         dry_run, file = msg.value
         if self._reloading:  # one at a time, in the order asked
             self._reloads.append(msg)
@@ -609,11 +438,11 @@ class Supervisor:
         self._reloading = True
         run.start(lambda reply: self._finish_reload(msg, reply, file))
 
-    def _reply(self, msg: _Msg, reply: ReloadReply, file: str | None) -> None:
+    def _reply(self, msg: Msg, reply: ReloadReply, file: str | None) -> None:
         # config_path names a previewed file only (vllmmlxctl reads it as "this is the file I read").
-        _resolve(msg.future, dataclasses.replace(reply, config_path=str(file) if file else None))
+        resolve(msg.future, dataclasses.replace(reply, config_path=str(file) if file else None))
 
-    def _finish_reload(self, msg: _Msg, reply: ReloadReply, file: str | None) -> None:
+    def _finish_reload(self, msg: Msg, reply: ReloadReply, file: str | None) -> None:
         """In the task, once a reload's operations are done: record it, answer, and take the next one."""
         self.last_reload = ReloadRecord(ok=reply.ok, at=time.time(), error=reply.error, plan=reply.plan)
         self._reply(msg, reply, file)
@@ -636,52 +465,16 @@ class Supervisor:
         if live:
             self.daemon_config = self.daemon_config.model_copy(update=live)
 
-    def _keep_shares(self, plan: ReloadPlan, shares: dict[str, cpus.CpuShare]) -> None:
-        """Adopt the new plan for the workers about to start; running ones keep their cores.
-
-        Restarting an unchanged model only to move it to other cores would reload its weights
-        for nothing: it moves when it next restarts (``vllmmlxctl restart NAME``).
-        """
-        for name in plan.unchanged:
-            unit = self.units.get(name)
-            if not isinstance(unit, ModelUnit):
-                continue
-            held, planned = unit.slot.share, shares.get(name)
-            if held != planned:
-                log_event(
-                    logger,
-                    "cpu.share_kept",
-                    model=name,
-                    cpus=held and held.render(),
-                    planned=planned and planned.render(),
-                    applies="at its next restart",
-                )
-                unit.slot.plan_share(planned)
-        self.shares = shares
-
     # -- the end ---------------------------------------------------------------------------------
 
-    async def _on_shutdown(self, msg: _Msg) -> None:
+    async def _on_shutdown(self, msg: Msg) -> None:
         self._closing = True
         if self._ticker is not None:
             self._ticker.cancel()
-        for op in list(self._ops.values()):  # the units carry on with what was asked; their shutdown follows it
-            op.task.cancel()
-        for task in list(self._tasks):
-            task.cancel()
+        self.ops.cancel_all()
         units = dict(self.units)
         results = await asyncio.gather(*(u.shutdown() for u in units.values()), return_exceptions=True)
         for name, result in zip(units, results):
             if isinstance(result, BaseException):
                 log_event(logger, "slot.shutdown_failed", logging.ERROR, model=name.lstrip(":"), error=repr(result))
-        _resolve(msg.future, None)
-
-
-def _resolve(future: asyncio.Future | None, value) -> None:
-    if future is not None and not future.done():
-        future.set_result(value)
-
-
-def _fail(future: asyncio.Future | None, exc: BaseException) -> None:
-    if future is not None and not future.done():
-        future.set_exception(exc)
+        resolve(msg.future, None)

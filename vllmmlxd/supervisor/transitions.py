@@ -257,3 +257,18 @@ def _crashed(event: Event, c: Counters, policy: BackoffPolicy) -> Decision:
     if policy.gives_up(fast):
         return Decision(states.FAILED, (), counters, "failed", reason=f"crashed {fast} times in a row")
     return Decision(states.BACKOFF, ("schedule_backoff",), counters, "crashed", delay=policy.delay(fast))
+
+
+_KINDS: dict[str, EventKind] = {kind: kind for kind in EVENTS}  # a message's kind, typed as the event it is
+
+
+def command_kind(kind: str) -> EventKind:
+    if kind not in COMMANDS:
+        raise ValueError(f"not a slot command: {kind}")
+    return _KINDS[kind]
+
+
+def worker_event_kind(kind: str) -> EventKind:
+    if kind not in _KINDS or kind in COMMANDS:
+        raise ValueError(f"not a worker event: {kind}")
+    return _KINDS[kind]

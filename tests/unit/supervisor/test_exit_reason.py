@@ -34,9 +34,9 @@ class Chatty(FakeWorker):
 
 
 def test_a_failed_swap_reports_the_error_first(monkeypatch):
-    from vllmmlxd.supervisor import slot as slot_module
+    from vllmmlxd.supervisor import slot_workers as slot_workers_module
 
-    monkeypatch.setattr(slot_module, "WorkerProcess", Chatty)
+    monkeypatch.setattr(slot_workers_module, "WorkerProcess", Chatty)
 
     async def main():
         slot = new_slot()

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.fake_worker import FakeWorker
 from vllmmlxd.config.schema import ModelConfig
-from vllmmlxd.supervisor import slot as slot_module
+from vllmmlxd.supervisor import slot_workers as slot_workers_module
 from vllmmlxd.supervisor import states
 from vllmmlxd.supervisor.backoff import BackoffPolicy
 from vllmmlxd.supervisor.slot import Slot, SlotSettings
@@ -22,7 +22,7 @@ from vllmmlxd.supervisor.tuning import Tuning
 @pytest.fixture(autouse=True)
 def fake_workers(monkeypatch):
     FakeWorker.script, FakeWorker.spawned, FakeWorker.spawn_error = [], [], None
-    monkeypatch.setattr(slot_module, "WorkerProcess", FakeWorker)
+    monkeypatch.setattr(slot_workers_module, "WorkerProcess", FakeWorker)
 
 
 def settings(**tuning) -> SlotSettings:
@@ -190,7 +190,7 @@ def test_the_stand_in_answers_503_while_no_worker_serves():
         assert body.startswith(b"HTTP/1.1 503") and b"retry-after: 30" in body and b"model a failed: " in body
         assert b'"status": "failed"' in await get(port, "/health")
         assert await slot.start()  # ready: the worker's socket alone
-        assert slot._responder is None
+        assert not slot._stand_in.running
         assert await slot.stop()
         assert b"model a is stopped" in await get(port)
         await slot.shutdown()

@@ -14,9 +14,9 @@ import yaml
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import free_port
 from vllmmlxd.config.load import load_config
-from vllmmlxd.supervisor import slot as slot_module
+from vllmmlxd.supervisor import loads as loads_module
+from vllmmlxd.supervisor import slot_workers as slot_workers_module
 from vllmmlxd.supervisor import states
-from vllmmlxd.supervisor import supervisor as supervisor_module
 from vllmmlxd.supervisor.backoff import BackoffPolicy
 from vllmmlxd.supervisor.memory import Capacity
 from vllmmlxd.supervisor.slot import SlotSettings
@@ -27,8 +27,8 @@ from vllmmlxd.supervisor.tuning import Tuning
 @pytest.fixture(autouse=True)
 def fake_workers(monkeypatch):
     FakeWorker.script, FakeWorker.spawned, FakeWorker.spawn_error, FakeWorker.drain_s = [], [], None, 0.0
-    monkeypatch.setattr(slot_module, "WorkerProcess", FakeWorker)
-    monkeypatch.setattr(supervisor_module, "IDLE_CHECK_S", 0.02)
+    monkeypatch.setattr(slot_workers_module, "WorkerProcess", FakeWorker)
+    monkeypatch.setattr(loads_module, "IDLE_CHECK_S", 0.02)
 
 
 def entry(**fields) -> dict:
@@ -224,17 +224,17 @@ def test_an_idle_unload_and_a_reload_of_the_same_model_at_once_end_in_one_state(
         write(tmp_path / "config.yaml", {"l": {**models["l"], "max_num_seqs": 4}})  # a new-worker key
         if first == "unload":
             worker.idle_since = time.monotonic() - 10  # due at the next tick
-            await until(lambda: "l" in sup._busy)
+            await until(lambda: "l" in sup.ops.busy)
             reply = await sup.reload()
         else:
             reload = asyncio.create_task(sup.reload())
-            await until(lambda: "l" in sup._busy)
+            await until(lambda: "l" in sup.ops.busy)
             worker.idle_since = time.monotonic() - 10  # due while the reload swaps it
             reply = await reload
         assert reply.ok, reply.error
         unit = sup.units["l"]
         assert unit.config.max_num_seqs == 4  # type: ignore[attr-defined]
-        await until(lambda: "l" not in sup._busy)
+        await until(lambda: "l" not in sup.ops.busy)
         final = state(sup, "l")
         assert final in (states.UNLOADED, states.READY, states.IDLE)
         serving = unit.slot.serving  # type: ignore[attr-defined]
