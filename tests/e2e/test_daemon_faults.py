@@ -230,20 +230,24 @@ def test_a_config_deleted_relinked_or_hammered_keeps_serving_and_reloads_once(da
     daemon.wait_for(lambda ms: daemon.status()["daemon"]["last_reload"]["ok"] is True, 20, "failure cleared")
     assert daemon.models()["a"]["pid"] == pid
 
-    # Replaced through a symlink: the link's new target is read (and watched).
+    # Replaced through a symlink: the link's new target is read (and watched). Live keys: no new worker.
+    def reloaded(count: int):
+        return lambda ms: daemon.log().count("event=reload.done") == count + 1
+
     other = daemon.dir / "other.yaml"
     body = yaml.safe_load(original)
-    body["models"]["a"]["prefill_step_size"] = 128
+    body["models"]["a"]["max_tokens"] = 128
     other.write_text(yaml.safe_dump(body))
     link = daemon.dir / "link.tmp"
     link.symlink_to(other.name)
+    done = daemon.log().count("event=reload.done")
     os.replace(link, daemon.config_path)
-    daemon.wait_for(lambda ms: ms["a"]["pid"] != pid and ms["a"]["state"] == "ready", 60, "symlink reload")
-    pid = daemon.models()["a"]["pid"]
-    body["models"]["a"]["prefill_step_size"] = 192  # an edit of the target, through the link
+    daemon.wait_for(reloaded(done), 60, "symlink reload")
+    assert "changed: a (max_tokens)" in daemon.status()["daemon"]["last_reload"]["plan"]
+    body["models"]["a"]["max_tokens"] = 192  # an edit of the target, through the link
     other.write_text(yaml.safe_dump(body))
-    daemon.wait_for(lambda ms: ms["a"]["pid"] != pid and ms["a"]["state"] == "ready", 60, "target edit reload")
-    pid = daemon.models()["a"]["pid"]
+    daemon.wait_for(reloaded(done + 1), 60, "target edit reload")
+    assert daemon.models()["a"]["pid"] == pid
 
     # Saved 50 times in a second: one reload, of the last content.
     reloads = daemon.log().count("event=reload.done")

@@ -1,8 +1,7 @@
 """The gateway on the real daemon: two builtin:tiny entries and an upstream (a third worker the
 test starts, as another host's daemon would serve it), called through one address with the
 official SDKs and httpx; the upstream killed and restarted; a reload swapping a model under
-streaming clients; lazy models loaded on first request, unloaded when idle, and evicted under
-memory admission."""
+streaming clients; lazy models loaded on first request and evicted under memory admission."""
 
 from __future__ import annotations
 
@@ -266,11 +265,12 @@ def test_a_reload_that_swaps_a_model_fails_no_request_through_the_gateway(cluste
     assert cluster.openai().completions.create(model="ll", prompt="x", max_tokens=2).model == LLAMA
 
 
-def test_lazy_models_load_on_first_request_unload_when_idle_and_make_room_for_each_other():
+def test_lazy_models_load_on_first_request_and_make_room_for_each_other():
+    """Idle unloads on the real daemon, and a load again after one: test_daemon_lazy."""
     ports = {n: free_port() for n in ("a", "l1", "l2")}
     d = make_daemon()
     models = {"a": model_entry(ports["a"], cache_memory_mb=64)}
-    models |= {n: model_entry(ports[n], cache_memory_mb=64, load="lazy", idle_unload_s=8) for n in ("l1", "l2")}
+    models |= {n: model_entry(ports[n], cache_memory_mb=64, load="lazy", idle_unload_s=300) for n in ("l1", "l2")}
     config = Config.model_validate({"daemon": {"state_dir": str(d.state_dir)}, "models": models})
     each = load_memory_plan(config, d.state_dir).entries["l1"].total_mb
     physical = read_machine_memory().physical // MIB
@@ -340,9 +340,5 @@ def test_lazy_models_load_on_first_request_unload_when_idle_and_make_room_for_ea
                 assert events[0] == ": loading l1" and told[0] == "event: error"
                 error = json.loads(told[1][6:])["error"]
                 assert error["type"] == "overloaded_error" and "not enough memory to load l1" in error["message"]
-        # Idle for idle_unload_s: unloaded, and loaded again by the next request.
-        d.wait_for(lambda ms: ms["l2"]["state"] == "unloaded", timeout=60, what="l2 unloaded when idle")
-        assert any("event=model.unloading model=l2 reason=idle" in line for line in d.log().splitlines())
-        assert oa.completions.create(model="l2", prompt="x", max_tokens=2).model == "l2"
     finally:
         stop_daemon(d)

@@ -23,7 +23,7 @@ def test_unaffected_model_serves_through_reloads_and_changed_model_swaps_without
     daemon.wait_ready({"a", "b"})
     # b, the swapped model, is called over pooled keep-alive connections, as SDKs do
     with SteadyLoad(pa) as load_a, SteadyLoad(pb, keepalive=True) as load_b:
-        for i in range(4):  # each a swap under load; more only repeat the same path
+        for i in range(2):  # a swap under load, then a swap of the worker a swap started; more repeat the path
             before = daemon.models()["b"]["pid"]
             daemon.write({"a": model_entry(pa), "b": model_entry(pb, prefill_step_size=300 + i)})
             daemon.wait_for(lambda ms: ms["b"]["pid"] != before and ms["b"]["state"] == "ready", 60, f"reload {i}")
@@ -51,21 +51,6 @@ def test_invalid_edit_keeps_serving_and_is_reported(daemon):
     r = daemon.ctl("reload")
     assert r.returncode == 1 and "config.yaml:5:5" in (r.stdout + r.stderr)
     assert "FAILED" in daemon.ctl("status").stdout
-
-
-def test_a_burst_of_saves_is_one_reload(daemon):
-    pa = free_port()
-    daemon.write({"a": model_entry(pa)})
-    daemon.start()
-    daemon.wait_ready({"a"})
-    pid = daemon.models()["a"]["pid"]
-    for i in range(5):
-        daemon.write({"a": model_entry(pa, prefill_step_size=100 * (i + 1))})
-        time.sleep(0.01)
-    daemon.wait_for(lambda ms: ms["a"]["pid"] != pid and ms["a"]["state"] == "ready", 30, "reload")
-    time.sleep(1.5)
-    assert daemon.log().count("event=reload.done") == 1
-    assert daemon.models()["a"]["restarts"] == 0
 
 
 def test_dry_run_then_reload_by_ctl_and_by_sighup_when_not_watching(daemon):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from vllmmlxd.ctl.client import ControlClient, ControlRequestError, DaemonUnreachable
+
 from .servers import free_port
 
 
@@ -77,8 +79,13 @@ class Daemon:
         )
 
     def status(self) -> dict | None:
-        r = self.ctl("status", "--json", timeout=20)
-        return json.loads(r.stdout) if r.stdout.strip().startswith("{") else None
+        """What `vllmmlxctl status --json` prints, asked in this process: tests poll it many times a
+        second, and a new interpreter for each poll would take the cores the workers start on."""
+        try:
+            with ControlClient(self.socket) as client:
+                return client.status().model_dump(mode="json")
+        except (DaemonUnreachable, ControlRequestError):
+            return None
 
     def models(self) -> dict[str, dict]:
         s = self.status()
