@@ -20,9 +20,10 @@ $(VENV)/.runtime: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[linux-fast]'
 	@touch $@
 
-$(VENV)/.dev: pyproject.toml $(VENV)/.runtime
+# One install for both (a second pip run would resolve everything again): the dev extra holds the runtime.
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev,linux-fast]'
-	@touch $@
+	@touch $(VENV)/.runtime $@
 
 ## serve: install into .venv and run the daemon on config/default.yaml (http://127.0.0.1:8000/v1)
 serve: $(VENV)/.runtime
