@@ -20,8 +20,9 @@ $(BIN)/python:
 
 # linux-fast brings MKL on Linux x86-64 (a real BLAS for MLX's CPU backend); elsewhere it is empty.
 # uv (installed into .venv by pip) resolves as pip does, but downloads and unpacks in parallel: about
-# 10 s here where pip takes a minute.
-INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python
+# 20 s here where pip takes a minute. --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is
+# set, every process would otherwise compile its imports (transformers, fastapi...) again at each start.
+INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python
 
 $(VENV)/.runtime: pyproject.toml | $(BIN)/python
 	$(INSTALL) -e '.[linux-fast]'
