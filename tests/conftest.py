@@ -28,6 +28,28 @@ def _use_a_real_blas() -> None:
 _use_a_real_blas()
 
 
+def _share_one_tls_context() -> None:
+    """httpx loads the CA store for every client it makes (40 ms of CPU here), and the tests make
+    thousands of one-shot calls (``httpx.get``): the default context is made once and shared."""
+    import functools
+
+    import httpx._transports.default as transports
+
+    make = transports.create_ssl_context
+
+    @functools.lru_cache(maxsize=None)
+    def default(trust_env: bool):
+        return make(verify=True, cert=None, trust_env=trust_env)
+
+    def create(verify=True, cert=None, trust_env=True):
+        return default(trust_env) if verify is True and cert is None else make(verify, cert, trust_env)
+
+    transports.create_ssl_context = create
+
+
+_share_one_tls_context()
+
+
 @pytest.fixture(scope="session")
 def state_dir() -> Path:
     path = Path(os.environ["VLLMMLXD_STATE_DIR"])

@@ -110,7 +110,9 @@ class ControlClient:
     def __init__(self, socket_path: Path, connect_timeout: float = CONNECT_TIMEOUT_S):
         self.socket_path = Path(socket_path)
         self.connect_timeout = connect_timeout
-        self._http = httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)), base_url="http://vllmmlxd")
+        # No TLS on a Unix socket: verify=False skips loading the CA store.
+        transport = httpx.HTTPTransport(uds=str(self.socket_path), verify=False)
+        self._http = httpx.Client(transport=transport, base_url="http://vllmmlxd")
 
     def __enter__(self) -> ControlClient:
         return self

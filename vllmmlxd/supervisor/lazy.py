@@ -56,9 +56,16 @@ def make_room(name: str, need_mb: int, usable_mb: int | None, resident: list[Res
     )
 
 
-def idle_for(reported_idle_s: float | None, reported_at: float | None, now: float) -> float | None:
-    """How long a worker has been idle now, from its last report (None: unknown or busy)."""
-    if reported_idle_s is None or reported_at is None or reported_idle_s <= 0:
+def idle_for(
+    reported_idle_s: float | None, reported_at: float | None, now: float, expected_until: float = 0.0
+) -> float | None:
+    """How long a worker has been idle now, from its last report (None: unknown or busy).
+
+    ``expected_until``: a client turned away while the model loaded was told to retry by then
+    (Retry-After); until it has had that chance the model is not idle, so neither the idle
+    unloader nor another model's load takes it away from under the request that asked for it.
+    """
+    if reported_idle_s is None or reported_at is None or reported_idle_s <= 0 or now < expected_until:
         return None
     return reported_idle_s + max(now - reported_at, 0.0)
 

@@ -54,6 +54,8 @@ logger = logging.getLogger("vllmmlxd.supervisor")
 
 __all__ = ["PushSettings", "Result", "Slot", "SlotSettings"]
 
+RETRY_SLACK_S = 2.0  # a retrying client's own delay on top of Retry-After (its request, its clock)
+
 
 @dataclass(frozen=True)
 class SlotSettings:
@@ -76,6 +78,7 @@ class _Msg:
     share: CpuShare | None = None
     sock: socket.socket | None = None
     token: int = 0
+    until: float = 0.0
     settings: SlotSettings | None = None
 
 
@@ -110,6 +113,7 @@ class Slot:
         self.last_error: str | None = None
         self.fail_reason: str | None = None
         self.ready_since: float | None = None
+        self.expected_until = 0.0  # monotonic: a client turned away by the stand-in retries until then
         self.log = LogLines()  # its workers' lines and the daemon's about it, for `logs`
         self.sock = sock
         self.module = module  # the program its workers run
@@ -234,6 +238,9 @@ class Slot:
             return
         if msg.kind == "settings" and msg.settings is not None:
             self.settings = msg.settings
+            return
+        if msg.kind == "turned_away":
+            self.expected_until = max(self.expected_until, msg.until)
             return
         if msg.kind == "plan_share":
             self.planned_share = msg.share
@@ -451,6 +458,8 @@ class Slot:
             _resolve(future, result)
 
     def _answered(self, why: Unavailable) -> None:
+        if why.status in ("unloaded", "loading"):  # the client was told to come back: expect it then
+            self._post("turned_away", until=time.monotonic() + why.retry_after_s + RETRY_SLACK_S)
         if why.status == "unloaded":
             self._on_demand()
 

@@ -82,7 +82,8 @@ class ModelUnit:
         worker = self.slot.serving
         if worker is None or self.slot.state != states.READY:
             return None
-        return lazy.idle_for(worker.load.get("idle_s"), worker.load_at, time.monotonic() if now is None else now)
+        now = time.monotonic() if now is None else now
+        return lazy.idle_for(worker.load.get("idle_s"), worker.load_at, now, self.slot.expected_until)
 
     def shown(self) -> tuple[states.Shown, str | None]:
         state = self.slot.state

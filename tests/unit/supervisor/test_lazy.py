@@ -38,6 +38,9 @@ def test_idle_time_grows_from_the_last_report_and_a_busy_worker_is_not_idle():
     assert idle_for(3.0, reported_at=100.0, now=104.5) == 7.5
     assert idle_for(0.0, reported_at=100.0, now=200.0) is None  # a request was in flight
     assert idle_for(None, reported_at=None, now=200.0) is None
+    # A client turned away while it loaded retries by 110: not idle before then, idle after.
+    assert idle_for(3.0, reported_at=100.0, now=104.5, expected_until=110.0) is None
+    assert idle_for(3.0, reported_at=100.0, now=111.0, expected_until=110.0) == 14.0
     assert should_unload(900.0, 900) and not should_unload(899.9, 900)
     assert not should_unload(None, 10) and not should_unload(10_000.0, None)
 

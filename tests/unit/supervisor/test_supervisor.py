@@ -8,6 +8,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -117,6 +118,26 @@ def test_an_idle_model_is_unloaded_on_time_with_nobody_watching(tmp_path):
         assert 0.3 <= time.monotonic() - started < 1.0 and not worker.alive
         # Loaded again on the next request.
         assert (await sup.load("l")).ok and len(FakeWorker.spawned) == 2
+        await sup.stop_all()
+
+    run(main())
+
+
+def test_a_model_loaded_for_a_turned_away_client_waits_for_its_retry_before_unloading(tmp_path):
+    """Found in a loaded run: a 503 said "retry after 5 s", the model loaded, sat idle past its
+    idle_unload_s and was unloaded just before the client came back, which was turned away again."""
+
+    async def main():
+        sup = make(tmp_path, {"l": entry(load="lazy", idle_unload_s=0.2)})
+        await sup.start_all()
+        port = sup.units["l"].config.port
+        async with httpx.AsyncClient() as client:
+            r = await client.get(f"http://127.0.0.1:{port}/v1/models")
+        assert r.status_code == 503 and r.headers["retry-after"] == "5"  # and the request loads it
+        await until(lambda: state(sup, "l") == states.READY)
+        worker_of(sup, "l").idle_since = time.monotonic()
+        await asyncio.sleep(1.0)  # five times idle_unload_s: it waits for the client it turned away
+        assert state(sup, "l") == states.READY and worker_of(sup, "l").alive
         await sup.stop_all()
 
     run(main())
