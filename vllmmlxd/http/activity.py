@@ -20,10 +20,11 @@ class Activity:
         self.last_at = time.monotonic()
 
     def idle_s(self, now: float | None = None) -> float:
-        """Seconds without an API request (0 while one runs)."""
+        """Seconds without an API request: 0 while one runs, and never 0 when none does (the daemon
+        reads 0 as busy: a model whose last request ended a moment ago may be unloaded for room)."""
         if self.in_flight:
             return 0.0
-        return round(max((time.monotonic() if now is None else now) - self.last_at, 0.0), 1)
+        return max(round((time.monotonic() if now is None else now) - self.last_at, 3), 0.001)
 
 
 class ActivityMiddleware:

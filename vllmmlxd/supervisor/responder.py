@@ -26,6 +26,7 @@ logger = logging.getLogger("vllmmlxd.supervisor")
 _HEAD_LIMIT = 64 * 1024
 _BODY_LIMIT = 1024 * 1024  # a larger body is not read: the close may then reset the connection
 _READ_TIMEOUT_S = 5.0
+GATEWAY_MARK = b"\r\nx-vllmmlxd-gateway-token:"  # http/access.py's header, sent by the daemon's gateway alone
 
 
 @dataclass(frozen=True)
@@ -92,11 +93,11 @@ class Responder:
         self,
         sock: socket.socket,
         why: Callable[[], Unavailable],
-        answered: Callable[[Unavailable], None] = lambda why: None,
+        answered: Callable[[Unavailable, bool], None] = lambda why, retries: None,
     ):
         self._sock = sock
         self._why = why
-        self._answered = answered  # told of each answer: a request for an unloaded lazy model loads it
+        self._answered = answered  # told of each answer (and whether its client retries): a request loads a lazy model
         self._server: asyncio.AbstractServer | None = None
 
     @property
@@ -127,7 +128,8 @@ class Responder:
             why = self._why()
             writer.write(answer(why, path))
             await writer.drain()
-            self._answered(why)
+            # The gateway does not retry after Retry-After: it has the daemon load the model and forwards once.
+            self._answered(why, GATEWAY_MARK not in head[:_HEAD_LIMIT].lower())
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass
         finally:
@@ -139,7 +141,7 @@ class Responder:
 class StandIn:
     """A slot's stand-in: a ``Responder`` on its socket exactly while the slot wants one."""
 
-    def __init__(self, name: str, why: Callable[[], Unavailable], answered: Callable[[Unavailable], None]):
+    def __init__(self, name: str, why: Callable[[], Unavailable], answered: Callable[[Unavailable, bool], None]):
         self._name = name
         self._why = why
         self._answered = answered

@@ -457,8 +457,8 @@ class Slot:
         for future, result in answered:
             _resolve(future, result)
 
-    def _answered(self, why: Unavailable) -> None:
-        if why.status in ("unloaded", "loading"):  # the client was told to come back: expect it then
+    def _answered(self, why: Unavailable, retries: bool) -> None:
+        if retries and why.status in ("unloaded", "loading"):  # the client was told to come back: expect it then
             self._post("turned_away", until=time.monotonic() + why.retry_after_s + RETRY_SLACK_S)
         if why.status == "unloaded":
             self._on_demand()

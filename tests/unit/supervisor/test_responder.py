@@ -17,21 +17,32 @@ def test_the_answer_names_the_state_for_the_gateway_and_says_when_to_retry():
 
 
 def test_each_answer_is_reported_so_a_request_can_load_a_lazy_model():
-    async def run() -> list[str]:
+    async def run() -> list[tuple[str, bool]]:
         sock = bind_tcp("127.0.0.1", 0)
-        told: list[str] = []
+        told: list[tuple[str, bool]] = []
         responder = Responder(
-            sock, lambda: Unavailable("unloaded", "not loaded", 5), lambda why: told.append(why.status)
+            sock,
+            lambda: Unavailable("unloaded", "not loaded", 5),
+            lambda why, retries: told.append((why.status, retries)),
         )
         await responder.start()
-        reader, writer = await asyncio.open_connection(*sock.getsockname())
-        writer.write(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
-        await writer.drain()
-        reply = await reader.read()
-        writer.close()
+        for extra in (b"", b"X-Vllmmlxd-Gateway-Token: t\r\n"):
+            reader, writer = await asyncio.open_connection(*sock.getsockname())
+            writer.write(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + extra + b"\r\n")
+            await writer.drain()
+            reply = await reader.read()
+            writer.close()
+            assert reply.startswith(b"HTTP/1.1 503")
         responder.stop()
         sock.close()
-        assert reply.startswith(b"HTTP/1.1 503")
         return told
 
-    assert asyncio.run(run()) == ["unloaded"]
+    # A client retries after Retry-After; the gateway (its token header) loads the model and forwards once.
+    assert asyncio.run(run()) == [("unloaded", True), ("unloaded", False)]
+
+
+def test_the_gateway_mark_is_the_header_the_gateway_sends():
+    from vllmmlxd.http.access import GATEWAY_TOKEN_HEADER
+    from vllmmlxd.supervisor.responder import GATEWAY_MARK
+
+    assert GATEWAY_MARK == b"\r\n" + GATEWAY_TOKEN_HEADER.encode() + b":"

@@ -161,7 +161,8 @@ def test_a_command_during_a_swap_is_refused_not_queued_forever():
         ok, error = await slot.replace(slot.config)
         assert not ok and "busy" in error
         assert await slot.stop()  # a stop is never refused: it kills the new one, drains the old
-        assert await swap is False and not any(w.alive for w in FakeWorker.spawned)
+        assert await swap is False and not FakeWorker.spawned[1].alive
+        await until(lambda: not any(w.alive for w in FakeWorker.spawned))  # the old one's drain ends too
         await slot.shutdown()
 
     run(main())
