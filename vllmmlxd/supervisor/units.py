@@ -77,13 +77,15 @@ class ModelUnit:
     def lazy(self) -> bool:
         return self.config.load == "lazy"
 
-    def idle_s(self, now: float | None = None) -> float | None:
-        """How long its ready worker has gone without a request (None: busy, unknown, or not ready)."""
+    def idle_s(self, now: float | None = None, *, for_unload: bool = False) -> float | None:
+        """How long its ready worker has gone without a request (None: busy, unknown, or not ready).
+        ``for_unload``: None too while a client the stand-in turned away may still retry."""
         worker = self.slot.serving
         if worker is None or self.slot.state != states.READY:
             return None
         now = time.monotonic() if now is None else now
-        return lazy.idle_for(worker.load.get("idle_s"), worker.load_at, now, self.slot.expected_until)
+        expected = self.slot.expected_until if for_unload else 0.0
+        return lazy.idle_for(worker.load.get("idle_s"), worker.load_at, now, expected)
 
     def shown(self) -> tuple[states.Shown, str | None]:
         state = self.slot.state
@@ -101,7 +103,7 @@ class ModelUnit:
             self.slot.state,
             self.lazy,
             footprint_mb,
-            self.idle_s(),
+            self.idle_s(for_unload=True),
             self.config.idle_unload_s,
             busy,
             slot_error(self.slot),
