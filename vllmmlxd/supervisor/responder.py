@@ -26,6 +26,7 @@ logger = logging.getLogger("vllmmlxd.supervisor")
 _HEAD_LIMIT = 64 * 1024
 _BODY_LIMIT = 1024 * 1024  # a larger body is not read: the close may then reset the connection
 _READ_TIMEOUT_S = 5.0
+RETRY_SLACK_S = 2.0  # a retrying client's own delay on top of Retry-After (its request, its clock)
 GATEWAY_MARK = b"\r\nx-vllmmlxd-gateway-token:"  # http/access.py's header, sent by the daemon's gateway alone
 
 

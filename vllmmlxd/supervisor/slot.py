@@ -32,8 +32,9 @@ from ..sockets import bind_tcp, http_url
 from . import states
 from .exit_reason import exit_reason
 from .log_lines import LogLines
+from .operations import resolve as _resolve
 from .process import UnitConfig, WorkerProcess
-from .responder import StandIn, Unavailable, unavailable
+from .responder import RETRY_SLACK_S, StandIn, Unavailable, unavailable
 from .slot_news import Result, Waiter, Waits, announcement, settle, why_not
 from .slot_workers import PushSettings, SlotWorkers
 from .transitions import (
@@ -53,8 +54,6 @@ from .tuning import Tuning
 logger = logging.getLogger("vllmmlxd.supervisor")
 
 __all__ = ["PushSettings", "Result", "Slot", "SlotSettings"]
-
-RETRY_SLACK_S = 2.0  # a retrying client's own delay on top of Retry-After (its request, its clock)
 
 
 @dataclass(frozen=True)
@@ -488,15 +487,9 @@ class Slot:
     @property
     def pid(self) -> int | None:
         """The serving worker's pid: the held one during a swap, else the current one."""
-        worker = self.held if self.phase == SWAPPING and self.held is not None else self.worker
-        return worker.pid if worker is not None and worker.alive else None
+        return self.serving.pid if self.serving is not None else None
 
     @property
     def serving(self) -> WorkerProcess | None:
         worker = self.held if self.phase == SWAPPING and self.held is not None else self.worker
         return worker if worker is not None and worker.alive else None
-
-
-def _resolve(future: asyncio.Future | None, value) -> None:
-    if future is not None and not future.done():
-        future.set_result(value)
