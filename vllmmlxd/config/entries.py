@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 from pydantic import Discriminator, Field, SecretStr, Tag, field_validator, model_validator
 
 from .base import Strict as _Strict
+from .distributed import DistributedConfig, distributed_problem
 from .keys import DIGEST_PREFIX, SHA256_RE, KeyGrant, check_rate, key_digest
 from .mcp import MCP_TOOL_SEPARATOR, McpServerConfig, load_mcp_file
 from .names import BLAS_NAMES, BUILTIN_MODELS, BUILTIN_PREFIX, REASONING_PARSERS, TOOL_PARSERS
@@ -193,6 +194,9 @@ class ModelConfig(EntryConfig):
     )
     mcp_max_tool_calls: int = Field(8, ge=0, le=1000, description="tool executions one request may make at most")
     mcp_config: str | None = Field(None, description="a Claude-Desktop-style mcpServers JSON file: all its servers")
+    distributed: DistributedConfig | None = Field(
+        None, description="split the model over several ranks (hosts), started and supervised as one unit"
+    )
 
     @field_validator("model")
     @classmethod
@@ -263,6 +267,16 @@ class ModelConfig(EntryConfig):
         # A bare server name means all of its tools (those its allow_tools / deny_tools let through):
         # written as SERVER__* here, so the worker matches one form of pattern.
         return tuple(p if MCP_TOOL_SEPARATOR in p or p == "*" else p + MCP_TOOL_SEPARATOR + "*" for p in v)
+
+    @field_validator("distributed")
+    @classmethod
+    def _can_split(cls, v: DistributedConfig | None, info):
+        model = info.data.get("model")
+        if v is not None and isinstance(model, str):
+            problem = distributed_problem(model, info.data.get("load", "eager"), v)
+            if problem:
+                raise ValueError(problem)
+        return v
 
     @model_validator(mode="after")
     def _lifecycle(self):

@@ -257,7 +257,11 @@ class _Reader:
         if found == loc:
             # A validator over a whole mapping names the entry at fault ('b' in "models 'a' and 'b'
             # both listen on ..."); point at the last entry named, the one that clashes.
-            named = [(message.rfind(repr(k[-1])), k) for k in self.marks if k[:-1] == loc and repr(k[-1]) in message]
+            named = [
+                (message.rfind(repr(k[-1])), k)
+                for k in self.marks
+                if k[:-1] == loc and isinstance(k[-1], str) and repr(k[-1]) in message
+            ]
             if named:
                 loc = max(named)[1]
                 marks = self.marks[loc]

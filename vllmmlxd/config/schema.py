@@ -36,6 +36,24 @@ from .names import BLAS_NAMES, BUILTIN_MODELS, BUILTIN_PREFIX, REASONING_PARSERS
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
+def _ring_ports_apart(models: dict[str, EntryConfig], listening: dict[tuple[str, int], str]) -> None:
+    """A distributed entry's ranks listen on port + rank of their address: not where anything else does."""
+    taken = dict(listening)
+    for name, entry in models.items():
+        dist = getattr(entry, "distributed", None)
+        if dist is None:
+            continue
+        for rank, (address, port) in enumerate(dist.ring_ports()):
+            other = taken.get((address, port)) or (taken.get(("0.0.0.0", port)) if dist.hosts[rank].local else None)
+            if other is not None:
+                what = "the gateway" if other == "gateway" else repr(other.split("#")[0])
+                raise ValueError(
+                    f"{name!r} rank {rank} listens on {address}:{port}, where {what} does too: "
+                    "set distributed.port to a free range"
+                )
+            taken[(address, port)] = f"{name}#{rank}"
+
+
 @functools.cache
 def gateway_token() -> SecretStr:
     """The token between this daemon's gateway and its workers, made once per process (a daemon's run).
@@ -123,6 +141,7 @@ class Config(_Strict):
                 first = "the gateway" if seen[addr] == "gateway" else f"models {seen[addr]!r}"
                 raise ValueError(f"{first} and {name!r} both listen on {entry.host}:{entry.port}")
             seen[addr] = name
+        _ring_ports_apart(models, seen)
         return models
 
     @field_validator("models")

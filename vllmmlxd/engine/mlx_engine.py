@@ -25,6 +25,7 @@ from ..parsers.tools import tool_parser_class
 from ..parsers.tools.instructions import calls_as_text, with_tool_instructions
 from .constraint import Grammars
 from .detokenize import IncrementalDetokenizer
+from .lockstep import Lockstep
 from .options import EngineOptions
 from .scheduler import Scheduler
 from .sequence import Chain, Sequence
@@ -47,7 +48,14 @@ _SANDBOX_PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "cont
 class MLXEngine:
     """Serves generation requests for one loaded model on a dedicated thread."""
 
-    def __init__(self, loaded: "LoadedModel", *, name: str | None = None, options: EngineOptions | None = None):
+    def __init__(
+        self,
+        loaded: "LoadedModel",
+        *,
+        name: str | None = None,
+        options: EngineOptions | None = None,
+        lockstep: Lockstep | None = None,
+    ):
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         # The entry's embedding model (``embedding_model``), set by the worker; closed with the engine.
@@ -89,12 +97,13 @@ class MLXEngine:
         self._special_text = {t: self.tokenizer.convert_ids_to_tokens(t) for t in self._special}
         self._waiting = 0
         self._lock = threading.Lock()
-        self._scheduler = Scheduler(self.model, self._eos, self.options, self.stats)
+        self._scheduler = Scheduler(self.model, self._eos, self.options, self.stats, lockstep)
         self._scheduler.on_admit = self._admitted
         self._grammars = self._scheduler.grammars = Grammars(
             self.tokenizer, self.model, self._eos
         )  # built on first use
-        log_event(logger, "engine.warm", seconds=round(self._scheduler.warm_up(), 2))
+        if not self._scheduler.lockstep.distributed:  # a rank warms up on its engine thread (Scheduler.run)
+            log_event(logger, "engine.warm", seconds=round(self._scheduler.warm_up(), 2))
         self._thread = threading.Thread(target=self._scheduler.run, name="mlx-engine", daemon=True)
         self._thread.start()
 

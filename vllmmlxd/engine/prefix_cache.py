@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 import numpy as np
 
@@ -45,6 +45,7 @@ class CacheHit:
     cache: list[Any] | None  # a private copy to continue from, or None on a miss
     cached_tokens: int
     hit_type: HitType
+    entry: int | None = None  # the id of the entry it was copied from
 
 
 @dataclass
@@ -78,7 +79,10 @@ class PrefixCache:
 
     def __post_init__(self) -> None:
         self._entries: dict[int, _Entry] = {}
-        self._ids = itertools.count()
+        self._ids = itertools.count(1)  # an entry's id is never 0: insert's result reads as a bool too
+        # Told of each entry that leaves (evicted, redundant, cleared): a sharded entry's other
+        # ranks drop their copy of it (engine/lockstep.py).
+        self.on_drop: Callable[[int], None] = lambda entry: None
         self._clock = itertools.count()
         self.nbytes = 0
 
@@ -118,15 +122,15 @@ class PrefixCache:
         entry.used = next(self._clock)
         self.stats.hits += 1
         self.stats.cached_tokens += usable
-        return CacheHit(self.ops.copy_prefix(entry.cache, usable), usable, kind)
+        return CacheHit(self.ops.copy_prefix(entry.cache, usable), usable, kind, key)
 
-    def insert(self, tokens: list[int], cache: list[Any], *, owned: bool = False) -> bool:
-        """Store the KV of ``tokens``; returns False when it is not kept.
+    def insert(self, tokens: list[int], cache: list[Any], *, owned: bool = False) -> int | None:
+        """Store the KV of ``tokens``; returns the new entry's id, or None when it is not kept.
 
         The cache is copied, unless ``owned`` says it is a fresh extraction nobody else holds.
         """
         if not self.enabled or not tokens:
-            return False
+            return None
         trimmable = self.ops.trimmable(cache)
         query = np.asarray(tokens, dtype=np.int64)
         for entry in self._entries.values():
@@ -134,12 +138,12 @@ class PrefixCache:
             longer_ok = entry.trimmable or len(entry.tokens) == len(query)
             if len(entry.tokens) >= len(query) and longer_ok and common_prefix(entry.tokens, query) == len(query):
                 entry.used = next(self._clock)
-                return False
+                return None
         stored = self.ops.adopt(cache, len(tokens)) if owned else self.ops.copy_prefix(cache, len(tokens))
         size = self.ops.nbytes(stored)
         if size > self.budget_bytes:
             self.stats.too_large += 1
-            return False
+            return None
         if trimmable:  # entries that are starts of this one are now redundant
             for key in [
                 k
@@ -147,11 +151,12 @@ class PrefixCache:
                 if len(e.tokens) < len(query) and common_prefix(e.tokens, query) == len(e.tokens)
             ]:
                 self._drop(key)
-        self._entries[next(self._ids)] = _Entry(query, stored, size, trimmable, next(self._clock))
+        key = next(self._ids)
+        self._entries[key] = _Entry(query, stored, size, trimmable, next(self._clock))
         self.nbytes += size
         self.stats.inserts += 1
         self._evict()
-        return True
+        return key if key in self._entries else None
 
     def clear(self) -> None:
         for key in list(self._entries):
@@ -164,6 +169,7 @@ class PrefixCache:
 
     def _drop(self, key: int) -> None:
         self.nbytes -= self._entries.pop(key).nbytes
+        self.on_drop(key)
 
     def describe(self) -> dict:
         """The ``cache`` block of /v1/status."""

@@ -30,6 +30,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from ..log import log_event
 from .constraint import Grammars
 from .kv import MLXKVOps
+from .lockstep import IDLE_FRAME_S, Lockstep
 from .options import EngineOptions
 from .prefix_cache import PrefixCache, common_prefix
 from .sampling import make_processors, make_sampler
@@ -48,12 +49,22 @@ class Scheduler:
 
     grammars: Grammars | None = None  # set by the engine: makes a constrained request's processor
 
-    def __init__(self, model: Any, eos_ids: set[int], options: EngineOptions, stats: EngineStats):
+    def __init__(
+        self,
+        model: Any,
+        eos_ids: set[int],
+        options: EngineOptions,
+        stats: EngineStats,
+        lockstep: Lockstep | None = None,
+    ):
         self.model = model
         self.eos_ids = eos_ids
         self.options = options
         self.stats = stats
+        # A sharded model's other ranks replay what changes the batch (engine/lockstep.py).
+        self.lockstep = lockstep or Lockstep()
         self.cache = PrefixCache(options.cache_budget_bytes, MLXKVOps())
+        self.cache.on_drop = self.lockstep.dropped
         self.inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
@@ -66,7 +77,7 @@ class Scheduler:
 
     def _new_generator(self) -> BatchGenerator:
         return BatchGenerator(
-            self.model,
+            self.lockstep.wrap(self.model),
             completion_batch_size=self.options.max_running,
             prefill_batch_size=min(self.options.max_running, PREFILL_BATCH),
             prefill_step_size=self.options.prefill_step_size,
@@ -76,9 +87,12 @@ class Scheduler:
 
     def run(self) -> None:
         """The engine thread: serve what arrives in ``inbox`` until ``None`` does."""
+        if self.lockstep.distributed:
+            # Every collective of a rank on one thread and stream: the warm-up too.
+            log_event(logger, "engine.warm", seconds=round(self.warm_up(), 2))
         while True:
             if not self.running and not self.waiting:
-                item = self.inbox.get()
+                item = self._wait()
                 if item is None:
                     break
                 self.stats.last_step_at = time.monotonic()  # idle until now: not a stalled step
@@ -86,6 +100,16 @@ class Scheduler:
             if not self.step():
                 break
         self.shutdown()
+
+    def _wait(self) -> Sequence | None:
+        """The next request; the other ranks of a sharded model hear from this one while it waits."""
+        if not self.lockstep.distributed:
+            return self.inbox.get()
+        while True:
+            try:
+                return self.inbox.get(timeout=IDLE_FRAME_S)
+            except queue.Empty:
+                self.lockstep.idle()
 
     def step(self) -> bool:
         """One round: take new requests, drop the cancelled, admit, advance the batch, post events.
@@ -107,6 +131,7 @@ class Scheduler:
             seq.finish("cancelled")
         self.waiting.clear()
         self._post()
+        self.lockstep.stop()
 
     def _drain_inbox(self) -> bool:
         while True:
@@ -166,6 +191,7 @@ class Scheduler:
             logits_processors=[processors],
             stop_sequences=[stops],
         )
+        self.lockstep.inserted(uid, list(prompt[cached:]), cached, hit.entry, params.max_tokens)
         seq.start(uid, cached, hit.hit_type)
         self.running[uid] = seq
 
@@ -175,16 +201,20 @@ class Scheduler:
         self.gen.prefill_step_size = self.timer.chunk(
             self.options.prefill_step_size, decoding=decoding, prompts=prompts
         )
+        self.lockstep.step(self.gen.prefill_step_size)
         started = self.clock()
         try:
             prompt_responses, responses = self.gen.next()
         except Exception as exc:  # e.g. out of memory: every sequence of the batch fails, the engine lives on
             log_event(logger, "engine.error", logging.ERROR, running=len(self.running), error=repr(exc))
+            if self.lockstep.distributed:
+                raise  # the other ranks are mid-step: only a restart of every rank recovers
             for lost in list(self.running.values()):
                 self._retire(lost, "error", str(exc))
             self.running.clear()
             self.gen = self._new_generator()
             return
+        self.lockstep.finished([r.uid for r in responses if r.finish_reason is not None])
         prefilled = self._note_prefill(prompt_responses)
         self.timer.observe(self.clock() - started, decoded=bool(responses), prefilled=prefilled)
         self.stats.steps_executed += 1
@@ -199,7 +229,7 @@ class Scheduler:
             if response.finish_reason is not None:
                 reason = reason or ("length" if response.finish_reason == "length" else "stop")
                 self.running.pop(response.uid)
-                self._store(response.all_tokens, response.prompt_cache)
+                self._store(response.all_tokens, response.prompt_cache, response.uid)
                 self._retire(seq, reason)
             elif reason is not None:
                 self._leave(seq, reason, keep_kv=True)
@@ -229,32 +259,42 @@ class Scheduler:
             # Copying a long prompt's KV takes a while: only when a waiting request needs it now
             # (otherwise the whole sequence is cached when it finishes).
             if response.end_of_prompt and seq.prompt_wanted and self.cache.enabled:
-                got = self.gen.extract_cache([seq.uid]).get(seq.uid)
+                got = self.gen.extract_cache([response.uid]).get(response.uid)
+                self.lockstep.extracted([response.uid])
                 if got is not None:
-                    self._store(got[1], got[0])
+                    self._store(got[1], got[0], response.uid)
         return total
 
     def _leave(self, seq: Sequence, reason: FinishReason, *, keep_kv: bool) -> None:
         """Take ``seq`` out of the batch now (its KV goes to the prefix cache when asked)."""
         assert seq.uid is not None  # only a running sequence leaves the batch
         self.running.pop(seq.uid, None)
+        keep = keep_kv and self.cache.enabled
         try:
-            got = self.gen.remove([seq.uid], return_prompt_caches=keep_kv and self.cache.enabled)
+            got = self.gen.remove([seq.uid], return_prompt_caches=keep)
         except Exception as exc:
             log_event(logger, "engine.error", logging.ERROR, request_id=seq.request.request_id, error=repr(exc))
+            if self.lockstep.distributed:
+                raise  # the other ranks would keep a sequence this one lost
             got = {}
+        self.lockstep.removed([seq.uid], keep)
         if seq.uid in got:
             cache, tokens = got[seq.uid]
-            self._store(tokens, cache)
+            self._store(tokens, cache, seq.uid)
         self._retire(seq, reason)
 
-    def _store(self, tokens: list[int] | None, cache: list | None) -> None:
+    def _store(self, tokens: list[int] | None, cache: list | None, uid: int) -> None:
         if not tokens or not cache or not self.cache.enabled:
             return
         try:
-            self.cache.insert(list(tokens), cache, owned=True)  # extracted from the batch: fresh copies
+            entry = self.cache.insert(list(tokens), cache, owned=True)  # extracted from the batch: fresh copies
         except Exception as exc:  # the cache is an optimisation: never fail a request over it
             log_event(logger, "cache.error", logging.WARNING, error=repr(exc))
+            if self.lockstep.distributed:
+                raise  # entries dropped on the way were dropped on every rank: the ranks disagree now
+            return
+        if entry is not None:
+            self.lockstep.stored(uid, entry, len(tokens))
 
     def _retire(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         seq.finish(reason, error)
@@ -294,9 +334,13 @@ class Scheduler:
         """Run two tokens through the batch once, so the first client does not pay for compilation."""
         started = time.perf_counter()
         (uid,) = self.gen.insert([[0]], max_tokens=[2])
-        while any(r.finish_reason is None for r in self.gen.next_generated()):
-            pass
-        self.gen.remove([uid])
+        self.lockstep.inserted(uid, [0], 0, None, 2)
+        while True:
+            self.lockstep.step(self.gen.prefill_step_size)
+            _, responses = self.gen.next()
+            if any(r.finish_reason is not None for r in responses):
+                break
+        # Finished by max_tokens (on every rank alike); its cache is not kept.
         mx.clear_cache()
         return time.perf_counter() - started
 

@@ -17,6 +17,7 @@ import mlx.core as mx
 from mlx import nn
 
 from vllmmlxd.engine.detokenize import IncrementalDetokenizer
+from vllmmlxd.engine.lockstep import Lockstep
 from vllmmlxd.engine.options import EngineOptions
 from vllmmlxd.engine.scheduler import Scheduler
 from vllmmlxd.engine.sequence import Sequence
@@ -83,18 +84,22 @@ class Harness:
         *,
         max_num_seqs: int = 4,
         prefill_step_size: int = 64,
-        cache_mb: int = 64,
+        cache_mb: float = 64,
         per_call: float = 0.02,
         per_token: float = 0.001,
+        lockstep: Lockstep | None = None,
+        model: CountingModel | None = None,
     ):
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock()
-        self.model = CountingModel(self.clock, per_call=per_call, per_token=per_token)
+        self.model = model or CountingModel(self.clock, per_call=per_call, per_token=per_token)
         self.stats = EngineStats()
-        options = EngineOptions(
-            max_num_seqs=max_num_seqs, prefill_step_size=prefill_step_size, cache_budget_bytes=cache_mb * 1024 * 1024
+        self.options = options = EngineOptions(
+            max_num_seqs=max_num_seqs,
+            prefill_step_size=prefill_step_size,
+            cache_budget_bytes=int(cache_mb * 1024 * 1024),
         )
-        self.scheduler = Scheduler(self.model, {EOS}, options, self.stats)
+        self.scheduler = Scheduler(self.model, {EOS}, options, self.stats, lockstep)
         self.scheduler.clock = self.clock
         self.admitted: list[str] = []  # request ids, in the order they left the queue
         self.scheduler.on_admit = lambda seq: self.admitted.append(seq.request.request_id)

@@ -88,7 +88,7 @@ def test_an_entry_that_starts_a_new_one_is_dropped_and_a_covered_one_is_not_stor
     cache.insert([1, 2, 3], kv([1, 2, 3]))
     cache.insert([1, 2, 3, 4, 5], kv([1, 2, 3, 4, 5]))
     assert len(cache) == 1 and cache.nbytes == 5 * BYTES_PER_TOKEN
-    assert cache.insert([1, 2, 3], kv([1, 2, 3])) is False  # already covered by the longer one
+    assert cache.insert([1, 2, 3], kv([1, 2, 3])) is None  # already covered by the longer one
     assert len(cache) == 1
 
 
@@ -105,14 +105,14 @@ def test_least_recently_used_entries_go_first():
 
 def test_an_entry_larger_than_the_whole_budget_is_never_stored():
     cache = make(budget_tokens=5)
-    assert cache.insert(list(range(6)), kv(range(6))) is False
+    assert cache.insert(list(range(6)), kv(range(6))) is None
     assert len(cache) == 0 and cache.stats.too_large == 1
 
 
 def test_a_zero_budget_disables_the_cache():
     cache = make(budget_tokens=0)
     assert not cache.enabled
-    assert cache.insert([1, 2], kv([1, 2])) is False
+    assert cache.insert([1, 2], kv([1, 2])) is None
     assert cache.lookup([1, 2, 3]).hit_type == "none" and cache.stats.lookups == 0
 
 

@@ -1,0 +1,216 @@
+"""Rank 0 decides, the other ranks follow: the scheduler's batch replayed on every rank.
+
+A model split over ranks runs collectives inside every forward pass, so each rank must run the
+same forward calls, on the same batch, in the same order. Rank 0's scheduler alone decides
+(it has the requests, the clock, the prefix cache's budget); each decision that changes its
+BatchGenerator is recorded here as an op, and before each step the ops go to the other ranks
+in one frame (``Link``), which apply them to their own BatchGenerator and step with it
+(``engine/replay.py``).
+
+Tokens are never re-sampled on the other ranks: the model is wrapped so that each forward
+pass starts from rank 0's input tokens (one ``all_sum`` in the graph, ``FollowRankZero``).
+So the other ranks need no samplers, logits processors, grammars or stop strings, and ranks
+whose logits differ in the last bit (two chip generations) still hold the same batch. Every
+finish rank 0 sees is an op too (``fin``): the other ranks end only by ``max_tokens`` on
+their own, which counts the same everywhere.
+
+Frames: a fixed-size header and a JSON body; a body too long for the frame follows it in a
+second collective whose length the frame gives, so every rank runs it or none does.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, Protocol
+
+import mlx.core as mx
+
+FRAME_BYTES = 8192
+PROTOCOL = 1
+_HEADER = struct.Struct("<4sBBxxIIII")  # magic, protocol, kind, seq, body length, overflow length, crc32
+_MAGIC = b"VMXL"
+IDLE_FRAME_S = 2.0  # rank 0 sends a frame at least this often: a lost rank is noticed while idle too
+
+
+class Kind(IntEnum):
+    STEP = 1  # apply the ops, then step the batch
+    IDLE = 2  # apply the ops (a heartbeat while rank 0 has nothing to run)
+    STOP = 3  # the worker is closing: exit
+    REPORT = 4  # a follower's frame: what it did at the last step
+
+
+class FrameError(ValueError):
+    """A frame that is not one of ours, or was damaged: the ranks no longer agree."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: Kind
+    seq: int
+    body: dict
+
+
+def encode(frame: Frame) -> tuple[bytes, bytes]:
+    """The fixed-size frame and the overflow (empty when the body fits)."""
+    body = json.dumps(frame.body, separators=(",", ":")).encode()
+    room = FRAME_BYTES - _HEADER.size
+    inline, overflow = (body, b"") if len(body) <= room else (b"", body)
+    header = _HEADER.pack(_MAGIC, PROTOCOL, int(frame.kind), frame.seq, len(inline), len(overflow), zlib.crc32(body))
+    return (header + inline).ljust(FRAME_BYTES, b"\0"), overflow
+
+
+def overflow_length(raw: bytes) -> int:
+    """How long the overflow that follows this frame is (read before it is received)."""
+    return _unpack(raw)[5]
+
+
+def decode(raw: bytes, overflow: bytes = b"") -> Frame:
+    magic, protocol, kind, seq, inline_len, overflow_len, crc = _unpack(raw)
+    body = raw[_HEADER.size : _HEADER.size + inline_len] if inline_len else overflow[:overflow_len]
+    if len(body) != (inline_len or overflow_len) or zlib.crc32(body) != crc:
+        raise FrameError(f"frame {seq}: its body is damaged")
+    try:
+        return Frame(Kind(kind), seq, json.loads(body))
+    except ValueError as exc:
+        raise FrameError(f"frame {seq}: {exc}") from None
+
+
+def _unpack(raw: bytes) -> tuple:
+    if len(raw) != FRAME_BYTES:
+        raise FrameError(f"a frame is {FRAME_BYTES} bytes, not {len(raw)}")
+    fields = _HEADER.unpack_from(raw)
+    if fields[0] != _MAGIC or fields[1] != PROTOCOL:
+        raise FrameError("not a vllmmlxd frame of this protocol version (are the ranks' versions equal?)")
+    return fields
+
+
+class Link(Protocol):
+    """How frames travel between ranks (the group's own collectives: ``engine/ring_link.py``)."""
+
+    rank: int
+    world: int
+
+    def lead(self, frame: bytes, overflow: bytes) -> None:
+        """Rank 0: send a frame (and its overflow) to every rank; need not wait for them."""
+        ...
+
+    def follow(self, report: bytes) -> tuple[bytes, bytes]:
+        """Another rank: send its report, receive rank 0's frame and overflow."""
+        ...
+
+    def reports(self) -> list[bytes]:
+        """Rank 0: each other rank's latest report (an earlier frame's, whichever has arrived)."""
+        ...
+
+    def broadcast(self, x: mx.array) -> mx.array:
+        """``x`` as rank 0 has it, on every rank, as a node in the graph."""
+        ...
+
+
+class FollowRankZero:
+    """A model whose forward pass starts from rank 0's input tokens on every rank.
+
+    Everything else is the model's own (layers, make_cache...): the BatchGenerator and the
+    prompt cache see the model they would without it.
+    """
+
+    def __init__(self, model: Any, link: Link):
+        self._model, self._link = model, link
+
+    def __call__(self, inputs: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        return self._model(self._link.broadcast(inputs), *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+class Lockstep:
+    """The scheduler's record of what changes its batch; a single-process engine records nothing."""
+
+    def wrap(self, model: Any) -> Any:
+        return model
+
+    def inserted(self, uid: int, suffix: list[int], cached: int, entry: int | None, max_tokens: int) -> None: ...
+    def removed(self, uids: list[int], keep: bool) -> None: ...
+    def extracted(self, uids: list[int]) -> None: ...
+    def finished(self, uids: list[int]) -> None: ...
+    def stored(self, uid: int, entry: int, tokens: int) -> None: ...
+    def dropped(self, entry: int) -> None: ...
+    def step(self, prefill_step_size: int) -> None: ...
+    def idle(self) -> None: ...
+    def stop(self) -> None: ...
+
+    @property
+    def distributed(self) -> bool:
+        return False
+
+    def describe(self) -> dict | None:
+        return None
+
+
+@dataclass
+class Leader(Lockstep):
+    """Rank 0's record: ops gathered between steps, shipped in one frame before each step."""
+
+    link: Link
+    ops: list[list] = field(default_factory=list)
+    seq: int = 0
+    frames: int = 0  # frames sent
+    overflow_frames: int = 0
+
+    def wrap(self, model: Any) -> Any:
+        return FollowRankZero(model, self.link)
+
+    def inserted(self, uid: int, suffix: list[int], cached: int, entry: int | None, max_tokens: int) -> None:
+        self.ops.append(["ins", uid, suffix, cached, entry, max_tokens])
+
+    def removed(self, uids: list[int], keep: bool) -> None:
+        self.ops.append(["rm", uids, keep])
+
+    def extracted(self, uids: list[int]) -> None:
+        self.ops.append(["ext", uids])
+
+    def finished(self, uids: list[int]) -> None:
+        if uids:
+            self.ops.append(["fin", uids])
+
+    def stored(self, uid: int, entry: int, tokens: int) -> None:
+        self.ops.append(["put", uid, entry, tokens])
+
+    def dropped(self, entry: int) -> None:
+        self.ops.append(["drop", entry])
+
+    def step(self, prefill_step_size: int) -> None:
+        self._send(Kind.STEP, {"ops": self.ops, "pss": prefill_step_size})
+
+    def idle(self) -> None:
+        self._send(Kind.IDLE, {"ops": self.ops})
+
+    def stop(self) -> None:
+        self._send(Kind.STOP, {"ops": self.ops})
+
+    def _send(self, kind: Kind, body: dict) -> None:
+        self.seq += 1
+        frame, overflow = encode(Frame(kind, self.seq, body))
+        self.ops = []
+        self.link.lead(frame, overflow)
+        self.frames += 1
+        self.overflow_frames += bool(overflow)
+
+    @property
+    def distributed(self) -> bool:
+        return True
+
+    def describe(self) -> dict:
+        """What the other ranks last reported (their step and wait times), for /v1/status."""
+        ranks = []
+        for raw in self.link.reports():
+            try:
+                ranks.append(decode(raw).body)
+            except FrameError:
+                continue  # not arrived yet: the first frames
+        return {"frames": self.frames, "overflow_frames": self.overflow_frames, "followers": ranks}
