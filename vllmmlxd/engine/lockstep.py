@@ -95,7 +95,7 @@ class Link(Protocol):
     world: int
 
     def lead(self, frame: bytes, overflow: bytes) -> None:
-        """Rank 0: send a frame (and its overflow) to every rank; need not wait for them."""
+        """Rank 0: send a frame (and its overflow) to every rank, and take their reports."""
         ...
 
     def follow(self, report: bytes) -> tuple[bytes, bytes]:
@@ -103,7 +103,7 @@ class Link(Protocol):
         ...
 
     def reports(self) -> list[bytes]:
-        """Rank 0: each other rank's latest report (an earlier frame's, whichever has arrived)."""
+        """Rank 0: each other rank's report, sent with the last frame."""
         ...
 
     def broadcast(self, x: mx.array) -> mx.array:
@@ -161,6 +161,7 @@ class Leader(Lockstep):
     seq: int = 0
     frames: int = 0  # frames sent
     overflow_frames: int = 0
+    last_reports: dict[int, dict] = field(default_factory=dict)  # rank -> its last report
 
     def wrap(self, model: Any) -> Any:
         return FollowRankZero(model, self.link)
@@ -200,6 +201,15 @@ class Leader(Lockstep):
         self.link.lead(frame, overflow)
         self.frames += 1
         self.overflow_frames += bool(overflow)
+        self._check_reports()
+
+    def _check_reports(self) -> None:
+        """Each other rank answered this frame having applied the one before: else it is lost."""
+        for rank, raw in enumerate(self.link.reports(), start=1):
+            report = decode(raw)  # a FrameError: not a report at all (a lost rank's empty share)
+            if report.kind is not Kind.REPORT or report.seq != self.seq - 1:
+                raise FrameError(f"rank {rank} answered frame {self.seq} with report {report.seq}")
+            self.last_reports[rank] = report.body
 
     @property
     def distributed(self) -> bool:
@@ -207,10 +217,8 @@ class Leader(Lockstep):
 
     def describe(self) -> dict:
         """What the other ranks last reported (their step and wait times), for /v1/status."""
-        ranks = []
-        for raw in self.link.reports():
-            try:
-                ranks.append(decode(raw).body)
-            except FrameError:
-                continue  # not arrived yet: the first frames
-        return {"frames": self.frames, "overflow_frames": self.overflow_frames, "followers": ranks}
+        return {
+            "frames": self.frames,
+            "overflow_frames": self.overflow_frames,
+            "followers": [self.last_reports[r] for r in sorted(self.last_reports)],
+        }

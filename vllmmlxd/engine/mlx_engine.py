@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, AsyncGenerator
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from .loader import LoadedModel
 
 logger = logging.getLogger("vllmmlxd.engine")
+EXIT_RANK_FAILED = 5  # as worker/ranks.py: the unit restarts
 
 PROMPT_TAIL_TOKENS = 16  # the prompt's end, as text, tells a reasoning parser where generation starts
 PROMPT_TAIL_CHARS = 64
@@ -104,8 +106,20 @@ class MLXEngine:
         )  # built on first use
         if not self._scheduler.lockstep.distributed:  # a rank warms up on its engine thread (Scheduler.run)
             log_event(logger, "engine.warm", seconds=round(self._scheduler.warm_up(), 2))
-        self._thread = threading.Thread(target=self._scheduler.run, name="mlx-engine", daemon=True)
+        self.ranks: list[dict] = []  # a distributed entry's ranks, as they said at the handshake
+        self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
         self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._scheduler.run()
+        except BaseException as exc:
+            if not self._scheduler.lockstep.distributed:
+                raise
+            # The other ranks are mid-step or waiting for a frame: only a restart of the unit recovers.
+            log_event(logger, "rank.failed", logging.ERROR, rank=0, error=f"{type(exc).__name__}: {exc}")
+            logging.shutdown()
+            os._exit(EXIT_RANK_FAILED)
 
     # -- the asyncio side ---------------------------------------------------
 

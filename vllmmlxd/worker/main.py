@@ -121,9 +121,12 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path):
         )
         return embeds
     embedder = load_embedder(config.embedding_model, state_dir) if config.embedding_model else None
-    loaded = load_model(config.model, state_dir, trust_remote_code=config.trust_remote_code)
     options = engine_options(config, read_machine_memory(working_set=False).physical or 0)
-    engine = MLXEngine(loaded, name=config.display_name(key), options=options)
+    if config.distributed is not None:
+        engine = _rank_zero_engine(config, key, state_dir, options)
+    else:
+        loaded = load_model(config.model, state_dir, trust_remote_code=config.trust_remote_code)
+        engine = MLXEngine(loaded, name=config.display_name(key), options=options)
     if embedder is not None:
         engine.embedder = embedder  # app.py hands it to the API layer; engine.close closes it too
         embedder.share_engine_thread(engine)  # its batches go between decode steps (engine/embedder.py)
@@ -139,6 +142,20 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path):
         cache_budget_mb=round(options.cache_budget_bytes / 1024**2),
         embedding_model=config.embedding_model,
     )
+    return engine
+
+
+def _rank_zero_engine(config: ResolvedModel, key: str, state_dir: Path, options):
+    """Rank 0 of a distributed entry: join the other ranks, load its share, lead them."""
+    from ..engine.lockstep import Leader
+    from ..engine.mlx_engine import MLXEngine
+    from ..engine.ring_link import RingLink
+    from .ranks import join, load_share
+
+    joined = join(config)
+    loaded = load_share(config, joined, state_dir)
+    engine = MLXEngine(loaded, name=config.display_name(key), options=options, lockstep=Leader(RingLink(joined.group)))
+    engine.ranks = joined.ranks  # what each rank said at the handshake: host and pid, for status
     return engine
 
 
@@ -180,8 +197,14 @@ def serve(
     from .testing import install_test_hooks
 
     runtime = runtime_report(confirm(active_blas), key, cpus)
+    from .ranks import EXIT_RANK_FAILED, RankLost
+
     try:
         engine = load_engine(config, key, state_dir)
+    except RankLost as exc:  # another rank did not come (or left): a restart of the unit may do
+        log_event(logger, "rank.lost", logging.ERROR, model=key, error=str(exc))
+        listen.close()
+        return EXIT_RANK_FAILED
     except Exception as exc:
         log_event(logger, "model.load_failed", logging.ERROR, model=key, source=config.model, error=str(exc))
         listen.close()

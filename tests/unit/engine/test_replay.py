@@ -38,6 +38,7 @@ class _Hub:
     def __init__(self) -> None:
         self.frames: queue.Queue = queue.Queue()
         self.tokens: queue.Queue = queue.Queue()
+        self.reports: queue.Queue = queue.Queue()
         self.report = b"\0" * FRAME_BYTES
 
 
@@ -48,8 +49,10 @@ class LeaderLink:
         self.hub = hub
 
     def lead(self, frame: bytes, overflow: bytes) -> None:
+        # As the all_gather: rank 0 sends its frame and gets what the follower sent with it.
         assert len(frame) == FRAME_BYTES and overflow_length(frame) == len(overflow)
         self.hub.frames.put((frame, overflow))
+        self.hub.report = self.hub.reports.get(timeout=30)
 
     def reports(self) -> list[bytes]:
         return [self.hub.report]
@@ -66,7 +69,7 @@ class FollowerLink:
         self.hub = hub
 
     def follow(self, report: bytes) -> tuple[bytes, bytes]:
-        self.hub.report = report
+        self.hub.reports.put(report)
         return self.hub.frames.get(timeout=30)
 
     def broadcast(self, x: mx.array) -> mx.array:
@@ -190,3 +193,25 @@ def test_an_op_that_does_not_fit_the_followers_batch_stops_it():
     hub.frames.put(encode(Frame(Kind.IDLE, 5, {"ops": []})))
     with pytest.raises(Diverged, match="frame 5 after frame 1"):
         follower.follow_one()
+
+
+class _StaleLink(LeaderLink):
+    """A follower that stopped answering: its share of the gather is stale or empty."""
+
+    def __init__(self, reports: list[bytes]):
+        self._canned = reports
+
+    def lead(self, frame: bytes, overflow: bytes) -> None:
+        pass
+
+    def reports(self) -> list[bytes]:
+        return self._canned
+
+
+def test_rank_zero_notices_a_rank_that_did_not_answer_the_frame():
+    leader = Leader(_StaleLink([encode(Frame(Kind.REPORT, 0, {}))[0]]))
+    leader.idle()  # frame 1, answered after frame 0: fine
+    with pytest.raises(FrameError, match="rank 1 answered frame 2 with report 0"):
+        leader.idle()  # a buffer that still holds an old report
+    with pytest.raises(FrameError, match="not a vllmmlxd frame"):
+        Leader(_StaleLink([b"\0" * FRAME_BYTES])).step(64)  # nothing arrived
