@@ -53,8 +53,7 @@ class Group:
 
 
 def identity(config: ResolvedModel) -> dict:
-    import mlx.core as mx
-    import mlx_lm
+    from importlib.metadata import version
 
     from .. import __version__
     from ..engine.lockstep import PROTOCOL
@@ -62,8 +61,8 @@ def identity(config: ResolvedModel) -> dict:
     return {
         "protocol": PROTOCOL,
         "vllmmlxd": __version__,
-        "mlx": mx.__version__,
-        "mlx_lm": mlx_lm.__version__,
+        "mlx": version("mlx"),
+        "mlx_lm": version("mlx-lm"),
         "entry": config.config_hash(),
     }
 
