@@ -12,6 +12,7 @@ The body translations, the listings and that view are pure functions, tested wit
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -23,7 +24,7 @@ from ..config.gateway import Route
 from ..errors import InvalidRequest, Unauthorized
 from ..http.access import presented_key
 from .dispatch import Gateway, Unavailable, parse_object
-from .routing import Table, health_summary
+from .routing import ReplicaSet, Table, health_summary, set_health, set_state
 
 _USAGE = {"include_usage": True}  # the page shows token counts: the last chunk carries them
 
@@ -70,6 +71,21 @@ def model_entry(route: Route) -> dict:
         "load": route.load,
         "owned_by": route.owned_by,
         "embedding_model": route.embedding_model,
+    }
+
+
+def set_entry(rset: ReplicaSet) -> dict:
+    """The line of ``/api/models`` for a replica set: its name, once, and its members."""
+    return {
+        "id": rset.name,
+        "name": rset.name,
+        "aliases": [],
+        "state": set_state(rset.members),
+        "kind": "group",
+        "load": "eager" if any(m.load == "eager" for m in rset.members) else "lazy",
+        "owned_by": rset.first.owned_by,
+        "embedding_model": None,
+        "members": [m.name for m in rset.members],
     }
 
 
@@ -151,12 +167,10 @@ def make_router(gateway: Gateway) -> APIRouter:
     async def translated(request: Request, path: str, translate) -> Response:
         data = parse_object(await gateway.read_body(request))
         table = gateway.table
-        route = table.resolve(data.get("model"), key=presented_key(request))
-        table.access[route.name].identify(request)
+        target = table.resolve(data.get("model"), key=presented_key(request))
+        table.access_of(target).identify(request)
         body = translate(data)
-        if route.kind == "upstream":
-            body["model"] = route.served_model_name
-        return await gateway.forward(request, route, path, json.dumps(body).encode(), body["stream"])
+        return await gateway.dispatch(request, target, path, body, json.dumps(body).encode())
 
     @router.post("/api/chat")
     async def chat(request: Request):
@@ -168,14 +182,21 @@ def make_router(gateway: Gateway) -> APIRouter:
 
     @router.get("/api/models")
     async def models(request: Request):
-        routes = require_some_route(gateway.table, presented_key(request))
-        return {"object": "list", "data": [model_entry(r) for r in routes]}
+        table, key = gateway.table, presented_key(request)
+        routes = require_some_route(table, key)
+        sets = [set_entry(s) for s in table.visible_sets(key)]
+        return {"object": "list", "data": [model_entry(r) for r in routes] + sets}
 
     @router.get("/api/health")
     async def health(request: Request):
-        table = gateway.table
-        status, per_model = health_summary(table.routes, table.visible(presented_key(request)))
-        return JSONResponse({"status": status, "models": per_model}, status_code=503 if status == "down" else 200)
+        table, key = gateway.table, presented_key(request)
+        status, per_model = health_summary(table.routes, table.visible(key))
+        body: dict[str, Any] = {"status": status, "models": per_model}
+        sets = table.visible_sets(key)
+        if sets:
+            ejected = gateway.replicas.ejected(time.monotonic())
+            body["groups"] = {s.name: set_health(s, gateway.replicas.outstanding, ejected) for s in sets}
+        return JSONResponse(body, status_code=503 if status == "down" else 200)
 
     @router.get("/api/status")
     async def status(request: Request):
