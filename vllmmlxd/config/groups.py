@@ -8,7 +8,7 @@ answers a group's name. Messages name entries, never a value (a group's name nei
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .entries import EntryConfig
 from .names import NAME_RE
@@ -21,6 +21,19 @@ def members_by_group(models: Mapping[str, EntryConfig]) -> dict[str, list[str]]:
         if entry.group is not None:
             groups.setdefault(entry.group, []).append(name)
     return groups
+
+
+# Member states from the most hopeful: a set shows the best of its members'.
+_HOPEFUL = ("ready", "idle", "loading", "starting", "unloaded", "backoff", "draining", "unreachable")
+
+
+def set_state(states: Sequence[str]) -> str:
+    """A set's state from its members': ``ready`` while one serves (ready or idle), else the most
+    hopeful member's (loading before backoff before failed...)."""
+    for hopeful in _HOPEFUL:
+        if hopeful in states:
+            return "ready" if hopeful == "idle" else hopeful
+    return states[0] if states else "unknown"
 
 
 def _callers(entry: EntryConfig) -> tuple[str | None, tuple[str, ...] | None]:

@@ -125,7 +125,9 @@ _MODEL_SHOWN = (
     "idle_unload_s",
     "idle_s",
     "upstream",
+    "group",
 )
+_GROUP_MEMBER_SHOWN = ("name", "state", "running", "waiting")
 _MCP_SHOWN = ("name", "transport", "state", "tools", "connects")
 
 
@@ -158,6 +160,17 @@ def status_for(status: object, table: Table, key: str | None) -> dict:
     out: dict[str, Any] = {"daemon": _picked(status.get("daemon"), _DAEMON_SHOWN) or {}, "models": models}
     if status.get("gateway") is not None:
         out["gateway"] = _picked(status.get("gateway"), _GATEWAY_SHOWN)
+    sets = {s.name for s in table.visible_sets(key)}
+    groups = [g for g in status.get("groups") or () if isinstance(g, dict) and g.get("name") in sets]
+    if groups:
+        out["groups"] = [
+            {
+                "name": g["name"],
+                "state": g.get("state"),
+                "members": [_picked(m, _GROUP_MEMBER_SHOWN) for m in g.get("members") or () if isinstance(m, dict)],
+            }
+            for g in groups
+        ]
     return out
 
 

@@ -16,6 +16,7 @@ from typing import Mapping, Union
 from pydantic import SecretStr
 
 from ..config.gateway import GatewaySpec, Route
+from ..config.groups import set_state as member_states
 from ..config.keys import KeyGrant
 from ..errors import InvalidRequest, ModelNotFound
 from ..http.access import Access
@@ -192,11 +193,7 @@ def needs_load(route: Route) -> bool:
 
 def set_state(members: tuple[Route, ...]) -> str:
     """A set's state as listings show it: ``ready`` while a member serves, else its most hopeful member's."""
-    states = [m.state for m in members]
-    for hopeful in ("ready", "idle", "loading", "starting", "unloaded", "backoff", "draining", "unreachable"):
-        if hopeful in states:
-            return "ready" if hopeful == "idle" else hopeful
-    return states[0] if states else "unknown"
+    return member_states([m.state for m in members])
 
 
 def serving(route: Route) -> bool:
