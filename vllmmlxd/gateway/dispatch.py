@@ -5,7 +5,9 @@ takes it once), the shared HTTP client and the daemon client. ``forward`` decide
 resolved request needs before it can be relayed: an unreachable upstream is refused at once,
 a lazy model is loaded first (a streaming client gets its SSE head at once and keep-alive
 comments while it waits), a worker's stand-in answering "not loaded" makes one load and one
-retry. Errors are raised from ``vllmmlxd.errors`` and shaped by the route's family.
+retry. A replica set's request (``forward_set``) goes to its members in the balancer's order
+(``balance.py``), failing over to the next while nothing has been relayed. Errors are raised
+from ``vllmmlxd.errors`` and shaped by the route's family.
 """
 
 from __future__ import annotations
