@@ -61,6 +61,7 @@ LIVE_FIELDS = frozenset(
         "idle_unload_s",
         "upstream",
         "upstream_api_key",
+        "group",
     }
 )
 

@@ -45,6 +45,10 @@ class EntryConfig(_Strict):
         description="names from the api_keys section allowed here ('*': every key whose models match); unset: open",
     )
     timeout: float = Field(300.0, gt=0)
+    group: str | None = Field(
+        None,
+        description="a replica set: entries with the same group are answered by the gateway under its name too",
+    )
     embedding_model: str | None = Field(
         None,
         description="an embedding model preloaded beside the model, served on /v1/embeddings: "

@@ -80,6 +80,7 @@ class Route(_Strict):
     upstream_api_key: SecretStr | None = None  # sent to an upstream as its Bearer key (never shown)
     gateway_token: SecretStr | None = None  # the daemon's token its worker believes (never shown, never to an upstream)
     last_error: str | None = None  # why it is failed / unreachable
+    group: str | None = None  # the replica set it belongs to: the gateway answers that name too
 
     @property
     def is_open(self) -> bool:

@@ -4,6 +4,10 @@ Kept here so the config never imports the engine or the parsers; tests keep each
 the code that implements it.
 """
 
+import re
+
+# What an entry, a key or a group may be called: it appears in URLs, logs and status tables.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 BLAS_NAMES = ("auto", "mkl", "blis", "openblas", "bundled")
 REASONING_PARSERS = ("qwen3", "deepseek_r1")  # as vllmmlxd/parsers/reasoning has them (a test keeps them equal)
 TOOL_PARSERS = (  # as vllmmlxd/parsers/tools has them (a test keeps them equal)

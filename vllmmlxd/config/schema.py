@@ -9,7 +9,6 @@ grants, the MCP servers it names into their definitions, the gateway's token.
 from __future__ import annotations
 
 import functools
-import re
 import secrets
 from pathlib import Path
 from typing import Literal
@@ -29,11 +28,11 @@ from .entries import (  # noqa: F401 - the entry kinds are imported from here to
     resolve,
 )
 from .gateway import GatewayConfig
+from .groups import check_groups
 from .keys import ApiKeyConfig, KeyGrant
 from .mcp import MCP_TOOL_SEPARATOR, McpServerConfig, check_mcp_server_names, load_mcp_file
 from .names import BLAS_NAMES, BUILTIN_MODELS, BUILTIN_PREFIX, REASONING_PARSERS, TOOL_PARSERS  # noqa: F401
-
-MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+from .names import NAME_RE as MODEL_NAME_RE
 
 
 def _ring_ports_apart(models: dict[str, EntryConfig], listening: dict[tuple[str, int], str]) -> None:
@@ -142,6 +141,12 @@ class Config(_Strict):
                 raise ValueError(f"{first} and {name!r} both listen on {entry.host}:{entry.port}")
             seen[addr] = name
         _ring_ports_apart(models, seen)
+        return models
+
+    @field_validator("models")
+    @classmethod
+    def _replica_sets(cls, models: dict[str, EntryConfig], info):
+        check_groups(models, info.data.get("gateway") is not None)
         return models
 
     @field_validator("models")

@@ -13,6 +13,7 @@ from vllmmlxd.control.protocol import (
     ActionResponse,
     DaemonStatus,
     GatewayStatus,
+    GroupStatus,
     ModelStatus,
     ReloadResponse,
     ReloadResult,
@@ -38,6 +39,7 @@ def status_response(view: Any) -> StatusResponse:
         daemon=DaemonStatus(**daemon),
         models=models,
         gateway=GatewayStatus(**_fields(gateway)) if gateway is not None else None,
+        groups=[GroupStatus(**_fields(g)) for g in getattr(view, "groups", None) or ()],
     )
 
 

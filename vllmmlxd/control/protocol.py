@@ -92,6 +92,7 @@ class ModelStatus(_Wire):
     idle_unload_s: float | None = None  # a lazy model is unloaded after this long without a request
     idle_s: float | None = None  # how long it has had no request (lazy models)
     upstream: str | None = None  # served by another host's daemon at this URL
+    group: str | None = None  # the replica set it belongs to: the gateway answers that name too
 
 
 class GatewayStatus(_Wire):
@@ -108,10 +109,26 @@ class GatewayStatus(_Wire):
     version: int = 0  # of the routing table it was last given
 
 
+class GroupMemberStatus(_Wire):
+    name: str
+    state: str
+    running: int | None = None  # requests its worker generates (None: an upstream, or no worker)
+    waiting: int | None = None  # requests its worker queues
+
+
+class GroupStatus(_Wire):
+    """A replica set: entries the gateway answers under one name."""
+
+    name: str
+    state: str  # ready while a member is
+    members: list[GroupMemberStatus]
+
+
 class StatusResponse(_Wire):
     daemon: DaemonStatus
     models: list[ModelStatus]
     gateway: GatewayStatus | None = None
+    groups: list[GroupStatus] = []  # none from an older daemon
 
 
 class ReloadResponse(_Wire):

@@ -59,10 +59,11 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (headers, *rows))
 
 
-def _row(m: ModelStatus) -> tuple[str, ...]:
+def _row(m: ModelStatus, groups: bool = False) -> tuple[str, ...]:
     pid = "-" if m.pid is None else str(m.pid)
     return (
         m.name,
+        *((getattr(m, "group", None) or "-",) if groups else ()),
         _state(m),
         pid,
         str(m.port),
@@ -99,6 +100,19 @@ def _lazy_lines(models: Sequence[ModelStatus]) -> list[str]:
                 f"{m.name}: lazy (loads on its first request through the gateway)"
                 + (f", unloaded after {format_duration(after)} idle" if after else "")
             )
+    return lines
+
+
+def _group_lines(status: StatusResponse) -> list[str]:
+    """``group tiny: ready; a ready (2 running, 0 waiting), b backoff`` for each replica set."""
+    lines = []
+    for g in getattr(status, "groups", None) or ():
+        members = [
+            f"{m.name} {m.state}"
+            + (f" ({m.running} running, {m.waiting or 0} waiting)" if m.running is not None else "")
+            for m in g.members
+        ]
+        lines.append(f"group {g.name}: {g.state}; " + ", ".join(members))
     return lines
 
 
@@ -185,7 +199,11 @@ def _mcp_server(s) -> str:
 
 def render_status(status: StatusResponse, now: float | None = None) -> str:
     """The model table, why failed models failed, then the daemon and last-reload footer."""
-    lines = [render_table(STATUS_HEADERS, [_row(m) for m in status.models])] if status.models else ["no models"]
+    # A GROUP column only where some entry is in a replica set: other tables read as before.
+    grouped = any(getattr(m, "group", None) for m in status.models)
+    headers = (STATUS_HEADERS[0], "GROUP", *STATUS_HEADERS[1:]) if grouped else STATUS_HEADERS
+    rows = [_row(m, grouped) for m in status.models]
+    lines = [render_table(headers, rows)] if status.models else ["no models"]
     for m in status.models:
         if m.state in _EXPLAINED and m.last_error:
             lines += [""] + _explain(m)
@@ -198,7 +216,7 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
     mcp = _mcp_lines(status.models)
     if mcp:
         lines += [""] + mcp
-    extra = _lazy_lines(status.models) + _gateway_line(status)
+    extra = _group_lines(status) + _lazy_lines(status.models) + _gateway_line(status)
     if extra:
         lines += [""] + extra
     d = status.daemon

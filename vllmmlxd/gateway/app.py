@@ -27,7 +27,7 @@ from ..http.request_id import RequestIdMiddleware
 from ..log import log_event
 from .cluster import make_router as make_cluster_router
 from .dispatch import Gateway
-from .routing import TableError, build_table
+from .routing import ReplicaSet, TableError, build_table, set_state
 
 logger = logging.getLogger("vllmmlxd.gateway")
 
@@ -60,6 +60,20 @@ def model_cards(route: Route, created: int) -> list[dict]:
     return cards
 
 
+def group_card(rset: ReplicaSet, created: int) -> dict:
+    """The ``/v1/models`` card of a replica set: the group's name, once, with its members."""
+    return {
+        "id": rset.name,
+        "object": "model",
+        "owned_by": rset.first.owned_by,
+        "created": created,
+        "state": set_state(rset.members),
+        "aliases": [],
+        "kind": "group",
+        "members": [m.name for m in rset.members],
+    }
+
+
 def _routed(gateway: Gateway, path: str, embeddings: bool):
     async def routed(request: Request) -> Response:
         return await gateway.routed(request, path, embeddings)
@@ -81,6 +95,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def models(request: Request):
         table, key, created = gateway.table, presented_key(request), int(gateway.started)
         cards = [c for r in table.routes if table.may_use(r, key) for c in model_cards(r, created)]
+        cards += [group_card(s, created) for s in table.visible_sets(key)]
         return {"object": "list", "data": list({c["id"]: c for c in cards}.values())}
 
     @app.get("/health")

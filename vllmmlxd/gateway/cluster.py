@@ -12,6 +12,7 @@ The body translations, the listings and that view are pure functions, tested wit
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -23,7 +24,7 @@ from ..config.gateway import Route
 from ..errors import InvalidRequest, Unauthorized
 from ..http.access import presented_key
 from .dispatch import Gateway, Unavailable, parse_object
-from .routing import Table, health_summary
+from .routing import ReplicaSet, Table, health_summary, set_health, set_state
 
 _USAGE = {"include_usage": True}  # the page shows token counts: the last chunk carries them
 
@@ -73,6 +74,21 @@ def model_entry(route: Route) -> dict:
     }
 
 
+def set_entry(rset: ReplicaSet) -> dict:
+    """The line of ``/api/models`` for a replica set: its name, once, and its members."""
+    return {
+        "id": rset.name,
+        "name": rset.name,
+        "aliases": [],
+        "state": set_state(rset.members),
+        "kind": "group",
+        "load": "eager" if any(m.load == "eager" for m in rset.members) else "lazy",
+        "owned_by": rset.first.owned_by,
+        "embedding_model": None,
+        "members": [m.name for m in rset.members],
+    }
+
+
 def require_some_route(table: Table, key: str | None) -> list[Route]:
     """The routes ``key`` may use; 401 when it may use none and some need a key, so the page asks for
     a key instead of showing an empty list."""
@@ -109,7 +125,9 @@ _MODEL_SHOWN = (
     "idle_unload_s",
     "idle_s",
     "upstream",
+    "group",
 )
+_GROUP_MEMBER_SHOWN = ("name", "state", "running", "waiting")
 _MCP_SHOWN = ("name", "transport", "state", "tools", "connects")
 
 
@@ -142,6 +160,17 @@ def status_for(status: object, table: Table, key: str | None) -> dict:
     out: dict[str, Any] = {"daemon": _picked(status.get("daemon"), _DAEMON_SHOWN) or {}, "models": models}
     if status.get("gateway") is not None:
         out["gateway"] = _picked(status.get("gateway"), _GATEWAY_SHOWN)
+    sets = {s.name for s in table.visible_sets(key)}
+    groups = [g for g in status.get("groups") or () if isinstance(g, dict) and g.get("name") in sets]
+    if groups:
+        out["groups"] = [
+            {
+                "name": g["name"],
+                "state": g.get("state"),
+                "members": [_picked(m, _GROUP_MEMBER_SHOWN) for m in g.get("members") or () if isinstance(m, dict)],
+            }
+            for g in groups
+        ]
     return out
 
 
@@ -151,12 +180,10 @@ def make_router(gateway: Gateway) -> APIRouter:
     async def translated(request: Request, path: str, translate) -> Response:
         data = parse_object(await gateway.read_body(request))
         table = gateway.table
-        route = table.resolve(data.get("model"), key=presented_key(request))
-        table.access[route.name].identify(request)
+        target = table.resolve(data.get("model"), key=presented_key(request))
+        table.access_of(target).identify(request)
         body = translate(data)
-        if route.kind == "upstream":
-            body["model"] = route.served_model_name
-        return await gateway.forward(request, route, path, json.dumps(body).encode(), body["stream"])
+        return await gateway.dispatch(request, target, path, body, json.dumps(body).encode())
 
     @router.post("/api/chat")
     async def chat(request: Request):
@@ -168,14 +195,21 @@ def make_router(gateway: Gateway) -> APIRouter:
 
     @router.get("/api/models")
     async def models(request: Request):
-        routes = require_some_route(gateway.table, presented_key(request))
-        return {"object": "list", "data": [model_entry(r) for r in routes]}
+        table, key = gateway.table, presented_key(request)
+        routes = require_some_route(table, key)
+        sets = [set_entry(s) for s in table.visible_sets(key)]
+        return {"object": "list", "data": [model_entry(r) for r in routes] + sets}
 
     @router.get("/api/health")
     async def health(request: Request):
-        table = gateway.table
-        status, per_model = health_summary(table.routes, table.visible(presented_key(request)))
-        return JSONResponse({"status": status, "models": per_model}, status_code=503 if status == "down" else 200)
+        table, key = gateway.table, presented_key(request)
+        status, per_model = health_summary(table.routes, table.visible(key))
+        body: dict[str, Any] = {"status": status, "models": per_model}
+        sets = table.visible_sets(key)
+        if sets:
+            ejected = gateway.replicas.ejected(time.monotonic())
+            body["groups"] = {s.name: set_health(s, gateway.replicas.outstanding, ejected) for s in sets}
+        return JSONResponse(body, status_code=503 if status == "down" else 200)
 
     @router.get("/api/status")
     async def status(request: Request):

@@ -5,7 +5,9 @@ takes it once), the shared HTTP client and the daemon client. ``forward`` decide
 resolved request needs before it can be relayed: an unreachable upstream is refused at once,
 a lazy model is loaded first (a streaming client gets its SSE head at once and keep-alive
 comments while it waits), a worker's stand-in answering "not loaded" makes one load and one
-retry. Errors are raised from ``vllmmlxd.errors`` and shaped by the route's family.
+retry. A replica set's request (``forward_set``) goes to its members in the balancer's order
+(``balance.py``), failing over to the next while nothing has been relayed. Errors are raised
+from ``vllmmlxd.errors`` and shaped by the route's family.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from ..errors import InvalidRequest, Overloaded, RequestError, RequestTimeout
 from ..http.access import presented_key
 from ..http.error_shapes import anthropic_error, is_anthropic, openai_error
 from ..log import log_event
+from .balance import Replicas, affinity_key, estimate_tokens, fallback
 from .lazy import DaemonClient
 from .proxy import (
+    BACKEND_HEADER,
     CONNECT_ERRORS,
     UPSTREAM_ERRORS,
     RawResponse,
@@ -41,7 +45,7 @@ from .proxy import (
     request_headers,
     until_disconnect,
 )
-from .routing import Table, coming_up, needs_load, serving
+from .routing import ReplicaSet, Table, Target, coming_up, needs_load, serving
 
 logger = logging.getLogger("vllmmlxd.gateway")
 
@@ -53,6 +57,9 @@ UPSTREAM_RETRY_AFTER_S = 5
 # follows the state change by milliseconds, so a client that saw "ready" in status is not refused.
 STARTING_WAIT_S = 5.0
 Done = Callable[[int, bool], None]
+# A connection that broke before the response's head: the worker went (or closed a kept-alive
+# connection just then); it answered nothing, so a replica set tries the next member.
+DROPPED_ERRORS = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError)
 
 
 class Unavailable(Overloaded):
@@ -76,9 +83,12 @@ def parse_object(raw: bytes) -> dict:
 
 def body_for(route: Route, data: dict, raw: bytes) -> bytes:
     """The bytes to send: the client's own, except that an upstream is given the name it serves
-    the model under (it knows nothing of this host's keys and aliases)."""
+    the model under (it knows nothing of this host's keys and aliases), and a member of a set named
+    by the group is given its own name (a worker with strict_model_name knows no group)."""
     model = data.get("model")
-    if route.kind != "upstream" or model in (route.served_model_name, route.embedding_model):
+    if model in (route.served_model_name, route.embedding_model):
+        return raw
+    if route.kind != "upstream" and (model is None or model != route.group):
         return raw
     return json.dumps({**data, "model": route.served_model_name}).encode()
 
@@ -108,12 +118,14 @@ class Gateway:
         self._swapped = asyncio.Event()  # set (and replaced) at each swap
         self.client = new_client()
         self.daemon = DaemonClient(lambda: self.table.spec)
+        self.replicas = Replicas()  # members' load, ejections, affinity: written on this loop only
         self.started = time.time()
         self.in_flight = 0
         self.total = 0
 
     def swap(self, table: Table) -> None:
-        self.table = table  # one assignment on the loop: requests hold the table they took
+        old, self.table = self.table, table  # one assignment on the loop: requests hold the table they took
+        self.replicas.swapped(old, table)
         swapped, self._swapped = self._swapped, asyncio.Event()
         swapped.set()
 
@@ -147,15 +159,21 @@ class Gateway:
         raw = await self.read_body(request)
         data = parse_object(raw)
         table = self.table
-        route = table.resolve(data.get("model"), embeddings, presented_key(request))
-        table.access[route.name].identify(request)
-        return await self.forward(request, route, path, body_for(route, data, raw), data.get("stream") is True)
+        target = table.resolve(data.get("model"), embeddings, presented_key(request))
+        table.access_of(target).identify(request)
+        return await self.dispatch(request, target, path, data, raw)
+
+    async def dispatch(self, request: Request, target: Target, path: str, data: dict, raw: bytes):
+        """Forward to a route, or to a member of a set (the key was checked already)."""
+        stream = data.get("stream") is True
+        if isinstance(target, ReplicaSet):
+            return await self.forward_set(request, target, path, data, raw, stream)
+        return await self.forward(request, target, path, body_for(target, data, raw), stream)
 
     async def forward(self, request: Request, route: Route, path: str, body: bytes, stream: bool):
         """The response relaying ``body`` to ``route``'s ``path`` (the key was checked already)."""
-        done = self._finisher(request, route, path)
-        self.in_flight += 1
-        self.total += 1
+        done = Finish(self, request, route, path)
+        done.count(route.name, len(body) // 4)
         try:
             if route.kind == "upstream" and route.state == "unreachable":
                 raise Unavailable(
@@ -168,7 +186,51 @@ class Gateway:
                 await self.load(route)
             elif not serving(route):
                 route = await self.until_serving(route)
-            return Relay(await self.open(request, route, path, body), done)
+            return Relay(await self.open(request, route, path, body), done, backend=route.name)
+        except BaseException as exc:
+            done(getattr(exc, "status_code", 499 if isinstance(exc, asyncio.CancelledError) else 500), False)
+            raise
+
+    async def forward_set(self, request: Request, rset: ReplicaSet, path: str, data: dict, raw: bytes, stream: bool):
+        """The response of the first member of ``rset`` that answers, tried in the balancer's order,
+        each once. A member that refused the connection, dropped it before the response's head, or whose
+        port the daemon's stand-in answered (no worker there) has generated nothing the client saw: the
+        next one is tried with the same body. Any answer of a worker, an error too, is relayed."""
+        key = affinity_key(path, data)
+        plan = self.replicas.plan(rset, key, time.monotonic())
+        if not plan:  # no member serves: one is loaded or waited for, as a single route would be
+            member = fallback(rset)
+            if member is None:
+                states = ", ".join(sorted({m.state for m in rset.members}))
+                raise Unavailable(f"no replica of {rset.name} is serving ({states})", retry_after=1)
+            return await self.forward(request, member, path, body_for(member, data, raw), stream)
+        est = estimate_tokens(len(raw), data)
+        done = Finish(self, request, rset, path)
+        why = ""
+        try:
+            for member in plan:
+                done.count(member.name, est)
+                try:
+                    upstream = await self._send(request, member, path, body_for(member, data, raw))
+                except CONNECT_ERRORS as exc:  # refused or unreachable: no new request for a while
+                    self.replicas.eject(member.name, time.monotonic())
+                    why = type(exc).__name__
+                except DROPPED_ERRORS as exc:  # gone before the head: nothing reached the client
+                    why = type(exc).__name__
+                except (httpcore.TimeoutException, *UPSTREAM_ERRORS) as exc:
+                    raise refusal(member, exc) from None
+                else:
+                    if not stand_in(upstream):
+                        if 200 <= upstream.status_code < 300:
+                            self.replicas.answered(rset, key, member.name, time.monotonic())
+                        done.route = member
+                        return Relay(upstream, done, backend=member.name)
+                    await close_quietly(upstream)
+                    self.replicas.eject(member.name, time.monotonic())
+                    why = f"not serving ({upstream.header(STATE_HEADER)})"
+                done.uncount()
+                log_event(logger, "gateway.failover", logging.WARNING, group=rset.name, route=member.name, error=why)
+            raise Unavailable(f"no replica of {rset.name} could answer ({why})", retry_after=1)
         except BaseException as exc:
             done(getattr(exc, "status_code", 499 if isinstance(exc, asyncio.CancelledError) else 500), False)
             raise
@@ -178,27 +240,19 @@ class Gateway:
         if not outcome.ok:
             raise Unavailable(outcome.message, code="model_not_loaded")
 
-    async def open(self, request: Request, route: Route, path: str, body: bytes, retry: bool = True) -> Upstream:
-        """Send the request to the route; return with the response's head. Errors in the family's terms."""
+    async def _send(self, request: Request, route: Route, path: str, body: bytes) -> Upstream:
+        """Send the request to the route; return with the response's head. Raises httpcore's errors."""
         headers = self.headers_for(request, route)
         query = request.scope.get("query_string", b"")  # as sent: no parsing on the hot path
         url = route.url.rstrip("/") + path + ("?" + query.decode("latin-1") if query else "")
+        return await open_stream(self.client, url, headers, body, route.timeout)
+
+    async def open(self, request: Request, route: Route, path: str, body: bytes, retry: bool = True) -> Upstream:
+        """Send the request to the route; return with the response's head. Errors in the family's terms."""
         try:
-            upstream = await open_stream(self.client, url, headers, body, route.timeout)
-        except CONNECT_ERRORS as exc:
-            if route.kind == "upstream":
-                raise Unavailable(
-                    f"upstream {route.served_model_name} cannot be reached ({type(exc).__name__})"
-                ) from None
-            raise Unavailable(
-                f"model {route.served_model_name} is not serving ({route.state})", retry_after=1
-            ) from None
-        except httpcore.TimeoutException:
-            raise RequestTimeout(
-                f"model {route.served_model_name} did not answer within {route.timeout:g}s", code="timeout"
-            ) from None
-        except UPSTREAM_ERRORS as exc:
-            raise Unavailable(f"model {route.served_model_name} failed to answer ({type(exc).__name__})") from None
+            upstream = await self._send(request, route, path, body)
+        except (httpcore.TimeoutException, *UPSTREAM_ERRORS) as exc:
+            raise refusal(route, exc) from None
         if (
             retry
             and route.kind == "local"
@@ -223,30 +277,69 @@ class Gateway:
             request.headers.raw, peer, token=token, client=self.table.client_address(request) if token else None
         )
 
-    def _finisher(self, request: Request, route: Route, path: str) -> Done:
-        started = time.perf_counter()
-        finished = False
 
-        def done(status: int, completed: bool) -> None:
-            nonlocal finished
-            if finished:
-                return
-            finished = True
-            self.in_flight -= 1
-            log_event(
-                logger,
-                "gateway.request",
-                model=route.served_model_name,
-                route=route.name,
-                kind=route.kind,
-                path=path,
-                status=status,
-                ms=round((time.perf_counter() - started) * 1000, 1),
-                completed=completed,
-                request_id=getattr(request.state, "request_id", None),
-            )
+def refusal(route: Route, exc: BaseException) -> RequestError:
+    """The gateway's own error for a route that could not be sent a request, or gave no head."""
+    if isinstance(exc, CONNECT_ERRORS):
+        if route.kind == "upstream":
+            return Unavailable(f"upstream {route.served_model_name} cannot be reached ({type(exc).__name__})")
+        return Unavailable(f"model {route.served_model_name} is not serving ({route.state})", retry_after=1)
+    if isinstance(exc, httpcore.TimeoutException):
+        return RequestTimeout(
+            f"model {route.served_model_name} did not answer within {route.timeout:g}s", code="timeout"
+        )
+    return Unavailable(f"model {route.served_model_name} failed to answer ({type(exc).__name__})")
 
-        return done
+
+def stand_in(upstream: Upstream) -> bool:
+    """Did the daemon's stand-in answer (a 503 naming a state: no worker serves that port)? A worker's
+    own 503 (its queue is full) carries no state header, and is the worker's answer to relay."""
+    return upstream.status_code == 503 and upstream.header(STATE_HEADER) is not None
+
+
+class Finish:
+    """The end of one request through the gateway, called once (``done(status, completed)``): the
+    gateway's counts, the member's outstanding count it holds, and the request's log line."""
+
+    def __init__(self, gateway: Gateway, request: Request, route: Target, path: str):
+        self.gateway, self.request, self.route, self.path = gateway, request, route, path
+        self.started = time.perf_counter()
+        self.finished = False
+        self._counted: tuple[str, int] | None = None
+        gateway.in_flight += 1
+        gateway.total += 1
+
+    def count(self, entry: str, est_tokens: int) -> None:
+        """The request is outstanding on ``entry`` now (until it ends, or ``uncount``)."""
+        self.uncount()
+        self.gateway.replicas.begin(entry, est_tokens)
+        self._counted = (entry, est_tokens)
+
+    def uncount(self) -> None:
+        if self._counted is not None:
+            self.gateway.replicas.end(*self._counted)
+            self._counted = None
+
+    def __call__(self, status: int, completed: bool) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self.gateway.in_flight -= 1
+        self.uncount()
+        route = self.route
+        log_event(
+            logger,
+            "gateway.request",
+            model=route.served_model_name,
+            route=route.name,
+            kind=route.kind,
+            group=getattr(route, "group", None) if isinstance(route, Route) else route.name,
+            path=self.path,
+            status=status,
+            ms=round((time.perf_counter() - self.started) * 1000, 1),
+            completed=completed,
+            request_id=getattr(self.request.state, "request_id", None),
+        )
 
 
 class LoadingStream(RawResponse):
@@ -277,6 +370,7 @@ class LoadingStream(RawResponse):
                         (b"content-type", b"text/event-stream; charset=utf-8"),
                         (b"cache-control", b"no-cache"),
                         (b"x-accel-buffering", b"no"),
+                        (BACKEND_HEADER, self.route.name.encode()),
                     ],
                 }
             )

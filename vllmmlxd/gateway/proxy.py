@@ -40,8 +40,11 @@ _REQUEST_DROPPED = HOP_BY_HOP | {b"host", b"content-length", b"origin", b"refere
 _GATEWAY_HEADERS = (GATEWAY_TOKEN_HEADER.encode(), GATEWAY_CLIENT_HEADER.encode())
 # A client's key is for this host: an upstream (another host's daemon) gets its own key or none.
 _KEY_HEADERS = (b"authorization", b"x-api-key")
-# uvicorn writes its own date and server headers; the worker's would be doubled.
-_RESPONSE_DROPPED = HOP_BY_HOP | {b"date", b"server"}
+# Set on every response relayed through the gateway: the entry that answered (never on the gateway's own errors).
+BACKEND_HEADER = b"x-vllmmlxd-backend"
+# uvicorn writes its own date and server headers; the worker's would be doubled. A backend header from
+# further on (an upstream that is itself a gateway) would name an entry of another config.
+_RESPONSE_DROPPED = HOP_BY_HOP | {b"date", b"server", BACKEND_HEADER}
 CONNECT_TIMEOUT_S = 5.0
 
 
@@ -293,12 +296,14 @@ class RawResponse(Response):
 
 
 class Relay(RawResponse):
-    """An ASGI response relaying one open upstream response; ``done(status, completed)`` when over."""
+    """An ASGI response relaying one open upstream response, with ``backend`` (the entry that
+    answered) in ``x-vllmmlxd-backend``; ``done(status, completed)`` when over."""
 
-    def __init__(self, upstream: Upstream, done: Callable[[int, bool], None]):
+    def __init__(self, upstream: Upstream, done: Callable[[int, bool], None], backend: str):
         super().__init__()
         self.upstream = upstream
         self.done = done
+        self.backend = backend
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         upstream = self.upstream
@@ -311,7 +316,7 @@ class Relay(RawResponse):
                 {
                     "type": "http.response.start",
                     "status": upstream.status_code,
-                    "headers": response_headers(upstream.raw_headers),
+                    "headers": [*response_headers(upstream.raw_headers), (BACKEND_HEADER, self.backend.encode())],
                 }
             )
             # Unfinished (client gone, worker broke off): uvicorn cuts the connection.

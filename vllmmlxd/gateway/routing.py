@@ -1,17 +1,22 @@
 """The routing table: which route answers a request's ``model``. Pure: built from a GatewaySpec.
 
 A request may name a route by its served name, its entry key or one of its aliases; an
-embeddings request may also name the route's embedding model. The table is immutable and
-replaced whole at each settings push, so a request that took a route keeps it.
+embeddings request may also name the route's embedding model. Routes that share a ``group``
+form a ``ReplicaSet`` answered under the group's name (each member keeps its own names too):
+``resolve`` gives the set, and the gateway picks a member per request (``balance.py``). The
+table is immutable and replaced whole at each settings push, so a request that took a route
+keeps it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping, Union
 
 from pydantic import SecretStr
 
 from ..config.gateway import GatewaySpec, Route
+from ..config.groups import set_state as member_states
 from ..config.keys import KeyGrant
 from ..errors import InvalidRequest, ModelNotFound
 from ..http.access import Access
@@ -53,9 +58,36 @@ def route_access(route: Route | None, trusted_proxies: tuple[str, ...]) -> Acces
 
 
 @dataclass(frozen=True)
+class ReplicaSet:
+    """Entries answered under one group name; their keys agree (config/groups.py), so the first
+    member's check is the set's."""
+
+    name: str
+    members: tuple[Route, ...]
+    kind: str = "group"
+    embedding_model: None = None
+
+    @property
+    def served_model_name(self) -> str:
+        return self.name
+
+    @property
+    def first(self) -> Route:
+        return self.members[0]
+
+    @property
+    def is_open(self) -> bool:
+        return self.first.is_open
+
+
+Target = Union[Route, ReplicaSet]  # what a request's model names
+
+
+@dataclass(frozen=True)
 class Table:
     spec: GatewaySpec
     by_name: dict[str, Route] = field(default_factory=dict)
+    sets: dict[str, ReplicaSet] = field(default_factory=dict)
     by_embedding: dict[str, Route] = field(default_factory=dict)
     access: dict[str, Access] = field(default_factory=dict)  # by entry key
     peers: Access | None = None  # who the client is, behind the gateway's trusted proxies
@@ -69,6 +101,7 @@ class Table:
         of the routes its ``key`` may use, and no others."""
         routes = self.visible(key)
         shown = [r.served_model_name for r in routes]
+        shown += [s.name for s in self.sets.values() if self.may_use(s, key)]
         if embeddings:
             shown += [r.embedding_model for r in routes if r.embedding_model]
         return list(dict.fromkeys(shown))
@@ -82,12 +115,16 @@ class Table:
         assert self.peers is not None
         return self.peers.client_address(request)
 
-    def lookup(self, model: str, embeddings: bool = False) -> Route | None:
+    def lookup(self, model: str, embeddings: bool = False) -> Target | None:
         if embeddings and model in self.by_embedding:
             return self.by_embedding[model]
-        return self.by_name.get(model)
+        return self.by_name.get(model) or self.sets.get(model)
 
-    def resolve(self, model: object, embeddings: bool = False, key: str | None = None) -> Route:
+    def access_of(self, target: Target) -> Access:
+        """The key check of a route, or of a set (its first member's: the members' keys agree)."""
+        return self.access[target.first.name if isinstance(target, ReplicaSet) else target.name]
+
+    def resolve(self, model: object, embeddings: bool = False, key: str | None = None) -> Target:
         """The route for a request's ``model``: 400 when missing (and not implied), 404 when unknown.
         The names listed are those ``key`` may use."""
         if model is None or model == "":
@@ -107,12 +144,15 @@ class Table:
             )
         return route
 
-    def may_use(self, route: Route, key: str | None) -> bool:
-        """May a caller presenting ``key`` use ``route`` (what /v1/models and /api/models show)."""
+    def may_use(self, route: Target, key: str | None) -> bool:
+        """May a caller presenting ``key`` use ``route`` or a set (what /v1/models and /api/models show)."""
         if route.is_open:
             return True
-        grant = self.access[route.name].match(key) if key else None
+        grant = self.access_of(route).match(key) if key else None
         return grant is not None and grant.allowed
+
+    def visible_sets(self, key: str | None) -> list[ReplicaSet]:
+        return [s for s in self.sets.values() if self.may_use(s, key)]
 
 
 def build_table(spec: GatewaySpec) -> Table:
@@ -127,16 +167,33 @@ def build_table(spec: GatewaySpec) -> Table:
         if route.embedding_model:
             # Two entries may embed with the same model: the first one listed answers its name.
             by_embedding.setdefault(route.embedding_model, route)
+    groups: dict[str, list[Route]] = {}
+    for route in spec.routes:
+        if route.group is not None:
+            if route.group in by_name:
+                raise TableError(f"group {route.group!r} is also a name of route {by_name[route.group].name!r}")
+            groups.setdefault(route.group, []).append(route)
+    sets = {name: ReplicaSet(name, tuple(members)) for name, members in groups.items()}
     proxies = spec.gateway.trusted_proxies
     access = {r.name: route_access(r, proxies) for r in spec.routes}
     return Table(
-        spec=spec, by_name=by_name, by_embedding=by_embedding, access=access, peers=route_access(None, proxies)
+        spec=spec,
+        by_name=by_name,
+        sets=sets,
+        by_embedding=by_embedding,
+        access=access,
+        peers=route_access(None, proxies),
     )
 
 
 def needs_load(route: Route) -> bool:
     """Must the daemon load this route's model before a request can go to it?"""
     return route.kind == "local" and route.load == "lazy" and route.state not in SERVING_STATES
+
+
+def set_state(members: tuple[Route, ...]) -> str:
+    """A set's state as listings show it: ``ready`` while a member serves, else its most hopeful member's."""
+    return member_states([m.state for m in members])
 
 
 def serving(route: Route) -> bool:
@@ -156,6 +213,21 @@ def route_ok(route: Route) -> bool:
     if route.kind == "local" and route.load == "lazy":
         return route.state in LAZY_HEALTHY_STATES
     return route.state in SERVING_STATES
+
+
+def set_health(
+    rset: ReplicaSet, outstanding: Mapping[str, int], ejected: frozenset[str] = frozenset()
+) -> dict[str, object]:
+    """One set's line of ``/api/health``: its state, and each member's state, requests in flight
+    through this gateway, and whether it is ejected after a refused connection."""
+    return {
+        "state": set_state(rset.members),
+        "ok": any(route_ok(m) for m in rset.members),
+        "members": {
+            m.name: {"state": m.state, "outstanding": outstanding.get(m.name, 0), "ejected": m.name in ejected}
+            for m in rset.members
+        },
+    }
 
 
 def health_summary(routes: tuple[Route, ...], shown: list[Route] | None = None) -> tuple[str, dict[str, dict]]:

@@ -41,6 +41,7 @@ def build_route(name: str, entry: Resolved, state: str, last_error: str | None) 
         api_keys=entry.api_keys,
         key_grants=entry.key_grants,
         last_error=last_error,
+        group=entry.group,
     )
     if isinstance(entry, ResolvedUpstream):
         return Route(kind="upstream", url=entry.upstream, upstream_api_key=entry.upstream_api_key, **common)

@@ -37,7 +37,7 @@ from .memory import Capacity, entry_footprints, load_memory_plan, read_capacity
 from .operations import Msg, Operations, fail, resolve
 from .reload import plan_shares, prepare, swap_or_say_why
 from .slot import PushSettings, Slot, SlotSettings
-from .units import GatewayUnit, ModelUnit, Unit, UpstreamUnit
+from .units import GatewayUnit, ModelUnit, Unit, UpstreamUnit, group_views
 from .upstream import UpstreamChecks
 from .views import ActionReply, DaemonView, ReloadRecord, ReloadReply, StatusView
 
@@ -169,6 +169,7 @@ class Supervisor:
     def status(self) -> StatusView:
         now = time.time()
         gateway = self.gateway()
+        models = [u.view(now) for u in self.entry_units().values()]
         return StatusView(
             daemon=DaemonView(
                 pid=os.getpid(),
@@ -179,8 +180,9 @@ class Supervisor:
                 version=__version__,
                 config_missing=self.config_missing,
             ),
-            models=[u.view(now) for u in self.entry_units().values()],
+            models=models,
             gateway=gateway.view(now) if gateway else None,
+            groups=group_views(models),
         )
 
     async def refresh(self) -> None:

@@ -4,7 +4,9 @@
 - ``UpstreamUnit``: a model entry served by another host's daemon: health checks, no process.
 - ``GatewayUnit``: the gateway process, a ``Slot`` running ``vllmmlxd.gateway`` on its spec.
 
-A new kind (a sharded model's ranks, a replica set) is a new class here. Units are created and
+A replica set (entries sharing a ``group``) is no unit: it runs nothing and has no state of its own
+to keep, only a routing of its members' in the gateway; status shows it as its members' views
+(``group_views``). A new kind (a sharded model's ranks) is a new class here. Units are created and
 dropped only by the supervisor's task; each one's state is written by its own actor (the slot,
 or the upstream's checking task), and read here to be shown and to feed ``plan``.
 """
@@ -18,13 +20,14 @@ from typing import Protocol, Union
 from urllib.parse import urlsplit
 
 from ..config.gateway import GatewayConfig, GatewaySpec
+from ..config.groups import set_state
 from ..config.schema import ResolvedModel, ResolvedUpstream
 from . import lazy, states
 from .log_lines import LogLines
 from .plan import Kind, UnitFacts
 from .slot import Slot
 from .upstream import UpstreamChecks
-from .views import GatewayView, ModelView
+from .views import GatewayView, GroupMemberView, GroupView, ModelView
 
 
 class Unit(Protocol):
@@ -128,6 +131,7 @@ class ModelUnit:
             load=config.load,
             idle_unload_s=config.idle_unload_s,
             idle_s=round(idle, 1) if idle is not None else None,
+            group=config.group,
         )
 
     async def refresh(self) -> None:
@@ -182,6 +186,7 @@ class UpstreamUnit:
             last_error=checks.last_error,
             keys=None if config.is_open else config.key_names(),
             upstream=config.upstream,
+            group=config.group,
         )
 
     async def refresh(self) -> None:
@@ -242,6 +247,24 @@ class GatewayUnit:
 
 
 EntryUnit = Union[ModelUnit, UpstreamUnit]
+
+
+def group_views(models: list[ModelView]) -> list[GroupView]:
+    """Each replica set, from its members' views: their states and their workers' load (pure)."""
+    groups: dict[str, list[ModelView]] = {}
+    for view in models:
+        if view.group is not None:
+            groups.setdefault(view.group, []).append(view)
+    return [
+        GroupView(
+            name=name,
+            state=set_state([m.state for m in members]),
+            members=[
+                GroupMemberView(m.name, m.state, m.runtime.get("running"), m.runtime.get("waiting")) for m in members
+            ],
+        )
+        for name, members in groups.items()
+    ]
 
 
 def slot_error(slot: Slot) -> str | None:

@@ -66,6 +66,7 @@ class ModelView:
     idle_unload_s: float | None = None
     idle_s: float | None = None  # a lazy model's time without a request
     upstream: str | None = None  # served by that host (no worker here)
+    group: str | None = None  # the replica set it belongs to (config's group)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,25 @@ class GatewayView:
 
 
 @dataclass(frozen=True)
+class GroupMemberView:
+    name: str
+    state: states.Shown
+    running: int | None = None  # as its worker last reported (None: upstream, or no worker)
+    waiting: int | None = None
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A replica set: the gateway answers its name with one of its members."""
+
+    name: str
+    state: str  # ready while a member is
+    members: list[GroupMemberView]
+
+
+@dataclass(frozen=True)
 class StatusView:
     daemon: DaemonView
     models: list[ModelView]
     gateway: GatewayView | None = None
+    groups: list[GroupView] = field(default_factory=list)

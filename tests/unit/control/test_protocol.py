@@ -63,7 +63,7 @@ def test_status_round_trips_through_json():
 
 def test_status_json_has_exactly_the_documented_keys():
     data = json.loads(make_status().model_dump_json())
-    assert set(data) == {"daemon", "models", "gateway"}
+    assert set(data) == {"daemon", "models", "gateway", "groups"}
     assert set(data["daemon"]) == {
         "pid",
         "uptime_s",
@@ -105,6 +105,7 @@ def test_status_json_has_exactly_the_documented_keys():
             "idle_unload_s",
             "idle_s",
             "upstream",
+            "group",
         }
     assert data["models"][1]["pid"] is None and data["models"][1]["uptime_s"] is None
 

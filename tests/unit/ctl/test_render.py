@@ -248,3 +248,34 @@ def test_a_dry_run_with_entries_says_each_thing_once():
     )
     moved = render_reload(answer(config(default=8000, b=8001), config(default=8002, b=8001, c=8003)))
     assert moved.count("unchanged: b") == 1 and "new worker  port" in moved and "added: c" in moved
+
+
+def test_replica_sets_get_a_group_column_and_a_line_with_their_members_states_and_load():
+    from vllmmlxd.control.protocol import GroupStatus
+
+    s = status(
+        model("a", group="tiny", running=2, waiting=1),
+        model("b", "backoff", pid=None, port=8002, group="tiny"),
+        model("solo", port=8003),
+    )
+    s.groups = [
+        GroupStatus(
+            name="tiny",
+            state="ready",
+            members=[
+                {"name": "a", "state": "ready", "running": 2, "waiting": 1},
+                {"name": "b", "state": "backoff"},
+            ],
+        )
+    ]
+    lines = render_status(s, now=AT).splitlines()
+    header = lines[0].split()
+    assert header[:3] == ["MODEL", "GROUP", "STATE"]
+    assert [line.split()[:3] for line in lines[1:4]] == [
+        ["a", "tiny", "ready"],
+        ["b", "tiny", "backoff"],
+        ["solo", "-", "ready"],
+    ]
+    assert "group tiny: ready; a ready (2 running, 1 waiting), b backoff" in lines
+    # Without a group, the table is as it always was.
+    assert "GROUP" not in render_status(status(model("solo")), now=AT)

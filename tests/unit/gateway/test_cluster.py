@@ -149,3 +149,30 @@ def test_the_model_list_asks_for_a_key_when_none_it_may_use_remains(table):
             require_some_route(locked, key)
     assert [r.name for r in require_some_route(locked, "sk-alice")] == ["shared"]
     assert require_some_route(build_table(GatewaySpec()), None) == []  # no model at all: an empty list
+
+
+def test_a_key_sees_the_sets_it_may_use_with_their_members_states_and_load():
+    t = build_table(
+        GatewaySpec(
+            routes=(
+                keyed("k1", allowed=("bob",)).model_copy(update={"group": "locked"}),
+                keyed("k2", allowed=("bob",)).model_copy(update={"group": "locked"}),
+                route("o1", group="pool"),
+                route("o2", group="pool"),
+            )
+        )
+    )
+    member = {"name": "o1", "state": "ready", "running": 2, "waiting": 0, "pid": 7, "last_error": "x"}
+    daemon = {
+        "models": [{"name": "o1", "state": "ready", "group": "pool", "pid": 7}],
+        "groups": [
+            {"name": "pool", "state": "ready", "members": [member]},
+            {"name": "locked", "state": "ready", "members": [{"name": "k1", "state": "ready"}]},
+        ],
+    }
+    seen = status_for(daemon, t, None)
+    assert seen["models"] == [{"name": "o1", "state": "ready", "group": "pool", "keys": None}]
+    assert seen["groups"] == [
+        {"name": "pool", "state": "ready", "members": [{"name": "o1", "state": "ready", "running": 2, "waiting": 0}]}
+    ]
+    assert [g["name"] for g in status_for(daemon, t, "sk-bob")["groups"]] == ["pool", "locked"]

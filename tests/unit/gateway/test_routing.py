@@ -7,6 +7,7 @@ from vllmmlxd.config.gateway import GatewaySpec, Route
 from vllmmlxd.config.keys import KeyGrant, key_digest
 from vllmmlxd.errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
 from vllmmlxd.gateway.routing import (
+    ReplicaSet,
     TableError,
     build_table,
     coming_up,
@@ -14,6 +15,8 @@ from vllmmlxd.gateway.routing import (
     needs_load,
     route_ok,
     serving,
+    set_health,
+    set_state,
 )
 
 
@@ -183,3 +186,59 @@ def test_health_lines_are_only_the_callers_models():
     status, lines = health_summary(t.routes, t.visible(None))
     assert status == "degraded" and list(lines) == ["open"]
     assert list(health_summary(t.routes, t.visible("sk-alice"))[1]) == ["secret", "open"]
+
+
+def test_a_group_name_resolves_to_its_set_and_members_keep_their_names():
+    t = table(route("a", "tiny-a", group="tiny"), route("b", group="tiny"), route("solo"))
+    rset = t.resolve("tiny")
+    assert isinstance(rset, ReplicaSet) and [m.name for m in rset.members] == ["a", "b"]
+    assert t.resolve("tiny-a").name == "a" and t.resolve("b").name == "b"
+    assert t.names() == ["tiny-a", "b", "solo", "tiny"]  # the group's name once
+    with pytest.raises(ModelNotFound) as err:
+        t.resolve("nope")
+    assert err.value.message.endswith("solo, tiny")
+
+
+def test_a_group_cannot_take_a_routes_name():
+    with pytest.raises(TableError, match="group 'b'"):
+        table(route("a", group="b"), route("b", group="b"))
+
+
+def test_a_keyed_sets_key_is_its_members():
+    grants = keyed_route().key_grants
+    t = table(
+        route("a", group="g", api_keys=("alice",), key_grants=grants),
+        route("b", group="g", api_keys=("alice",), key_grants=grants),
+    )
+    rset = t.resolve("g")
+    assert t.access_of(rset).identify(request_with("sk-alice")).key_name == "alice"
+    with pytest.raises(Forbidden):
+        t.access_of(rset).identify(request_with("sk-bob"))
+    assert [s.name for s in t.visible_sets("sk-alice")] == ["g"] and t.visible_sets(None) == []
+    assert t.names(key=None) == []
+
+
+@pytest.mark.parametrize(
+    "states, shown",
+    [
+        (("failed", "idle"), "ready"),
+        (("failed", "ready"), "ready"),
+        (("backoff", "starting"), "starting"),
+        (("failed", "unloaded"), "unloaded"),
+        (("failed", "stopped"), "failed"),
+    ],
+)
+def test_a_set_is_ready_while_a_member_serves_else_its_most_hopeful_members_state(states, shown):
+    assert set_state(tuple(route(f"m{i}", state=s) for i, s in enumerate(states))) == shown
+
+
+def test_a_sets_health_shows_each_member_with_its_outstanding_requests():
+    rset = ReplicaSet("g", (route("a", state="ready", group="g"), route("b", state="backoff", group="g")))
+    assert set_health(rset, {"a": 3}, frozenset({"b"})) == {
+        "state": "ready",
+        "ok": True,
+        "members": {
+            "a": {"state": "ready", "outstanding": 3, "ejected": False},
+            "b": {"state": "backoff", "outstanding": 0, "ejected": True},
+        },
+    }
