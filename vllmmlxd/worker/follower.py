@@ -19,7 +19,7 @@ from ..log import log_event, setup_logging
 from ..paths import ensure_private_dir, resolve_state_dir
 from ..runtime import cpus as cpu_shares
 from .main import EXIT_LOAD_FAILED, _entry_from, choose_blas, read_line, start_lifeline
-from .ranks import EXIT_RANK_FAILED, EXIT_RANKS_DISAGREE, RankLost, RanksDisagree, join, load_share
+from .ranks import EXIT_RANK_FAILED, EXIT_RANKS_DISAGREE, RankLost, RanksDisagree, load_share
 
 logger = logging.getLogger("vllmmlxd.worker")
 
@@ -28,6 +28,7 @@ def follow(config, key: str, state_dir) -> int:
     state_dir = ensure_private_dir(state_dir)
     choose_blas(config, None, state_dir)  # before anything imports mlx
     from ..engine.options import engine_options
+    from ..engine.rank_group import join
     from ..engine.replay import Replay
     from ..engine.ring_link import RingLink
     from ..runtime.memory import read_machine_memory

@@ -149,8 +149,9 @@ def _rank_zero_engine(config: ResolvedModel, key: str, state_dir: Path, options)
     """Rank 0 of a distributed entry: join the other ranks, load its share, lead them."""
     from ..engine.lockstep import Leader
     from ..engine.mlx_engine import MLXEngine
+    from ..engine.rank_group import join
     from ..engine.ring_link import RingLink
-    from .ranks import join, load_share
+    from .ranks import load_share
 
     joined = join(config)
     loaded = load_share(config, joined, state_dir)
