@@ -36,7 +36,6 @@ class FakeWorker:
         self.load_at: float | None = None
         self.idle_since: float | None = None  # set by a test: the worker has had no request since then
         self.answers = True
-        self.proc = self  # the slot waits on worker.proc.wait()
         self._exit = asyncio.get_running_loop().create_future()
 
     @classmethod
@@ -78,6 +77,13 @@ class FakeWorker:
 
     async def wait(self):
         return await self._exit
+
+    async def exited(self):
+        return await self._exit
+
+    @property
+    def pids(self):
+        return [self.pid]
 
     def kill(self):
         self._finish(-9)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ..runtime.shard_families import ModelShape, folder_shape, split_problem
+from ..runtime.shard_families import ModelShape, folder_shape, kv_group_share, layer_share, split_problem
 from .base import Strict
 from .names import BUILTIN_PREFIX
 
@@ -169,3 +169,17 @@ def distributed_problem(model: str, load: str, dist: DistributedConfig) -> str |
     if shape is None:
         return None  # a hub id or a .gguf: each rank checks when it loads
     return split_problem(shape, dist.parallel, dist.world)
+
+
+def share_text(model: str, dist: DistributedConfig, rank: int) -> str | None:
+    """What part of the model rank ``rank`` holds, as status shows it ("layers 15-29 of 30", "heads 6 of 9")."""
+    shape = model_shape(model)
+    if shape is None:
+        return None
+    if dist.parallel == "pipeline":
+        start, end = layer_share(shape.layers, dist.world, rank)
+        return f"layers {start}-{end - 1} of {shape.layers}"
+    if shape.heads % dist.world == 0 and shape.kv_heads % dist.world == 0:
+        return f"heads {shape.heads // dist.world} of {shape.heads}"
+    lo, hi = kv_group_share(shape.kv_heads, dist.world, rank)
+    return f"heads {(hi - lo) * (shape.heads // shape.kv_heads)} of {shape.heads}"

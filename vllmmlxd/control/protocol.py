@@ -59,6 +59,18 @@ class McpServerStatus(_Wire):
     connects: int = 0  # successful connections: more than one means it was restarted
 
 
+class RankStatus(_Wire):
+    """One rank of a distributed entry."""
+
+    rank: int
+    host: str
+    pid: int | None = None
+    state: str
+    share: str | None = None  # the part of the model it holds: "layers 15-29 of 30", "heads 6 of 9"
+    step_ms: float | None = None  # its last batch step
+    wait_ms: float | None = None  # the others: their last wait for rank 0's frame
+
+
 class ModelStatus(_Wire):
     """One model entry's worker as the supervisor sees it."""
 
@@ -93,6 +105,8 @@ class ModelStatus(_Wire):
     idle_s: float | None = None  # how long it has had no request (lazy models)
     upstream: str | None = None  # served by another host's daemon at this URL
     group: str | None = None  # the replica set it belongs to: the gateway answers that name too
+    distributed: dict | None = None  # split over ranks: backend, parallel, world
+    ranks: list[RankStatus] | None = None
 
 
 class GatewayStatus(_Wire):

@@ -116,6 +116,29 @@ def _group_lines(status: StatusResponse) -> list[str]:
     return lines
 
 
+def _rank_lines(models) -> list[str]:
+    """``s: pipeline over 2 ranks (ring)`` and one line per rank: host, pid, state, share, step time."""
+    lines = []
+    for m in models:
+        ranks = getattr(m, "ranks", None)
+        if not ranks:
+            continue
+        d = m.distributed or {}
+        lines.append(f"{m.name}: {d.get('parallel')} over {d.get('world')} ranks ({d.get('backend')})")
+        for r in ranks:
+            timing = ", ".join(
+                f"{label} {value:g} ms"
+                for label, value in (("step", r.step_ms), ("wait", r.wait_ms))
+                if value is not None
+            )
+            lines.append(
+                f"  rank {r.rank}  {r.host}  pid {r.pid if r.pid is not None else '-'}  {r.state}"
+                + (f"  {r.share}" if r.share else "")
+                + (f"  ({timing})" if timing else "")
+            )
+    return lines
+
+
 def _gateway_line(status: StatusResponse) -> list[str]:
     g = getattr(status, "gateway", None)
     if g is None:
@@ -216,7 +239,7 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
     mcp = _mcp_lines(status.models)
     if mcp:
         lines += [""] + mcp
-    extra = _group_lines(status) + _lazy_lines(status.models) + _gateway_line(status)
+    extra = _group_lines(status) + _rank_lines(status.models) + _lazy_lines(status.models) + _gateway_line(status)
     if extra:
         lines += [""] + extra
     d = status.daemon

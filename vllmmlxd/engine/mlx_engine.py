@@ -107,6 +107,7 @@ class MLXEngine:
         if not self._scheduler.lockstep.distributed:  # a rank warms up on its engine thread (Scheduler.run)
             log_event(logger, "engine.warm", seconds=round(self._scheduler.warm_up(), 2))
         self.ranks: list[dict] = []  # a distributed entry's ranks, as they said at the handshake
+        self.distribution: dict = {}  # and its backend, split and each rank's share (set by the worker)
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
         self._thread.start()
 
@@ -260,6 +261,38 @@ class MLXEngine:
         take up to a few hundred milliseconds for a very large grammar.
         """
         return self._grammars.check(constraint.grammar)
+
+    def distributed_status(self) -> dict | None:
+        """A distributed entry's backend, split and ranks (host, pid, share, last step and wait
+        times), for /v1/status, /metrics and the daemon; None for a single process."""
+        lockstep = self._scheduler.lockstep
+        if not lockstep.distributed:
+            return None
+        live = lockstep.describe() or {}
+        reports = {r.get("rank"): r for r in live.get("followers", [])}
+        shares = self.distribution.get("shares") or []
+        ranks = []
+        for rank, said in enumerate(self.ranks):
+            row = {
+                "rank": rank,
+                "host": said.get("host"),
+                "pid": said.get("pid"),
+                "share": shares[rank] if rank < len(shares) else None,
+            }
+            if rank == 0:
+                row["step_ms"] = round(self.stats.last_step_s * 1000, 3)
+            else:
+                report = reports.get(rank) or {}
+                row |= {"step_ms": report.get("step_ms"), "wait_ms": report.get("wait_ms")}
+            ranks.append(row)
+        return {
+            "backend": self.distribution.get("backend"),
+            "parallel": self.distribution.get("parallel"),
+            "world": len(self.ranks),
+            "frames": live.get("frames", 0),
+            "overflow_frames": live.get("overflow_frames", 0),
+            "ranks": ranks,
+        }
 
     def cache_status(self) -> dict:
         """The prefix cache's ``cache`` block of /v1/status."""

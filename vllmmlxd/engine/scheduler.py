@@ -110,6 +110,7 @@ class Scheduler:
                 return self.inbox.get(timeout=IDLE_FRAME_S)
             except queue.Empty:
                 self.lockstep.idle()
+                self.stats.last_frame_at = time.monotonic()
 
     def step(self) -> bool:
         """One round: take new requests, drop the cancelled, admit, advance the batch, post events.
@@ -216,7 +217,11 @@ class Scheduler:
             return
         self.lockstep.finished([r.uid for r in responses if r.finish_reason is not None])
         prefilled = self._note_prefill(prompt_responses)
-        self.timer.observe(self.clock() - started, decoded=bool(responses), prefilled=prefilled)
+        took = self.clock() - started
+        self.stats.last_step_s = took
+        if self.lockstep.distributed:
+            self.stats.last_frame_at = time.monotonic()
+        self.timer.observe(took, decoded=bool(responses), prefilled=prefilled)
         self.stats.steps_executed += 1
         self.stats.last_step_at = time.monotonic()  # read by /health's liveness check
         self._generated += len(responses)

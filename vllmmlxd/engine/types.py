@@ -254,6 +254,10 @@ class EngineStats:
     # time.monotonic() when the engine thread last completed a step or woke up to new work:
     # /health says "degraded" when work waits and this grows old (worker/liveness.py).
     last_step_at: float = field(default_factory=time.monotonic)
+    last_step_s: float = 0.0  # how long the last step took
+    # A distributed entry's rank 0: when it last exchanged a frame with the other ranks (it does
+    # at least every 2 s, idle or not); /health says "degraded" when that grows old.
+    last_frame_at: float | None = None
 
     def active_requests(self) -> list[dict]:
         """Snapshots of the requests queued or running, oldest first."""

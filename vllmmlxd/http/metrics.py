@@ -104,11 +104,34 @@ class EngineCollector:
         yield self._family(
             GaugeMetricFamily, "vllmmlxd_prefix_cache_entries", "Sequences in the prefix cache.", cache["entries"]
         )
+        yield from self._distributed()
         for key, value in self._engine.memory().items():  # active / peak / cache memory of MLX, in GB
             name = "vllmmlxd_mlx_" + key.removesuffix("_gb") + "_bytes"
             yield self._family(
                 GaugeMetricFamily, name, f"MLX {key.removesuffix('_gb').replace('_', ' ')}.", value * 1024**3
             )
+
+    def _distributed(self) -> Iterator[Metric]:
+        """A distributed entry's ranks and each one's last step (and, for the others, frame wait)."""
+        status = getattr(self._engine, "distributed_status", None)
+        dist = status() if status is not None else None
+        if not dist:
+            return
+        yield self._family(
+            GaugeMetricFamily, "vllmmlxd_distributed_ranks", "Ranks the model is split over.", dist["world"]
+        )
+        yield self._family(
+            CounterMetricFamily, "vllmmlxd_distributed_frames", "Frames rank 0 sent the other ranks.", dist["frames"]
+        )
+        for name, doc, key in (
+            ("vllmmlxd_rank_step_seconds", "Each rank's last batch step.", "step_ms"),
+            ("vllmmlxd_rank_frame_wait_seconds", "Each other rank's last wait for rank 0's frame.", "wait_ms"),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["model", "rank"])
+            for rank in dist["ranks"]:
+                if rank.get(key) is not None:
+                    family.add_metric([self._model, str(rank["rank"])], rank[key] / 1000)
+            yield family
 
     def describe(self) -> Iterator[Metric]:
         """The same families, so the registry can refuse duplicate names."""

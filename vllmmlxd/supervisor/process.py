@@ -16,7 +16,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol, Self
 
 import httpx
 
@@ -90,35 +90,56 @@ class WorkerProcess:
         sink: LogSink,
         cpus: str | None = None,
         module: str = "vllmmlxd.worker",
-    ) -> "WorkerProcess":
+        env: dict[str, str] | None = None,
+    ) -> Self:
         """Start a worker serving ``config`` on the inherited socket ``listen_fd``, pinned to ``cpus``.
-        ``module``: the program (the gateway is supervised the same way, ``vllmmlxd.gateway``)."""
+        ``module``: the program (the gateway is supervised the same way, ``vllmmlxd.gateway``);
+        ``env``: added to its environment (a rank's MLX variables)."""
         health = state_dir / "run" / f"w{os.getpid()}-{next(_seq)}.sock"
         health.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         share = ("--cpus", cpus) if cpus else ()
+        argv = [
+            sys.executable,
+            "-m",
+            module,
+            "--name",
+            name,
+            "--fd",
+            str(listen_fd),
+            "--health-socket",
+            str(health),
+            "--state-dir",
+            str(state_dir),
+            "--drain-timeout",
+            str(drain_timeout),
+            "--log-level",
+            log_level,
+            *share,
+        ]
+        return await cls.start(name, config, argv, health, sink, pass_fds=(listen_fd,), env=env)
+
+    @classmethod
+    async def start(
+        cls,
+        name: str,
+        config: UnitConfig,
+        argv: list[str],
+        health: Path,
+        sink: LogSink,
+        *,
+        pass_fds: tuple[int, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> Self:
+        """Run ``argv`` in a session of its own and hand it ``config`` on stdin (a worker, a rank,
+        or ssh starting a rank on another host)."""
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                module,
-                "--name",
-                name,
-                "--fd",
-                str(listen_fd),
-                "--health-socket",
-                str(health),
-                "--state-dir",
-                str(state_dir),
-                "--drain-timeout",
-                str(drain_timeout),
-                "--log-level",
-                log_level,
-                *share,
+                *argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
-                pass_fds=(listen_fd,),
-                env=strip_notify_env(dict(os.environ)),
+                pass_fds=pass_fds,
+                env={**strip_notify_env(dict(os.environ)), **(env or {})},
                 start_new_session=True,
             )
         except (OSError, ValueError) as exc:  # no interpreter, no fds left, a closed socket...
@@ -218,6 +239,15 @@ class WorkerProcess:
         if body is not None:
             self.note(body)
         return body is not None and body.get("status") != "degraded"
+
+    async def exited(self) -> int:
+        """Returns once the process has exited (its exit code), without reaping its other resources."""
+        return await self.proc.wait()
+
+    @property
+    def pids(self) -> list[int]:
+        """Every process this worker is (one; a distributed entry's ranks are several)."""
+        return [self.pid]
 
     async def wait(self) -> int:
         """Wait for the exit; returns the exit code (negative: killed by that signal)."""

@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable, Coroutine
 
 from ..log import log_event
 from .process import UnitConfig, WorkerProcess
+from .ranks import RankGroup
 from .slot_news import Result
 from .tuning import Tuning
 
@@ -39,7 +40,10 @@ class SlotWorkers:
 
     async def spawn(self, config: UnitConfig, sock: socket.socket, tuning: Tuning, **how: Any) -> WorkerProcess:
         """Start a worker on ``sock`` and watch it; ``how``: WorkerProcess.spawn's settings. Raises OSError."""
-        worker = await WorkerProcess.spawn(self.name, config, listen_fd=sock.fileno(), **how)
+        if getattr(config, "distributed", None) is not None:
+            worker: WorkerProcess = await RankGroup.spawn_group(self.name, config, listen_fd=sock.fileno(), **how)
+        else:
+            worker = await WorkerProcess.spawn(self.name, config, listen_fd=sock.fileno(), **how)
         self._alive.add(worker)
         self.track(self._watch(worker, tuning))
         return worker
@@ -55,7 +59,7 @@ class SlotWorkers:
             failures = 0
             while ready and worker.alive:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(worker.proc.wait()), t.health_interval_s)
+                    await asyncio.wait_for(asyncio.shield(worker.exited()), t.health_interval_s)
                     break
                 failures = 0 if await worker.healthy(t.health_timeout_s) else failures + 1
                 if failures >= t.health_failures and worker.alive:
@@ -133,5 +137,5 @@ class SlotWorkers:
         for worker in list(self._alive):
             if worker.alive:
                 worker.kill()
-                pids.append(worker.pid)
+                pids.extend(worker.pids)
         return pids

@@ -19,15 +19,17 @@ from dataclasses import dataclass
 from typing import Protocol, Union
 from urllib.parse import urlsplit
 
+from ..config.distributed import share_text
 from ..config.gateway import GatewayConfig, GatewaySpec
 from ..config.groups import set_state
 from ..config.schema import ResolvedModel, ResolvedUpstream
 from . import lazy, states
 from .log_lines import LogLines
 from .plan import Kind, UnitFacts
+from .ranks import RankGroup
 from .slot import Slot
 from .upstream import UpstreamChecks
-from .views import GatewayView, GroupMemberView, GroupView, ModelView
+from .views import GatewayView, GroupMemberView, GroupView, ModelView, RankView
 
 
 class Unit(Protocol):
@@ -132,6 +134,7 @@ class ModelUnit:
             idle_unload_s=config.idle_unload_s,
             idle_s=round(idle, 1) if idle is not None else None,
             group=config.group,
+            **rank_fields(config, slot.worker, self.shown()[0]),
         )
 
     async def refresh(self) -> None:
@@ -274,6 +277,36 @@ def slot_error(slot: Slot) -> str | None:
     if slot.state == states.BACKOFF:
         return slot.last_error
     return None
+
+
+def rank_fields(config: ResolvedModel, worker: object, state: str) -> dict:
+    """A distributed entry's split and its ranks for status: who runs where, and how it fares."""
+    dist = config.distributed
+    if dist is None:
+        return {}
+    reported = {r.get("rank"): r for r in (getattr(worker, "load", {}).get("distributed") or {}).get("ranks", [])}
+    procs = worker.ranks if isinstance(worker, RankGroup) else []
+    ranks = []
+    for rank, host in enumerate(dist.hosts):
+        proc = procs[rank] if rank < len(procs) else None
+        alive = proc is not None and proc.proc.returncode is None
+        shown = "exited" if proc is not None and not alive else (state if state == states.READY else "starting")
+        live = reported.get(rank) or {}
+        ranks.append(
+            RankView(
+                rank=rank,
+                host=host.host,
+                pid=proc.pid if proc is not None and (host.local or rank == 0) else live.get("pid"),
+                state=shown if proc is not None else "stopped",
+                share=share_text(config.model, dist, rank),
+                step_ms=live.get("step_ms"),
+                wait_ms=live.get("wait_ms"),
+            )
+        )
+    return {
+        "distributed": {"backend": dist.resolved_backend(), "parallel": dist.parallel, "world": dist.world},
+        "ranks": ranks,
+    }
 
 
 def runtime_fields(slot: Slot) -> dict:

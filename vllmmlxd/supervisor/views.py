@@ -49,6 +49,19 @@ class DaemonView:
 
 
 @dataclass(frozen=True)
+class RankView:
+    """One rank of a distributed entry."""
+
+    rank: int
+    host: str
+    pid: int | None
+    state: str  # ready, starting (joining or loading), exited
+    share: str | None = None  # "layers 15-29 of 30", "heads 6 of 9"
+    step_ms: float | None = None  # its last batch step, as rank 0 last reported
+    wait_ms: float | None = None  # (the others) its last wait for rank 0's frame
+
+
+@dataclass(frozen=True)
 class ModelView:
     name: str
     state: states.Shown
@@ -67,6 +80,8 @@ class ModelView:
     idle_s: float | None = None  # a lazy model's time without a request
     upstream: str | None = None  # served by that host (no worker here)
     group: str | None = None  # the replica set it belongs to (config's group)
+    distributed: dict | None = None  # a distributed entry: backend, parallel, world
+    ranks: list[RankView] | None = None  # and each of its ranks
 
 
 @dataclass(frozen=True)

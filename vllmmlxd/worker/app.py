@@ -133,6 +133,7 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
             "runtime": ctx.runtime,
             "requests": s.active_requests(),
             "embedding": ctx.embedder.describe() if ctx.embedder is not None else None,
+            "distributed": distributed_of(engine),
         }
 
     app.add_middleware(RateLimitHeaders)
@@ -222,8 +223,15 @@ def load(engine: Engine, mcp: McpHub | None = None) -> dict:
         "cache_mb": cache["memory_mb"],
         "cache_budget_mb": cache["budget_mb"],
         **_embedding_load(getattr(engine, "embedder", None)),
+        **({"distributed": dist} if (dist := distributed_of(engine)) else {}),
         **({"mcp": mcp.status()} if mcp is not None and mcp.servers else {}),
     }
+
+
+def distributed_of(engine: Engine) -> dict | None:
+    """A distributed entry's ranks (``MLXEngine.distributed_status``); None for one process."""
+    status = getattr(engine, "distributed_status", None)
+    return status() if status is not None else None
 
 
 def _embedding_load(embedder) -> dict:

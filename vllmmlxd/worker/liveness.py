@@ -41,4 +41,8 @@ def engine_health(stats: EngineStats, now: float, stuck_after: float) -> tuple[s
     silent = now - stats.last_step_at
     if busy and silent > stuck_after:
         return DEGRADED, round(silent, 1)
+    # A distributed entry's rank 0 exchanges a frame every few seconds even when idle: a silence
+    # means a rank hangs (a stopped Mac, a blocked link), busy or not.
+    if stats.last_frame_at is not None and now - stats.last_frame_at > stuck_after:
+        return DEGRADED, round(now - stats.last_frame_at, 1)
     return OK, None

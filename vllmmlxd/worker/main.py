@@ -147,6 +147,7 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path):
 
 def _rank_zero_engine(config: ResolvedModel, key: str, state_dir: Path, options):
     """Rank 0 of a distributed entry: join the other ranks, load its share, lead them."""
+    from ..config.distributed import share_text
     from ..engine.lockstep import Leader
     from ..engine.mlx_engine import MLXEngine
     from ..engine.rank_group import join
@@ -157,6 +158,13 @@ def _rank_zero_engine(config: ResolvedModel, key: str, state_dir: Path, options)
     loaded = load_share(config, joined, state_dir)
     engine = MLXEngine(loaded, name=config.display_name(key), options=options, lockstep=Leader(RingLink(joined.group)))
     engine.ranks = joined.ranks  # what each rank said at the handshake: host and pid, for status
+    dist = config.distributed
+    assert dist is not None
+    engine.distribution = {
+        "backend": dist.resolved_backend(),
+        "parallel": dist.parallel,
+        "shares": [share_text(config.model, dist, r) for r in range(dist.world)],
+    }
     return engine
 
 

@@ -33,21 +33,3 @@ def load_share(config: ResolvedModel, joined: Group, state_dir: Path):
         config.distributed.parallel,
         trust_remote_code=config.trust_remote_code,
     )
-
-
-def share_text(config: ResolvedModel, rank: int) -> str | None:
-    """What part of the model rank ``rank`` holds, as status shows it ("layers 15-29 of 30", "heads 6 of 9")."""
-    from ..config.distributed import model_shape
-    from ..runtime.shard_families import kv_group_share, layer_share
-
-    dist = config.distributed
-    shape = model_shape(config.model)
-    if dist is None or shape is None:
-        return None
-    if dist.parallel == "pipeline":
-        start, end = layer_share(shape.layers, dist.world, rank)
-        return f"layers {start}-{end - 1} of {shape.layers}"
-    if shape.heads % dist.world == 0 and shape.kv_heads % dist.world == 0:
-        return f"heads {shape.heads // dist.world} of {shape.heads}"
-    lo, hi = kv_group_share(shape.kv_heads, dist.world, rank)
-    return f"heads {(hi - lo) * (shape.heads // shape.kv_heads)} of {shape.heads}"

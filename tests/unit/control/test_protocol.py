@@ -106,6 +106,8 @@ def test_status_json_has_exactly_the_documented_keys():
             "idle_s",
             "upstream",
             "group",
+            "distributed",
+            "ranks",
         }
     assert data["models"][1]["pid"] is None and data["models"][1]["uptime_s"] is None
 
