@@ -33,7 +33,12 @@ FRAME_BYTES = 8192
 PROTOCOL = 1
 _HEADER = struct.Struct("<4sBBxxIIII")  # magic, protocol, kind, seq, body length, overflow length, crc32
 _MAGIC = b"VMXL"
-IDLE_FRAME_S = 2.0  # rank 0 sends a frame at least this often: a lost rank is noticed while idle too
+# While idle, rank 0 sends a frame this often (a lost rank is noticed while idle too), and the
+# others sleep until just before the next one: MLX's ring waits for data by polling, so a rank
+# waiting in a collective uses a whole core. A request arriving meanwhile waits for them to wake
+# (at most this long, less IDLE_WAKE_EARLY_S).
+IDLE_FRAME_S = 0.25
+IDLE_WAKE_EARLY_S = 0.01
 
 
 class Kind(IntEnum):
@@ -189,7 +194,7 @@ class Leader(Lockstep):
         self._send(Kind.STEP, {"ops": self.ops, "pss": prefill_step_size})
 
     def idle(self) -> None:
-        self._send(Kind.IDLE, {"ops": self.ops})
+        self._send(Kind.IDLE, {"ops": self.ops, "sleep_s": max(IDLE_FRAME_S - IDLE_WAKE_EARLY_S, 0.0)})
 
     def stop(self) -> None:
         self._send(Kind.STOP, {"ops": self.ops})

@@ -43,6 +43,7 @@ class Replay:
         self.pending: dict[int, list] = {}  # caches taken from the batch, until rank 0 says what to keep
         self.running: set[int] = set()
         self.clock = clock
+        self.sleep = time.sleep
         self.seq = 0
         self.steps = 0
         self.step_s = 0.0  # the last step's time
@@ -86,6 +87,9 @@ class Replay:
                 if response.finish_reason is not None:  # max_tokens: the same count on every rank
                     self.running.discard(response.uid)
                     self.pending[response.uid] = response.prompt_cache
+        elif frame.kind is Kind.IDLE:
+            # Rank 0 has nothing to run: sleep rather than poll in the next collective.
+            self.sleep(float(frame.body.get("sleep_s", 0.0)))
         return frame
 
     def apply(self, op: list) -> None:

@@ -1,0 +1,168 @@
+"""Sharded entries on the real daemon: SmolLM2 as 2 ranks on loopback with MLX's ring backend,
+split by pipeline and by tensor, beside the same model in one process.
+
+Greedy output of each split equals the single process's (token for token by pipeline; the first
+8 tokens by tensor, whose sums run in another order); both API families, streaming, 4 concurrent
+requests, structured output, a prefix-cache hit and a cancelled stream work through rank 0
+while rank 1 follows; kill -9 of rank 1 brings the unit back by itself; SIGTERM of the daemon
+leaves no rank. Every process runs one BLAS thread, so the numerics of a layer are the same in
+a rank and in the single process. One daemon for the file.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import signal
+import socket
+
+import httpx
+import pytest
+
+from tests.support.daemon import free_port, make_daemon, wait_gone
+
+pytestmark = pytest.mark.timeout(400)
+PROMPTS = ["Explain unified memory in two sentences.", "Name three colours.", "What is a prime number?"]
+SMOLLM2 = "builtin:smollm2-135m-instruct"
+
+
+def free_ring_ports() -> int:
+    """A base port whose next one is free too (a 2-rank ring listens on both)."""
+    for _ in range(50):
+        base = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError("no two free ports in a row")
+
+
+def entry(port: int, **extra) -> dict:
+    return {"model": SMOLLM2, "port": port, "threads": 1, "cache_memory_mb": 64, **extra}
+
+
+def ranks(split: str) -> dict:
+    return {"hosts": ["127.0.0.1", "127.0.0.1"], "backend": "ring", "parallel": split, "port": free_ring_ports()}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    d = make_daemon()
+    ports = {"one": free_port(), "pipe": free_port(), "tensor": free_port()}
+    d.write(
+        {
+            "one": entry(ports["one"]),
+            "pipe": entry(ports["pipe"], distributed=ranks("pipeline")),
+            "tensor": entry(ports["tensor"], distributed=ranks("tensor")),
+        }
+    )
+    d.start()
+    d.wait_ready(list(ports), timeout=240)
+    clients = {name: httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) for name, port in ports.items()}
+    yield d, clients
+    for c in clients.values():
+        c.close()
+    if d.proc is not None and d.proc.poll() is None:
+        d.stop()
+
+
+def greedy(client: httpx.Client, prompt: str, n: int) -> str:
+    """The text of the first ``n`` greedy tokens (no logprobs here: the same tokens, the same text)."""
+    r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == n
+    return r.json()["choices"][0]["text"]
+
+
+def rank_pids(d, name: str) -> list[int]:
+    return [r["pid"] for r in d.models()[name]["ranks"]]
+
+
+def test_each_split_answers_as_the_single_process_does(cluster):
+    d, c = cluster
+    for prompt in PROMPTS:
+        assert greedy(c["pipe"], prompt, 16) == greedy(c["one"], prompt, 16)
+        assert greedy(c["tensor"], prompt, 8) == greedy(c["one"], prompt, 8)
+    shown = d.ctl("status").stdout
+    assert "pipe: pipeline over 2 ranks (ring)" in shown and "layers 0-14 of 30" in shown
+    assert "tensor: tensor over 2 ranks (ring)" in shown and "heads 6 of 9" in shown and "heads 3 of 9" in shown
+    status = c["pipe"].get("/v1/status").json()["distributed"]
+    assert status["world"] == 2 and [r["rank"] for r in status["ranks"]] == [0, 1]
+    assert status["ranks"][1]["step_ms"] is not None  # rank 1 reports its steps with each frame
+
+
+def test_rank_zero_serves_everything_while_rank_one_follows(cluster):
+    d, c = cluster
+    pipe = c["pipe"]
+    # 4 at once (sampled, seeded: the same seed answers the same on a rerun) and a stream.
+    bodies = [
+        {"messages": [{"role": "user", "content": f"Say something about {i}."}], "max_tokens": 12, "seed": i}
+        for i in range(4)
+    ]
+    with cf.ThreadPoolExecutor(4) as pool:
+        first = list(pool.map(lambda b: pipe.post("/v1/chat/completions", json=b), bodies))
+    assert [r.status_code for r in first] == [200] * 4
+    again = pipe.post("/v1/chat/completions", json=bodies[2])
+    assert again.json()["choices"][0]["message"] == first[2].json()["choices"][0]["message"]
+    # The resent conversation is a prefix-cache hit on rank 0 (its KV mirrored on rank 1).
+    hits = pipe.get("/v1/status").json()["cache"]["hits"]
+    assert hits >= 1
+    with pipe.stream("POST", "/v1/chat/completions", json={**bodies[0], "stream": True}) as stream:
+        lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and len(lines) > 3
+    # Anthropic's API and structured output, through the same lockstep.
+    messages = pipe.post(
+        "/v1/messages",
+        json={"model": "pipe", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]},
+        headers={"anthropic-version": "2023-06-01"},
+    )
+    assert messages.status_code == 200 and messages.json()["content"][0]["type"] == "text"
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"type": "string", "maxLength": 12}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    shaped = pipe.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "Name a colour as JSON."}],
+            "max_tokens": 40,
+            "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        },
+    )
+    assert set(json.loads(shaped.json()["choices"][0]["message"]["content"])) == {"colour"}
+    # A stream cancelled after a few events; the ranks stay in step: the next request answers.
+    with pipe.stream("POST", "/v1/chat/completions", json={**bodies[1], "max_tokens": 200, "stream": True}) as s:
+        for n, _ in enumerate(s.iter_lines()):
+            if n > 4:
+                break
+    assert greedy(pipe, PROMPTS[0], 4) == greedy(c["one"], PROMPTS[0], 4)
+    assert d.models()["pipe"]["restarts"] == 0
+
+
+def test_kill_9_of_rank_1_brings_the_unit_back_by_itself(cluster):
+    d, c = cluster
+    before = rank_pids(d, "pipe")
+    os.kill(before[1], signal.SIGKILL)
+    d.wait_for(  # one snapshot: its state and its ranks' pids
+        lambda ms: ms["pipe"]["state"] == "ready" and not {r["pid"] for r in ms["pipe"]["ranks"]} & {*before, None},
+        timeout=120,
+        what="pipe ready again with new ranks",
+    )
+    assert wait_gone(before)  # rank 0 went with it: no rank of the old unit is left
+    assert d.models()["pipe"]["restarts"] == 1
+    assert greedy(c["pipe"], PROMPTS[1], 8) == greedy(c["one"], PROMPTS[1], 8)
+
+
+def test_sigterm_of_the_daemon_leaves_no_rank(cluster):
+    d, _ = cluster
+    pids = [p for name in ("pipe", "tensor") for p in rank_pids(d, name)] + d.worker_pids()
+    assert len(set(pids)) == 5
+    code = d.stop()
+    assert code == 0, d.log()[-3000:]
+    assert wait_gone(pids)
