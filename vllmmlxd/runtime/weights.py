@@ -154,6 +154,51 @@ def safetensors_half_bytes(path: Path) -> int:
     )
 
 
+LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # as mlx-lm's sharded_load tells a layer's tensors
+
+
+def layer_bytes(folder: Path) -> tuple[int, dict[int, int]] | None:
+    """A folder's safetensors bytes outside the layers (embeddings, norm, head) and per layer index,
+    from the headers: what a rank of a split model holds. None when a header cannot be read."""
+    outside, per_layer = 0, {}  # type: tuple[int, dict[int, int]]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    try:
+        for path in files:
+            with open(path, "rb") as f:
+                (size,) = struct.unpack("<Q", _read(f, 8))
+                header = json.loads(_read(f, size))
+            for name, t in header.items():
+                if name == "__metadata__":
+                    continue
+                n = t["data_offsets"][1] - t["data_offsets"][0]
+                m = LAYER_RE.search(name)
+                if m is None:
+                    outside += n
+                else:
+                    per_layer[int(m.group(1))] = per_layer.get(int(m.group(1)), 0) + n
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+    return outside, per_layer
+
+
+def model_folder(spec: str, state_dir: Path) -> Path | None:
+    """The MLX folder a spec names, where it is on disk already (a converted builtin, a folder, the hub cache)."""
+    if spec.startswith("builtin:"):
+        name = spec[len("builtin:") :]
+        built = sorted(
+            models_dir(state_dir).glob(f"builtin-{name}-v*/{COMPLETE_MARKER}"), key=lambda p: _version(p.parent)
+        )
+        return built[-1].parent if built else None
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if spec.lower().endswith(".gguf") or path.exists():
+        return None
+    return hub_snapshot(spec)
+
+
 def hub_cache_dir() -> Path:
     """Where huggingface_hub keeps downloads: $HF_HUB_CACHE, $HF_HOME/hub, else ~/.cache/huggingface/hub."""
     env = os.environ

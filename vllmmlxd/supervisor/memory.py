@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from ..config.distributed import model_shape, share_text
 from ..config.schema import Config, ModelConfig
 from ..runtime import memory as machine
 from ..runtime import weights
+from ..runtime.shard_families import layer_share
 
 # A builtin:tiny worker on Linux (BLIS loaded, 12 MB of weights) measured 172 MiB RSS once
 # ready and a 191 MiB peak (VmHWM) while loading: the interpreter, FastAPI, mlx and the BLAS.
@@ -101,6 +103,7 @@ class MemoryPlan:
     entries: Mapping[str, Footprint]
     changes: Mapping[str, Change] = field(default_factory=dict)
     lazy: frozenset[str] = frozenset()  # loaded on demand: only the largest must fit beside the eager ones
+    remote: tuple[RemoteRank, ...] = ()  # distributed entries' ranks on other hosts
 
     @property
     def needed_mb(self) -> int:
@@ -111,7 +114,7 @@ class MemoryPlan:
     @property
     def fits(self) -> bool:
         usable = self.capacity.usable_mb
-        return usable is None or self.needed_mb <= usable
+        return (usable is None or self.needed_mb <= usable) and all(r.fits for r in self.remote)
 
     def swap(self, name: str) -> bool:
         """True when ``name`` may be replaced with no downtime (both workers fit at once)."""
@@ -120,9 +123,11 @@ class MemoryPlan:
 
     def render(self) -> str:
         """The plan for people: the verdict with the numbers, then one line per entry and per change."""
-        verdict = "fits" if self.fits else "does not fit"
+        usable = self.capacity.usable_mb
+        verdict = "fits" if usable is None or self.needed_mb <= usable else "does not fit"
         lines = [f"memory: {mb(self.needed_mb)} needed, {self.capacity.render()}: {verdict}"]
         lines += [f"  {name}: {fp.render()}{self._lazy_note(name)}" for name, fp in self.entries.items()]
+        lines += [f"  {r.render()}" for r in self.remote]
         if self.fits:  # a plan that does not fit is refused: how it would have swapped does not matter
             lines += [f"  {name}, changed: {c.render(self.capacity.usable_mb)}" for name, c in self.changes.items()]
         return "\n".join(lines)
@@ -132,10 +137,16 @@ class MemoryPlan:
 
     def refusal(self) -> str:
         """Why the config is refused, naming each entry with its numbers, and what to change."""
-        lines = [f"not enough memory: the models need {mb(self.needed_mb)}, {self.capacity.render()}"]
-        ranked = sorted(self.entries.items(), key=lambda item: -item[1].total_mb)
-        lines += [f"  {name}: {fp.render()}{self._lazy_note(name)}" for name, fp in ranked]
-        return "\n".join(lines + [FIX_HINT])
+        far = [r for r in self.remote if not r.fits]
+        usable = self.capacity.usable_mb
+        lines = []
+        if usable is not None and self.needed_mb > usable:
+            lines.append(f"not enough memory: the models need {mb(self.needed_mb)}, {self.capacity.render()}")
+            ranked = sorted(self.entries.items(), key=lambda item: -item[1].total_mb)
+            lines += [f"  {name}: {fp.render()}{self._lazy_note(name)}" for name, fp in ranked]
+        lines += [f"not enough memory on {r.host}: {r.render()}" for r in far]
+        hint = FIX_HINT + (", or split the model over more hosts" if far else "")
+        return "\n".join(lines + [hint])
 
     def fields(self) -> dict[str, object]:
         """The numbers as log fields."""
@@ -171,11 +182,90 @@ def make_footprint(entry: ModelConfig, estimate: weights.WeightsEstimate, physic
     )
 
 
+def rank_weights(total_mb: int, split: tuple[int, dict[int, int]] | None, dist, rank: int, layers: int | None) -> int:
+    """The MB of weights rank ``rank`` holds: what is outside the layers (every rank keeps it), plus its
+    layers (pipeline) or its share of every layer (tensor). From the headers when they were read,
+    scaled to ``total_mb`` (a 16-bit model runs in float32 on a CPU); else from the layer count."""
+    if split is not None and split[1]:
+        outside, per_layer = split
+        raw = outside + sum(per_layer.values())
+        layers = max(per_layer) + 1
+        if dist.parallel == "pipeline":
+            start, end = layer_share(layers, dist.world, rank)
+            mine = outside + sum(per_layer.get(i, 0) for i in range(start, end))
+        else:
+            mine = outside + sum(per_layer.values()) // dist.world
+        return -(-total_mb * mine // raw)
+    if dist.parallel == "pipeline" and layers:
+        start, end = layer_share(layers, dist.world, rank)
+        return -(-total_mb * (end - start) // layers)
+    return -(-total_mb // dist.world)
+
+
+def rank_footprints(entry: ModelConfig, whole: Footprint, split, layers: int | None) -> list[Footprint]:
+    """Each rank's footprint: its weights, the cache budget (the others hold their share of the same
+    prefixes, no more than rank 0's), and a worker's overhead (the embedding model: rank 0's only)."""
+    dist = entry.distributed
+    assert dist is not None
+    out = []
+    for rank in range(dist.world):
+        share = share_text(entry.model, dist, rank) or f"1/{dist.world}"
+        out.append(
+            Footprint(
+                weights_mb=rank_weights(whole.weights_mb, split, dist, rank, layers),
+                cache_mb=whole.cache_mb,
+                weights_known=whole.weights_known,
+                weights_note=f"rank {rank}, {share} of {whole.weights_note}",
+                cache_note=whole.cache_note,
+            )
+        )
+    return out
+
+
+def local_footprint(ranks: list[Footprint], entry: ModelConfig) -> Footprint:
+    """What a distributed entry holds on this host: its local ranks together."""
+    dist = entry.distributed
+    assert dist is not None
+    here = [fp for fp, host in zip(ranks, dist.hosts) if host.local]
+    return Footprint(
+        weights_mb=sum(f.weights_mb for f in here),
+        cache_mb=sum(f.cache_mb for f in here),
+        worker_mb=WORKER_OVERHEAD_MB * len(here),
+        weights_known=all(f.weights_known for f in here),
+        weights_note="; ".join(f.weights_note for f in here),
+        cache_note=f"{here[0].cache_note}, {len(here)} ranks here" if len(here) > 1 else here[0].cache_note,
+    )
+
+
+@dataclass(frozen=True)
+class RemoteRank:
+    """A rank of a distributed entry on another host, and the memory it may use there (None: not given)."""
+
+    entry: str
+    rank: int
+    host: str
+    footprint: Footprint
+    memory_mb: int | None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_mb is None or self.footprint.total_mb <= self.memory_mb
+
+    def render(self) -> str:
+        """``llama70 rank 1 on studio-2.local: 21,504 MB = ...; 16,384 MB given (memory_mb): does not fit``."""
+        if self.memory_mb is None:
+            room = "not checked: give the host's memory_mb"
+        else:
+            room = f"{mb(self.memory_mb)} given (memory_mb): {'fits' if self.fits else 'does not fit'}"
+        return f"{self.entry} rank {self.rank} on {self.host}: {self.footprint.render()}; {room}"
+
+
 def plan_memory(
     capacity: Capacity,
     entries: Mapping[str, Footprint],
     replacing: Mapping[str, Footprint] = {},
     lazy: frozenset[str] = frozenset(),
+    remote: tuple[RemoteRank, ...] = (),
 ) -> MemoryPlan:
     """Check ``entries`` (the whole new set) against ``capacity``, and choose swap or restart for ``replacing``.
 
@@ -183,7 +273,7 @@ def plan_memory(
     each swap's old worker takes from the room the others leave; entries are considered in
     order, and one whose old worker does not fit in what is left is stopped, then started.
     """
-    plan = MemoryPlan(capacity, dict(entries), lazy=lazy)
+    plan = MemoryPlan(capacity, dict(entries), lazy=lazy, remote=remote)
     usable = capacity.usable_mb
     held = plan.needed_mb
     changes: dict[str, Change] = {}
@@ -193,7 +283,7 @@ def plan_memory(
         changes[name] = Change(swap, peak)
         if swap:
             held = peak
-    return MemoryPlan(capacity, dict(entries), changes, lazy)
+    return MemoryPlan(capacity, dict(entries), changes, lazy, remote)
 
 
 def read_capacity(reserve_mb: int) -> Capacity:
@@ -220,6 +310,26 @@ def entry_footprints(
     return {name: footprint(entry) for name, entry in entries.items()}
 
 
+def distributed_footprints(
+    entries: Mapping[str, ModelConfig], whole: Mapping[str, Footprint], state_dir: Path
+) -> tuple[dict[str, Footprint], tuple[RemoteRank, ...]]:
+    """Distributed entries: what each holds on this host (its local ranks), and its ranks elsewhere."""
+    local: dict[str, Footprint] = {}
+    remote: list[RemoteRank] = []
+    for name, entry in entries.items():
+        dist = entry.distributed
+        if dist is None:
+            continue
+        folder = weights.model_folder(entry.model, state_dir)
+        shape = model_shape(entry.model)
+        ranks = rank_footprints(
+            entry, whole[name], weights.layer_bytes(folder) if folder else None, shape.layers if shape else None
+        )
+        local[name] = local_footprint(ranks, entry)
+        remote += [RemoteRank(name, r, h.host, ranks[r], h.memory_mb) for r, h in enumerate(dist.hosts) if not h.local]
+    return local, tuple(remote)
+
+
 def load_memory_plan(config: Config, state_dir: Path, replacing: Mapping[str, ModelConfig] = {}) -> MemoryPlan:
     """:func:`plan_memory` for ``config`` on this machine (models served here; upstreams use none)."""
     capacity = read_capacity(config.daemon.memory_reserve_mb)
@@ -227,9 +337,11 @@ def load_memory_plan(config: Config, state_dir: Path, replacing: Mapping[str, Mo
     footprints = entry_footprints(
         {**local, **{f"\0{n}": e for n, e in replacing.items()}}, state_dir, capacity.physical_mb
     )
+    here, remote = distributed_footprints(local, footprints, state_dir)
     return plan_memory(
         capacity,
-        {name: footprints[name] for name in local},
-        {name: footprints[f"\0{name}"] for name in replacing},
+        {name: here.get(name, footprints[name]) for name in local},
+        {name: footprints[f"\0{name}"] for name in replacing if name not in here},
         frozenset(name for name, entry in local.items() if entry.load == "lazy"),
+        remote,
     )

@@ -280,7 +280,7 @@ class ReloadRun:
             if ok:
                 return
             log_event(logger, "reload.live_failed", logging.WARNING, model=name, error=error, then="new worker")
-        swap = swap_or_say_why(self.memory, name)
+        swap = swap_or_say_why(self.memory, name, slot.config, config)
         ok, error = await slot.replace(config, share, hold_both=swap)
         if not ok and swap:
             self.errors.append(f"{name}: the new worker did not become ready; the old one keeps serving: {error}")
@@ -311,8 +311,14 @@ class ReloadRun:
         )
 
 
-def swap_or_say_why(memory: MemoryPlan, name: str) -> bool:
-    """Whether ``name`` is swapped with no downtime; logs why not when it is stopped first."""
+def swap_or_say_why(memory: MemoryPlan, name: str, *configs: object) -> bool:
+    """Whether ``name`` is swapped with no downtime; logs why not when it is stopped first.
+
+    A distributed entry (among ``configs``: the running one, the next) is never run twice: a
+    second set of ranks would need every host's memory twice over and the same ring ports."""
+    if any(getattr(c, "distributed", None) is not None for c in configs):
+        log_event(logger, "ranks.restart", model=name, reason="a distributed entry's ranks stop before new ones start")
+        return False
     if memory.swap(name):
         return True
     log_event(

@@ -412,12 +412,19 @@ class Supervisor:
             return
         replacing = {msg.name: unit.config} if unit.slot.pid is not None else {}
         memory = await asyncio.to_thread(load_memory_plan, self.running_config(), self.settings.state_dir, replacing)
-        swap = swap_or_say_why(memory, msg.name)
+        swap = swap_or_say_why(memory, msg.name, unit.config)
+        distributed = getattr(unit.config, "distributed", None) is not None
 
         async def work() -> None:
             ok = await unit.slot.restart(hold_both=swap)
             message = (
-                ("restarted" if swap else "restarted (stopped first: not enough memory for both)")
+                (
+                    "restarted"
+                    if swap
+                    else "restarted (every rank stopped first)"
+                    if distributed
+                    else "restarted (stopped first: not enough memory for both)"
+                )
                 if ok
                 else f"did not become ready: {unit.slot.last_error}"
             )
