@@ -166,3 +166,22 @@ def test_sigterm_of_the_daemon_leaves_no_rank(cluster):
     code = d.stop()
     assert code == 0, d.log()[-3000:]
     assert wait_gone(pids)
+
+
+def test_kill_9_of_the_daemon_leaves_no_rank():
+    # builtin:tiny loads fast: a unit of its own, so the cluster above is not lost.
+    d = make_daemon()
+    port = free_port()
+    d.write({"t": {"model": "builtin:tiny", "port": port, "threads": 1, "distributed": ranks("tensor")}})
+    d.start()
+    try:
+        d.wait_ready(["t"], timeout=180)
+        pids = [r["pid"] for r in d.models()["t"]["ranks"]]
+        assert len(set(pids)) == 2 and None not in pids
+        assert d.proc is not None
+        d.proc.kill()  # no drain, no stop frame: the ranks see their stdin close
+        d.proc.wait(timeout=10)
+        assert wait_gone(pids)
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.stop()
