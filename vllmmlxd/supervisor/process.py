@@ -267,9 +267,13 @@ class WorkerProcess:
         self._signal(signal.SIGKILL)
 
     def _signal(self, sig: int) -> None:
+        # os.kill, not proc.send_signal: this Python's asyncio signals through Popen.send_signal, which
+        # polls first, and a poll that reaps a child which has just exited steals its status from
+        # asyncio's watcher, which then reports 255 (CPython gh-87744). A rank group signals ranks that
+        # may have just died; the returncode check stands for the poll's guard against a reused pid.
         if self.proc.returncode is None:
             try:
-                self.proc.send_signal(sig)
+                os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
 

@@ -279,3 +279,36 @@ def test_replica_sets_get_a_group_column_and_a_line_with_their_members_states_an
     assert "group tiny: ready; a ready (2 running, 1 waiting), b backoff" in lines
     # Without a group, the table is as it always was.
     assert "GROUP" not in render_status(status(model("solo")), now=AT)
+
+
+def test_a_distributed_entry_gets_its_split_and_a_line_per_rank():
+    """``NAME: pipeline over 2 ranks (ring)``, then each rank: host, pid, state, share, step/wait times."""
+    from vllmmlxd.control.protocol import RankStatus
+
+    s = status(
+        model(
+            "big",
+            distributed={"backend": "ring", "parallel": "pipeline", "world": 2},
+            ranks=[
+                RankStatus(rank=0, host="127.0.0.1", pid=4200, state="ready", share="layers 0-14 of 30", step_ms=12.5),
+                RankStatus(
+                    rank=1,
+                    host="studio-2.local",
+                    pid=None,
+                    state="starting",
+                    share="layers 15-29 of 30",
+                    step_ms=11.0,
+                    wait_ms=0.75,
+                ),
+            ],
+        ),
+        model("solo", port=8002),
+    )
+    lines = render_status(s, now=AT).splitlines()
+    at = lines.index("big: pipeline over 2 ranks (ring)")
+    assert lines[at + 1 : at + 3] == [
+        "  rank 0  127.0.0.1  pid 4200  ready  layers 0-14 of 30  (step 12.5 ms)",
+        "  rank 1  studio-2.local  pid -  starting  layers 15-29 of 30  (step 11 ms, wait 0.75 ms)",
+    ]
+    assert not any(line.startswith("solo:") for line in lines)  # one process: no rank lines
+    assert "ranks (" not in render_status(status(model("solo")), now=AT)

@@ -150,3 +150,56 @@ def test_latency_histograms_cache_and_memory_families():
     assert sample(metrics, "vllmmlxd_prefix_cache_bytes") == 1.5 * 1024**2
     assert sample(metrics, "vllmmlxd_prefix_cache_budget_bytes") == 64 * 1024**2
     assert sample(metrics, "vllmmlxd_mlx_peak_memory_bytes") == 1024**3
+
+
+class ShardedEngine(FakeEngine):
+    """Rank 0's engine of a distributed entry: it reports its ranks' last step and frame wait times."""
+
+    def distributed_status(self) -> dict:
+        return {
+            "backend": "ring",
+            "parallel": "pipeline",
+            "world": 2,
+            "frames": 17,
+            "overflow_frames": 0,
+            "ranks": [
+                {"rank": 0, "host": "127.0.0.1", "pid": 10, "share": "layers 0-14 of 30", "step_ms": 12.5},
+                {
+                    "rank": 1,
+                    "host": "127.0.0.1",
+                    "pid": 11,
+                    "share": "layers 15-29 of 30",
+                    "step_ms": 11.0,
+                    "wait_ms": 0.5,
+                },
+            ],
+        }
+
+
+def test_a_distributed_engine_exports_its_ranks_steps_and_waits():
+    """The rank count, rank 0's frames, each rank's last step and each follower's frame wait, in seconds."""
+    metrics = Metrics(ShardedEngine(), "m")
+    assert sample(metrics, "vllmmlxd_distributed_ranks") == 2.0
+    assert sample(metrics, "vllmmlxd_distributed_frames_total") == 17
+    assert sample(metrics, "vllmmlxd_rank_step_seconds", rank="0") == pytest.approx(0.0125)
+    assert sample(metrics, "vllmmlxd_rank_step_seconds", rank="1") == pytest.approx(0.011)
+    assert sample(metrics, "vllmmlxd_rank_frame_wait_seconds", rank="1") == pytest.approx(0.0005)
+    assert sample(metrics, "vllmmlxd_rank_frame_wait_seconds", rank="0") is None  # rank 0 waits for no frame
+    text = metrics.response().body.decode()
+    assert 'vllmmlxd_distributed_ranks{model="m"} 2.0' in text
+    assert 'vllmmlxd_rank_step_seconds{model="m",rank="1"} 0.011' in text
+
+
+class SingleEngine(FakeEngine):
+    """The MLX engine of a single process: ``distributed_status()`` says None."""
+
+    def distributed_status(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("engine", [FakeEngine, SingleEngine])
+def test_a_single_process_engine_exports_no_rank_family(engine):
+    """An engine without ``distributed_status`` (or one that says None) adds none of those families."""
+    text = Metrics(engine(), "m").response().body.decode()
+    assert "vllmmlxd_distributed" not in text and "vllmmlxd_rank_" not in text
+    assert "vllmmlxd_requests_waiting" in text
