@@ -99,6 +99,19 @@ class DistributedConfig(Strict):
         return v
 
     @model_validator(mode="after")
+    def _reachable(self):
+        # Each rank connects to the others at their address: with a rank reached over the network,
+        # a loopback address would send it to itself (a tunnel where every address is loopback is fine).
+        if any(not h.local and not _is_loopback(h.address) for h in self.hosts):
+            for i, h in enumerate(self.hosts):
+                if _is_loopback(h.address):
+                    raise ValueError(
+                        f"hosts[{i}]: with ranks on other hosts, give the address they reach {h.host} at "
+                        "(its Thunderbolt bridge or network address) as ip:"
+                    )
+        return self
+
+    @model_validator(mode="after")
     def _backend_fits(self):
         backend = self.resolved_backend()
         if backend == "jaccl":
@@ -132,6 +145,15 @@ class DistributedConfig(Strict):
     def ring_ports(self) -> list[tuple[str, int]]:
         """The (address, port) each rank listens on (ring: port + rank)."""
         return [(h.address, self.port + r) for r, h in enumerate(self.hosts)]
+
+
+def _is_loopback(address: str) -> bool:
+    if address in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def _is_ipv6(address: str) -> bool:

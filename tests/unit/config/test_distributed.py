@@ -36,7 +36,12 @@ def test_two_local_ranks_by_pipeline_is_the_default_split():
 
 def test_a_remote_host_with_its_address_python_and_memory():
     got = DistributedConfig.model_validate(
-        {"hosts": ["127.0.0.1", {"host": "studio-2.local", "ip": "10.0.5.2", "python": "/opt/v/bin/python"}]}
+        {
+            "hosts": [
+                {"host": "127.0.0.1", "ip": "10.0.5.1"},
+                {"host": "studio-2.local", "ip": "10.0.5.2", "python": "/opt/v/bin/python"},
+            ]
+        }
     )
     assert not got.hosts[1].local and got.hosts[1].address == "10.0.5.2"
     assert got.ring_ports()[1] == ("10.0.5.2", 32324)
@@ -50,7 +55,14 @@ def test_a_remote_host_with_its_address_python_and_memory():
         ({"distributed": {"hosts": LOCAL2, "backend": "nccl"}}, "'ring', 'jaccl' or 'auto'"),
         ({"distributed": {"hosts": LOCAL2, "backend": "jaccl"}}, "jaccl needs each host's RDMA devices"),
         ({"distributed": {"hosts": LOCAL2, "parallel": "expert"}}, "'pipeline' or 'tensor'"),
-        ({"distributed": {"hosts": ["127.0.0.1", {"host": "h", "ip": "fd00::2"}]}}, "ring needs an IPv4"),
+        (
+            {"distributed": {"hosts": [{"host": "127.0.0.1", "ip": "10.0.0.1"}, {"host": "h", "ip": "fd00::2"}]}},
+            "ring needs an IPv4",
+        ),
+        (
+            {"distributed": {"hosts": ["127.0.0.1", {"host": "studio-2.local", "ip": "10.0.5.2"}]}},
+            "hosts\\[0\\]: with ranks on other hosts, give the address they reach 127.0.0.1 at",
+        ),
         ({"distributed": {"hosts": LOCAL2}, "load": "lazy"}, "lazy is not supported for a distributed entry"),
         (
             {"model": "builtin:all-minilm-l6-v2", "distributed": {"hosts": LOCAL2}},
@@ -65,7 +77,10 @@ def test_a_remote_host_with_its_address_python_and_memory():
             "at least one key/value head per rank \\(3 key/value heads\\)",
         ),
         (
-            {"model": "/m/x.gguf", "distributed": {"hosts": ["127.0.0.1", "studio-2.local"]}},
+            {
+                "model": "/m/x.gguf",
+                "distributed": {"hosts": [{"host": "127.0.0.1", "ip": "10.0.0.1"}, "studio-2.local"]},
+            },
             "a .gguf is converted on this host only",
         ),
     ],
@@ -78,7 +93,7 @@ def test_entries_that_cannot_be_split_are_refused_saying_why(fields, error):
 def test_jaccl_is_refused_off_macos_with_what_to_use(monkeypatch):
     monkeypatch.setattr(dist_mod.sys, "platform", "linux")
     hosts = [
-        {"host": "127.0.0.1", "rdma": [None, "rdma_en3"]},
+        {"host": "127.0.0.1", "ip": "10.0.0.1", "rdma": [None, "rdma_en3"]},
         {"host": "h2", "ip": "10.0.0.2", "rdma": ["rdma_en3", None]},
     ]
     with pytest.raises(ValidationError, match="jaccl needs macOS 26.2\\+ .* use backend: ring"):

@@ -12,7 +12,7 @@ SMOLLM2 = "builtin:smollm2-135m-instruct"
 
 
 def entry(parallel: str, hosts: list | None = None) -> ResolvedModel:
-    hosts = hosts or ["127.0.0.1", {"host": "studio-2.local", "ip": "10.0.5.2"}]
+    hosts = hosts or [{"host": "127.0.0.1", "ip": "10.0.5.1"}, {"host": "studio-2.local", "ip": "10.0.5.2"}]
     return ResolvedModel.model_validate(
         {"model": SMOLLM2, "port": 8101, "distributed": {"hosts": hosts, "backend": "ring", "parallel": parallel}}
     )

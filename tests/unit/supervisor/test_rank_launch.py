@@ -26,11 +26,16 @@ def test_the_ring_hostfile_for_two_loopback_ranks_is_mlx_launchs():
 
 def test_a_remote_hosts_ip_is_its_address_in_the_hostfile():
     """A remote rank is reached at its ``ip``, not at its ssh name."""
-    dist = ring("127.0.0.1", {"host": "studio-2.local", "ip": "10.0.5.2"}, "localhost", port=40000)
+    dist = ring(
+        {"host": "127.0.0.1", "ip": "10.0.5.1"},
+        {"host": "studio-2.local", "ip": "10.0.5.2"},
+        {"host": "localhost", "ip": "10.0.5.1"},
+        port=40000,
+    )
     assert json.loads(rank_launch.ring_hostfile(dist)) == [
-        ["127.0.0.1:40000"],
+        ["10.0.5.1:40000"],
         ["10.0.5.2:40001"],
-        ["127.0.0.1:40002"],
+        ["10.0.5.1:40002"],
     ]
 
 
