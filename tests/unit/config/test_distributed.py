@@ -149,10 +149,8 @@ def test_the_error_points_at_the_line_in_the_file():
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_SHAPES))
 def test_the_builtin_shapes_are_the_built_models(name, tmp_path):
-    from vllmmlxd.engine.builtin import get_builtin
+    # Built (or found in the suite's shared state dir, as every test that loads them does).
+    from vllmmlxd.engine.builtin import ensure_builtin
     from vllmmlxd.paths import resolve_state_dir
 
-    folder = get_builtin(name).folder(resolve_state_dir(None))
-    if not (folder / "config.json").is_file():
-        pytest.skip(f"builtin:{name} is not built on this machine")
-    assert folder_shape(folder) == BUILTIN_SHAPES[name]
+    assert folder_shape(ensure_builtin(name, resolve_state_dir(None))) == BUILTIN_SHAPES[name]
