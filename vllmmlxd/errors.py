@@ -63,6 +63,13 @@ class ModelNotFound(RequestError):
         super().__init__(message, param=param, code="model_not_found")
 
 
+class NotFound(RequestError):
+    """Something a request names (a stored response) is not here, or not the caller's (404)."""
+
+    status_code = 404
+    error_type = "invalid_request_error"  # as OpenAI answers an unknown response id
+
+
 class Unauthorized(RequestError):
     status_code = 401
     error_type = "authentication_error"

@@ -186,6 +186,7 @@ class ToolLoop:
             spent = Usage(
                 spent.prompt_tokens + finished.usage.prompt_tokens,
                 spent.completion_tokens + finished.usage.completion_tokens,
+                spent.cached_tokens + finished.usage.cached_tokens,
             )
             if not self._runs(calls, finished):
                 for event in held:

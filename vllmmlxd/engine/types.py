@@ -79,6 +79,7 @@ class GenerationRequest:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # of the prompt's, served from the prefix cache
 
     @property
     def total_tokens(self) -> int:

@@ -23,6 +23,7 @@ from ..api.mcp_routes import make_router as make_mcp_router
 from ..api.openai.embeddings import make_router as make_embeddings_router
 from ..api.openai.routes import make_router as make_openai_router
 from ..api.openapi import install as install_openapi
+from ..api.responses.routes import make_router as make_responses_router
 from ..config.schema import ResolvedModel
 from ..engine.types import Engine
 from ..errors import Unauthorized
@@ -94,6 +95,7 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
     api_deps = [Depends(guard)]
     app.include_router(make_openai_router(live), dependencies=api_deps)
     app.include_router(make_anthropic_router(live), dependencies=api_deps)
+    app.include_router(make_responses_router(live), dependencies=api_deps)
     app.include_router(make_embeddings_router(live), dependencies=api_deps)
     app.include_router(make_mcp_router(live), dependencies=api_deps)
 

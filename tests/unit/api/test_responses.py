@@ -1,0 +1,112 @@
+"""The Responses API's pure parts: input items as chat messages, tools, formats, and the store."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllmmlxd.api.responses import translate as tr
+from vllmmlxd.api.responses.protocol import ResponsesRequest
+from vllmmlxd.api.responses.store import ResponseStore, as_input, with_ids
+from vllmmlxd.errors import InvalidRequest
+
+
+def turn(**fields):
+    return tr.to_turn(ResponsesRequest.model_validate({"input": "Hi", **fields}))
+
+
+def test_instructions_input_calls_and_outputs_become_the_chat_conversation():
+    t = turn(
+        instructions="Be brief.",
+        input=[
+            {
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Weather in "}, {"type": "input_text", "text": "Paris?"}],
+            },
+            {"type": "function_call", "call_id": "c1", "name": "w", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call", "call_id": "c2", "name": "w", "arguments": '{"city": "Lyon"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "Sunny"},
+            {"type": "reasoning", "summary": []},
+        ],
+    )
+    roles = [m["role"] for m in t.prompt.messages]
+    assert roles == ["system", "user", "assistant", "tool"]
+    assert t.prompt.messages[1]["content"] == "Weather in Paris?"
+    assert [c["id"] for c in t.prompt.messages[2]["tool_calls"]] == ["c1", "c2"]  # one assistant turn
+    assert t.id_prefix == "resp_"
+
+
+def test_flat_function_tools_become_chat_tools_and_a_named_choice_is_held():
+    t = turn(
+        tools=[{"type": "function", "name": "w", "parameters": {"type": "object"}}],
+        tool_choice={"type": "function", "name": "w"},
+    )
+    assert t.prompt.tools == [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}]
+    assert (t.tool_choice.mode, t.tool_choice.name) == ("named", "w")
+
+
+def test_text_format_and_sampling_carry_over():
+    t = turn(
+        text={
+            "format": {
+                "type": "json_schema",
+                "name": "x",
+                "strict": True,
+                "schema": {"type": "object", "properties": {}},
+            }
+        },
+        max_output_tokens=7,
+        temperature=0,
+        stop="END",
+    )
+    assert t.output is not None and t.output.schema["additionalProperties"] is False
+    assert (t.sampling.max_tokens, t.sampling.temperature, t.sampling.stop) == (7, 0, ("END",))
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"tools": [{"type": "file_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function"}]}, "tools[0]"),
+        ({"tool_choice": {"type": "web_search"}}, "tool_choice"),
+        ({"input": []}, "input"),
+        ({"input": [{"type": "message", "role": "robot", "content": "x"}]}, "input[0].role"),
+        ({"input": [{"type": "function_call", "name": "w"}]}, "input[0].call_id"),
+        ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
+    ],
+)
+def test_what_cannot_be_served_is_refused_naming_it(fields, param):
+    with pytest.raises(InvalidRequest) as err:
+        turn(**fields)
+    assert err.value.param == param
+
+
+def test_the_store_keeps_each_keys_responses_apart_and_stays_in_its_bounds():
+    store = ResponseStore(max_responses=2)
+    for n in range(3):
+        store.put("alice", {"id": f"resp_{n}", "output": []}, [])
+    assert store.get("alice", "resp_0") is None and store.get("alice", "resp_2") is not None  # oldest out
+    assert store.get("bob", "resp_2") is None and store.get(None, "resp_2") is None  # another key: not found
+    assert not store.delete("bob", "resp_2") and store.delete("alice", "resp_2")
+    tiny = ResponseStore(max_bytes=100)
+    tiny.put(None, {"id": "resp_big", "output": ["x" * 200]}, [])
+    assert len(tiny) == 0 and tiny.nbytes == 0
+
+
+def test_earlier_output_becomes_the_next_turns_input():
+    message = {
+        "type": "message",
+        "content": [{"type": "output_text", "text": "Hi "}, {"type": "output_text", "text": "Ada"}],
+    }
+    assert as_input(message) == {"type": "message", "role": "assistant", "content": "Hi Ada"}
+    call = {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "c",
+        "name": "w",
+        "arguments": "{}",
+        "status": "completed",
+    }
+    assert as_input(call) == {"type": "function_call", "call_id": "c", "name": "w", "arguments": "{}"}
+    assert as_input({"type": "reasoning", "summary": []}) is None
+    listed = with_ids("resp_abc", [{"type": "message", "role": "user", "content": "x"}])
+    assert listed[0]["id"] == "in_abc_0" and listed[0]["content"] == [{"type": "input_text", "text": "x"}]

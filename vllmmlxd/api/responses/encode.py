@@ -1,0 +1,310 @@
+"""The Responses API's wire format: the response object with its output items, and the stream of
+typed events (each with its ``sequence_number``) that builds the same object. Pure.
+
+Output items, in the order the model wrote them: ``reasoning`` (its thinking, as a summary
+text), ``message`` (one ``output_text`` part), ``function_call`` (``call_id``, ``name``,
+``arguments``), and ``mcp_call`` for a tool the worker ran itself (with its ``output``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any, Callable
+
+from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from ..sse import sse_event
+from ..stream import Folded
+from ..tool_loop import McpCall, McpOutcome
+from ..tooling import call_id
+from .protocol import ResponsesRequest
+
+
+def item_id(prefix: str, rid: str, n: int) -> str:
+    """An output item's id, the same in a stream and in the whole response of one request."""
+    return prefix + hashlib.sha256(f"{rid}:item:{n}".encode()).hexdigest()[:24]
+
+
+def usage(u: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u.total_tokens,
+    }
+
+
+def message_item(iid: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    return {"id": iid, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def reasoning_item(iid: str, text: str) -> dict[str, Any]:
+    return {"id": iid, "type": "reasoning", "summary": [{"type": "summary_text", "text": text}] if text else []}
+
+
+def call_item(iid: str, rid: str, call: ToolCallDelta, status: str = "completed") -> dict[str, Any]:
+    return {
+        "id": iid,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id("call_", rid, call.index),
+        "name": call.name,
+        "arguments": call.arguments if status == "completed" else "",
+    }
+
+
+def mcp_item(iid: str, outcome: McpOutcome) -> dict[str, Any]:
+    server, _, tool = outcome.call.name.partition("__")
+    return {
+        "id": iid,
+        "type": "mcp_call",
+        "server_label": server,
+        "name": tool or outcome.call.name,
+        "arguments": outcome.call.arguments,
+        "output": None if outcome.is_error else outcome.text,
+        "error": outcome.text if outcome.is_error else None,
+    }
+
+
+class ResponseShape:
+    """What every response object of one request carries besides its output: the request's settings."""
+
+    def __init__(self, req: ResponsesRequest, model: str):
+        self.model = model
+        self.created_at = int(time.time())
+        self.settings = {
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "tool_choice": req.tool_choice or "auto",
+            "tools": req.tools or [],
+            "text": {"format": (req.text.format if req.text and req.text.format else {"type": "text"})},
+            "truncation": req.truncation,
+            "metadata": req.metadata or {},
+            "user": req.user,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
+            "store": req.store,
+        }
+
+    def body(self, rid: str, status: str, output: list[dict], finish: Finished | None) -> dict[str, Any]:
+        incomplete = finish is not None and finish.reason == "length"
+        return {
+            "id": rid,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": "incomplete" if incomplete and status == "completed" else status,
+            "model": self.model,
+            "output": output,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "usage": usage(finish.usage) if finish is not None else None,
+            **self.settings,
+        }
+
+
+def output_items(rid: str, folded: Folded) -> list[dict[str, Any]]:
+    """The folded answer as output items, in the order the model wrote them."""
+    items: list[dict[str, Any]] = []
+    for part in folded.parts:
+        n = len(items)
+        if part[0] == "text":
+            items.append(message_item(item_id("msg_", rid, n), part[1]))
+        elif part[0] == "reasoning":
+            items.append(reasoning_item(item_id("rs_", rid, n), part[1]))
+        elif part[0] == "tool_call":
+            items.append(call_item(item_id("fc_", rid, n), rid, part[1]))
+        elif part[0] == "mcp_result":
+            items.append(mcp_item(item_id("mcp_", rid, n), part[1]))
+    return items
+
+
+Done = Callable[[dict[str, Any]], None]
+
+
+class ResponsesEncoding:
+    """The Responses API's two ways of writing one response (``api.chat.ChatEncoding``); ``done``
+    is given the whole response object once it is written (the store keeps it)."""
+
+    def __init__(self, req: ResponsesRequest, model: str, done: Done = lambda body: None):
+        self.shape, self.done = ResponseShape(req, model), done
+
+    def stream_encoder(self, rid: str, prompt_tokens: int) -> "ResponsesStreamEncoder":
+        return ResponsesStreamEncoder(rid, self.shape, self.done)
+
+    def response(self, rid: str, folded: Folded) -> dict[str, Any]:
+        body = self.shape.body(rid, "completed", output_items(rid, folded), folded.finish)
+        self.done(body)
+        return body
+
+
+class ResponsesStreamEncoder:
+    """The documented event sequence: created, in_progress, then per item added / deltas / done,
+    then completed (or incomplete, or failed). One per response."""
+
+    def __init__(self, rid: str, shape: ResponseShape, done: Done = lambda body: None):
+        self.rid, self.shape, self.done = rid, shape, done
+        self.seq = 0
+        self.items: list[dict[str, Any]] = []  # finished output items, as the final object lists them
+        self.open: str | None = None  # "text" or "reasoning": the item being written
+        self.buffer = ""
+
+    def _emit(self, kind: str, **fields: Any) -> str:
+        frame = sse_event(kind, {"type": kind, "sequence_number": self.seq, **fields})
+        self.seq += 1
+        return frame
+
+    def start(self) -> list[str]:
+        body = self.shape.body(self.rid, "in_progress", [], None)
+        return [self._emit("response.created", response=body), self._emit("response.in_progress", response=body)]
+
+    def _iid(self, prefix: str) -> str:
+        return item_id(prefix, self.rid, len(self.items))
+
+    def _open(self, kind: str) -> list[str]:
+        if self.open == kind:
+            return []
+        frames = self._close()
+        n = len(self.items)
+        self.open, self.buffer = kind, ""
+        if kind == "text":
+            iid = self._iid("msg_")
+            frames.append(
+                self._emit("response.output_item.added", output_index=n, item=message_item(iid, "", "in_progress"))
+            )
+            frames.append(
+                self._emit(
+                    "response.content_part.added",
+                    item_id=iid,
+                    output_index=n,
+                    content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": []},
+                )
+            )
+        else:
+            iid = self._iid("rs_")
+            frames.append(self._emit("response.output_item.added", output_index=n, item=reasoning_item(iid, "")))
+            frames.append(
+                self._emit(
+                    "response.reasoning_summary_part.added",
+                    item_id=iid,
+                    output_index=n,
+                    summary_index=0,
+                    part={"type": "summary_text", "text": ""},
+                )
+            )
+        return frames
+
+    def _close(self) -> list[str]:
+        if self.open is None:
+            return []
+        n, text = len(self.items), self.buffer
+        frames = []
+        if self.open == "text":
+            iid = self._iid("msg_")
+            part = {"type": "output_text", "text": text, "annotations": []}
+            frames.append(
+                self._emit("response.output_text.done", item_id=iid, output_index=n, content_index=0, text=text)
+            )
+            frames.append(
+                self._emit("response.content_part.done", item_id=iid, output_index=n, content_index=0, part=part)
+            )
+            item = message_item(iid, text)
+        else:
+            iid = self._iid("rs_")
+            frames.append(
+                self._emit(
+                    "response.reasoning_summary_text.done", item_id=iid, output_index=n, summary_index=0, text=text
+                )
+            )
+            frames.append(
+                self._emit(
+                    "response.reasoning_summary_part.done",
+                    item_id=iid,
+                    output_index=n,
+                    summary_index=0,
+                    part={"type": "summary_text", "text": text},
+                )
+            )
+            item = reasoning_item(iid, text)
+        frames.append(self._emit("response.output_item.done", output_index=n, item=item))
+        self.items.append(item)
+        self.open, self.buffer = None, ""
+        return frames
+
+    def event(self, event: EngineEvent | McpCall | McpOutcome) -> list[str]:
+        if isinstance(event, TextDelta):
+            frames = self._open("text")
+            self.buffer += event.text
+            n = len(self.items)
+            return frames + [
+                self._emit(
+                    "response.output_text.delta",
+                    item_id=self._iid("msg_"),
+                    output_index=n,
+                    content_index=0,
+                    delta=event.text,
+                )
+            ]
+        if isinstance(event, ReasoningDelta):
+            frames = self._open("reasoning")
+            self.buffer += event.text
+            n = len(self.items)
+            return frames + [
+                self._emit(
+                    "response.reasoning_summary_text.delta",
+                    item_id=self._iid("rs_"),
+                    output_index=n,
+                    summary_index=0,
+                    delta=event.text,
+                )
+            ]
+        if isinstance(event, ToolCallDelta):
+            frames = self._close()
+            n, iid = len(self.items), self._iid("fc_")
+            done = call_item(iid, self.rid, event)
+            frames.append(
+                self._emit(
+                    "response.output_item.added", output_index=n, item=call_item(iid, self.rid, event, "in_progress")
+                )
+            )
+            frames.append(
+                self._emit("response.function_call_arguments.delta", item_id=iid, output_index=n, delta=event.arguments)
+            )
+            frames.append(
+                self._emit(
+                    "response.function_call_arguments.done", item_id=iid, output_index=n, arguments=event.arguments
+                )
+            )
+            frames.append(self._emit("response.output_item.done", output_index=n, item=done))
+            self.items.append(done)
+            return frames
+        if isinstance(event, McpOutcome):
+            frames = self._close()
+            n = len(self.items)
+            item = mcp_item(self._iid("mcp_"), event)
+            frames.append(self._emit("response.output_item.added", output_index=n, item=item))
+            frames.append(self._emit("response.output_item.done", output_index=n, item=item))
+            self.items.append(item)
+            return frames
+        if isinstance(event, Finished):
+            frames = self._close()
+            body = self.shape.body(self.rid, "completed", self.items, event)
+            kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
+            self.done(body)
+            return frames + [self._emit(kind, response=body)]
+        return []  # McpCall: its item is written with its outcome
+
+    def error(self, message: str, kind: str) -> list[str]:
+        frames = self._close()
+        code = {"timeout": "timeout", "constraint": "invalid_request_error"}.get(kind, "server_error")
+        body = self.shape.body(self.rid, "failed", self.items, None)
+        body["error"] = {"code": code, "message": message}
+        return frames + [self._emit("response.failed", response=body)]
+
+    def end(self) -> list[str]:
+        return []

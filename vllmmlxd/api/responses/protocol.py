@@ -1,0 +1,42 @@
+"""The Responses API's request, as the official SDK sends it. Lenient like the other OpenAI
+models (unknown fields allowed); values are range-checked so bad ones are 400s naming the field."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import Field
+
+from ..openai.protocol import MAX_STOP_STRINGS, _Lenient
+
+
+class TextConfig(_Lenient):
+    format: dict[str, Any] | None = None
+
+
+class ReasoningConfig(_Lenient):
+    effort: Literal["minimal", "low", "medium", "high"] | None = None
+    summary: str | None = None
+
+
+class ResponsesRequest(_Lenient):
+    model: str | None = None
+    input: Union[str, list[dict[str, Any]]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None  # an extension, as on chat completions
+    stop: Union[str, list[str], None] = Field(None, max_length=MAX_STOP_STRINGS)  # an extension
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    stream: bool = False
+    store: bool = True
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Literal["disabled", "auto"] = "disabled"
+    include: list[str] | None = None
+    previous_response_id: str | None = None

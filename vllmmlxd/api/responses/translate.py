@@ -1,0 +1,200 @@
+"""Pure translation of a Responses request into the neutral turn ``api.chat.serve_chat`` serves.
+
+Input items become the chat template's messages through the chat family's own translation
+(``openai.translate.to_template_messages``): ``instructions`` a system message, a message item
+its role's message, ``function_call`` items an assistant message's tool calls, and
+``function_call_output`` items tool messages. Flat function tools become chat tools; built-in
+tools this server does not run are a 400 naming the tool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import InvalidRequest
+from ..openai.protocol import ChatMessage
+from ..openai.translate import to_template_messages
+from ..sampling import SamplingRequest
+from ..structured import OutputFormat, checked_schema
+from ..tooling import openai_tool_choice
+from ..turn import ChatPrompt, ChatTurn
+from .protocol import ResponsesRequest
+
+RESPONSE_ID_PREFIX = "resp_"
+BUILT_IN_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "file_search",
+        "computer_use_preview",
+        "computer_use",
+        "code_interpreter",
+        "image_generation",
+        "local_shell",
+        "shell",
+        "apply_patch",
+        "mcp",
+        "custom",
+    }
+)
+TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+
+
+def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's own input as items (a string is one user message)."""
+    if isinstance(req.input, str):
+        return [{"type": "message", "role": "user", "content": req.input}]
+    if not req.input:
+        raise InvalidRequest("input must not be empty", param="input")
+    return list(req.input)
+
+
+def to_turn(req: ResponsesRequest, history: list[dict[str, Any]] = ()) -> ChatTurn:  # type: ignore[assignment]
+    """The request as a chat turn, after the earlier turns of ``previous_response_id`` (``history``,
+    as input items); what this server would not honour is a 400 first."""
+    refuse_unhonoured(req)
+    messages = to_template_messages(chat_messages(req, list(history)))
+    tools = chat_tools(req.tools)
+    return ChatTurn(
+        ChatPrompt(messages, tools, None),
+        SamplingRequest(
+            max_tokens=req.max_output_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            stop=(req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ()),
+        ),
+        RESPONSE_ID_PREFIX,
+        tool_choice=openai_tool_choice(_choice(req.tool_choice), req.parallel_tool_calls),
+        output=output_format(req.text.format if req.text else None),
+        stream=req.stream,
+    )
+
+
+def refuse_unhonoured(req: ResponsesRequest) -> None:
+    if req.truncation != "disabled":
+        raise InvalidRequest("truncation 'auto' is not supported yet; only 'disabled'", param="truncation")
+    for i, name in enumerate(req.include or ()):
+        raise InvalidRequest(f"include[{i}]: {name!r} is not supported by this server", param="include")
+
+
+def chat_messages(req: ResponsesRequest, history: list[dict[str, Any]]) -> list[ChatMessage]:
+    """Instructions (this request's: an earlier response's are not carried over, as OpenAI does),
+    the earlier turns, then the input items, as chat messages."""
+    out: list[dict[str, Any]] = []
+    if req.instructions:
+        out.append({"role": "system", "content": req.instructions})
+    for i, item in enumerate(history):
+        _add_item(out, item, f"previous_response_id's input[{i}]")
+    for i, item in enumerate(input_items(req)):
+        _add_item(out, item, f"input[{i}]")
+    return [ChatMessage.model_validate(m) for m in out]
+
+
+def _add_item(out: list[dict[str, Any]], item: Any, where: str) -> None:
+    if not isinstance(item, dict):
+        raise InvalidRequest(f"{where} must be an object", param=where)
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise InvalidRequest(f"{where}.role must be user, assistant, system or developer", param=f"{where}.role")
+        out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+    elif kind == "function_call":
+        call = {
+            "id": _string(item, "call_id", where),
+            "type": "function",
+            "function": {"name": _string(item, "name", where), "arguments": item.get("arguments") or "{}"},
+        }
+        last = out[-1] if out else None
+        if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+            last["tool_calls"].append(call)  # consecutive calls: one assistant turn
+        elif last is not None and last["role"] == "assistant" and not last.get("tool_calls"):
+            last["tool_calls"] = [call]  # the text the calls came with
+        else:
+            out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    elif kind == "function_call_output":
+        output = item.get("output")
+        text = output if isinstance(output, str) else _text(output, f"{where}.output")
+        out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": text})
+    elif kind == "reasoning":
+        return  # the model's earlier thinking: templates drop it from past turns
+    else:
+        raise InvalidRequest(
+            f"{where}.type {kind!r} is not supported; use message, function_call, function_call_output or reasoning",
+            param=f"{where}.type",
+        )
+
+
+def _string(item: dict, key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{where}.{key} must be a non-empty string", param=f"{where}.{key}")
+    return value
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content: a string, or text parts (input_text, output_text) joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where} must be a string or a list of content parts", param=where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise InvalidRequest(f"{where}[{j}]: {kind} parts are not supported by this model", param=f"{where}[{j}]")
+        else:
+            raise InvalidRequest(f"{where}[{j}] must be an input_text or output_text part", param=f"{where}[{j}]")
+    return "".join(texts)
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Flat function tools as chat tools; a built-in tool is a 400 naming it."""
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind in BUILT_IN_TOOLS:
+            raise InvalidRequest(
+                f"tools[{i}]: the {kind} tool is not supported by this server; use function tools "
+                "(the entry's MCP servers run as the worker's own tools)",
+                param=f"tools[{i}].type",
+            )
+        if kind != "function" or not isinstance(tool.get("name"), str):
+            raise InvalidRequest(f"tools[{i}] must be a function tool with a name", param=f"tools[{i}]")
+        function = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
+        if tool.get("description"):
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _choice(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type") not in (None, "function"):
+        raise InvalidRequest(f"tool_choice type {value.get('type')!r} is not supported", param="tool_choice")
+    return value
+
+
+def output_format(fmt: dict[str, Any] | None) -> OutputFormat | None:
+    """``text.format``: text (None), json_object, or json_schema (``name``, ``schema``, ``strict``)."""
+    if not fmt:
+        return None
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputFormat({"type": "object"}, "text.format")
+    if kind == "json_schema":
+        schema = fmt.get("schema")
+        if not isinstance(schema, dict):
+            raise InvalidRequest("text.format.schema must be a JSON schema object", param="text.format.schema")
+        if fmt.get("strict") and schema.get("type") == "object" and "additionalProperties" not in schema:
+            schema = {**schema, "additionalProperties": False}
+        return OutputFormat(checked_schema(schema, "text.format.schema"), "text.format.schema")
+    raise InvalidRequest(
+        f"text.format type {kind!r} is not supported; use text, json_object or json_schema", param="text.format.type"
+    )
