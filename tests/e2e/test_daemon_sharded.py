@@ -23,7 +23,7 @@ import pytest
 from tests.support.daemon import free_port, make_daemon, wait_gone
 
 pytestmark = pytest.mark.timeout(400)
-PROMPTS = ["Explain unified memory in two sentences.", "Name three colours."]
+PROMPTS = ["Explain unified memory in two sentences."]
 SMOLLM2 = "builtin:smollm2-135m-instruct"
 
 

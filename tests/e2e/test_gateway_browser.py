@@ -199,10 +199,11 @@ def test_the_page_asks_for_a_key_when_every_model_needs_one():
     try:
         with chromium() as driver:
             driver.get(gw.url + "/")
-            notice = driver.find_element(By.ID, "notice")
+            # Found again at each poll: the page may replace it while it loads the models.
+            notice = lambda d: d.find_element(By.ID, "notice")  # noqa: E731
             wait_until(
                 driver,
-                lambda d: notice.is_displayed() and "needs an API key" in notice.text,
+                lambda d: notice(d).is_displayed() and "needs an API key" in notice(d).text,
                 what="the notice that a key is needed",
             )
             assert driver.find_element(By.ID, "settings").get_attribute("open") is not None
@@ -213,7 +214,7 @@ def test_the_page_asks_for_a_key_when_every_model_needs_one():
             box.send_keys(key)
             box.send_keys(Keys.TAB)  # the change event
             wait_until(driver, lambda d: any("locked" in t for t in picker(d)), what="the keyed model in the picker")
-            assert not notice.is_displayed()
+            assert not notice(driver).is_displayed()
     finally:
         gw.proc.terminate()
         assert gw.wait() == 0, gw.log()[-3000:]

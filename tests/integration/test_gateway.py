@@ -193,6 +193,28 @@ def test_anthropic_sdk_through_the_gateway(gateway):
     assert counted.input_tokens > 0
 
 
+def test_responses_through_the_gateway_and_back_to_the_worker_that_stored_them(gateway):
+    client = oai(gateway)
+    made = client.responses.create(model="alpha", input="Hi", max_output_tokens=4, temperature=0)
+    assert made.id.startswith("resp_") and made.model == "tiny-a"
+    again = client.responses.retrieve(made.id)
+    assert again.id == made.id and again.output_text == made.output_text
+    assert [i.type for i in client.responses.input_items.list(made.id).data] == ["message"]
+    # previous_response_id goes to the worker that holds it, whatever model the request names.
+    with httpx.Client(base_url=gateway.url, timeout=60) as h:
+        follow = h.post(
+            "/v1/responses",
+            json={"model": "tiny-b", "input": "More", "previous_response_id": made.id, "max_output_tokens": 2},
+            headers={"authorization": f"Bearer {ALICE}"},
+        )
+        assert follow.status_code == 200 and follow.headers["x-vllmmlxd-backend"] == "alpha", follow.text
+        assert follow.json()["previous_response_id"] == made.id
+    client.responses.delete(made.id)
+    for rid in (made.id, "resp_00000000_nothing", "chatcmpl-x"):
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(rid)
+
+
 def test_streamed_chunks_arrive_as_they_are_made(gateway):
     body = {
         "model": "tiny-a",

@@ -80,11 +80,13 @@ def chromium(width: int = 1280, height: int = 900):
 def wait_until(driver, predicate, timeout: float = 20, what: str = "condition"):
     """Poll ``predicate(driver)`` until it returns something truthy; returns it. On time out, the
     assertion shows what the page says (its visible text) to tell why."""
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.05).until(predicate)
+        # An element the page replaced between two polls is read again at the next one.
+        wait = WebDriverWait(driver, timeout, poll_frequency=0.05, ignored_exceptions=(StaleElementReferenceException,))
+        return wait.until(predicate)
     except TimeoutException:
         shown = driver.execute_script("return document.body ? document.body.innerText : ''")
         raise AssertionError(f"{what} not seen in {timeout}s; the page shows:\n{shown[-2000:]}") from None

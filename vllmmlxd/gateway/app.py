@@ -39,6 +39,7 @@ ROUTED_PATHS = {
     "/v1/embeddings": True,
     "/v1/messages": False,
     "/v1/messages/count_tokens": False,
+    "/v1/responses": False,
 }
 
 
@@ -90,6 +91,16 @@ def create_app(gateway: Gateway) -> FastAPI:
     # an endpoint's parameters from the query string, and it costs a fraction of a millisecond.)
     for path, embeddings in ROUTED_PATHS.items():
         app.router.routes.append(HttpRoute(path, _routed(gateway, path, embeddings), methods=["POST"]))
+
+    async def stored_response(request: Request) -> Response:
+        rid = request.path_params["response_id"]
+        return await gateway.stored(request, rid, request.url.path)
+
+    for path, methods in (
+        ("/v1/responses/{response_id}", ["GET", "DELETE"]),
+        ("/v1/responses/{response_id}/input_items", ["GET"]),
+    ):
+        app.router.routes.append(HttpRoute(path, stored_response, methods=methods))
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..api.body import read_body
 from ..config.gateway import Route
-from ..errors import InvalidRequest, Overloaded, RequestError, RequestTimeout
+from ..errors import InvalidRequest, NotFound, Overloaded, RequestError, RequestTimeout
 from ..http.access import presented_key
 from ..http.error_shapes import anthropic_error, is_anthropic, openai_error
 from ..log import log_event
@@ -159,9 +159,22 @@ class Gateway:
         raw = await self.read_body(request)
         data = parse_object(raw)
         table = self.table
-        target = table.resolve(data.get("model"), embeddings, presented_key(request))
+        key = presented_key(request)
+        stored = data.get("previous_response_id") if path == "/v1/responses" else None
+        # A conversation stored in one worker goes back to that worker, whatever model it names.
+        made_by = table.by_response(stored, key) if isinstance(stored, str) else None
+        target = made_by or table.resolve(data.get("model"), embeddings, key)
         table.access_of(target).identify(request)
         return await self.dispatch(request, target, path, data, raw)
+
+    async def stored(self, request: Request, response_id: str, path: str):
+        """A stored response's retrieve, delete or input items: from the worker that made it."""
+        table = self.table
+        route = table.by_response(response_id, presented_key(request))
+        if route is None:
+            raise NotFound(f"response with id {response_id!r} not found")
+        table.access_of(route).identify(request)
+        return await self.forward(request, route, path, b"", False)
 
     async def dispatch(self, request: Request, target: Target, path: str, data: dict, raw: bytes):
         """Forward to a route, or to a member of a set (the key was checked already)."""
@@ -245,7 +258,7 @@ class Gateway:
         headers = self.headers_for(request, route)
         query = request.scope.get("query_string", b"")  # as sent: no parsing on the hot path
         url = route.url.rstrip("/") + path + ("?" + query.decode("latin-1") if query else "")
-        return await open_stream(self.client, url, headers, body, route.timeout)
+        return await open_stream(self.client, url, headers, body, route.timeout, request.method)
 
     async def open(self, request: Request, route: Route, path: str, body: bytes, retry: bool = True) -> Upstream:
         """Send the request to the route; return with the response's head. Errors in the family's terms."""

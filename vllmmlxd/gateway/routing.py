@@ -15,6 +15,7 @@ from typing import Mapping, Union
 
 from pydantic import SecretStr
 
+from ..api.responses.ids import response_tag, tag_of
 from ..config.gateway import GatewaySpec, Route
 from ..config.groups import set_state as member_states
 from ..config.keys import KeyGrant
@@ -119,6 +120,13 @@ class Table:
         if embeddings and model in self.by_embedding:
             return self.by_embedding[model]
         return self.by_name.get(model) or self.sets.get(model)
+
+    def by_response(self, response_id: str, key: str | None) -> Route | None:
+        """The route whose worker made a stored response (its id names the model), if the caller may use it."""
+        tag = tag_of(response_id)
+        if tag is None:
+            return None
+        return next((r for r in self.visible(key) if response_tag(r.served_model_name) == tag), None)
 
     def access_of(self, target: Target) -> Access:
         """The key check of a route, or of a set (its first member's: the members' keys agree)."""

@@ -110,3 +110,15 @@ def test_earlier_output_becomes_the_next_turns_input():
     assert as_input({"type": "reasoning", "summary": []}) is None
     listed = with_ids("resp_abc", [{"type": "message", "role": "user", "content": "x"}])
     assert listed[0]["id"] == "in_abc_0" and listed[0]["content"] == [{"type": "input_text", "text": "x"}]
+
+
+def test_a_response_id_names_the_model_that_made_it():
+    from vllmmlxd.api.responses.ids import id_prefix, response_id, response_tag, tag_of
+
+    ours = id_prefix("tiny") + "abc"
+    assert response_id("tiny", ours) == ours  # served under its own id: kept
+    derived = response_id("tiny", "client-chosen-id")
+    assert derived.startswith(id_prefix("tiny")) and derived == response_id("tiny", "client-chosen-id")
+    assert response_id("tiny") != response_id("tiny")
+    assert tag_of(derived) == response_tag("tiny") != response_tag("other")
+    assert tag_of("resp_short") is None and tag_of("chatcmpl-1") is None

@@ -17,6 +17,7 @@ from ..sse import sse_event
 from ..stream import Folded
 from ..tool_loop import McpCall, McpOutcome
 from ..tooling import call_id
+from .ids import response_id
 from .protocol import ResponsesRequest
 
 
@@ -132,11 +133,19 @@ class ResponsesEncoding:
 
     def __init__(self, req: ResponsesRequest, model: str, done: Done = lambda body: None):
         self.shape, self.done = ResponseShape(req, model), done
+        self._ids: dict[str, str] = {}
+
+    def response_id(self, rid: str) -> str:
+        """The response's id: tagged with the model (``ids.py``), whatever request id it was served under."""
+        if rid not in self._ids:
+            self._ids[rid] = response_id(self.shape.model, rid)
+        return self._ids[rid]
 
     def stream_encoder(self, rid: str, prompt_tokens: int) -> "ResponsesStreamEncoder":
-        return ResponsesStreamEncoder(rid, self.shape, self.done)
+        return ResponsesStreamEncoder(self.response_id(rid), self.shape, self.done)
 
     def response(self, rid: str, folded: Folded) -> dict[str, Any]:
+        rid = self.response_id(rid)
         body = self.shape.body(rid, "completed", output_items(rid, folded), folded.finish)
         self.done(body)
         return body

@@ -22,6 +22,7 @@ from ..chat import serve_chat
 from ..context import LiveContext
 from . import translate as tr
 from .encode import ResponsesEncoding
+from .ids import id_prefix
 from .protocol import ResponsesRequest
 from .store import ResponseStore, Stored, as_input, with_ids
 
@@ -51,7 +52,7 @@ def make_router(live: LiveContext, store: ResponseStore | None = None) -> APIRou
         if req.previous_response_id is not None:
             earlier = find(request, req.previous_response_id, "previous_response_id")
             history = earlier.input_items + [i for i in map(as_input, earlier.response["output"]) if i is not None]
-        turn = tr.to_turn(req, history)
+        turn = tr.to_turn(req, history, id_prefix(ctx.name))
         conversation = history + tr.input_items(req)
         who = owner(request)
 

@@ -49,9 +49,13 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     return list(req.input)
 
 
-def to_turn(req: ResponsesRequest, history: list[dict[str, Any]] = ()) -> ChatTurn:  # type: ignore[assignment]
+def to_turn(
+    req: ResponsesRequest,
+    history: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    prefix: str = RESPONSE_ID_PREFIX,
+) -> ChatTurn:
     """The request as a chat turn, after the earlier turns of ``previous_response_id`` (``history``,
-    as input items); what this server would not honour is a 400 first."""
+    as input items), its ids starting with ``prefix``; what this server would not honour is a 400 first."""
     refuse_unhonoured(req)
     messages = to_template_messages(chat_messages(req, list(history)))
     tools = chat_tools(req.tools)
@@ -64,7 +68,7 @@ def to_turn(req: ResponsesRequest, history: list[dict[str, Any]] = ()) -> ChatTu
             seed=req.seed,
             stop=(req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ()),
         ),
-        RESPONSE_ID_PREFIX,
+        prefix,
         tool_choice=openai_tool_choice(_choice(req.tool_choice), req.parallel_tool_calls),
         output=output_format(req.text.format if req.text else None),
         stream=req.stream,
