@@ -99,7 +99,7 @@ def test_rank_zero_serves_everything_while_rank_one_follows(cluster):
     pipe = c["pipe"]
     # 4 at once (sampled, seeded: the same seed answers the same on a rerun) and a stream.
     bodies = [
-        {"messages": [{"role": "user", "content": f"Say something about {i}."}], "max_tokens": 12, "seed": i}
+        {"messages": [{"role": "user", "content": f"Say something about {i}."}], "max_tokens": 8, "seed": i}
         for i in range(4)
     ]
     with cf.ThreadPoolExecutor(4) as pool:
@@ -156,7 +156,7 @@ def test_kill_9_of_rank_1_brings_the_unit_back_by_itself(cluster):
     )
     assert wait_gone(before)  # rank 0 went with it: no rank of the old unit is left
     assert d.models()["pipe"]["restarts"] == 1
-    assert greedy(c["pipe"], PROMPTS[1], 8) == greedy(c["one"], PROMPTS[1], 8)
+    assert greedy(c["pipe"], PROMPTS[0], 8) == greedy(c["one"], PROMPTS[0], 8)
 
 
 def test_sigterm_of_the_daemon_leaves_no_rank(cluster):
