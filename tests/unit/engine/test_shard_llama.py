@@ -15,18 +15,8 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models import llama
 
+from tests.support.groups import StandInGroup
 from vllmmlxd.engine import shard_llama
-
-
-class _Group:
-    def __init__(self, rank: int, size: int):
-        self._rank, self._size = rank, size
-
-    def rank(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return self._size
 
 
 def _model(heads: int, kv: int, bias: bool = False) -> llama.Model:
@@ -51,7 +41,7 @@ def _attention_parts(model: llama.Model, world: int, x: mx.array) -> list[mx.arr
     parts = []
     for rank in range(world):
         share = copy.deepcopy(model)
-        shard_llama.shard_by_kv_groups(share, _Group(rank, world))  # type: ignore[arg-type]
+        shard_llama.shard_by_kv_groups(share, StandInGroup(rank, world))  # type: ignore[arg-type]
         attn = share.model.layers[0].self_attn
         # The attention without the sum across ranks: SumOfParts' own part.
         whole_o, attn.o_proj = attn.o_proj, attn.o_proj.part
@@ -73,7 +63,7 @@ def test_each_rank_keeps_whole_key_value_groups():
     heads = []
     for rank in range(2):
         share = copy.deepcopy(model)
-        shard_llama.shard_by_kv_groups(share, _Group(rank, 2))  # type: ignore[arg-type]
+        shard_llama.shard_by_kv_groups(share, StandInGroup(rank, 2))  # type: ignore[arg-type]
         attn = share.model.layers[0].self_attn
         heads.append((attn.n_heads, attn.n_kv_heads, attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]))
     assert heads == [(6, 2, 6 * 16, 2 * 16), (3, 1, 3 * 16, 1 * 16)]

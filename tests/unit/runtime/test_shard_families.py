@@ -9,6 +9,7 @@ import mlx_lm
 import mlx_lm.utils
 import pytest
 
+from tests.support.groups import StandInGroup
 from vllmmlxd.runtime import shard_families as sf
 
 MODELS = Path(mlx_lm.__file__).parent / "models"
@@ -57,17 +58,6 @@ def test_split_problems_say_what_fails_and_what_would_work(shape, parallel, worl
         assert found is not None and re.search(problem, found), found
 
 
-class _Group:
-    def __init__(self, rank: int, size: int):
-        self._rank, self._size = rank, size
-
-    def rank(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return self._size
-
-
 @pytest.mark.parametrize("layers, world", [(30, 2), (30, 4), (7, 3), (2, 2)])
 def test_layer_shares_are_mlx_lms_pipeline_split(layers, world):
     from mlx_lm.models.pipeline import PipelineMixin
@@ -76,7 +66,7 @@ def test_layer_shares_are_mlx_lms_pipeline_split(layers, world):
     for rank in range(world):
         stage = PipelineMixin()
         stage.layers = list(range(layers))
-        stage.pipeline(_Group(rank, world))
+        stage.pipeline(StandInGroup(rank, world))
         assert sf.layer_share(layers, world, rank) == (stage.start_idx, stage.end_idx)
         covered += range(*sf.layer_share(layers, world, rank))
     assert sorted(covered) == list(range(layers))
