@@ -12,7 +12,7 @@ TEST_JOBS ?= 3
 # compiling it again, even where PYTHONDONTWRITEBYTECODE keeps Python from writing it itself.
 COMPILE = $(BIN)/python -m compileall -q
 
-.PHONY: serve test test-fast lint bench clean system-deps
+.PHONY: serve test test-fast lint bench clean system-deps clients
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "vllmmlxd needs Python >= 3.11 (found: $$($(PYTHON) --version))"; exit 1; }
@@ -40,7 +40,7 @@ serve: $(VENV)/.runtime
 	$(BIN)/vllmmlxd run --config $(CONFIG)
 
 ## test: install the dev extra into .venv, lint and type-check (fast failures first), then run the whole suite
-test: $(VENV)/.dev lint system-deps
+test: $(VENV)/.dev lint system-deps clients
 	@$(COMPILE) vllmmlxd tests
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
@@ -51,7 +51,7 @@ lint: $(VENV)/.dev
 	$(BIN)/mypy
 
 ## test-fast: everything but the tests marked slow
-test-fast: $(VENV)/.dev
+test-fast: $(VENV)/.dev clients
 	$(BIN)/python -m pytest -m 'not slow' $(PYTEST_ARGS)
 
 ## bench: server vs engine streaming speed, written to docs/benchmarks.md
@@ -72,5 +72,13 @@ system-deps:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) || echo "could not install$$missing; the tests that need them will be skipped"; \
 	fi
 
+# The agents the tests run for real, pinned: OpenAI's Codex CLI (npm; the wrapper brings its binary).
+CODEX_VERSION = 0.171.0
+CODEX := .clients/codex-$(CODEX_VERSION)/node_modules/.bin/codex
+clients: $(CODEX)
+$(CODEX):
+	@command -v npm >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && echo "installing Debian's npm" && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; } || { echo "the Codex test needs npm (Node.js)"; exit 1; }
+	npm install --silent --no-audit --no-fund --prefix .clients/codex-$(CODEX_VERSION) @openai/codex@$(CODEX_VERSION)
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .clients $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -122,3 +122,58 @@ def test_a_response_id_names_the_model_that_made_it():
     assert response_id("tiny") != response_id("tiny")
     assert tag_of(derived) == response_tag("tiny") != response_tag("other")
     assert tag_of("resp_short") is None and tag_of("chatcmpl-1") is None
+
+
+NAMESPACE = {
+    "type": "namespace",
+    "name": "agents",
+    "description": "Sub-agents.",
+    "tools": [{"type": "function", "name": "spawn", "description": "Start one.", "parameters": {"type": "object"}}],
+}
+
+
+def test_a_namespaces_tools_are_offered_by_their_joined_name_and_its_calls_written_back_apart():
+    from vllmmlxd.api.responses.encode import ResponseShape
+    from vllmmlxd.engine.types import ToolCallDelta
+
+    req = ResponsesRequest.model_validate(
+        {
+            "input": [
+                {"type": "function_call", "call_id": "c1", "namespace": "agents", "name": "spawn", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+            ],
+            "tools": [NAMESPACE, {"type": "function", "name": "w"}],
+        }
+    )
+    t = tr.to_turn(req)
+    [spawn, w] = t.prompt.tools
+    assert spawn["function"]["name"] == "agents.spawn" and spawn["function"]["description"] == "Sub-agents. Start one."
+    assert w["function"]["name"] == "w"
+    assert t.prompt.messages[0]["tool_calls"][0]["function"]["name"] == "agents.spawn"  # an earlier call, as offered
+    shape = ResponseShape(req, "m")
+    called = shape.call("fc_1", "resp_1", ToolCallDelta(0, "agents.spawn", "{}"))
+    assert (called["namespace"], called["name"]) == ("agents", "spawn")
+    assert "namespace" not in shape.call("fc_2", "resp_1", ToolCallDelta(1, "w", "{}"))
+    assert as_input(called)["namespace"] == "agents"  # and so back into the next turn
+    with pytest.raises(InvalidRequest) as err:
+        turn(tools=[{**NAMESPACE, "tools": [{"type": "custom", "name": "patch"}]}])
+    assert err.value.param == "tools[0].tools[0].type"
+
+
+def test_include_takes_encrypted_reasoning_and_refuses_the_rest_naming_what_it_takes():
+    from vllmmlxd.api.responses.encode import ResponseShape
+
+    sealed = ResponsesRequest.model_validate({"input": "Hi", "include": ["reasoning.encrypted_content"]})
+    tr.to_turn(sealed)
+    item = ResponseShape(sealed, "m").reasoning("rs_1", "thought")
+    assert item["encrypted_content"] and item["summary"][0]["text"] == "thought"
+    assert "encrypted_content" not in ResponseShape(ResponsesRequest(input="Hi"), "m").reasoning("rs_1", "thought")
+    with pytest.raises(InvalidRequest) as err:
+        turn(include=["message.output_text.logprobs"])
+    assert err.value.param == "include" and "reasoning.encrypted_content" in str(err.value)
+
+
+def test_the_sampling_extensions_of_chat_completions_carry_over():
+    t = turn(top_k=5, min_p=0.1, repetition_penalty=1.1, logit_bias={"7": 3}, reasoning={"effort": "xhigh"})
+    assert (t.sampling.top_k, t.sampling.min_p, t.sampling.repetition_penalty) == (5, 0.1, 1.1)
+    assert t.sampling.logit_bias == {"7": 3}

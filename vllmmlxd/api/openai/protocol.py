@@ -28,33 +28,17 @@ class ChatMessage(_Lenient):
     reasoning_content: str | None = None
 
 
-class _SamplingFields(_Lenient):
-    """Fields shared by chat and text completions."""
+class SamplingExtensions(_Lenient):
+    """Sampling fields beyond what OpenAI's Responses API defines, taken on chat and text
+    completions and on ``/v1/responses`` alike (mlx-lm's samplers take them)."""
 
-    model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0, le=10)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    seed: int | None = None
-    stop: Union[str, list[str], None] = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="one choice per request in this version")
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
-    user: str | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _few_stops(cls, v):
-        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
-        return v
 
     @field_validator("logit_bias")
     @classmethod
@@ -64,6 +48,28 @@ class _SamplingFields(_Lenient):
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
             if not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias values must be between -100 and 100, got {bias}")
+        return v
+
+
+class _SamplingFields(SamplingExtensions):
+    """Fields shared by chat and text completions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1, description="one choice per request in this version")
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, v):
+        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
         return v
 
 

@@ -37,9 +37,15 @@ def include_usage(req: _SamplingFields) -> bool:
 
 def sampling_request(req: _SamplingFields) -> SamplingRequest:
     """The request's sampling fields, in no family's words."""
+    return extended_sampling(req, getattr(req, "max_completion_tokens", None) or req.max_tokens)
+
+
+def extended_sampling(req: Any, max_tokens: int | None) -> SamplingRequest:
+    """Sampling from a request with OpenAI's ``temperature``, ``top_p``, ``seed`` and ``stop`` and
+    the extensions (:class:`SamplingExtensions`): chat, text completions and Responses."""
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return SamplingRequest(
-        max_tokens=getattr(req, "max_completion_tokens", None) or req.max_tokens,
+        max_tokens=max_tokens,
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=req.top_k,

@@ -8,6 +8,7 @@ text), ``message`` (one ``output_text`` part), ``function_call`` (``call_id``, `
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import time
 from typing import Any, Callable
@@ -19,6 +20,9 @@ from ..tool_loop import McpCall, McpOutcome
 from ..tooling import call_id
 from .ids import response_id
 from .protocol import ResponsesRequest
+from .translate import namespaced
+
+Spaces = dict[str, tuple[str, str]]
 
 
 def item_id(prefix: str, rid: str, n: int) -> str:
@@ -41,19 +45,36 @@ def message_item(iid: str, text: str, status: str = "completed") -> dict[str, An
     return {"id": iid, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
-def reasoning_item(iid: str, text: str) -> dict[str, Any]:
-    return {"id": iid, "type": "reasoning", "summary": [{"type": "summary_text", "text": text}] if text else []}
+def reasoning_item(iid: str, text: str, sealed: bool = False) -> dict[str, Any]:
+    """The model's thinking as a summary; ``sealed`` (``include: reasoning.encrypted_content``) adds
+    the opaque ``encrypted_content`` clients send back on a stateless next turn. Nothing is secret
+    from the client here (the summary is the whole text), and input reasoning is dropped anyway,
+    so it is the text, base64-encoded."""
+    item: dict[str, Any] = {
+        "id": iid,
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": text}] if text else [],
+    }
+    if sealed:
+        item["encrypted_content"] = base64.b64encode(text.encode()).decode()
+    return item
 
 
-def call_item(iid: str, rid: str, call: ToolCallDelta, status: str = "completed") -> dict[str, Any]:
-    return {
+def call_item(
+    iid: str, rid: str, call: ToolCallDelta, status: str = "completed", spaces: Spaces | None = None
+) -> dict[str, Any]:
+    """A function call; a namespaced tool's (``spaces``: the model's name → namespace, name) with
+    its ``namespace`` and its own name, as the request declared it."""
+    space, name = (spaces or {}).get(call.name, (None, call.name))
+    item = {
         "id": iid,
         "type": "function_call",
         "status": status,
         "call_id": call_id("call_", rid, call.index),
-        "name": call.name,
+        "name": name,
         "arguments": call.arguments if status == "completed" else "",
     }
+    return item if space is None else {**item, "namespace": space}
 
 
 def mcp_item(iid: str, outcome: McpOutcome) -> dict[str, Any]:
@@ -74,6 +95,8 @@ class ResponseShape:
 
     def __init__(self, req: ResponsesRequest, model: str):
         self.model = model
+        self.spaces = namespaced(req.tools)
+        self.sealed = "reasoning.encrypted_content" in (req.include or ())
         self.created_at = int(time.time())
         self.settings = {
             "instructions": req.instructions,
@@ -107,8 +130,14 @@ class ResponseShape:
             **self.settings,
         }
 
+    def reasoning(self, iid: str, text: str) -> dict[str, Any]:
+        return reasoning_item(iid, text, self.sealed)
 
-def output_items(rid: str, folded: Folded) -> list[dict[str, Any]]:
+    def call(self, iid: str, rid: str, call: ToolCallDelta, status: str = "completed") -> dict[str, Any]:
+        return call_item(iid, rid, call, status, self.spaces)
+
+
+def output_items(rid: str, folded: Folded, shape: ResponseShape) -> list[dict[str, Any]]:
     """The folded answer as output items, in the order the model wrote them."""
     items: list[dict[str, Any]] = []
     for part in folded.parts:
@@ -116,9 +145,9 @@ def output_items(rid: str, folded: Folded) -> list[dict[str, Any]]:
         if part[0] == "text":
             items.append(message_item(item_id("msg_", rid, n), part[1]))
         elif part[0] == "reasoning":
-            items.append(reasoning_item(item_id("rs_", rid, n), part[1]))
+            items.append(shape.reasoning(item_id("rs_", rid, n), part[1]))
         elif part[0] == "tool_call":
-            items.append(call_item(item_id("fc_", rid, n), rid, part[1]))
+            items.append(shape.call(item_id("fc_", rid, n), rid, part[1]))
         elif part[0] == "mcp_result":
             items.append(mcp_item(item_id("mcp_", rid, n), part[1]))
     return items
@@ -146,7 +175,7 @@ class ResponsesEncoding:
 
     def response(self, rid: str, folded: Folded) -> dict[str, Any]:
         rid = self.response_id(rid)
-        body = self.shape.body(rid, "completed", output_items(rid, folded), folded.finish)
+        body = self.shape.body(rid, "completed", output_items(rid, folded, self.shape), folded.finish)
         self.done(body)
         return body
 
@@ -196,7 +225,7 @@ class ResponsesStreamEncoder:
             )
         else:
             iid = self._iid("rs_")
-            frames.append(self._emit("response.output_item.added", output_index=n, item=reasoning_item(iid, "")))
+            frames.append(self._emit("response.output_item.added", output_index=n, item=self.shape.reasoning(iid, "")))
             frames.append(
                 self._emit(
                     "response.reasoning_summary_part.added",
@@ -239,7 +268,7 @@ class ResponsesStreamEncoder:
                     part={"type": "summary_text", "text": text},
                 )
             )
-            item = reasoning_item(iid, text)
+            item = self.shape.reasoning(iid, text)
         frames.append(self._emit("response.output_item.done", output_index=n, item=item))
         self.items.append(item)
         self.open, self.buffer = None, ""
@@ -275,10 +304,12 @@ class ResponsesStreamEncoder:
         if isinstance(event, ToolCallDelta):
             frames = self._close()
             n, iid = len(self.items), self._iid("fc_")
-            done = call_item(iid, self.rid, event)
+            done = self.shape.call(iid, self.rid, event)
             frames.append(
                 self._emit(
-                    "response.output_item.added", output_index=n, item=call_item(iid, self.rid, event, "in_progress")
+                    "response.output_item.added",
+                    output_index=n,
+                    item=self.shape.call(iid, self.rid, event, "in_progress"),
                 )
             )
             frames.append(

@@ -1,5 +1,6 @@
-"""The Responses API's request, as the official SDK sends it. Lenient like the other OpenAI
-models (unknown fields allowed); values are range-checked so bad ones are 400s naming the field."""
+"""The Responses API's request, as the official SDK and Codex send it. Lenient like the other
+OpenAI models (unknown fields allowed: Codex adds ``prompt_cache_key`` and ``client_metadata``);
+values are range-checked so bad ones are 400s naming the field."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any, Literal, Union
 
 from pydantic import Field
 
-from ..openai.protocol import MAX_STOP_STRINGS, _Lenient
+from ..openai.protocol import MAX_STOP_STRINGS, SamplingExtensions, _Lenient
 
 
 class TextConfig(_Lenient):
@@ -15,11 +16,14 @@ class TextConfig(_Lenient):
 
 
 class ReasoningConfig(_Lenient):
-    effort: Literal["minimal", "low", "medium", "high"] | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: str | None = None
 
 
-class ResponsesRequest(_Lenient):
+class ResponsesRequest(SamplingExtensions):
+    """OpenAI's fields, plus the sampling extensions chat completions take (``top_k``,
+    ``logit_bias``, ...), ``seed`` and ``stop``."""
+
     model: str | None = None
     input: Union[str, list[dict[str, Any]]]
     instructions: str | None = None

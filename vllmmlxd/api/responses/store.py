@@ -65,7 +65,7 @@ def as_input(item: dict[str, Any]) -> dict[str, Any] | None:
         text = "".join(p.get("text", "") for p in item.get("content") or [] if p.get("type") == "output_text")
         return {"type": "message", "role": "assistant", "content": text}
     if kind == "function_call":
-        return {k: item[k] for k in ("type", "call_id", "name", "arguments")}
+        return {k: item[k] for k in ("type", "call_id", "name", "arguments", "namespace") if k in item}
     if kind == "mcp_call":  # a tool the worker ran: the model saw its result as text
         shown = item.get("output") if item.get("output") is not None else f"Error: {item.get('error')}"
         return {"type": "message", "role": "assistant", "content": f"[{item.get('name')}] {shown}"}

@@ -13,8 +13,7 @@ from typing import Any
 
 from ...errors import InvalidRequest
 from ..openai.protocol import ChatMessage
-from ..openai.translate import to_template_messages
-from ..sampling import SamplingRequest
+from ..openai.translate import extended_sampling, to_template_messages
 from ..structured import OutputFormat, checked_schema
 from ..tooling import openai_tool_choice
 from ..turn import ChatPrompt, ChatTurn
@@ -38,6 +37,10 @@ BUILT_IN_TOOLS = frozenset(
     }
 )
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+# What ``include`` may ask for. Reasoning items then carry ``encrypted_content`` (Codex asks for
+# it on every turn, with ``store: false``).
+INCLUDABLE = frozenset({"reasoning.encrypted_content"})
+NAMESPACE_JOIN = "."  # how a namespaced tool is named to the model: crm.find_customer
 
 
 def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
@@ -61,13 +64,7 @@ def to_turn(
     tools = chat_tools(req.tools)
     return ChatTurn(
         ChatPrompt(messages, tools, None),
-        SamplingRequest(
-            max_tokens=req.max_output_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed,
-            stop=(req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ()),
-        ),
+        extended_sampling(req, req.max_output_tokens),
         prefix,
         tool_choice=openai_tool_choice(_choice(req.tool_choice), req.parallel_tool_calls),
         output=output_format(req.text.format if req.text else None),
@@ -79,7 +76,12 @@ def refuse_unhonoured(req: ResponsesRequest) -> None:
     if req.truncation != "disabled":
         raise InvalidRequest("truncation 'auto' is not supported yet; only 'disabled'", param="truncation")
     for i, name in enumerate(req.include or ()):
-        raise InvalidRequest(f"include[{i}]: {name!r} is not supported by this server", param="include")
+        if name not in INCLUDABLE:
+            raise InvalidRequest(
+                f"include[{i}]: {name!r} is not supported by this server; it can include "
+                + ", ".join(sorted(INCLUDABLE)),
+                param="include",
+            )
 
 
 def chat_messages(req: ResponsesRequest, history: list[dict[str, Any]]) -> list[ChatMessage]:
@@ -108,7 +110,7 @@ def _add_item(out: list[dict[str, Any]], item: Any, where: str) -> None:
         call = {
             "id": _string(item, "call_id", where),
             "type": "function",
-            "function": {"name": _string(item, "name", where), "arguments": item.get("arguments") or "{}"},
+            "function": {"name": _called(item, where), "arguments": item.get("arguments") or "{}"},
         }
         last = out[-1] if out else None
         if last is not None and last["role"] == "assistant" and "tool_calls" in last:
@@ -128,6 +130,13 @@ def _add_item(out: list[dict[str, Any]], item: Any, where: str) -> None:
             f"{where}.type {kind!r} is not supported; use message, function_call, function_call_output or reasoning",
             param=f"{where}.type",
         )
+
+
+def _called(item: dict, where: str) -> str:
+    """The name the model knows an earlier call's function by (its namespace's, if it has one)."""
+    name = _string(item, "name", where)
+    space = item.get("namespace")
+    return f"{space}{NAMESPACE_JOIN}{name}" if isinstance(space, str) and space else name
 
 
 def _string(item: dict, key: str, where: str) -> str:
@@ -156,25 +165,48 @@ def _text(content: Any, where: str) -> str:
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Flat function tools as chat tools; a built-in tool is a 400 naming it."""
+    """Function tools as chat tools, a namespace's each named ``namespace.name``; a built-in
+    tool is a 400 naming it."""
     if not tools:
         return None
     out = []
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind in BUILT_IN_TOOLS:
-            raise InvalidRequest(
-                f"tools[{i}]: the {kind} tool is not supported by this server; use function tools "
-                "(the entry's MCP servers run as the worker's own tools)",
-                param=f"tools[{i}].type",
-            )
-        if kind != "function" or not isinstance(tool.get("name"), str):
-            raise InvalidRequest(f"tools[{i}] must be a function tool with a name", param=f"tools[{i}]")
-        function = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
-        if tool.get("description"):
-            function["description"] = tool["description"]
-        out.append({"type": "function", "function": function})
+        if kind == "namespace" and isinstance(tool.get("name"), str) and isinstance(tool.get("tools"), list):
+            for j, inner in enumerate(tool["tools"]):
+                out.append(_chat_tool(inner, f"tools[{i}].tools[{j}]", tool["name"], tool.get("description")))
+        else:
+            out.append(_chat_tool(tool, f"tools[{i}]"))
     return out
+
+
+def _chat_tool(tool: Any, where: str, space: str | None = None, about: str | None = None) -> dict[str, Any]:
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    if kind in BUILT_IN_TOOLS:
+        raise InvalidRequest(
+            f"{where}: the {kind} tool is not supported by this server; use function tools "
+            "(the entry's MCP servers run as the worker's own tools)",
+            param=f"{where}.type",
+        )
+    if kind != "function" or not isinstance(tool.get("name"), str):
+        raise InvalidRequest(f"{where} must be a function tool with a name (or a namespace of them)", param=where)
+    name = tool["name"] if space is None else f"{space}{NAMESPACE_JOIN}{tool['name']}"
+    function = {"name": name, "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
+    description = " ".join(d for d in (about, tool.get("description")) if isinstance(d, str) and d)
+    if description:
+        function["description"] = description
+    return {"type": "function", "function": function}
+
+
+def namespaced(tools: list[dict[str, Any]] | None) -> dict[str, tuple[str, str]]:
+    """The model's name of each namespaced tool → (namespace, name), to write its calls back."""
+    found = {}
+    for tool in tools or ():
+        if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+            for inner in tool["tools"]:
+                if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+                    found[f"{tool['name']}{NAMESPACE_JOIN}{inner['name']}"] = (tool["name"], inner["name"])
+    return found
 
 
 def _choice(value: Any) -> Any:

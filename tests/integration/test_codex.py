@@ -1,0 +1,103 @@
+"""OpenAI's Codex CLI (npm ``@openai/codex``, the version the Makefile pins) against a real worker,
+through the Responses API, as its users configure it: a custom model provider with
+``wire_api = "responses"``, its key from an environment variable, and web search off (a built-in
+tool this server refuses by name).
+
+What Codex 0.171.0 sends on each turn: ``stream: true``, ``store: false``, ``include:
+["reasoning.encrypted_content"]``, ``reasoning: {summary: auto}``, ``tool_choice: auto`` with
+``parallel_tool_calls``, function tools and a ``namespace`` of them (its sub-agent tools), the
+conversation as ``developer`` and ``user`` message items carrying their own ids (a ~9k-token
+system prompt), and ``prompt_cache_key`` / ``client_metadata``; a resumed session sends the whole
+conversation again, earlier answers included, with no ``previous_response_id``. It treats a
+response cut by the token limit as an error, so the worker serves a random-weight model with a
+32k context that answers "Hello" and ends its turn by construction (tests/support/models.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.models import ANSWER, answering_tiny
+from tests.support.servers import start_serve
+
+REPO = Path(__file__).parents[2]
+CODEX_VERSION = re.search(r"^CODEX_VERSION = (\S+)", (REPO / "Makefile").read_text(), re.M).group(1)
+CODEX = REPO / ".clients" / f"codex-{CODEX_VERSION}" / "node_modules" / ".bin" / "codex"
+KEY = "codex-k3y-0001"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    model = answering_tiny(Path(os.environ["VLLMMLXD_STATE_DIR"]) / "test-models" / "answering-tiny-32k")
+    keyfile = tmp_path_factory.mktemp("key") / "key"
+    keyfile.write_text(KEY)
+    s = start_serve(str(model), "--served-model-name", "tiny-long", "--api-key-file", str(keyfile), "--timeout", "120")
+    yield s
+    assert s.stop() == 0, s.log()[-3000:]
+    assert KEY not in s.log()
+
+
+def served(log: str) -> list[dict[str, str]]:
+    """The worker's request.served lines for /v1/responses, as fields."""
+    lines = [line for line in log.splitlines() if "event=request.served" in line and "route=/v1/responses" in line]
+    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in lines]
+
+
+def codex(home: Path, work: Path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """One ``codex exec`` run; its output and the last message it wrote to a file."""
+    if not CODEX.exists():
+        pytest.fail(f"{CODEX} is missing: `make test` (or `make clients`) installs Codex {CODEX_VERSION}")
+    last = home / "last-message.txt"
+    last.unlink(missing_ok=True)
+    run = subprocess.run(
+        [str(CODEX), "exec", "--skip-git-repo-check", "--sandbox", "read-only", "-o", str(last), *args],
+        cwd=work,
+        env={**os.environ, "CODEX_HOME": str(home), "HOME": str(home), "VLLMMLXD_TEST_KEY": KEY, "NO_COLOR": "1"},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    return run, last.read_text() if last.exists() else ""
+
+
+def test_codex_exec_runs_a_turn_and_a_resumed_one_against_the_worker(worker, tmp_path):
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "config.toml").write_text(
+        f"""model = "tiny-long"
+model_provider = "vllmmlxd"
+web_search = "disabled"
+
+[model_providers.vllmmlxd]
+name = "vllmmlxd"
+base_url = "{worker.url}/v1"
+wire_api = "responses"
+env_key = "VLLMMLXD_TEST_KEY"
+"""
+    )
+    version = subprocess.run([str(CODEX), "--version"], capture_output=True, text=True, check=True).stdout
+    assert CODEX_VERSION in version
+    run, last = codex(home, work, "Say hello")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0 and "ERROR" not in output, output[-3000:]
+    assert last.strip() == ANSWER
+    [first] = served(worker.log())
+    assert first["status"] == "200" and int(first["prompt_tokens"]) > 4000  # the long system prompt
+
+    # A resumed session replays the conversation: the prefix cache serves the first turn's tokens.
+    run, last = codex(home, work, "resume", "--last", "Say it again")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0 and "ERROR" not in output, output[-3000:]
+    assert last.strip() == ANSWER
+    second = served(worker.log())[1]
+    assert second["status"] == "200" and int(second["prompt_tokens"]) > int(first["prompt_tokens"])
+    assert int(second["cached_tokens"]) >= int(first["prompt_tokens"]) - 16

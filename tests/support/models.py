@@ -1,0 +1,64 @@
+"""Random-weight models made from builtin:tiny for tests that need what it lacks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+from tokenizers import Tokenizer
+
+from vllmmlxd.engine.builtin import ensure_builtin
+from vllmmlxd.paths import default_state_dir
+
+ALWAYS, AFTER = 0, 1  # hidden dimensions no layer writes: what the embedding puts there reaches the last norm
+HELD_VALUE = 100.0
+LOGIT = 1e4  # far above any logit the random weights give, at any temperature
+ANSWER = "Hello"  # one token in SmolLM2's vocabulary
+
+
+def answering_tiny(dest: Path, context: int = 32768) -> Path:
+    """builtin:tiny with a ``context``-token window whose every answer is ``ANSWER`` and then
+    the end of the turn.
+
+    Agents such as Codex send a ~9k-token system prompt and no ``max_output_tokens``, and treat a
+    response cut by the token limit as an error; random weights never end a turn. So, by
+    construction: two hidden dimensions are left alone by every layer. Every token's embedding
+    holds ``HELD_VALUE`` in ALWAYS; ``ANSWER``'s also in AFTER. The untied output layer reads
+    ALWAYS (times LOGIT) for ``ANSWER`` and AFTER (times 2 LOGIT) for the end-of-turn token, and
+    nothing of either dimension for any other token. After any token but ``ANSWER``, ``ANSWER``
+    wins; after ``ANSWER``, the end does: at every position, sampled or greedy.
+    """
+    if (dest / "config.json").exists():
+        return dest
+    src = ensure_builtin("tiny", default_state_dir())
+    tmp = dest.with_name(dest.name + ".part")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    config = json.loads((src / "config.json").read_text())
+    weights = mx.load(str(src / "model.safetensors"))
+    [answer] = Tokenizer.from_file(str(src / "tokenizer.json")).encode(ANSWER, add_special_tokens=False).ids
+    embed = weights["model.embed_tokens.weight"]
+    width = embed.shape[1]
+    always, after = (mx.zeros((width,)).at[d].add(1.0) for d in (ALWAYS, AFTER))
+    free = 1 - always - after
+    head = embed * free
+    head[answer] = always * LOGIT
+    head[config["eos_token_id"]] = after * 2 * LOGIT
+    embed = embed * free + always * HELD_VALUE
+    embed[answer] = embed[answer] + after * HELD_VALUE
+    weights["lm_head.weight"], weights["model.embed_tokens.weight"] = head, embed
+    for name in list(weights):
+        if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+            weights[name] = weights[name] * free[:, None]  # nothing written to the held dimensions
+    mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
+    config.update(tie_word_embeddings=False, max_position_embeddings=context)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    tokenizer_config = json.loads((tmp / "tokenizer_config.json").read_text())
+    tokenizer_config["model_max_length"] = context
+    (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    (tmp / ".vllmmlxd-complete").unlink(missing_ok=True)
+    tmp.rename(dest)
+    return dest
