@@ -169,3 +169,44 @@ def test_health_and_metrics_are_open_unless_the_entry_puts_them_behind_the_key(w
     assert httpx.get(s.url + "/metrics", headers={"x-api-key": CI}).status_code == 403
     assert httpx.get(s.url + "/health", headers={"x-api-key": ALICE}).json()["status"] == "ok"
     assert httpx.get(s.url + "/metrics", headers={"Authorization": f"Bearer {ALICE}"}).status_code == 200
+
+
+def test_a_stored_response_is_its_keys_alone(worker):
+    s, sock, port = worker
+    eve = "eve-k3y-0005"
+    text = f"""
+api_keys:
+  alice: {{key: {ALICE}}}
+  eve: {{key: {eve}}}
+models:
+  m: {{model: {MODEL}, served_model_name: {MODEL}, port: {port}, api_keys: [alice, eve]}}
+"""
+    apply(sock, parse_config(text).config.models["m"])
+    made = oai(s, ALICE).responses.create(model="m", input="hi", max_output_tokens=2)
+    assert oai(s, ALICE).responses.retrieve(made.id).id == made.id
+    other = oai(s, eve)
+    for read in (
+        lambda: other.responses.retrieve(made.id),
+        lambda: other.responses.input_items.list(made.id),
+        lambda: other.responses.delete(made.id),
+        lambda: other.responses.create(model="m", input="more", previous_response_id=made.id, max_output_tokens=2),
+    ):
+        with pytest.raises(openai.NotFoundError) as info:  # as for an id that never was: nothing leaks
+            read()
+        assert made.id in info.value.message and info.value.body["type"] == "invalid_request_error"
+    # Eve's attempts changed nothing: alice still reads and deletes it.
+    assert oai(s, ALICE).responses.input_items.list(made.id).data
+    oai(s, ALICE).responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        oai(s, ALICE).responses.retrieve(made.id)
+    # The entry's bound, changed live: one response kept, the newest.
+    apply(
+        sock,
+        parse_config(
+            text.replace("api_keys: [alice, eve]", "api_keys: [alice, eve], stored_responses: 1")
+        ).config.models["m"],
+    )
+    first, second = (oai(s, ALICE).responses.create(model="m", input="hi", max_output_tokens=2) for _ in range(2))
+    assert oai(s, ALICE).responses.retrieve(second.id).id == second.id
+    with pytest.raises(openai.NotFoundError):
+        oai(s, ALICE).responses.retrieve(first.id)

@@ -188,3 +188,26 @@ def test_anthropic_shows_server_tool_use_and_its_result_streamed_and_not(ant):
 def test_a_turn_without_calls_is_answered_as_usual(oai, server):
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK, "max_tokens": 3, **SAMPLING}, timeout=60)
     assert r.status_code == 200 and "mcp_calls" not in r.json()["choices"][0]["message"]
+
+
+def test_the_responses_api_shows_the_workers_call_as_an_mcp_call_item_streamed_and_not(oai):
+    kw = dict(
+        model="m",
+        input="add",
+        max_output_tokens=MAX_TOKENS,
+        tool_choice={"type": "function", "name": "files__add"},
+        extra_body=SAMPLING,
+    )
+    made = oai.responses.create(**kw)
+    kinds = [item.type for item in made.output]
+    # The worker ran the call: an mcp_call with the server's result, no function_call for the client.
+    assert kinds[0] == "mcp_call" and "function_call" not in kinds, made.output
+    call = made.output[0]
+    assert (call.server_label, call.name, call.error) == ("files", "add", None)
+    check_add(json.loads(call.arguments), call.output)
+    assert made.status == "incomplete" and made.usage.output_tokens == MAX_TOKENS  # it went on writing
+    with oai.responses.stream(**kw) as stream:
+        events = list(stream)
+    added = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [i.type for i in added] == kinds and added[0].output == call.output
+    assert events[-1].type == "response.incomplete" and events[-1].response.output_text == made.output_text

@@ -138,3 +138,23 @@ def test_reasoning_then_a_forced_call_streamed_and_not(server):
             calls[d.index]["arguments"] += (d.function and d.function.arguments) or ""
     assert reasoning == whole.message.reasoning_content
     assert list(calls.values()) == [{"name": "get_time", "arguments": call.function.arguments}]
+
+
+def test_the_responses_api_gives_reasoning_items_equal_to_chats_streamed_and_not(server):
+    """The same seed on /v1/responses: a reasoning item (its text a summary) before the message,
+    equal to what chat completions split; streamed, the reasoning summary events come first."""
+    expected = openai_chat(server).choices[0].message
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="m", input=MESSAGES, max_output_tokens=40, reasoning={"effort": "low"}, extra_body=SAMPLING)
+    made = client.responses.create(**kw)
+    assert [item.type for item in made.output] == ["reasoning", "message"]
+    assert made.output[0].summary[0].text == expected.reasoning_content
+    assert made.output_text == expected.content
+    with client.responses.stream(**kw) as stream:
+        events = list(stream)
+    kinds = [e.type for e in events]
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_summary_text.delta")
+    said = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert (thought, said) == (expected.reasoning_content, expected.content)
+    assert kinds.index("response.reasoning_summary_text.done") < kinds.index("response.output_text.delta")
+    assert events[-1].response.output[0].summary[0].text == expected.reasoning_content

@@ -7,6 +7,8 @@ construction is asserted (shapes, enforcement, equality of two paths, seeded sam
 from __future__ import annotations
 
 import json
+import socket
+import time
 
 import httpx
 import openai
@@ -131,7 +133,6 @@ def test_text_format_json_schema_is_enforced(client):
         ({"tools": [{"type": "web_search"}]}, "tools[0].type", "web_search tool is not supported"),
         ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]}, "tools[0].type", "code_interpreter"),
         ({"include": ["file_search_call.results"]}, "include", "not supported"),
-        ({"truncation": "auto"}, "truncation", "not supported yet"),
         ({"text": {"format": {"type": "xml"}}}, "text.format.type", "not supported"),
         ({"max_output_tokens": 0}, "max_output_tokens", ""),
     ],
@@ -200,3 +201,91 @@ def test_store_false_keeps_nothing(client):
     assert made.store is False
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(made.id)
+
+
+def generated(server) -> int:
+    """Tokens the worker has generated so far, once nothing is running or waiting."""
+    deadline = time.monotonic() + 60
+    while (status := httpx.get(server.url + "/v1/status").json())["num_running"] or status["num_waiting"]:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+    return status["total_completion_tokens"]
+
+
+def test_a_client_that_disconnects_cancels_the_generation_streamed_and_not(server):
+    # 1,900 tokens that cannot end early (ignore_eos, an extension as on chat completions): had the
+    # disconnect not cancelled them, the worker would have generated them all.
+    body = {"input": "Count", "max_output_tokens": 1900, "ignore_eos": True}
+    before = generated(server)
+    with httpx.stream("POST", server.url + "/v1/responses", json={**body, "stream": True}, timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(line for line in lines if "response.output_text.delta" in line)
+    streamed = generated(server) - before
+    assert 0 < streamed < 1900 // 2, streamed
+    # Not streamed: the client hangs up once the worker is generating its answer.
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as conn:
+        conn.sendall(
+            f"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n".encode()
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        deadline = time.monotonic() + 30
+        while not httpx.get(server.url + "/v1/status").json()["num_running"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    assert 0 < generated(server) - before - streamed < 1900 // 2
+
+
+def test_truncation_auto_drops_the_oldest_turns_and_disabled_refuses(client):
+    long = "word " * 700  # ~700 tokens a turn: three of them overflow builtin:tiny's 2,048
+    conversation = []
+    for n in range(3):
+        conversation += [{"role": "user", "content": f"{n} {long}"}, {"role": "assistant", "content": "ok"}]
+    conversation.append({"role": "user", "content": "The last question"})
+    kw = dict(model="tiny", input=conversation, instructions="Be brief.", max_output_tokens=2, temperature=0)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(**kw)
+    assert err.value.body["code"] == "context_length_exceeded"
+    cut = client.responses.create(truncation="auto", **kw)
+    alone = client.responses.create(**{**kw, "input": conversation[-1:]})
+    # The oldest turn went, no more: the two after it and the last question still fit.
+    assert alone.usage.input_tokens + 1000 < cut.usage.input_tokens < 2048
+    assert cut.truncation == "auto"
+
+
+@pytest.mark.slow
+def test_a_real_model_answers_through_the_responses_api():
+    """SmolLM2-135M-Instruct, greedy: a real answer, the same streamed, carried over three turns
+    (each served from the prefix cache after the first), and a schema-valid object."""
+    s = start_serve("builtin:smollm2-135m-instruct", "--timeout", "300", "--default-temperature", "0")
+    try:
+        smol = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
+        kw = dict(model="smollm2", input="What is the capital of France?", max_output_tokens=40)
+        made = smol.responses.create(**kw)
+        assert "Paris" in made.output_text and made.status == "completed"
+        with smol.responses.stream(**kw) as stream:
+            assert stream.get_final_response().output_text == made.output_text
+        second = smol.responses.create(
+            model="smollm2", input="And of Italy?", previous_response_id=made.id, max_output_tokens=30
+        )
+        third = smol.responses.create(
+            model="smollm2", input="Thanks.", previous_response_id=second.id, max_output_tokens=10
+        )
+        for earlier, later in ((made, second), (second, third)):
+            assert later.usage.input_tokens_details.cached_tokens >= earlier.usage.input_tokens
+        schema = {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+            "additionalProperties": False,
+        }
+        shaped = smol.responses.create(
+            model="smollm2",
+            input="Name the capital of France as JSON.",
+            text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}},
+            max_output_tokens=40,
+        )
+        assert set(json.loads(shaped.output_text)) == {"city"}
+    finally:
+        assert s.stop() == 0, s.log()[-3000:]

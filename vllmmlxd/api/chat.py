@@ -2,7 +2,8 @@
 :class:`~vllmmlxd.api.turn.ChatTurn` and hands it here with its :class:`ChatEncoding`.
 
 ``serve_chat`` runs, in this order: the MCP tools the worker may run itself (``offer``), the
-tool plan (what is parsed, what is forced), rendering, the engine request, the tool loop,
+tool plan (what is parsed, what is forced), rendering (and, for a turn that allows it, dropping
+the oldest turns until it fits the context), the engine request, the tool loop,
 then a stream through the family's encoder or the fold checked against the output format
 and given to the family's body. ``render_prompt`` is the one rendering of a prompt, so
 Anthropic's ``count_tokens`` counts exactly what ``/v1/messages`` sends to the engine.
@@ -10,6 +11,7 @@ Anthropic's ``count_tokens`` counts exactly what ``/v1/messages`` sends to the e
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, AsyncGenerator, Protocol
 
 from starlette.requests import Request
@@ -21,7 +23,7 @@ from .stream import Folded, Generation, StreamEncoder, fold, open_events, stream
 from .structured import ensure_valid
 from .tool_loop import McpCall, McpOutcome, Offer, ToolLoop, offer
 from .tooling import ToolChoice, cut_call
-from .turn import ChatPrompt, ChatTurn
+from .turn import ChatPrompt, ChatTurn, turn_starts, without_oldest
 
 
 class ChatEncoding(Protocol):
@@ -46,12 +48,35 @@ async def render_prompt(ctx: ServingContext, prompt: ChatPrompt, offered: Offer 
     return await render_template(ctx, prompt.messages, offered_tools(prompt, offered), prompt.template_kwargs)
 
 
+async def fit_context(
+    ctx: ServingContext, prompt: ChatPrompt, offered: Offer | None, tokens: list[int]
+) -> tuple[ChatPrompt, list[int]]:
+    """The prompt without its oldest turns, as few dropped as make it fit the context (found by
+    halving: renders grow with the conversation); the last turn always stays. When even that is
+    too long, the prompt as it was: the context's 400 says so."""
+    limit, starts = ctx.engine.info.context_length, turn_starts(prompt.messages)
+    best, lo, hi = (prompt, tokens), 1, len(starts) - 1
+    if len(tokens) < limit:
+        return best
+    while lo <= hi:
+        k = (lo + hi) // 2
+        shorter = replace(prompt, messages=without_oldest(prompt.messages, starts, k))
+        rendered = await render_prompt(ctx, shorter, offered)
+        if len(rendered) < limit:
+            best, hi = (shorter, rendered), k - 1
+        else:
+            lo = k + 1
+    return best
+
+
 async def serve_chat(ctx: ServingContext, request: Request, turn: ChatTurn, encoding: ChatEncoding) -> Any:
     """Serve one chat turn: a streamed response, or the family's whole body."""
     prompt = turn.prompt
     offered = offer(ctx, request, prompt.tools)  # MCP tools the worker runs itself; None: none for this request
     plan = tool_plan(ctx, offered_tools(prompt, offered), turn.tool_choice, prompt.template_kwargs)
     tokens = await render_prompt(ctx, prompt, offered)
+    if turn.truncate:
+        prompt, tokens = await fit_context(ctx, prompt, offered, tokens)
     rid = ctx.request_id(request, turn.id_prefix)
     turn_request = await make_generation(
         ctx,

@@ -36,6 +36,21 @@ class ChatTurn:
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     output: OutputFormat | None = None  # the answer held to a JSON schema
     stream: bool = False
+    truncate: bool = False  # too long for the context: drop the oldest turns (Responses' truncation: auto)
+
+
+def turn_starts(messages: list[dict[str, Any]]) -> list[int]:
+    """Where each turn of a conversation begins: its user messages after the leading system ones.
+    Cutting there keeps every tool call with its result."""
+    lead = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages))
+    return [i for i in range(lead, len(messages)) if messages[i].get("role") == "user"]
+
+
+def without_oldest(messages: list[dict[str, Any]], starts: list[int], k: int) -> list[dict[str, Any]]:
+    """The conversation without its ``k`` oldest turns (``starts``: ``turn_starts``); the leading
+    system messages stay."""
+    lead = [m for m in messages[: starts[0]] if m.get("role") in ("system", "developer")] if starts else []
+    return lead + messages[starts[k] :] if k else messages
 
 
 def tool_result_text(text: str, is_error: bool) -> str:

@@ -40,6 +40,8 @@ LIVE_FIELDS = frozenset(
         "strict_model_name",
         "enable_auto_tool_choice",
         "max_body_mb",
+        "stored_responses",
+        "stored_responses_mb",
         "use_paged_cache",
         "api_keys",
         "key_grants",

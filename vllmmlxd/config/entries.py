@@ -147,6 +147,10 @@ class ModelConfig(EntryConfig):
     stream_interval: int = Field(1, ge=1)
     max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 503")
     max_body_mb: float = Field(16.0, gt=0, description="request bodies above this get 413")
+    stored_responses: int = Field(
+        2048, ge=0, description="Responses API: stored responses kept (oldest out first); 0: none kept"
+    )
+    stored_responses_mb: float = Field(64.0, gt=0, description="Responses API: the stored responses' size at most")
     trust_remote_code: bool = False
     rate_limit: int | str = Field(
         0, description="requests per client (key name, else address): per minute, or text like '120/minute'; 0: off"

@@ -314,6 +314,10 @@ class Supervisor:
         gateway = self.gateway()
         if gateway is None or self._publishing:
             return
+        if gateway.shown()[0] == "starting":
+            # A starting process cannot take a push, and the slot would start another for it (at every
+            # daemon start, as models turn ready): it takes the table once ready (its own change).
+            return
         spec = self._publication.stamp(self._spec(gateway.config))
         if not self._publication.due(spec):
             return

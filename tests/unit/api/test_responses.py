@@ -177,3 +177,33 @@ def test_the_sampling_extensions_of_chat_completions_carry_over():
     t = turn(top_k=5, min_p=0.1, repetition_penalty=1.1, logit_bias={"7": 3}, reasoning={"effort": "xhigh"})
     assert (t.sampling.top_k, t.sampling.min_p, t.sampling.repetition_penalty) == (5, 0.1, 1.1)
     assert t.sampling.logit_bias == {"7": 3}
+
+
+def test_the_oldest_turns_go_first_and_the_system_messages_stay():
+    from vllmmlxd.api.turn import turn_starts, without_oldest
+
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "1"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
+        {"role": "tool", "tool_call_id": "c", "content": "r"},
+        {"role": "user", "content": "2"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "3"},
+    ]
+    starts = turn_starts(messages)
+    assert starts == [1, 4, 6]  # a call and its result stay in their turn
+    assert without_oldest(messages, starts, 0) == messages
+    assert [m["content"] for m in without_oldest(messages, starts, 1)] == ["s", "2", "a", "3"]
+    assert [m["content"] for m in without_oldest(messages, starts, 2)] == ["s", "3"]
+
+
+def test_new_bounds_apply_at_once_and_zero_keeps_none():
+    store = ResponseStore()
+    for n in range(4):
+        store.put("k", {"id": f"resp_{n}", "output": []}, [])
+    store.bound(2, store.max_bytes)
+    assert len(store) == 2 and store.get("k", "resp_3") is not None and store.get("k", "resp_1") is None
+    store.bound(0, store.max_bytes)
+    store.put("k", {"id": "resp_9", "output": []}, [])
+    assert len(store) == 0 and store.nbytes == 0

@@ -58,6 +58,7 @@ def make_router(live: LiveContext, store: ResponseStore | None = None) -> APIRou
 
         def done(body: dict[str, Any]) -> None:
             if req.store:
+                kept.bound(ctx.config.stored_responses, int(ctx.config.stored_responses_mb * 1024 * 1024))
                 kept.put(who, body, conversation)
 
         return await serve_chat(ctx, request, turn, ResponsesEncoding(req, ctx.name, done))

@@ -1,7 +1,7 @@
 """Stored responses: what ``previous_response_id``, retrieve, delete and ``input_items`` read.
 
 Kept in the worker's memory (a restart forgets them, as it forgets the prefix cache), bounded by
-count and bytes, oldest first out. Each response belongs to the key that made it: another key
+count and bytes (the entry's ``stored_responses`` and ``stored_responses_mb``), oldest first out. Each response belongs to the key that made it: another key
 asking for it gets a 404, as for one that never existed. Written and read on the worker's event
 loop only (the routes), so one writer and no lock.
 """
@@ -34,14 +34,22 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._items)
 
+    def bound(self, max_responses: int, max_bytes: int) -> None:
+        """New bounds (the entry's, read live): what no longer fits goes now, oldest first."""
+        self.max_responses, self.max_bytes = max_responses, max_bytes
+        self._evict()
+
     def put(self, owner: str | None, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
         size = len(json.dumps(response)) + len(json.dumps(input_items))
-        if size > self.max_bytes:
-            return  # one conversation bigger than the whole store: not kept
+        if size > self.max_bytes or self.max_responses == 0:
+            return  # one conversation bigger than the whole store, or none kept
         self.delete(owner, response["id"])
         self._items[response["id"]] = Stored(owner, response, input_items, size)
         self.nbytes += size
-        while len(self._items) > self.max_responses or self.nbytes > self.max_bytes:
+        self._evict()
+
+    def _evict(self) -> None:
+        while self._items and (len(self._items) > self.max_responses or self.nbytes > self.max_bytes):
             _, old = self._items.popitem(last=False)
             self.nbytes -= old.nbytes
 

@@ -69,12 +69,11 @@ def to_turn(
         tool_choice=openai_tool_choice(_choice(req.tool_choice), req.parallel_tool_calls),
         output=output_format(req.text.format if req.text else None),
         stream=req.stream,
+        truncate=req.truncation == "auto",
     )
 
 
 def refuse_unhonoured(req: ResponsesRequest) -> None:
-    if req.truncation != "disabled":
-        raise InvalidRequest("truncation 'auto' is not supported yet; only 'disabled'", param="truncation")
     for i, name in enumerate(req.include or ()):
         if name not in INCLUDABLE:
             raise InvalidRequest(
