@@ -72,6 +72,11 @@ def test_text_format_and_sampling_carry_over():
         ({"input": [{"type": "message", "role": "robot", "content": "x"}]}, "input[0].role"),
         ({"input": [{"type": "function_call", "name": "w"}]}, "input[0].call_id"),
         ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
+        ({"background": True}, "background"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        *(({"tools": [{"type": kind}]}, "tools[0].type") for kind in sorted(tr.BUILT_IN_TOOLS)),
     ],
 )
 def test_what_cannot_be_served_is_refused_naming_it(fields, param):

@@ -77,9 +77,14 @@ UNHONOURED = {
 
 def refuse_unhonoured(req: _SamplingFields) -> None:
     """A field this server would not honour is a 400 naming it, never silently dropped."""
-    data = {**(req.model_extra or {}), **req.model_dump(exclude_unset=True)}
+    refuse_fields({**(req.model_extra or {}), **req.model_dump(exclude_unset=True)}, UNHONOURED)
+
+
+def refuse_fields(data: dict[str, Any], unhonoured: dict[str, Any]) -> None:
+    """The first field of ``data`` that ``unhonoured`` (name → accepts the value) refuses, as a 400
+    naming it; a client's ``chat_template`` always."""
     refuse_client_template(data)
-    for name, honoured in UNHONOURED.items():
+    for name, honoured in unhonoured.items():
         if name in data and not honoured(data[name]):
             raise InvalidRequest(f"{name} is not supported by this server (got {data[name]!r})", param=name)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ...errors import InvalidRequest
 from ..openai.protocol import ChatMessage
-from ..openai.translate import extended_sampling, to_template_messages
+from ..openai.translate import extended_sampling, refuse_fields, to_template_messages
 from ..structured import OutputFormat, checked_schema
 from ..tooling import openai_tool_choice
 from ..turn import ChatPrompt, ChatTurn
@@ -73,7 +73,17 @@ def to_turn(
     )
 
 
+# Fields OpenAI defines that this server does not act on, with the values that ask for nothing.
+UNHONOURED = {
+    "background": lambda v: v in (None, False),  # a response run after the request returns
+    "conversation": lambda v: v is None,  # OpenAI's Conversations API: previous_response_id here
+    "prompt": lambda v: v is None,  # a prompt template stored at OpenAI
+    "top_logprobs": lambda v: v in (None, 0),
+}
+
+
 def refuse_unhonoured(req: ResponsesRequest) -> None:
+    refuse_fields(req.model_extra or {}, UNHONOURED)
     for i, name in enumerate(req.include or ()):
         if name not in INCLUDABLE:
             raise InvalidRequest(
