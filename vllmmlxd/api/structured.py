@@ -72,6 +72,14 @@ def ensure_valid(output: OutputFormat | None, text: str, reason: str) -> None:
         raise OutputCheckFailed(f"the structured output failed its check: {problem}")
 
 
+def json_schema_output(schema: dict[str, Any], strict: bool, where: str) -> OutputFormat:
+    """A JSON schema the answer is held to (``where``: its place in the request, for errors);
+    ``strict``: no keys beyond the schema's in an object."""
+    if strict and schema.get("type") == "object" and "additionalProperties" not in schema:
+        schema = {**schema, "additionalProperties": False}
+    return OutputFormat(checked_schema(schema, where), where)
+
+
 def openai_output_format(response_format: dict[str, Any] | None) -> OutputFormat | None:
     """OpenAI's ``response_format``: ``text`` (None), ``json_object`` or ``json_schema``."""
     if not response_format:
@@ -88,11 +96,7 @@ def openai_output_format(response_format: dict[str, Any] | None) -> OutputFormat
                 "response_format.json_schema must be an object with a schema", param="response_format.json_schema"
             )
         schema = spec.get("schema") or {"type": "object"}
-        if spec.get("strict") and schema.get("type") == "object" and "additionalProperties" not in schema:
-            schema = {**schema, "additionalProperties": False}  # strict: no keys beyond the schema's
-        return OutputFormat(
-            checked_schema(schema, "response_format.json_schema.schema"), "response_format.json_schema.schema"
-        )
+        return json_schema_output(schema, bool(spec.get("strict")), "response_format.json_schema.schema")
     raise InvalidRequest(
         f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
         param="response_format.type",

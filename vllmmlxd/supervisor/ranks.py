@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..log import event_line, log_event
 from . import rank_launch
@@ -36,18 +37,10 @@ class RankGroup(WorkerProcess):
 
     @classmethod
     async def spawn_group(
-        cls,
-        name: str,
-        config: UnitConfig,
-        *,
-        listen_fd: int,
-        state_dir: Path,
-        drain_timeout: float,
-        log_level: str,
-        sink: LogSink,
-        cpus: str | None = None,
-        module: str = "vllmmlxd.worker",
+        cls, name: str, config: UnitConfig, *, state_dir: Path, log_level: str, sink: LogSink, **how: Any
     ) -> "RankGroup":
+        """Start the followers, then rank 0 as ``WorkerProcess.spawn`` starts a worker (``how``: the
+        rest of its arguments: the socket, the drain timeout, the cores, the program)."""
         dist = getattr(config, "distributed")
         files = rank_launch.rank_files(dist)
         paths = _write_files(state_dir, name, files)
@@ -71,14 +64,11 @@ class RankGroup(WorkerProcess):
             group = await cls.spawn(
                 name,
                 config,
-                listen_fd=listen_fd,
                 state_dir=state_dir,
-                drain_timeout=drain_timeout,
                 log_level=log_level,
                 sink=sink,
-                cpus=cpus,
-                module=module,
                 env=rank_launch.rank_env(dist, 0, paths),
+                **how,
             )
         except (OSError, SpawnError):
             for f in followers:
@@ -106,8 +96,8 @@ class RankGroup(WorkerProcess):
     def alive(self) -> bool:
         return all(w.proc.returncode is None for w in self.ranks)
 
-    async def exited(self) -> int:
-        """Returns as soon as any rank has exited: that rank's code."""
+    async def _first_exit(self) -> tuple[int, int]:
+        """The first rank to exit (the lowest of those gone at once) and its code."""
         waits = {asyncio.ensure_future(w.proc.wait()): r for r, w in enumerate(self.ranks)}
         try:
             done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -115,14 +105,15 @@ class RankGroup(WorkerProcess):
             for task in waits:
                 task.cancel()
         first = min(done, key=lambda t: waits[t])
-        return first.result()
+        return waits[first], first.result()
+
+    async def exited(self) -> int:
+        """Returns as soon as any rank has exited: that rank's code."""
+        return (await self._first_exit())[1]
 
     async def wait(self) -> int:
         """Wait for the first rank to exit, end the others, and return the first one's code."""
-        waits = {asyncio.ensure_future(w.proc.wait()): r for r, w in enumerate(self.ranks)}
-        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        first = min(done, key=lambda t: waits[t])
-        rank, code = waits[first], first.result()
+        rank, code = await self._first_exit()
         if self.first_exit is None:
             self.first_exit = f"rank {rank} ({self.hosts[rank]}) exited with code {code}"
             if rank != 0 or code != 0:

@@ -14,7 +14,7 @@ from typing import Any
 from ...errors import InvalidRequest
 from ..openai.protocol import ChatMessage
 from ..openai.translate import extended_sampling, refuse_fields, to_template_messages
-from ..structured import OutputFormat, checked_schema
+from ..structured import OutputFormat, json_schema_output
 from ..tooling import openai_tool_choice
 from ..turn import ChatPrompt, ChatTurn
 from .protocol import ResponsesRequest
@@ -237,9 +237,7 @@ def output_format(fmt: dict[str, Any] | None) -> OutputFormat | None:
         schema = fmt.get("schema")
         if not isinstance(schema, dict):
             raise InvalidRequest("text.format.schema must be a JSON schema object", param="text.format.schema")
-        if fmt.get("strict") and schema.get("type") == "object" and "additionalProperties" not in schema:
-            schema = {**schema, "additionalProperties": False}
-        return OutputFormat(checked_schema(schema, "text.format.schema"), "text.format.schema")
+        return json_schema_output(schema, bool(fmt.get("strict")), "text.format.schema")
     raise InvalidRequest(
         f"text.format type {kind!r} is not supported; use text, json_object or json_schema", param="text.format.type"
     )
