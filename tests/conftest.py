@@ -55,3 +55,29 @@ def state_dir() -> Path:
     path = Path(os.environ["VLLMMLXD_STATE_DIR"])
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# Seconds the slowest files took on the 2-core machine (2026-12-01, 3 processes). With
+# ``--dist loadfile`` a file runs whole on one process, handed out in collection order: a long
+# file handed out last runs on while the other processes have nothing left. The longest go first;
+# the rest keep their order (the many short unit files fill the end).
+LONGEST_FILES = {
+    "tests/e2e/test_daemon_sharded.py": 90,
+    "tests/e2e/test_daemon_reload.py": 90,
+    "tests/integration/test_openai_api.py": 90,
+    "tests/e2e/test_daemon_gateway.py": 80,
+    "tests/e2e/test_daemon_faults.py": 70,
+    "tests/integration/test_batching.py": 60,
+    "tests/integration/test_blas.py": 55,
+    "tests/e2e/test_daemon_lazy.py": 50,
+    "tests/e2e/test_daemon_memory.py": 45,
+    "tests/e2e/test_daemon.py": 40,
+    "tests/integration/test_responses_api.py": 40,
+    "tests/integration/test_slow_clients.py": 30,
+    "tests/e2e/test_daemon_mcp.py": 25,
+    "tests/integration/test_langchain.py": 25,
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: -LONGEST_FILES.get(item.nodeid.split("::")[0], 0))
