@@ -4,6 +4,7 @@ with the official openai SDK and httpx. No fakes: the real MLX engine generates.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import json
 import time
 
@@ -229,17 +230,16 @@ def first_token_latency(server) -> float:
     raise AssertionError("no token")
 
 
-def long_generation_seconds(server, tokens: int) -> float:
+@functools.cache  # once per server: the two disconnect tests compare against the same run
+def long_generation_seconds(url: str, tokens: int) -> float:
     started = time.perf_counter()
-    r = httpx.post(
-        server.url + "/v1/completions", json={"prompt": "x", "max_tokens": tokens, "ignore_eos": True}, timeout=120
-    )
+    r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": tokens, "ignore_eos": True}, timeout=120)
     assert r.json()["usage"]["completion_tokens"] == tokens
     return time.perf_counter() - started
 
 
 def test_client_disconnect_mid_stream_frees_the_engine(server):
-    full = long_generation_seconds(server, 1900)
+    full = long_generation_seconds(server.url, 1900)
     body = {"prompt": "x", "max_tokens": 1900, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
@@ -255,7 +255,7 @@ def test_client_disconnect_mid_stream_frees_the_engine(server):
 
 
 def test_client_disconnect_while_not_streaming_frees_the_engine(server):
-    full = long_generation_seconds(server, 1900)
+    full = long_generation_seconds(server.url, 1900)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1900, "ignore_eos": True}, timeout=0.3
