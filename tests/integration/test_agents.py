@@ -1,5 +1,6 @@
-"""OpenAI's Codex CLI (npm ``@openai/codex``, the version the Makefile pins) against a real worker,
-through the Responses API, as its users configure it: a custom model provider with
+"""Agents that speak the Responses API, against a real worker: OpenAI's Agents SDK (a run and a
+streamed run, with a function tool called and its result sent back), and OpenAI's Codex CLI (npm
+``@openai/codex``, the version the Makefile pins), as its users configure it: a custom model provider with
 ``wire_api = "responses"``, its key from an environment variable, and web search off (a built-in
 tool this server refuses by name).
 
@@ -15,12 +16,17 @@ response cut by the token limit as an error, so the worker serves a random-weigh
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Annotated
 
+import agents  # openai-agents, from the dev extra
+import openai
 import pytest
+from pydantic import Field
 
 from tests.support.models import ANSWER, answering_tiny
 from tests.support.servers import start_serve
@@ -101,3 +107,38 @@ env_key = "VLLMMLXD_TEST_KEY"
     second = served(worker.log())[1]
     assert second["status"] == "200" and int(second["prompt_tokens"]) > int(first["prompt_tokens"])
     assert int(second["cached_tokens"]) >= int(first["prompt_tokens"]) - 16
+
+
+def test_the_agents_sdk_runs_an_agent_with_a_tool_streamed_and_not(worker):
+    agents.set_tracing_disabled(True)  # its traces would go to OpenAI
+    asked: list[str] = []
+
+    # The schema bounds the argument: even random weights must close the string (the grammar).
+    @agents.function_tool
+    def get_weather(city: Annotated[str, Field(max_length=8)]) -> str:
+        """The weather in a city."""
+        asked.append(city)
+        return "sunny"
+
+    async def runs() -> tuple[object, object]:
+        client = openai.AsyncOpenAI(base_url=worker.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        agent = agents.Agent(
+            name="helper",
+            instructions="Be brief.",
+            model=agents.OpenAIResponsesModel(model="tiny-long", openai_client=client),
+            tools=[get_weather],
+            # Forced on the first turn; the SDK sets it back to auto once the tool has run.
+            model_settings=agents.ModelSettings(tool_choice="required", max_tokens=64),
+        )
+        whole = await agents.Runner.run(agent, "Weather in Paris?", max_turns=4)
+        streamed = agents.Runner.run_streamed(agent, "Weather in Paris?", max_turns=4)
+        kinds = {event.type async for event in streamed.stream_events()}
+        assert "raw_response_event" in kinds
+        return whole, streamed
+
+    whole, streamed = asyncio.run(runs())
+    # Each run: the forced call, its output sent back as function_call_output, then the answer.
+    kinds = [type(item).__name__ for item in whole.new_items]
+    assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], kinds
+    assert whole.final_output == streamed.final_output == ANSWER
+    assert len(asked) == 2 and all(len(city) <= 8 for city in asked)
