@@ -25,13 +25,20 @@ $(BIN)/python:
 # set, every process would otherwise compile its imports (transformers, fastapi...) again at each start.
 INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python
 
+# mlx-vlm runs vision-language models. Installed without its dependencies: those the project
+# needs it has, and the rest (opencv, pyarrow, pandas, scipy, datasets, mlx-audio: 620 MB) serve
+# mlx-vlm's video, audio and training code, never image chat (docs/plans/vision.md).
+VISION = mlx-vlm==0.7.10
+
 $(VENV)/.runtime: pyproject.toml | $(BIN)/python
 	$(INSTALL) -e '.[linux-fast]'
+	$(INSTALL) --no-deps '$(VISION)'
 	@touch $@
 
 # One install for both (a second run would resolve everything again): the dev extra holds the runtime.
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(INSTALL) -e '.[dev,linux-fast]'
+	$(INSTALL) --no-deps '$(VISION)'
 	@touch $(VENV)/.runtime $@
 
 ## serve: install into .venv and run the daemon on config/default.yaml (http://127.0.0.1:8000/v1)

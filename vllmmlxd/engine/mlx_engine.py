@@ -78,6 +78,7 @@ class MLXEngine:
             has_chat_template=has_template,
             tool_parser=tool_parser,
             template_switches=template_switches(getattr(self.tokenizer, "chat_template", None)),
+            vision=loaded.vision is not None,
         )
         if has_template:
             self._refuse_unsafe_template()

@@ -141,6 +141,7 @@ class ModelInfo:
     tool_parser: str | None = None  # the tool-call family, resolved at load (never "auto")
     # The chat template's switches a request may set (chat_template_kwargs), read at load.
     template_switches: frozenset[str] = frozenset({"enable_thinking"})
+    vision: bool = False  # a vision-language model (loaded through mlx-vlm)
 
 
 @dataclass

@@ -29,11 +29,14 @@ MAX_READ = 256 * MIB  # no header field is this long: a tokenizer's vocabulary i
 # GGUF is dequantized to it). builtin:tiny, from TINY_CONFIG by hand: embeddings 49152*64 =
 # 3,145,856 (49154 tokens: SmolLM2's and two thinking tokens), per layer q,o 64*64, k,v 32*64, gate,up,down 128*64, norms 2*64 = 36,992 (two
 # layers), final norm 64: 3,219,904, stored as float32.
+# builtin:tiny-vlm: every tensor of engine/builtin_vlm.py's SmolVLM (its decoder as tiny's with an
+# untied output layer and 40 image tokens more, a 1-layer SigLIP of 32, the connector), float32.
 # builtin:all-minilm-l6-v2: the F32 tensors of its safetensors file (BERT, 6 layers of 384, vocab
 # 30522, its pooler included), stored and run as float32.
 BUILTIN_PARAMETERS = {
     "smollm2-135m-instruct": (134_515_008, 2),
     "tiny": (3_219_904, 4),
+    "tiny-vlm": (6_395_904, 4),
     "all-minilm-l6-v2": (22_713_216, 4),
 }
 

@@ -111,6 +111,12 @@ def test_the_tiny_constant_matches_its_config():
     assert sum(w.size for w in make_tiny_weights().values()) == BUILTIN_PARAMETERS["tiny"][0]
 
 
+def test_the_tiny_vlm_constant_matches_its_weights():
+    from vllmmlxd.engine.builtin_vlm import make_weights
+
+    assert sum(w.size for w in make_weights().values()) == BUILTIN_PARAMETERS["tiny-vlm"][0]
+
+
 def test_the_smollm2_constant_matches_its_gguf(state_dir):
     from vllmmlxd.engine.builtin import SMOLLM2_GGUF, SMOLLM2_WHEEL
 

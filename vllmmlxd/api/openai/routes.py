@@ -85,9 +85,11 @@ def _model_cards(ctx: ServingContext) -> list[dict]:
             "created": int(ctx.started),
             "owned_by": ctx.config.owned_by,
             "max_model_len": ctx.engine.info.context_length,
+            "vision": getattr(ctx.engine.info, "vision", False),  # an extension: the model takes images
         }
     ]
     embedder = ctx.embedder
     if embedder is not None and not getattr(ctx.engine, "embeddings_only", False):
-        cards.append({**cards[0], "id": embedder.info.name, "max_model_len": embedder.info.max_tokens})
+        card = {**cards[0], "id": embedder.info.name, "max_model_len": embedder.info.max_tokens, "vision": False}
+        cards.append(card)
     return cards
