@@ -233,9 +233,14 @@ TINY_THINK_TOKENS = {"<think>": 49152, "</think>": 49153}
 
 def add_think_tokens(folder: Path) -> None:
     """Give builtin:tiny's tokenizer ``<think>`` and ``</think>`` as single added tokens."""
+    add_tokens(folder, TINY_THINK_TOKENS, special=False)
+
+
+def add_tokens(folder: Path, tokens: dict[str, int], *, special: bool) -> None:
+    """Add ``tokens`` (text → id) to the folder's tokenizer.json as whole added tokens."""
     path = folder / "tokenizer.json"
     data = json.loads(path.read_text(encoding="utf-8"))
-    for content, token_id in TINY_THINK_TOKENS.items():
+    for content, token_id in tokens.items():
         data["added_tokens"].append(
             {
                 "id": token_id,
@@ -244,7 +249,7 @@ def add_think_tokens(folder: Path) -> None:
                 "lstrip": False,
                 "rstrip": False,
                 "normalized": False,
-                "special": False,
+                "special": special,
             }
         )
     path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")

@@ -21,6 +21,8 @@ from typing import Any, cast
 import mlx.core as mx
 import numpy as np
 
+from vllmmlxd.engine.builtin import TINY_CONFIG, add_tokens
+
 IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
 TILE_TOKENS = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]  # up to 6 x 6 tiles
 FIRST_NEW_ID = 49154  # after SmolLM2's 49152 and builtin:tiny's two thinking tokens
@@ -37,19 +39,11 @@ CONFIG: dict[str, Any] = {
     "vocab_size": VOCAB,
     "eos_token_id": [2, NEW_TOKENS["<end_of_utterance>"]],
     "torch_dtype": "float32",
+    # builtin:tiny's decoder, with the image tokens and the output layer mlx-vlm's idefics3 always has.
     "text_config": {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "rope_traditional": False,
+        **{k: v for k, v in TINY_CONFIG.items() if k not in ("bos_token_id", "eos_token_id", "torch_dtype")},
         "vocab_size": VOCAB,
-        "max_position_embeddings": 2048,
-        "tie_word_embeddings": False,  # mlx-vlm's idefics3 decoder always has its own output layer
+        "tie_word_embeddings": False,
     },
     "vision_config": {
         "model_type": "smolvlm_vision",
@@ -104,20 +98,8 @@ def build_tiny_vlm(folder: Path, tiny: Path) -> None:
 
 
 def _write_tokenizer(folder: Path, tiny: Path) -> None:
-    data = json.loads((tiny / "tokenizer.json").read_text(encoding="utf-8"))
-    for content, token_id in NEW_TOKENS.items():
-        data["added_tokens"].append(
-            {
-                "id": token_id,
-                "content": content,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": True,
-            }
-        )
-    (folder / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    (folder / "tokenizer.json").write_text((tiny / "tokenizer.json").read_text(encoding="utf-8"), encoding="utf-8")
+    add_tokens(folder, NEW_TOKENS, special=True)
     config = json.loads((tiny / "tokenizer_config.json").read_text(encoding="utf-8"))
     config["chat_template"] = CHAT_TEMPLATE
     config["extra_special_tokens"] = {  # what SmolVLM's processor reads off the tokenizer

@@ -71,14 +71,18 @@ def load_model(spec: str, state_dir: Path, *, trust_remote_code: bool = False) -
     except Exception as exc:  # mlx-lm raises ValueError, FileNotFoundError, hub and network errors
         raise ModelLoadError(f"cannot load model {spec!r}: {type(exc).__name__}: {exc}") from exc
     dtype = prefer_cpu_dtype(model, config)
-    loaded = LoadedModel(model, tokenizer, source, context_length_of(config), name)
+    return _loaded(LoadedModel(model, tokenizer, source, context_length_of(config), name), spec, dtype, started)
+
+
+def _loaded(loaded: LoadedModel, spec: str, dtype: str, started: float) -> LoadedModel:
     log_event(
         logger,
         "model.load",
         spec=spec,
-        path=str(source),
+        path=str(loaded.path),
         dtype=dtype,
         context_length=loaded.context_length,
+        **({"vision": True} if loaded.vision is not None else {}),
         seconds=round(time.monotonic() - started, 2),
     )
     return loaded
@@ -172,15 +176,7 @@ def load_vision_model(spec: str, source: Path | str, name: str, started: float) 
         raise
     except Exception as exc:  # mlx-vlm and transformers raise many kinds
         raise ModelLoadError(f"cannot load vision model {spec!r}: {type(exc).__name__}: {exc}") from exc
-    loaded = LoadedModel(decoder, tokenizer, source, context_length_of(config), name, VisionParts(vlm, processor))
-    log_event(
-        logger,
-        "model.load",
-        spec=spec,
-        path=str(source),
-        dtype=dtype,
-        context_length=loaded.context_length,
-        vision=True,
-        seconds=round(time.monotonic() - started, 2),
+    vision = VisionParts(vlm, processor)
+    return _loaded(
+        LoadedModel(decoder, tokenizer, source, context_length_of(config), name, vision), spec, dtype, started
     )
-    return loaded
