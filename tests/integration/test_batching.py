@@ -157,15 +157,16 @@ def test_a_disconnect_frees_its_slot_at_the_next_step():
 
 
 @pytest.mark.slow
-def test_a_real_model_gives_the_same_text_alone_and_in_a_batch_of_eight():
-    """SmolLM2's top tokens are well apart, so batched arithmetic must not change a single token."""
+def test_a_real_model_gives_the_same_text_alone_and_in_a_batch():
+    """SmolLM2's top tokens are well apart, so batched arithmetic must not change a single token
+    (six requests of different lengths: every row of the batch pads or is padded)."""
     s = start_serve("builtin:smollm2-135m-instruct", "--max-num-seqs", "8", "--timeout", "600")
     try:
-        topics = ["the sea", "a violin", "mountains", "bread", "the moon", "a library", "rain"]
+        topics = ["the sea", "a violin", "mountains", "bread", "rain"]
         bodies = [
             {
                 "messages": [{"role": "user", "content": f"Write one sentence about {t}."}],
-                "max_tokens": 20,
+                "max_tokens": 16,
                 "temperature": 0,
             }
             for t in topics
@@ -173,7 +174,7 @@ def test_a_real_model_gives_the_same_text_alone_and_in_a_batch_of_eight():
         bodies.append(
             {
                 "messages": [{"role": "user", "content": "Name a colour and a fruit."}],
-                "max_tokens": 20,
+                "max_tokens": 16,
                 "temperature": 0.8,
                 "seed": 1234,
             }

@@ -73,7 +73,7 @@ def test_each_model_gives_the_same_greedy_text_and_logits_on_every_blas():
     choices = ["bundled", *INSTALLED]
     if len(choices) < 2:
         pytest.skip("only the bundled BLAS is installed")
-    runs = {choice: greedy(choice, 16) for choice in choices}
+    runs = {choice: greedy(choice, 6) for choice in choices}  # the bundled library is slow: few tokens
     for model in MODELS:
         each = {choice: run[model] for choice, run in runs.items()}
         assert [r["blas"] for r in each.values()] == choices  # each really ran on its library
