@@ -55,10 +55,10 @@ def test_auto_serves_on_a_real_library_with_every_core():
 MODELS = ["builtin:tiny", "builtin:smollm2-135m-instruct"]  # SmolLM2: real sizes for the libraries' kernels
 
 
-def greedy(blas: str, tokens: int) -> dict[str, dict]:
+def greedy(blas: str, tokens: int, models: list[str]) -> dict[str, dict]:
     """Each model's greedy run on ``blas``, in one process (the library is chosen once per process)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.support.greedy", blas, str(tokens), *MODELS],
+        [sys.executable, "-m", "tests.support.greedy", blas, str(tokens), *models],
         capture_output=True,
         text=True,
         timeout=600,
@@ -73,11 +73,13 @@ def test_each_model_gives_the_same_greedy_text_and_logits_on_every_blas():
     choices = ["bundled", *INSTALLED]
     if len(choices) < 2:
         pytest.skip("only the bundled BLAS is installed")
-    runs = {choice: greedy(choice, 6) for choice in choices}  # the bundled library is slow: few tokens
+    # The bundled library is 20x slower: SmolLM2 is compared across the optimised ones, tiny on all.
+    runs = {choice: greedy(choice, 6, MODELS if choice != "bundled" else MODELS[:1]) for choice in choices}
     for model in MODELS:
-        each = {choice: run[model] for choice, run in runs.items()}
-        assert [r["blas"] for r in each.values()] == choices  # each really ran on its library
-        reference = each["bundled"]
+        each = {choice: run[model] for choice, run in runs.items() if model in run}
+        assert [r["blas"] for r in each.values()] == [c for c in choices if c in each]  # each ran on its library
+        assert len(each) >= 2, (model, list(each))
+        reference = next(iter(each.values()))
         scale = max(abs(x) for x in reference["logits"])
         for choice, run in each.items():
             assert run["tokens"] == reference["tokens"], (model, choice, run["text"], reference["text"])
