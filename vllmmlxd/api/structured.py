@@ -72,34 +72,38 @@ def ensure_valid(output: OutputFormat | None, text: str, reason: str) -> None:
         raise OutputCheckFailed(f"the structured output failed its check: {problem}")
 
 
-def json_schema_output(schema: dict[str, Any], strict: bool, where: str) -> OutputFormat:
-    """A JSON schema the answer is held to (``where``: its place in the request, for errors);
-    ``strict``: no keys beyond the schema's in an object."""
-    if strict and schema.get("type") == "object" and "additionalProperties" not in schema:
-        schema = {**schema, "additionalProperties": False}
-    return OutputFormat(checked_schema(schema, where), where)
-
-
-def openai_output_format(response_format: dict[str, Any] | None) -> OutputFormat | None:
-    """OpenAI's ``response_format``: ``text`` (None), ``json_object`` or ``json_schema``."""
-    if not response_format:
+def openai_output_format(
+    fmt: dict[str, Any] | None, where: str = "response_format", flat: bool = False
+) -> OutputFormat | None:
+    """OpenAI's output format: ``text`` (None), ``json_object`` or ``json_schema``. Chat's
+    ``response_format`` nests the schema under ``json_schema``; the Responses API's ``text.format``
+    (``where``) is ``flat``: ``name``, ``schema`` and ``strict`` beside ``type``, the schema required."""
+    if not fmt:
         return None
-    kind = response_format.get("type", "text")
+    kind = fmt.get("type", "text")
     if kind == "text":
         return None
     if kind == "json_object":
-        return OutputFormat({"type": "object"}, "response_format")
+        return OutputFormat({"type": "object"}, where)
     if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-            raise InvalidRequest(
-                "response_format.json_schema must be an object with a schema", param="response_format.json_schema"
-            )
-        schema = spec.get("schema") or {"type": "object"}
-        return json_schema_output(schema, bool(spec.get("strict")), "response_format.json_schema.schema")
+        spec: Any
+        if flat:
+            spec, at = fmt, f"{where}.schema"
+            if not isinstance(fmt.get("schema"), dict):
+                raise InvalidRequest(f"{at} must be a JSON schema object", param=at)
+            schema = fmt["schema"]
+        else:
+            spec, at = fmt.get("json_schema"), f"{where}.json_schema.schema"
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise InvalidRequest(
+                    f"{where}.json_schema must be an object with a schema", param=f"{where}.json_schema"
+                )
+            schema = spec.get("schema") or {"type": "object"}
+        if spec.get("strict") and schema.get("type") == "object" and "additionalProperties" not in schema:
+            schema = {**schema, "additionalProperties": False}  # strict: no keys beyond the schema's
+        return OutputFormat(checked_schema(schema, at), at)
     raise InvalidRequest(
-        f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
-        param="response_format.type",
+        f"{where} type {kind!r} is not supported; use text, json_object or json_schema", param=f"{where}.type"
     )
 
 

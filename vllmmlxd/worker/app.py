@@ -130,7 +130,7 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
             "total_prompt_tokens": s.total_prompt_tokens,
             "total_completion_tokens": s.total_completion_tokens,
             "context_length": engine.info.context_length,
-            "vision": getattr(engine.info, "vision", False),
+            "vision": engine.info.vision,
             "metal": engine.memory(),
             "cache": engine.cache_status(),
             "runtime": ctx.runtime,

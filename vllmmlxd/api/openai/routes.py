@@ -85,7 +85,7 @@ def _model_cards(ctx: ServingContext) -> list[dict]:
             "created": int(ctx.started),
             "owned_by": ctx.config.owned_by,
             "max_model_len": ctx.engine.info.context_length,
-            "vision": getattr(ctx.engine.info, "vision", False),  # an extension: the model takes images
+            "vision": ctx.engine.info.vision,  # an extension: the model takes images
         }
     ]
     embedder = ctx.embedder

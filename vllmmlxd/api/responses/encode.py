@@ -13,6 +13,7 @@ import hashlib
 import time
 from typing import Any, Callable
 
+from ...config.mcp import MCP_TOOL_SEPARATOR
 from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from ..sse import sse_event
 from ..stream import Folded
@@ -78,7 +79,7 @@ def call_item(
 
 
 def mcp_item(iid: str, outcome: McpOutcome) -> dict[str, Any]:
-    server, _, tool = outcome.call.name.partition("__")
+    server, _, tool = outcome.call.name.partition(MCP_TOOL_SEPARATOR)
     return {
         "id": iid,
         "type": "mcp_call",
@@ -154,6 +155,11 @@ def output_items(rid: str, folded: Folded, shape: ResponseShape) -> list[dict[st
 
 
 Done = Callable[[dict[str, Any]], None]
+# Per kind of open item: its id prefix, its delta event, and which part of the item the delta is in.
+DELTAS = {
+    "text": ("msg_", "response.output_text.delta", "content_index"),
+    "reasoning": ("rs_", "response.reasoning_summary_text.delta", "summary_index"),
+}
 
 
 class ResponsesEncoding:
@@ -275,32 +281,13 @@ class ResponsesStreamEncoder:
         return frames
 
     def event(self, event: EngineEvent | McpCall | McpOutcome) -> list[str]:
-        if isinstance(event, TextDelta):
-            frames = self._open("text")
+        if isinstance(event, (TextDelta, ReasoningDelta)):
+            kind = "text" if isinstance(event, TextDelta) else "reasoning"
+            frames = self._open(kind)
             self.buffer += event.text
-            n = len(self.items)
-            return frames + [
-                self._emit(
-                    "response.output_text.delta",
-                    item_id=self._iid("msg_"),
-                    output_index=n,
-                    content_index=0,
-                    delta=event.text,
-                )
-            ]
-        if isinstance(event, ReasoningDelta):
-            frames = self._open("reasoning")
-            self.buffer += event.text
-            n = len(self.items)
-            return frames + [
-                self._emit(
-                    "response.reasoning_summary_text.delta",
-                    item_id=self._iid("rs_"),
-                    output_index=n,
-                    summary_index=0,
-                    delta=event.text,
-                )
-            ]
+            prefix, name, part = DELTAS[kind]
+            fields = {"item_id": self._iid(prefix), "output_index": len(self.items), part: 0, "delta": event.text}
+            return frames + [self._emit(name, **fields)]
         if isinstance(event, ToolCallDelta):
             frames = self._close()
             n, iid = len(self.items), self._iid("fc_")

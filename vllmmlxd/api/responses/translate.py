@@ -14,12 +14,12 @@ from typing import Any
 from ...errors import InvalidRequest
 from ..openai.protocol import ChatMessage
 from ..openai.translate import extended_sampling, refuse_fields, to_template_messages
-from ..structured import OutputFormat, json_schema_output
+from ..structured import openai_output_format
 from ..tooling import openai_tool_choice
 from ..turn import ChatPrompt, ChatTurn
+from .ids import PREFIX
 from .protocol import ResponsesRequest
 
-RESPONSE_ID_PREFIX = "resp_"
 BUILT_IN_TOOLS = frozenset(
     {
         "web_search",
@@ -40,7 +40,11 @@ TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 # What ``include`` may ask for. Reasoning items then carry ``encrypted_content`` (Codex asks for
 # it on every turn, with ``store: false``).
 INCLUDABLE = frozenset({"reasoning.encrypted_content"})
-NAMESPACE_JOIN = "."  # how a namespaced tool is named to the model: crm.find_customer
+
+
+def joined(space: str, name: str) -> str:
+    """How a namespace's tool is named to the model: ``crm.find_customer``."""
+    return f"{space}.{name}"
 
 
 def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
@@ -55,7 +59,7 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
 def to_turn(
     req: ResponsesRequest,
     history: list[dict[str, Any]] = (),  # type: ignore[assignment]
-    prefix: str = RESPONSE_ID_PREFIX,
+    prefix: str = PREFIX,
 ) -> ChatTurn:
     """The request as a chat turn, after the earlier turns of ``previous_response_id`` (``history``,
     as input items), its ids starting with ``prefix``; what this server would not honour is a 400 first."""
@@ -67,7 +71,7 @@ def to_turn(
         extended_sampling(req, req.max_output_tokens),
         prefix,
         tool_choice=openai_tool_choice(_choice(req.tool_choice), req.parallel_tool_calls),
-        output=output_format(req.text.format if req.text else None),
+        output=openai_output_format(req.text.format if req.text else None, "text.format", flat=True),
         stream=req.stream,
         truncate=req.truncation == "auto",
     )
@@ -145,7 +149,7 @@ def _called(item: dict, where: str) -> str:
     """The name the model knows an earlier call's function by (its namespace's, if it has one)."""
     name = _string(item, "name", where)
     space = item.get("namespace")
-    return f"{space}{NAMESPACE_JOIN}{name}" if isinstance(space, str) and space else name
+    return joined(space, name) if isinstance(space, str) and space else name
 
 
 def _string(item: dict, key: str, where: str) -> str:
@@ -199,7 +203,7 @@ def _chat_tool(tool: Any, where: str, space: str | None = None, about: str | Non
         )
     if kind != "function" or not isinstance(tool.get("name"), str):
         raise InvalidRequest(f"{where} must be a function tool with a name (or a namespace of them)", param=where)
-    name = tool["name"] if space is None else f"{space}{NAMESPACE_JOIN}{tool['name']}"
+    name = tool["name"] if space is None else joined(space, tool["name"])
     function = {"name": name, "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
     description = " ".join(d for d in (about, tool.get("description")) if isinstance(d, str) and d)
     if description:
@@ -214,7 +218,7 @@ def namespaced(tools: list[dict[str, Any]] | None) -> dict[str, tuple[str, str]]
         if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
             for inner in tool["tools"]:
                 if isinstance(inner, dict) and isinstance(inner.get("name"), str):
-                    found[f"{tool['name']}{NAMESPACE_JOIN}{inner['name']}"] = (tool["name"], inner["name"])
+                    found[joined(tool["name"], inner["name"])] = (tool["name"], inner["name"])
     return found
 
 
@@ -222,22 +226,3 @@ def _choice(value: Any) -> Any:
     if isinstance(value, dict) and value.get("type") not in (None, "function"):
         raise InvalidRequest(f"tool_choice type {value.get('type')!r} is not supported", param="tool_choice")
     return value
-
-
-def output_format(fmt: dict[str, Any] | None) -> OutputFormat | None:
-    """``text.format``: text (None), json_object, or json_schema (``name``, ``schema``, ``strict``)."""
-    if not fmt:
-        return None
-    kind = fmt.get("type", "text")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return OutputFormat({"type": "object"}, "text.format")
-    if kind == "json_schema":
-        schema = fmt.get("schema")
-        if not isinstance(schema, dict):
-            raise InvalidRequest("text.format.schema must be a JSON schema object", param="text.format.schema")
-        return json_schema_output(schema, bool(fmt.get("strict")), "text.format.schema")
-    raise InvalidRequest(
-        f"text.format type {kind!r} is not supported; use text, json_object or json_schema", param="text.format.type"
-    )
