@@ -129,6 +129,23 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
         help="connect the MCP servers of this Claude-Desktop-style mcpServers JSON file (all of them); "
         "their tools are served on /v1/mcp/tools and /v1/mcp/execute",
     )
+    images = p.add_argument_group("images (vision models)")
+    images.add_argument("--max-images", type=int, default=16, help="images per request at most (default 16)")
+    images.add_argument("--max-image-mb", type=float, default=20.0, help="an image's size at most (default 20 MB)")
+    images.add_argument(
+        "--max-image-pixels", type=int, default=40_000_000, help="an image's width x height at most (default 40M)"
+    )
+    images.add_argument(
+        "--allow-image-urls", action="store_true", help="fetch http(s) image URLs (default: images as data only)"
+    )
+    images.add_argument(
+        "--allowed-image-hosts",
+        nargs="*",
+        default=[],
+        metavar="HOST",
+        help="hosts on loopback or private addresses that image URLs may be fetched from",
+    )
+    images.add_argument("--image-url-timeout", type=float, default=10.0, help="seconds an image fetch may take")
     return p
 
 
@@ -163,6 +180,12 @@ _PASSED_THROUGH = (
     "max_connections",
     "allowed_hosts",
     "cors_origins",
+    "max_images",
+    "max_image_mb",
+    "max_image_pixels",
+    "allow_image_urls",
+    "allowed_image_hosts",
+    "image_url_timeout",
 )
 
 

@@ -1,8 +1,8 @@
 """One chat pipeline for every API family: a family translates its request into a
 :class:`~vllmmlxd.api.turn.ChatTurn` and hands it here with its :class:`ChatEncoding`.
 
-``serve_chat`` runs, in this order: the MCP tools the worker may run itself (``offer``), the
-tool plan (what is parsed, what is forced), rendering (and, for a turn that allows it, dropping
+``serve_chat`` runs, in this order: the request's images (read, checked and decoded once), the
+MCP tools the worker may run itself (``offer``), the tool plan (what is parsed, what is forced), rendering (and, for a turn that allows it, dropping
 the oldest turns until it fits the context), the engine request, the tool loop,
 then a stream through the family's encoder or the fold checked against the output format
 and given to the family's body. ``render_prompt`` is the one rendering of a prompt, so
@@ -16,8 +16,9 @@ from typing import Any, AsyncGenerator, Protocol
 
 from starlette.requests import Request
 
-from ..engine.types import Finished, TextDelta, ToolCallDelta
+from ..engine.types import Finished, RenderedPrompt, TextDelta, ToolCallDelta
 from .context import ServingContext
+from .image_input import resolve_images
 from .prompt import make_generation, render_template, thinking_on, tool_plan
 from .stream import Folded, Generation, StreamEncoder, fold, open_events, stream
 from .structured import ensure_valid
@@ -43,14 +44,15 @@ def offered_tools(prompt: ChatPrompt, offered: Offer | None) -> list[dict] | Non
     return offered.tools if offered else prompt.tools
 
 
-async def render_prompt(ctx: ServingContext, prompt: ChatPrompt, offered: Offer | None) -> list[int]:
-    """The prompt's tokens, with the tools ``offered`` (``tool_loop.offer``) beside the client's."""
+async def render_prompt(ctx: ServingContext, prompt: ChatPrompt, offered: Offer | None) -> RenderedPrompt:
+    """The prompt's tokens, with the tools ``offered`` (``tool_loop.offer``) beside the client's
+    (its images resolved first: ``resolve_images``)."""
     return await render_template(ctx, prompt.messages, offered_tools(prompt, offered), prompt.template_kwargs)
 
 
 async def fit_context(
-    ctx: ServingContext, prompt: ChatPrompt, offered: Offer | None, tokens: list[int]
-) -> tuple[ChatPrompt, list[int]]:
+    ctx: ServingContext, prompt: ChatPrompt, offered: Offer | None, tokens: RenderedPrompt
+) -> tuple[ChatPrompt, RenderedPrompt]:
     """The prompt without its oldest turns, as few dropped as make it fit the context (found by
     halving: renders grow with the conversation); the last turn always stays. When even that is
     too long, the prompt as it was: the context's 400 says so."""
@@ -71,7 +73,7 @@ async def fit_context(
 
 async def serve_chat(ctx: ServingContext, request: Request, turn: ChatTurn, encoding: ChatEncoding) -> Any:
     """Serve one chat turn: a streamed response, or the family's whole body."""
-    prompt = turn.prompt
+    prompt = await resolve_images(ctx, turn.prompt)
     offered = offer(ctx, request, prompt.tools)  # MCP tools the worker runs itself; None: none for this request
     plan = tool_plan(ctx, offered_tools(prompt, offered), turn.tool_choice, prompt.template_kwargs)
     tokens = await render_prompt(ctx, prompt, offered)

@@ -1,6 +1,6 @@
-"""Images in requests, checked and decoded before any model sees them (issue: images in the
-prompt; docs/plans/vision.md). The API families hand their image parts here; nothing here knows
-a family's wire shape.
+"""Images in requests, checked and decoded before any model sees them. The API families'
+translators leave an :class:`ImageRef` part where an image was (``image_part``); nothing here
+knows a family's wire shape.
 
 - A source is a data URL (OpenAI's ``image_url``) or base64 data with a media type (Anthropic's
   ``source``): :func:`from_data_url`, :func:`from_base64`.
@@ -11,7 +11,7 @@ a family's wire shape.
   canvas). Images within the limit are resized by the model's processor, not refused.
 - Decoding (:func:`decode`): Pillow, EXIF orientation applied, a GIF's first frame, RGB.
   Truncated or undecodable data is a 400 naming the part.
-- :attr:`Image.key`: sha256 of the decoded pixels and their size, which the prefix cache keys an
+- :attr:`DecodedImage.key`: sha256 of the decoded pixels and their size, which the prefix cache keys an
   image by: the same picture re-encoded losslessly is the same image; a different one is not.
 - Remote images: :func:`url_verdict` decides whether an ``http(s)://`` URL may be fetched, given
   the addresses its host resolved to (the fetch is an SSRF surface: loopback, private, link-local
@@ -30,9 +30,10 @@ import ipaddress
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 from urllib.parse import urlsplit
 
+from ..engine.types import DecodedImage
 from ..errors import InvalidRequest, PayloadTooLarge
 
 MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif")
@@ -47,22 +48,29 @@ class ImageLimits:
 
 
 @dataclass(frozen=True)
+class ImageRef:
+    """An image part as a family's translator found it, neither checked nor fetched: a URL
+    (OpenAI's ``image_url``: ``data:`` or ``http(s)://``), or base64 ``data`` declared as
+    ``media_type`` (Anthropic's source; None: any of ours, told by its bytes, as Ollama's)."""
+
+    where: str  # its place in the request, for errors
+    url: str | None = None
+    media_type: str | None = None
+    data: object = None
+
+
+def image_part(ref: ImageRef) -> dict:
+    """The content part a translator writes for an image (resolved by ``api.image_input``)."""
+    return {"type": "image", "image": ref}
+
+
+@dataclass(frozen=True)
 class Source:
     """An image's bytes as the client sent them, with the media type it declared."""
 
     media_type: str
     data: bytes
     where: str  # its place in the request, for errors (``messages[0].content[1]``)
-
-
-@dataclass(frozen=True)
-class Image:
-    """A decoded image: RGB pixels, upright."""
-
-    pixels: object  # a PIL.Image.Image in RGB mode (typed loosely: Pillow is imported lazily)
-    width: int
-    height: int
-    key: str  # sha256 hex of b"rgb8:WxH:" + the pixels
 
 
 def sniff(data: bytes) -> str | None:
@@ -78,9 +86,12 @@ def sniff(data: bytes) -> str | None:
     return None
 
 
-def from_base64(media_type: str | None, text: object, where: str, limits: ImageLimits) -> Source:
-    """Base64 ``text`` declared as ``media_type``: checked against the limits and its own signature."""
-    if media_type not in MEDIA_TYPES:
+def from_base64(
+    media_type: str | None, text: object, where: str, limits: ImageLimits, *, sniffed: bool = False
+) -> Source:
+    """Base64 ``text`` declared as ``media_type`` (``sniffed``: none declared, the bytes tell):
+    checked against the limits and its own signature."""
+    if not sniffed and media_type not in MEDIA_TYPES:
         raise InvalidRequest(
             f"{where}: the image's media type {media_type!r} is not supported; use one of {', '.join(MEDIA_TYPES)}",
             param=where,
@@ -95,12 +106,17 @@ def from_base64(media_type: str | None, text: object, where: str, limits: ImageL
         raise InvalidRequest(f"{where}: the image data is not valid base64", param=where) from None
     if len(data) > limits.max_bytes:
         raise _too_big(where, limits)
+    return checked_bytes(data, None if sniffed else media_type, where)
+
+
+def checked_bytes(data: bytes, media_type: str | None, where: str) -> Source:
+    """Image bytes whose signature is one of ours and, when ``media_type`` was declared, that one."""
     found = sniff(data)
     if found is None:
         raise InvalidRequest(f"{where}: the data is not a PNG, JPEG, WebP or GIF image", param=where)
-    if found != media_type:
+    if media_type is not None and found != media_type:
         raise InvalidRequest(f"{where}: the image is declared {media_type} but its data is {found}", param=where)
-    return Source(media_type, data, where)
+    return Source(found, data, where)
 
 
 def from_data_url(url: str, where: str, limits: ImageLimits) -> Source:
@@ -111,16 +127,16 @@ def from_data_url(url: str, where: str, limits: ImageLimits) -> Source:
     return from_base64((match.group("type") or "").lower(), url[match.end() :], where, limits)
 
 
-def count_checked(sources: list[Source], limits: ImageLimits) -> None:
+def count_checked(parts: Sequence[ImageRef | Source], limits: ImageLimits) -> None:
     """A request's images, all turns together, within ``max_images``."""
-    if len(sources) > limits.max_images:
+    if len(parts) > limits.max_images:
         raise InvalidRequest(
-            f"the request has {len(sources)} images; this model takes at most {limits.max_images}",
-            param=sources[limits.max_images].where,
+            f"the request has {len(parts)} images; this model takes at most {limits.max_images}",
+            param=parts[limits.max_images].where,
         )
 
 
-def decode(source: Source, limits: ImageLimits) -> Image:
+def decode(source: Source, limits: ImageLimits) -> DecodedImage:
     """The source's pixels, upright and RGB; a 400 naming it when they cannot be had."""
     from PIL import Image as PILImage
     from PIL import ImageOps, UnidentifiedImageError
@@ -143,7 +159,7 @@ def decode(source: Source, limits: ImageLimits) -> Image:
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError):
         raise InvalidRequest(f"{where}: the image data is truncated or cannot be decoded", param=where) from None
     digest = hashlib.sha256(f"rgb8:{rgb.width}x{rgb.height}:".encode() + rgb.tobytes()).hexdigest()
-    return Image(rgb, rgb.width, rgb.height, digest)
+    return DecodedImage(rgb, rgb.width, rgb.height, digest)
 
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..engine.types import Constraint, GenerationRequest, ToolUse
+from ..engine.types import Constraint, DecodedImage, GenerationRequest, RenderedPrompt, ToolUse
 from ..errors import InvalidRequest
 from .context import ServingContext
 from .sampling import SamplingRequest, resolve_sampling
@@ -19,18 +19,34 @@ async def render_template(
     messages: list[dict],
     tools: list[dict] | None,
     kwargs: dict | None,
-) -> list[int]:
-    """The conversation as prompt tokens; a template's refusal is the client's 400. Rendered off
-    the event loop: a long conversation must not stall /health or other requests' streams."""
+) -> RenderedPrompt:
+    """The conversation as prompt tokens (with its images placed, for a vision model: parts
+    resolved by ``api.image_input``); a template's refusal is the client's 400. Rendered off the
+    event loop: a long conversation must not stall /health or other requests' streams."""
     if not ctx.engine.info.has_chat_template:
         raise InvalidRequest("this model has no chat template; use /v1/completions", param="messages")
     kwargs = checked_template_kwargs(kwargs, ctx.engine.info.template_switches)
+    engine = ctx.engine
     try:
-        return await asyncio.to_thread(ctx.engine.apply_chat_template, messages, tools=tools, template_kwargs=kwargs)
+        if has_images(messages):
+            return await asyncio.to_thread(engine.render, messages, tools=tools, template_kwargs=kwargs)
+        return RenderedPrompt(
+            await asyncio.to_thread(engine.apply_chat_template, messages, tools=tools, template_kwargs=kwargs)
+        )
     except InvalidRequest:
         raise
     except Exception as exc:  # jinja raises on conversations the template refuses
         raise InvalidRequest(f"the chat template rejected these messages: {exc}", param="messages") from None
+
+
+def has_images(messages: list[dict]) -> bool:
+    """Whether a conversation holds decoded images (``api.image_input.resolve_images``)."""
+    return any(
+        isinstance(part, dict) and isinstance(part.get("image"), DecodedImage)
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+    )
 
 
 def thinking_on(ctx: ServingContext, template_kwargs: dict | None) -> bool:
@@ -54,7 +70,7 @@ def tool_plan(
 async def make_generation(
     ctx: ServingContext,
     sampling: SamplingRequest,
-    prompt: list[int],
+    prompt: RenderedPrompt | list[int],
     rid: str,
     *,
     reasoning: bool,
@@ -64,6 +80,7 @@ async def make_generation(
 ) -> GenerationRequest:
     """The engine request for ``prompt``: sampling merged with the model's defaults, the request's id,
     its tools, and the grammar it is held to (a forced tool call wins over an output format)."""
+    rendered = prompt if isinstance(prompt, RenderedPrompt) else RenderedPrompt(prompt)
     params = resolve_sampling(
         sampling,
         ctx.config,
@@ -82,7 +99,8 @@ async def make_generation(
             raise InvalidRequest("ignore_eos cannot be combined with a constrained output", param="ignore_eos")
         await _check(ctx, constraint, param)
     return GenerationRequest(
-        prompt_tokens=prompt,
+        prompt_tokens=rendered.tokens,
+        images=rendered.images,
         sampling=params,
         request_id=rid,
         stream_interval=ctx.config.stream_interval,

@@ -53,6 +53,26 @@ def without_oldest(messages: list[dict[str, Any]], starts: list[int], k: int) ->
     return lead + messages[starts[k] :] if k else messages
 
 
+def content_of(parts: list[str | dict[str, Any]], separator: str) -> str | list[dict[str, Any]]:
+    """A message's content from its pieces in order (texts, and image parts): one string when it
+    is all text (so a text conversation renders as it always has), else chat-template parts,
+    adjacent texts joined by ``separator``."""
+    if all(isinstance(p, str) for p in parts):
+        return separator.join(p for p in parts if isinstance(p, str))
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for part in [*parts, None]:
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        if texts:
+            out.append({"type": "text", "text": separator.join(texts)})
+            texts = []
+        if part is not None:
+            out.append(part)
+    return out
+
+
 def tool_result_text(text: str, is_error: bool) -> str:
     """A tool's result as the model is shown it. Templates have no error flag: the text is all the
     model sees, so a failed call's text must say it failed (``Error: ...``)."""

@@ -147,6 +147,16 @@ class ModelConfig(EntryConfig):
     stream_interval: int = Field(1, ge=1)
     max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 503")
     max_body_mb: float = Field(16.0, gt=0, description="request bodies above this get 413")
+    max_images: int = Field(16, ge=0, description="vision models: images per request at most, every turn counted")
+    max_image_mb: float = Field(20.0, gt=0, description="vision models: an image's size at most (413 above)")
+    max_image_pixels: int = Field(
+        40_000_000, ge=1, description="vision models: an image's width x height at most, before the model resizes it"
+    )
+    allow_image_urls: bool = Field(False, description="vision models: fetch http(s) image URLs; off: data only")
+    allowed_image_hosts: tuple[str, ...] = Field(
+        (), description="hosts on loopback or private addresses that image URLs may be fetched from"
+    )
+    image_url_timeout: float = Field(10.0, gt=0, description="seconds an image URL's fetch may take")
     stored_responses: int = Field(
         2048, ge=0, description="Responses API: stored responses kept (oldest out first); 0: none kept"
     )
@@ -247,7 +257,15 @@ class ModelConfig(EntryConfig):
             raise ValueError("upstream_api_key needs upstream")
         return data
 
-    @field_validator("trusted_proxies", "allowed_hosts", "cors_origins", "mcp", "mcp_auto_execute", mode="before")
+    @field_validator(
+        "trusted_proxies",
+        "allowed_hosts",
+        "cors_origins",
+        "mcp",
+        "mcp_auto_execute",
+        "allowed_image_hosts",
+        mode="before",
+    )
     @classmethod
     def _many_is_a_list(cls, v):
         return (v,) if isinstance(v, str) else v

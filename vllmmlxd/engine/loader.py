@@ -21,6 +21,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load as mlx_lm_load
 
 from vllmmlxd.engine import builtin, gguf
+from vllmmlxd.engine.vision_prompt import unsupported_family
 from vllmmlxd.errors import ModelLoadError
 from vllmmlxd.log import log_event
 from vllmmlxd.paths import models_dir
@@ -162,9 +163,12 @@ def load_vision_model(spec: str, source: Path | str, name: str, started: float) 
         raise ModelLoadError(
             f"{spec!r} is a vision-language model; serving it needs mlx-vlm: {MLX_VLM_INSTALL} ({exc})"
         ) from exc
+    config = json.loads((Path(source) / "config.json").read_text())
+    problem = unsupported_family(config.get("model_type"))
+    if problem:
+        raise ModelLoadError(f"cannot serve {spec!r}: {problem}")
     try:
         vlm, processor = mlx_vlm.load(str(source))
-        config = json.loads((Path(source) / "config.json").read_text())
         dtype = prefer_cpu_dtype(vlm, config)  # before the decoder shares the arrays
         text = dict(config["text_config"])
         model_class, args_class = _get_classes(text)

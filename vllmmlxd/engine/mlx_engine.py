@@ -33,7 +33,8 @@ from .sequence import Chain, Sequence
 from .special_text import SpecialText, plain_encoder, special_tokens_of
 from .template_vars import template_switches
 from .tool_setup import resolve_tool_parser, template_renders_tools
-from .types import Constraint, EngineEvent, EngineStats, Finished, GenerationRequest, ModelInfo
+from .types import Constraint, EngineEvent, EngineStats, Finished, GenerationRequest, ModelInfo, RenderedPrompt
+from .vision_prompt import ImagePrompter, image_parts
 
 if TYPE_CHECKING:
     from .embedder import MLXEmbedder
@@ -83,6 +84,13 @@ class MLXEngine:
         if has_template:
             self._refuse_unsafe_template()
         self._init_request_text()
+        self._images: ImagePrompter | None = None
+        if loaded.vision is not None and lockstep is not None and lockstep.distributed:
+            # Followers replay token ids; an image's features would have to reach every rank.
+            raise ModelLoadError("a vision model cannot be split over ranks (distributed:) yet")
+        if loaded.vision is not None:
+            processor = loaded.vision.processor
+            self._images = ImagePrompter(processor, self._encode, processor.image_token_id)
         # A template that ignores tools gets them (and the call format) in the system message.
         self._template_has_tools = has_template and template_renders_tools(self._render_text)
         log_event(
@@ -100,7 +108,14 @@ class MLXEngine:
         self._special_text = {t: self.tokenizer.convert_ids_to_tokens(t) for t in self._special}
         self._waiting = 0
         self._lock = threading.Lock()
-        self._scheduler = Scheduler(self.model, self._eos, self.options, self.stats, lockstep)
+        self._scheduler = Scheduler(
+            self.model,
+            self._eos,
+            self.options,
+            self.stats,
+            lockstep,
+            vision=loaded.vision.model if loaded.vision else None,
+        )
         self._scheduler.on_admit = self._admitted
         self._grammars = self._scheduler.grammars = Grammars(
             self.tokenizer, self.model, self._eos
@@ -149,6 +164,18 @@ class MLXEngine:
             marked, add_generation_prompt=True, tokenize=False, **marked_kwargs
         )
         return self._request_text.encode(rendered, self._encode, self._encode_plain, self._special_token_ids)
+
+    def render(
+        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
+    ) -> RenderedPrompt:
+        """The conversation's tokens, each image part expanded into the model's image tokens."""
+        plain, images = image_parts(messages)
+        tokens = self.apply_chat_template(plain, tools=tools, template_kwargs=template_kwargs)
+        if not images:
+            return RenderedPrompt(tokens)
+        if self._images is None:  # the API refuses images for a text model first; this is the backstop
+            raise ValueError(f"{self.info.name} takes no images")
+        return self._images.expand(tokens, images)
 
     def _refuse_unsafe_template(self) -> None:
         """A chat template that reaches past the jinja sandbox (Python internals: the shape of

@@ -37,6 +37,7 @@ from .sampling import make_processors, make_sampler
 from .sequence import Sequence
 from .step_timer import StepTimer
 from .types import EngineStats, FinishReason
+from .vision_prefill import EmbeddingPrefill, Staged
 
 logger = logging.getLogger("vllmmlxd.engine")
 
@@ -56,6 +57,7 @@ class Scheduler:
         options: EngineOptions,
         stats: EngineStats,
         lockstep: Lockstep | None = None,
+        vision: Any = None,
     ):
         self.model = model
         self.eos_ids = eos_ids
@@ -68,6 +70,9 @@ class Scheduler:
         self.inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
+        # A vision model's prompts with images left to prefill, before they join the batch.
+        self.vision = EmbeddingPrefill(model, vision) if vision is not None else None
+        self.staged: list[Staged] = []
         self.timer = StepTimer()
         self.on_admit = lambda seq: None  # the engine's admission counter
         self.gen = self._new_generator()
@@ -91,7 +96,7 @@ class Scheduler:
             # Every collective of a rank on one thread and stream: the warm-up too.
             log_event(logger, "engine.warm", seconds=round(self.warm_up(), 2))
         while True:
-            if not self.running and not self.waiting:
+            if not self.running and not self.waiting and not self.staged:
                 item = self._wait()
                 if item is None:
                     break
@@ -121,16 +126,17 @@ class Scheduler:
         stopping = self._drain_inbox()
         self._drop_cancelled()
         self._admit()
-        if self.running:
+        if self.running or self.staged:
             self._step()
         self._post()
         return not stopping
 
     def shutdown(self) -> None:
         """End every request still here (cancelled) and post their last events."""
-        for seq in [*self.waiting, *self.running.values()]:
+        for seq in [*self.waiting, *self.running.values(), *(s.seq for s in self.staged)]:
             seq.finish("cancelled")
         self.waiting.clear()
+        self.staged.clear()
         self._post()
         self.lockstep.stop()
 
@@ -151,12 +157,16 @@ class Scheduler:
             self._retire(seq, "cancelled")
         for seq in [s for s in self.running.values() if s.request.cancelled.is_set()]:
             self._leave(seq, "cancelled", keep_kv=seq.progress.first_token_at is not None)
+        for staged in [s for s in self.staged if s.seq.request.cancelled.is_set()]:
+            self.staged.remove(staged)
+            self._retire(staged.seq, "cancelled")
 
     def _admit(self) -> None:
         """Move waiting sequences into the batch, oldest first, while there is room."""
         prefilling = [s for s in self.running.values() if s.progress.first_token_at is None]
+        prefilling += [s.seq for s in self.staged]
         for seq in list(self.waiting):
-            if len(self.running) >= self.options.max_running:
+            if len(self.running) + len(self.staged) >= self.options.max_running:
                 return
             leader = _shared_prefix_leader(seq, prefilling) if self.cache.enabled else None
             if leader is not None:
@@ -173,9 +183,16 @@ class Scheduler:
             prefilling.append(seq)
 
     def _insert(self, seq: Sequence) -> None:
+        hit = self.cache.lookup(seq.prompt_key)
+        seq.start(hit.cached_tokens, hit.hit_type)
+        if self.vision is not None and self.vision.needed(seq, hit.cached_tokens):
+            self.staged.append(self.vision.stage(seq, hit.cache, hit.cached_tokens))
+        else:
+            self._join(seq, hit.cache, hit.cached_tokens, hit.entry)
+
+    def _join(self, seq: Sequence, cache: list | None, cached: int, entry: int | None) -> None:
+        """Put ``seq`` in the batch, its first ``cached`` tokens' KV in ``cache``."""
         prompt, params = seq.prompt, seq.request.sampling
-        hit = self.cache.lookup(prompt)
-        cached = hit.cached_tokens
         stops = StopSequences(None if params.ignore_eos else [[t] for t in sorted(self.eos_ids)])
         processors = make_processors(params)
         if seq.request.constraint is not None:
@@ -186,25 +203,49 @@ class Scheduler:
         (uid,) = self.gen.insert(
             [prompt[cached:]],
             max_tokens=[params.max_tokens],
-            caches=[hit.cache] if hit.cache is not None else None,
+            caches=[cache] if cache is not None else None,
             all_tokens=[list(prompt[:cached])],
             samplers=[make_sampler(params)],
             logits_processors=[processors],
             stop_sequences=[stops],
         )
-        self.lockstep.inserted(uid, list(prompt[cached:]), cached, hit.entry, params.max_tokens)
-        seq.start(uid, cached, hit.hit_type)
+        self.lockstep.inserted(uid, list(prompt[cached:]), cached, entry, params.max_tokens)
+        seq.uid, seq.base = uid, cached
         self.running[uid] = seq
 
+    def _advance_staged(self, budget: int) -> int:
+        """A chunk of ``budget`` positions of every prompt prefilled from embeddings (the step
+        timer's share of a prefilling sequence); those done join the batch. Returns the positions prefilled."""
+        assert self.vision is not None  # only a vision model stages prompts
+        total = 0
+        for staged in list(self.staged):
+            seq = staged.seq
+            try:
+                total += self.vision.advance(staged, budget)
+                seq.progress.prefilled_tokens = staged.pos
+                if staged.pos >= staged.end:
+                    self.staged.remove(staged)
+                    self._join(seq, staged.cache, staged.pos, None)
+            except Exception as exc:  # one bad image must not take the batch down
+                log_event(logger, "engine.error", logging.ERROR, request_id=seq.request.request_id, error=repr(exc))
+                if staged in self.staged:
+                    self.staged.remove(staged)
+                self._retire(seq, "error", str(exc))
+        return total
+
     def _step(self) -> None:
-        prompts = sum(1 for s in self.running.values() if s.progress.first_token_at is None)
-        decoding = len(self.running) > prompts
+        prompts = sum(1 for s in self.running.values() if s.progress.first_token_at is None) + len(self.staged)
+        decoding = len(self.running) + len(self.staged) > prompts
         self.gen.prefill_step_size = self.timer.chunk(
             self.options.prefill_step_size, decoding=decoding, prompts=prompts
         )
         self.lockstep.step(self.gen.prefill_step_size)
         started = self.clock()
+        staged = 0
         try:
+            if self.staged:
+                with mx.stream(self.gen.stream):
+                    staged = self._advance_staged(self.gen.prefill_step_size)
             prompt_responses, responses = self.gen.next()
         except Exception as exc:  # e.g. out of memory: every sequence of the batch fails, the engine lives on
             log_event(logger, "engine.error", logging.ERROR, running=len(self.running), error=repr(exc))
@@ -216,7 +257,7 @@ class Scheduler:
             self.gen = self._new_generator()
             return
         self.lockstep.finished([r.uid for r in responses if r.finish_reason is not None])
-        prefilled = self._note_prefill(prompt_responses)
+        prefilled = self._note_prefill(prompt_responses) + staged
         took = self.clock() - started
         self.stats.last_step_s = took
         if self.lockstep.distributed:
@@ -234,7 +275,7 @@ class Scheduler:
             if response.finish_reason is not None:
                 reason = reason or ("length" if response.finish_reason == "length" else "stop")
                 self.running.pop(response.uid)
-                self._store(response.all_tokens, response.prompt_cache, response.uid)
+                self._store(seq, response.all_tokens, response.prompt_cache)
                 self._retire(seq, reason)
             elif reason is not None:
                 self._leave(seq, reason, keep_kv=True)
@@ -258,7 +299,7 @@ class Scheduler:
             seq = self.running.get(response.uid)
             if seq is None:
                 continue
-            done = seq.progress.cached_tokens + response.progress[0]
+            done = seq.base + response.progress[0]
             total += max(done - seq.progress.prefilled_tokens, 0)
             seq.progress.prefilled_tokens = done
             # Copying a long prompt's KV takes a while: only when a waiting request needs it now
@@ -267,7 +308,7 @@ class Scheduler:
                 got = self.gen.extract_cache([response.uid]).get(response.uid)
                 self.lockstep.extracted([response.uid])
                 if got is not None:
-                    self._store(got[1], got[0], response.uid)
+                    self._store(seq, got[1], got[0])
         return total
 
     def _leave(self, seq: Sequence, reason: FinishReason, *, keep_kv: bool) -> None:
@@ -285,14 +326,18 @@ class Scheduler:
         self.lockstep.removed([seq.uid], keep)
         if seq.uid in got:
             cache, tokens = got[seq.uid]
-            self._store(tokens, cache, seq.uid)
+            self._store(seq, tokens, cache)
         self._retire(seq, reason)
 
-    def _store(self, tokens: list[int] | None, cache: list | None, uid: int) -> None:
+    def _store(self, seq: Sequence, tokens: list[int] | None, cache: list | None) -> None:
         if not tokens or not cache or not self.cache.enabled:
             return
+        assert seq.uid is not None  # only what ran in the batch has KV to keep
+        uid = seq.uid
         try:
-            entry = self.cache.insert(list(tokens), cache, owned=True)  # extracted from the batch: fresh copies
+            entry = self.cache.insert(
+                seq.cache_key(tokens), cache, owned=True
+            )  # extracted from the batch: fresh copies
         except Exception as exc:  # the cache is an optimisation: never fail a request over it
             log_event(logger, "cache.error", logging.WARNING, error=repr(exc))
             if self.lockstep.distributed:
@@ -357,8 +402,8 @@ def _deliver(items: list) -> None:
 
 def _shared_prefix_leader(seq: Sequence, prefilling: list[Sequence]) -> Sequence | None:
     """A sequence being prefilled that shares a long start with ``seq``, which should wait for it."""
-    prompt = np.asarray(seq.prompt)
+    prompt = np.asarray(seq.prompt_key)
     for other in prefilling:
-        if common_prefix(np.asarray(other.prompt), prompt) >= SHARED_PREFIX_WAIT:
+        if common_prefix(np.asarray(other.prompt_key), prompt) >= SHARED_PREFIX_WAIT:
             return other
     return None

@@ -104,6 +104,8 @@ class Sequence:
         self.events: asyncio.Queue[EngineEvent] = asyncio.Queue()
         self.progress = RequestProgress(request.request_id, len(request.prompt_tokens), request.sampling.max_tokens)
         self.uid: int | None = None  # its id in the batch, once it runs
+        self.base = 0  # prompt tokens it joined the batch with as cache (the batch's progress counts from here)
+        self.prompt_key = prompt_key(request)  # the prompt as the prefix cache knows it
         self.finished: FinishReason | None = None
         self.prompt_wanted = False  # a waiting request shares its start: cache the prompt once prefilled
         self._detok = detokenizer
@@ -125,12 +127,20 @@ class Sequence:
     def produced(self) -> int:
         return self.progress.generated_tokens
 
-    def start(self, uid: int, cached_tokens: int, hit_type: str) -> None:
-        """It joined the batch as ``uid``, with ``cached_tokens`` of its prompt taken from the prefix cache."""
-        self.uid = uid
+    def start(self, cached_tokens: int, hit_type: str) -> None:
+        """It left the queue, with ``cached_tokens`` of its prompt taken from the prefix cache (then
+        it joins the batch, or a vision prompt is prefilled from embeddings first)."""
+        self.base = cached_tokens
         self.progress.started_at = time.monotonic()
         self.progress.cached_tokens = self.progress.prefilled_tokens = cached_tokens
         self.progress.cache_hit_type = hit_type
+
+    def cache_key(self, tokens: list[int]) -> list[int]:
+        """``tokens`` (its prompt, then what it generated) as the prefix cache keys them."""
+        if not self.request.images:
+            return list(tokens)
+        n = min(len(tokens), len(self.prompt))
+        return self.prompt_key[:n] + list(tokens[n:])
 
     def feed(self, token: int) -> FinishReason | None:
         """One generated token; returns why the sequence must end now, if it must."""
@@ -214,3 +224,13 @@ class Sequence:
             else:
                 self._outbox.append(ReasoningDelta(value, count) if kind == "reasoning" else TextDelta(value, count))
         self._pending, self._pending_tokens = [], 0
+
+
+def prompt_key(request: GenerationRequest) -> list[int]:
+    """The prompt's ids, each image's span replaced by a negative id drawn from its pixels' hash
+    (never a real token): the prefix cache then tells two images apart even where their tokens,
+    all placeholders, are the same, and knows the same image sent again."""
+    key = list(request.prompt_tokens)
+    for span in request.images:
+        key[span.start : span.end] = [-(1 + int(span.key[:15], 16))] * span.length
+    return key

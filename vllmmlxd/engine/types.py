@@ -57,6 +57,44 @@ class ToolUse:
     parse_calls: bool = True
 
 
+@dataclass(frozen=True)
+class DecodedImage:
+    """An image of a request, decoded upright to RGB by the API layer (``api.images.decode``)."""
+
+    pixels: object  # a PIL.Image.Image in RGB mode (typed loosely: only the engine's processor reads it)
+    width: int
+    height: int
+    key: str  # sha256 hex of the pixels and their size: what the prefix cache knows the image by
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """One image's place in a prompt: the tokens ``start .. start + length`` are its placeholders
+    (the model's image layout, expanded), which the vision tower's features replace at prefill.
+    ``inputs`` are the processor's arrays for it (numpy: made off the engine thread)."""
+
+    start: int
+    length: int
+    key: str
+    inputs: dict = field(compare=False, repr=False)
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A conversation rendered for the model: its token ids and, for a vision model, where its
+    images sit among them."""
+
+    tokens: list[int]
+    images: tuple[ImageSpan, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
 _ids = itertools.count(1)
 
 
@@ -71,6 +109,7 @@ class GenerationRequest:
     reasoning: bool = False  # run the model's reasoning parser (chat requests; a raw completion is all answer)
     tool_use: ToolUse | None = None  # tools were offered: run the model's tool-call parser
     constraint: Constraint | None = None  # held to a grammar while decoding
+    images: tuple[ImageSpan, ...] = ()  # a vision model's images, placed among ``prompt_tokens``
     cancelled: threading.Event = field(default_factory=threading.Event)
     created: float = field(default_factory=time.monotonic)
 
@@ -281,6 +320,14 @@ class Engine(Protocol):
     def apply_chat_template(
         self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
     ) -> list[int]: ...
+
+    def render(
+        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
+    ) -> RenderedPrompt:
+        """``apply_chat_template``, where messages may hold image parts ``{"type": "image", "image":
+        DecodedImage}`` (a vision model only): each becomes the model's image tokens. Slow for images
+        (the processor resizes and tiles them): call it off the event loop."""
+        ...
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """Admit the request (raising ``Overloaded`` when the queue is full) and return

@@ -254,33 +254,23 @@ def test_thinking_is_reasoning_content_and_redacted_thinking_is_dropped():
 
 
 @pytest.mark.parametrize(
-    "block,param,kind",
+    "block,param",
     [
-        (
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}},
-            "messages[2].content[1]",
-            "image",
-        ),
         (
             {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}},
             "messages[2].content[1]",
-            "document",
         ),
         (
             {
                 "type": "tool_result",
                 "tool_use_id": "t",
-                "content": [
-                    {"type": "text", "text": "see"},
-                    {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}},
-                ],
+                "content": [{"type": "text", "text": "see"}, {"type": "document", "source": {}}],
             },
             "messages[2].content[1].content[1]",
-            "image",
         ),
     ],
 )
-def test_images_and_documents_are_a_400_naming_the_block(block, param, kind):
+def test_documents_are_a_400_naming_the_block(block, param):
     with pytest.raises(InvalidRequest) as e:
         convo(
             *HI,
@@ -289,7 +279,48 @@ def test_images_and_documents_are_a_400_naming_the_block(block, param, kind):
         )
     assert e.value.status_code == 400 and e.value.param == param
     # Anthropic's errors have no param field: the message names the block itself.
-    assert e.value.message == f"{param}: this model takes text only; {kind} blocks are not supported"
+    assert e.value.message == f"{param}: document blocks are not supported here"
+
+
+PNG = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}}
+
+
+def test_images_are_parts_among_the_text_in_their_order_and_joined_user_turns_keep_them():
+    url = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    messages, _ = convo(
+        {"role": "user", "content": [{"type": "text", "text": "one"}, PNG, {"type": "text", "text": "two"}]},
+        {"role": "user", "content": [url]},
+    )
+    [user] = messages
+    kinds = [(p["type"], p.get("text")) for p in user["content"]]
+    assert kinds == [("text", "one"), ("image", None), ("text", "two"), ("image", None)]
+    first, second = user["content"][1]["image"], user["content"][3]["image"]
+    assert (first.where, first.media_type, first.data) == ("messages[0].content[1]", "image/png", "iVBO")
+    assert (second.where, second.url) == ("messages[1].content[0]", "https://example.com/a.png")
+
+
+def test_a_tool_results_images_follow_its_text_and_text_alone_stays_a_string():
+    result = {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "shot"}, PNG]}
+    messages, _ = convo(
+        *HI,
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        {"role": "user", "content": [result]},
+    )
+    tool = messages[-1]
+    assert tool["role"] == "tool" and [p["type"] for p in tool["content"]] == ["text", "image"]
+    assert messages[0]["content"] == "hi"  # no image: the text is a string, rendered as always
+
+
+@pytest.mark.parametrize("role", ["assistant"])
+def test_an_image_outside_a_user_turn_is_a_400(role):
+    with pytest.raises(InvalidRequest, match="image blocks are not supported here"):
+        convo(*HI, {"role": role, "content": [PNG]})
+
+
+def test_an_image_source_must_be_data_or_a_url():
+    with pytest.raises(InvalidRequest, match="must be base64 data or a url") as e:
+        convo({"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]})
+    assert e.value.param == "messages[0].content[0].source"
 
 
 @pytest.mark.parametrize(

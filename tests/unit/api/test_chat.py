@@ -41,7 +41,7 @@ def test_a_forced_turn_is_held_to_the_call_grammar_and_rendered_as_count_tokens_
     body, engine, ctx = serve(turn, MessagesEncoding("m"), [ToolCallDelta(0, "f", "{}"), ended("tool_calls")])
     assert engine.requests[0].constraint is not None
     assert body["stop_reason"] == "tool_use" and body["content"][0]["name"] == "f"
-    assert asyncio.run(render_prompt(ctx, PROMPT, None)) == engine.requests[0].prompt_tokens
+    assert asyncio.run(render_prompt(ctx, PROMPT, None)).tokens == engine.requests[0].prompt_tokens
 
 
 def test_a_stream_goes_through_the_family_encoder():

@@ -93,14 +93,29 @@ def test_unknown_fields_are_allowed():
     assert validate(ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "foo": 1})
 
 
-def test_content_parts_are_joined_and_images_refused():
+def test_content_parts_are_joined_and_images_are_parts_in_their_place():
     msgs = chat(
         messages=[{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     ).messages
     assert tr.to_template_messages(msgs) == [{"role": "system", "content": "ab"}]
-    img = chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]).messages
-    with pytest.raises(InvalidRequest, match="image_url"):
-        tr.to_template_messages(img)
+    parts = [
+        {"type": "text", "text": "a"},
+        {"type": "text", "text": "b"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}},
+        {"type": "image_url", "image_url": "https://example.com/x.png"},  # the URL as a plain string
+    ]
+    [user] = tr.to_template_messages(chat(messages=[{"role": "user", "content": parts}]).messages)
+    assert [p["type"] for p in user["content"]] == ["text", "image", "image"] and user["content"][0]["text"] == "ab"
+    first, second = user["content"][1]["image"], user["content"][2]["image"]
+    assert (first.where, first.url) == ("messages[0].content[2]", "data:image/png;base64,AAAA")
+    assert second.url == "https://example.com/x.png"
+    for bad in ({"url": ""}, None, {"detail": "low"}):
+        bad_msgs = chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": bad}]}]).messages
+        with pytest.raises(InvalidRequest, match="must be a data: or http"):
+            tr.to_template_messages(bad_msgs)
+    audio = chat(messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]).messages
+    with pytest.raises(InvalidRequest, match="input_audio"):
+        tr.to_template_messages(audio)
 
 
 def test_tool_call_arguments_are_parsed_for_the_template():

@@ -94,7 +94,7 @@ def test_cancelled_drops_held_text_and_finish_is_idempotent():
 
 def test_progress_records_the_cache_hit_and_the_first_token():
     s = seq()
-    s.start(uid=7, cached_tokens=2, hit_type="prefix")
+    s.start(cached_tokens=2, hit_type="prefix")
     assert s.progress.phase == "prefill"
     s.feed(2)
     snap = s.progress.snapshot()

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from ..body import read_json, validate
 from ..chat import render_prompt, serve_chat
 from ..context import LiveContext
+from ..image_input import resolve_images
 from ..tool_loop import offer
 from . import translate as tr
 from .encode import MessagesEncoding
@@ -36,7 +37,7 @@ def make_router(live: LiveContext) -> APIRouter:
         ctx = live.capture(request)
         req = validate(CountTokensRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
-        prompt = tr.to_prompt(req)
+        prompt = await resolve_images(ctx, tr.to_prompt(req))
         # Rendered as /v1/messages renders it (api.chat.render_prompt), so the count equals usage.input_tokens.
         return {"input_tokens": len(await render_prompt(ctx, prompt, offer(ctx, request, prompt.tools)))}
 

@@ -8,10 +8,11 @@ from typing import Any
 
 from ...engine.types import Finished
 from ...errors import InvalidRequest
+from ..images import ImageRef, image_part
 from ..sampling import SamplingRequest
 from ..structured import anthropic_output_format
 from ..tooling import anthropic_tool_choice
-from ..turn import ChatPrompt, ChatTurn, refuse_client_template, tool_result_text
+from ..turn import ChatPrompt, ChatTurn, content_of, refuse_client_template, tool_result_text
 from .protocol import (
     CallBlock,
     CountTokensRequest,
@@ -66,8 +67,9 @@ def to_template_messages(req: CountTokensRequest) -> tuple[list[dict[str, Any]],
     The system prompt comes first; an assistant's ``tool_use`` blocks become its ``tool_calls``
     (arguments as objects: templates render them so) and its ``thinking`` its ``reasoning_content``;
     a user's ``tool_result`` blocks become ``tool`` messages, before any text of the same turn
-    (Anthropic puts results first, and templates expect them right after the calls). Images and
-    documents are a 400 naming the block: these models take text only.
+    (Anthropic puts results first, and templates expect them right after the calls). Image
+    blocks become image parts among the text (a text model refuses them when they are read:
+    ``api.image_input``); documents are a 400 naming the block.
     """
     out: list[dict[str, Any]] = []
     system = _joined(req.system or [])
@@ -84,14 +86,14 @@ def to_template_messages(req: CountTokensRequest) -> tuple[list[dict[str, Any]],
         if msg.role == "system":
             # Most templates accept a system turn only first; moving it there would change the
             # prompt's start at every turn (no prefix cache hit), so it joins the user turn beside it.
-            _add_user_text(out, _joined([b for b in msg.content if isinstance(b, TextBlock)]))
+            _add_user(out, _joined([b for b in msg.content if isinstance(b, TextBlock)]))
             continue
         for j, block in enumerate(msg.content):
             if isinstance(block, ResultBlock):
                 out.append(_tool_message(block, names, f"{where}[{j}]"))
-        texts = [b for b in msg.content if isinstance(b, TextBlock)]
-        if texts or not msg.content:
-            _add_user_text(out, _joined(texts))
+        pieces = _pieces(msg.content, where)
+        if pieces or not msg.content:
+            _add_user(out, content_of(pieces, BLOCK_SEPARATOR))
     return out, to_template_tools(req.tools)
 
 
@@ -150,8 +152,8 @@ def stop_reason(finished: Finished) -> tuple[str, str | None]:
 
 
 def _check_block(block, role: str, param: str) -> None:
-    if isinstance(block, (ImageBlock, DocumentBlock)):
-        raise InvalidRequest(f"{param}: this model takes text only; {block.type} blocks are not supported", param=param)
+    if isinstance(block, DocumentBlock) or (isinstance(block, ImageBlock) and role != "user"):
+        raise InvalidRequest(f"{param}: {block.type} blocks are not supported here", param=param)
     if role == "user" and isinstance(block, _ASSISTANT_ONLY):
         raise InvalidRequest(f"{param}: {block.type} blocks belong in assistant turns", param=param)
     if role == "assistant" and isinstance(block, ToolResultBlock):  # mcp_tool_result is an assistant's
@@ -192,28 +194,57 @@ def _assistant(blocks: list, names: dict[str, str]) -> dict[str, Any]:
 
 def _tool_message(block: ResultBlock, names: dict[str, str], param: str) -> dict[str, Any]:
     for k, part in enumerate(block.content):
-        if not isinstance(part, TextBlock):
+        if isinstance(part, DocumentBlock):
             raise InvalidRequest(
-                f"{param}.content[{k}]: this model takes text only; {part.type} blocks are not supported",
-                param=f"{param}.content[{k}]",
+                f"{param}.content[{k}]: document blocks are not supported here", param=f"{param}.content[{k}]"
             )
-    item = {
+    text = tool_result_text(_joined([p for p in block.content if isinstance(p, TextBlock)]), block.is_error)
+    images = [p for p in _pieces(block.content, f"{param}.content") if not isinstance(p, str)]
+    item: dict[str, Any] = {
         "role": "tool",
         "tool_call_id": block.tool_use_id,
-        "content": tool_result_text(_joined([p for p in block.content if isinstance(p, TextBlock)]), block.is_error),
+        "content": content_of([text, *images], BLOCK_SEPARATOR) if images else text,  # the text, then its images
     }
     if block.tool_use_id in names:
         item["name"] = names[block.tool_use_id]
     return item
 
 
-def _add_user_text(out: list[dict[str, Any]], text: str) -> None:
-    """A user turn's text, joined to the user turn just before when there is one (templates expect
-    turns to alternate)."""
-    if out and out[-1]["role"] == "user" and isinstance(out[-1]["content"], str):
-        out[-1] = {**out[-1], "content": BLOCK_SEPARATOR.join(filter(None, [out[-1]["content"], text]))}
+def _pieces(blocks: list, where: str) -> list[str | dict[str, Any]]:
+    """A turn's text and image blocks, in order: texts as strings, images as image parts."""
+    out: list[str | dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        if isinstance(block, TextBlock):
+            out.append(block.text)
+        elif isinstance(block, ImageBlock):
+            out.append(image_part(_image_ref(block.source, f"{where}[{j}]")))
+    return out
+
+
+def _image_ref(source: dict[str, Any], where: str) -> ImageRef:
+    """An image block's source: base64 data with its media type, or a URL."""
+    kind = source.get("type")
+    if kind == "base64":
+        return ImageRef(where, media_type=source.get("media_type"), data=source.get("data"))
+    if kind == "url" and isinstance(source.get("url"), str):
+        return ImageRef(where, url=source["url"])
+    raise InvalidRequest(f"{where}.source: an image source must be base64 data or a url", param=f"{where}.source")
+
+
+def _add_user(out: list[dict[str, Any]], content: str | list[dict[str, Any]]) -> None:
+    """A user turn's content, joined to the user turn just before when there is one (templates
+    expect turns to alternate)."""
+    if out and out[-1]["role"] == "user":
+        joined = [p for c in (out[-1]["content"], content) for p in _as_pieces(c)]
+        out[-1] = {**out[-1], "content": content_of(joined, BLOCK_SEPARATOR)}
     else:
-        out.append({"role": "user", "content": text})
+        out.append({"role": "user", "content": content})
+
+
+def _as_pieces(content: str | list[dict[str, Any]]) -> list[str | dict[str, Any]]:
+    if isinstance(content, str):
+        return [content] if content else []
+    return [p["text"] if p.get("type") == "text" else p for p in content]
 
 
 def _joined(blocks: list[TextBlock]) -> str:

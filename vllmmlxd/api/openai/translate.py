@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 from ...errors import InvalidRequest
+from ..images import ImageRef, image_part
 from ..sampling import SamplingRequest
 from ..structured import openai_output_format
 from ..tooling import openai_tool_choice
-from ..turn import ChatPrompt, ChatTurn, refuse_client_template, tool_result_text
+from ..turn import ChatPrompt, ChatTurn, content_of, refuse_client_template, tool_result_text
 from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _SamplingFields
 
 CHAT_ID_PREFIX = "chatcmpl-"
@@ -135,17 +136,30 @@ def _is_call(call: object) -> bool:
     return isinstance(function, dict) and isinstance(function.get("name"), str)
 
 
-def _text_content(content, param: str) -> str:
+def _text_content(content, param: str) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or (with images) text and image parts in their order."""
     if content is None or isinstance(content, str):
         return content or ""
-    parts = []
-    for part in content:
+    parts: list[str | dict[str, Any]] = []
+    for j, part in enumerate(content):
         kind = part.get("type")
         if kind == "text":
             parts.append(str(part.get("text", "")))
+        elif kind == "image_url":
+            parts.append(image_part(_image_ref(part.get("image_url"), f"{param}[{j}]")))
+        elif kind == "image" and isinstance(part.get("image"), ImageRef):  # made by the Responses translator
+            parts.append(part)
         else:
             raise InvalidRequest(f"content part type {kind!r} is not supported by this model", param=param)
-    return "".join(parts)
+    return content_of(parts, "")
+
+
+def _image_ref(value: object, where: str) -> ImageRef:
+    """An ``image_url`` part's ``{"url": ...}`` (some clients send the URL as a plain string)."""
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise InvalidRequest(f"{where}.image_url.url must be a data: or http(s):// URL", param=where)
+    return ImageRef(where, url=url)
 
 
 def _parsed_arguments(tool_calls: list[dict]) -> list[dict]:

@@ -12,11 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import InvalidRequest
+from ..images import ImageRef, image_part
 from ..openai.protocol import ChatMessage
 from ..openai.translate import extended_sampling, refuse_fields, to_template_messages
 from ..structured import openai_output_format
 from ..tooling import openai_tool_choice
-from ..turn import ChatPrompt, ChatTurn
+from ..turn import ChatPrompt, ChatTurn, content_of
 from .ids import PREFIX
 from .protocol import ResponsesRequest
 
@@ -159,22 +160,30 @@ def _string(item: dict, key: str, where: str) -> str:
     return value
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's content: a string, or text parts (input_text, output_text) joined."""
+def _text(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A message's content: a string, or text parts (input_text, output_text) joined; with
+    ``input_image`` parts, text and image parts in their order."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise InvalidRequest(f"{where} must be a string or a list of content parts", param=where)
-    texts = []
+    pieces: list[str | dict[str, Any]] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in TEXT_PARTS and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise InvalidRequest(f"{where}[{j}]: {kind} parts are not supported by this model", param=f"{where}[{j}]")
+            pieces.append(part["text"])
+        elif kind == "input_image" and isinstance(part.get("image_url"), str) and part["image_url"]:
+            pieces.append(image_part(ImageRef(f"{where}[{j}]", url=part["image_url"])))
+        elif kind == "input_image":
+            raise InvalidRequest(
+                f"{where}[{j}]: an input_image needs an image_url (a data: or http(s):// URL); file_id is not supported",
+                param=f"{where}[{j}]",
+            )
+        elif kind in ("input_file", "input_audio"):
+            raise InvalidRequest(f"{where}[{j}]: {kind} parts are not supported by this server", param=f"{where}[{j}]")
         else:
             raise InvalidRequest(f"{where}[{j}] must be an input_text or output_text part", param=f"{where}[{j}]")
-    return "".join(texts)
+    return content_of(pieces, "")
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

@@ -1,0 +1,89 @@
+"""A request's images, from the parts its translator left (``images.ImageRef``) to decoded pictures
+the engine's processor takes: the step of the chat pipeline between translating and rendering.
+
+A text model refuses any image, naming itself. For a vision model every image of the whole
+conversation is counted against the entry's ``max_images``, read (a data URL, base64 data, or a
+fetched ``http(s)`` URL when ``allow_image_urls`` is on) within ``max_image_mb``, and decoded
+within ``max_image_pixels``, off the event loop. Done once per request: a tool loop or a
+truncation renders the same decoded images again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+from ..engine.types import DecodedImage
+from ..errors import InvalidRequest
+from . import images
+from .context import ServingContext
+from .image_fetch import fetch
+from .images import ImageLimits, ImageRef, Source
+from .turn import ChatPrompt
+
+MB = 1024 * 1024
+
+
+def limits_of(ctx: ServingContext) -> ImageLimits:
+    config = ctx.config
+    return ImageLimits(int(config.max_image_mb * MB), config.max_image_pixels, config.max_images)
+
+
+def refs_in(messages: list[dict[str, Any]]) -> list[ImageRef]:
+    """The image parts of a conversation, in order."""
+    return [
+        part["image"]
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict) and isinstance(part.get("image"), ImageRef)
+    ]
+
+
+async def resolve_images(ctx: ServingContext, prompt: ChatPrompt) -> ChatPrompt:
+    """``prompt`` with each image part's reference replaced by its decoded picture; a 400 (or
+    413) naming the part when one cannot be had, or when this model takes no images."""
+    refs = refs_in(prompt.messages)
+    if not refs:
+        return prompt
+    if not ctx.engine.info.vision:
+        raise InvalidRequest(
+            f"{refs[0].where}: the model {ctx.name!r} takes text only; send images to a vision model",
+            param=refs[0].where,
+        )
+    limits = limits_of(ctx)
+    images.count_checked(refs, limits)  # before anything is read or fetched
+    sources = [await _source(ctx, ref, limits) for ref in refs]
+    decoded = await asyncio.to_thread(lambda: [images.decode(s, limits) for s in sources])
+    by_ref = dict(zip(map(id, refs), decoded))
+    return replace(prompt, messages=[_with_images(m, by_ref) for m in prompt.messages])
+
+
+async def _source(ctx: ServingContext, ref: ImageRef, limits: ImageLimits) -> Source:
+    if ref.url is not None:
+        if ref.url.startswith("data:"):
+            return images.from_data_url(ref.url, ref.where, limits)
+        config = ctx.config
+        return await fetch(
+            ref.url,
+            ref.where,
+            limits,
+            allow=config.allow_image_urls,
+            allowed_hosts=config.allowed_image_hosts,
+            timeout=config.image_url_timeout,
+        )
+    return images.from_base64(ref.media_type, ref.data, ref.where, limits, sniffed=ref.media_type is None)
+
+
+def _with_images(message: dict[str, Any], by_ref: dict[int, DecodedImage]) -> dict[str, Any]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    parts = [
+        {"type": "image", "image": by_ref[id(p["image"])]}
+        if isinstance(p, dict) and isinstance(p.get("image"), ImageRef)
+        else p
+        for p in content
+    ]
+    return {**message, "content": parts}
