@@ -175,7 +175,7 @@ def test_the_page_asks_for_a_key_when_every_model_needs_one():
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    from tests.integration.test_gateway import Gateway
+    from tests.support.gateway import Gateway
 
     key = "sk-page-k3y"
     port = free_port()

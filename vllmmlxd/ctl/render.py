@@ -236,6 +236,9 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
     embedding = _embedding_lines(status.models)
     if embedding:
         lines += [""] + embedding
+    seeing = [m.name for m in status.models if getattr(m, "vision", None)]
+    if seeing:
+        lines += ["", f"vision (takes images): {', '.join(seeing)}"]
     mcp = _mcp_lines(status.models)
     if mcp:
         lines += [""] + mcp

@@ -325,6 +325,7 @@ def runtime_fields(slot: Slot) -> dict:
             "embedding_model",
             "embedding_requests",
             "embedding_inputs",
+            "vision",
             "mcp",
         )
     }

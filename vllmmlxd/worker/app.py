@@ -226,6 +226,7 @@ def load(engine: Engine, mcp: McpHub | None = None) -> dict:
         "cache_mb": cache["memory_mb"],
         "cache_budget_mb": cache["budget_mb"],
         **_embedding_load(getattr(engine, "embedder", None)),
+        **({"vision": True} if engine.info.vision else {}),
         **({"distributed": dist} if (dist := distributed_of(engine)) else {}),
         **({"mcp": mcp.status()} if mcp is not None and mcp.servers else {}),
     }

@@ -91,6 +91,7 @@ def test_status_json_has_exactly_the_documented_keys():
             "embedding_model",
             "embedding_requests",
             "embedding_inputs",
+            "vision",
             "blas",
             "blas_path",
             "blas_warning",

@@ -312,3 +312,9 @@ def test_a_distributed_entry_gets_its_split_and_a_line_per_rank():
     ]
     assert not any(line.startswith("solo:") for line in lines)  # one process: no rank lines
     assert "ranks (" not in render_status(status(model("solo")), now=AT)
+
+
+def test_vision_models_are_named_beneath_the_table():
+    out = render_status(status(model("eyes", vision=True), model("words")))
+    assert "vision (takes images): eyes" in out.splitlines()
+    assert "vision" not in render_status(status(model("words")))

@@ -11,9 +11,11 @@ machine the tests run on.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable
 
 import mlx.core as mx
+import numpy as np
 from mlx import nn
 
 from vllmmlxd.engine.detokenize import IncrementalDetokenizer
@@ -25,6 +27,7 @@ from vllmmlxd.engine.types import (
     EngineEvent,
     EngineStats,
     GenerationRequest,
+    ImageSpan,
     SamplingParams,
 )
 
@@ -54,7 +57,10 @@ class CountingModel(nn.Module):
         self.fail: Exception | None = None  # raised by the next call, as an out-of-memory would be
         self.on_call: Callable[[int, int], None] = lambda rows, tokens: None
 
-    def __call__(self, inputs: mx.array, cache: list | None = None) -> mx.array:
+    def __call__(self, inputs: mx.array | None, cache: list | None = None, input_embeddings=None) -> mx.array:
+        if input_embeddings is not None:  # a vision prompt's prefill: the embedding is the "token" (FakeVision)
+            inputs = input_embeddings[..., 0].astype(mx.int32)
+        assert inputs is not None
         rows, tokens = inputs.shape
         self.calls.append((rows, tokens))
         self.on_call(rows, tokens)
@@ -70,6 +76,41 @@ class CountingModel(nn.Module):
     def prefill_calls(self) -> list[int]:
         """Tokens per row of the calls that were prefill chunks (a decode step feeds one token)."""
         return [tokens for _, tokens in self.calls if tokens > 1]
+
+
+PLACEHOLDER = 500  # an image's tokens in a prompt (below EOS, above what counting() makes)
+
+
+class FakeVision:
+    """A weightless vision model: a token's embedding is its id, and an image's features at its
+    placeholders are its ``pixel_values``' first number (so the KV shows which image went where).
+    Every ``get_input_embeddings`` call is recorded; ``fail`` is raised by the next one."""
+
+    def __init__(self) -> None:
+        self.language_model = self
+        self.calls: list[int] = []  # the marker of each image run through the tower
+        self.fail: Exception | None = None
+
+    def embed_tokens(self, ids: mx.array) -> mx.array:
+        return ids.astype(mx.float32)[..., None]
+
+    def get_input_embeddings(self, ids: mx.array, pixel_values: mx.array, **kwargs):
+        if self.fail is not None:
+            raise self.fail
+        marker = pixel_values.reshape(-1)[0]
+        self.calls.append(int(marker.item()))
+        embeddings = mx.where(ids == PLACEHOLDER, marker, ids).astype(mx.float32)[..., None]
+        return type("Features", (), {"inputs_embeds": embeddings})()
+
+
+def image_span(start: int, length: int, marker: int) -> ImageSpan:
+    """An image at ``start`` whose features are ``marker`` (its key, as a pixels' hash, from the marker)."""
+    return ImageSpan(
+        start,
+        length,
+        hashlib.sha256(str(marker).encode()).hexdigest(),
+        {"pixel_values": np.full((1, 1, 1), marker, np.float32)},
+    )
 
 
 def decode_ids(ids: list[int]) -> str:
@@ -89,6 +130,7 @@ class Harness:
         per_token: float = 0.001,
         lockstep: Lockstep | None = None,
         model: CountingModel | None = None,
+        vision: FakeVision | None = None,
     ):
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock()
@@ -99,15 +141,17 @@ class Harness:
             prefill_step_size=prefill_step_size,
             cache_budget_bytes=int(cache_mb * 1024 * 1024),
         )
-        self.scheduler = Scheduler(self.model, {EOS}, options, self.stats, lockstep)
+        self.scheduler = Scheduler(self.model, {EOS}, options, self.stats, lockstep, vision=vision)
         self.scheduler.clock = self.clock
         self.admitted: list[str] = []  # request ids, in the order they left the queue
         self.scheduler.on_admit = lambda seq: self.admitted.append(seq.request.request_id)
         self._events: dict[int, list[EngineEvent]] = {}
 
-    def submit(self, prompt: list[int], max_tokens: int = 4, **sampling) -> Sequence:
+    def submit(
+        self, prompt: list[int], max_tokens: int = 4, images: tuple[ImageSpan, ...] = (), **sampling
+    ) -> Sequence:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, **sampling)
-        request = GenerationRequest(list(prompt), params)
+        request = GenerationRequest(list(prompt), params, images=images)
         seq = Sequence(request, self.loop, IncrementalDetokenizer(decode_ids, request.prompt_tokens), {EOS}, set())
         self.stats.requests[request.request_id] = seq.progress  # as MLXEngine.generate does
         self.scheduler.inbox.put(seq)
