@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -268,3 +269,35 @@ def test_the_gateway_routes_image_requests_like_any_other(server, oa):
     finally:
         gw.proc.send_signal(signal.SIGTERM)
         assert gw.wait() == 0, gw.log()[-3000:]
+
+
+def test_the_responses_api_takes_an_input_image_as_chat_does(oa):
+    data = picture("noise")
+    url = f"data:image/png;base64,{b64(data)}"
+    content = [{"type": "input_text", "text": "What is in the picture?"}, {"type": "input_image", "image_url": url}]
+    r = oa.responses.create(
+        model="m", input=[{"role": "user", "content": content}], max_output_tokens=12, temperature=0
+    )
+    assert r.output_text == oa_ask(oa, oa_image(data)).choices[0].message.content
+
+
+def test_structured_output_tools_and_stops_hold_with_an_image(oa):
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"type": "string", "maxLength": 8}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    r = oa_ask(oa, oa_image(picture("black")), max_tokens=40, response_format=fmt, seed=1)
+    assert set(json.loads(r.choices[0].message.content)) == {"colour"}
+    tool = {"type": "function", "function": {"name": "describe", "parameters": schema}}
+    forced = {"type": "function", "function": {"name": "describe"}}
+    r = oa_ask(oa, oa_image(picture("white")), max_tokens=40, tools=[tool], tool_choice=forced)
+    [call] = r.choices[0].message.tool_calls
+    assert call.function.name == "describe" and set(json.loads(call.function.arguments)) == {"colour"}
+    whole = oa_ask(oa, oa_image(picture("noise")), max_tokens=12).choices[0].message.content
+    stop = whole[len(whole) // 2 :][:3]  # text the greedy answer holds: it ends at its first occurrence
+    cut = oa_ask(oa, oa_image(picture("noise")), max_tokens=12, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].message.content
+    assert whole.startswith(cut.choices[0].message.content)

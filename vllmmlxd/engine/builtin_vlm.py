@@ -29,7 +29,6 @@ FIRST_NEW_ID = 49154  # after SmolLM2's 49152 and builtin:tiny's two thinking to
 NEW_TOKENS = {t: FIRST_NEW_ID + i for i, t in enumerate(IMAGE_TOKENS + TILE_TOKENS)}
 VOCAB = FIRST_NEW_ID + len(NEW_TOKENS)
 TILE, PATCH, SHUFFLE = 64, 8, 2
-IMAGE_SEQ_LEN = (TILE // PATCH) ** 2 // SHUFFLE**2  # image tokens per tile
 
 CONFIG: dict[str, Any] = {
     "model_type": "smolvlm",
@@ -88,13 +87,20 @@ CHAT_TEMPLATE = (
 
 def build_tiny_vlm(folder: Path, tiny: Path) -> None:
     """Fill ``folder`` with the model, its tokenizer taken from builtin:tiny's folder ``tiny``."""
-    (folder / "config.json").write_text(json.dumps(CONFIG, indent=2))
-    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
+    build_vlm(folder, tiny, CONFIG, PREPROCESSOR)
+
+
+def build_vlm(folder: Path, tiny: Path, config: dict[str, Any], preprocessor: dict[str, Any]) -> None:
+    """A random-weight SmolVLM of any size (``config``'s; the benchmarks build a larger one)."""
+    vision = config["vision_config"]
+    seq_len = (vision["image_size"] // vision["patch_size"]) ** 2 // config["scale_factor"] ** 2
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
     (folder / "processor_config.json").write_text(
-        json.dumps({"processor_class": "SmolVLMProcessor", "image_seq_len": IMAGE_SEQ_LEN}, indent=2)
+        json.dumps({"processor_class": "SmolVLMProcessor", "image_seq_len": seq_len}, indent=2)
     )
     _write_tokenizer(folder, tiny)
-    mx.save_safetensors(str(folder / "model.safetensors"), make_weights(), metadata={"format": "mlx"})
+    mx.save_safetensors(str(folder / "model.safetensors"), make_weights(config), metadata={"format": "mlx"})
 
 
 def _write_tokenizer(folder: Path, tiny: Path) -> None:
@@ -111,15 +117,15 @@ def _write_tokenizer(folder: Path, tiny: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
 
 
-def make_weights() -> dict[str, mx.array]:
-    """Every parameter of mlx-vlm's SmolVLM at CONFIG's sizes, random as the docstring says."""
+def make_weights(sizes: dict[str, Any] = CONFIG) -> dict[str, mx.array]:
+    """Every parameter of mlx-vlm's SmolVLM at ``sizes``, random as the docstring says."""
     from mlx.utils import tree_flatten
     from mlx_vlm.utils import get_model_and_args
 
-    family, _ = get_model_and_args(CONFIG)
-    config = family.ModelConfig.from_dict(CONFIG)
-    config.text_config = family.TextConfig.from_dict(CONFIG["text_config"])
-    config.vision_config = family.VisionConfig.from_dict(CONFIG["vision_config"])
+    family, _ = get_model_and_args(sizes)
+    config = family.ModelConfig.from_dict(sizes)
+    config.text_config = family.TextConfig.from_dict(sizes["text_config"])
+    config.vision_config = family.VisionConfig.from_dict(sizes["vision_config"])
     # Without a destination, tree_flatten returns (name, array) pairs; it is typed as that or a dict.
     params = cast(list[tuple[str, mx.array]], tree_flatten(family.Model(config).parameters()))
     shapes = {name: value.shape for name, value in params}

@@ -213,15 +213,18 @@ class Scheduler:
         seq.uid, seq.base = uid, cached
         self.running[uid] = seq
 
-    def _advance_staged(self, budget: int) -> int:
+    def _advance_staged(self, budget: int) -> tuple[int, bool]:
         """A chunk of ``budget`` positions of every prompt prefilled from embeddings (the step
-        timer's share of a prefilling sequence); those done join the batch. Returns the positions prefilled."""
+        timer's share of a prefilling sequence), or, for one of them at most, an image through
+        the vision tower; those done join the batch. Returns (positions prefilled, whether the
+        tower ran)."""
         assert self.vision is not None  # only a vision model stages prompts
-        total = 0
+        total, tower = 0, False
         for staged in list(self.staged):
             seq = staged.seq
             try:
-                total += self.vision.advance(staged, budget)
+                done, ran = self.vision.advance(staged, budget, tower=not tower)
+                total, tower = total + done, tower or ran
                 seq.progress.prefilled_tokens = staged.pos
                 if staged.pos >= staged.end:
                     self.staged.remove(staged)
@@ -231,7 +234,7 @@ class Scheduler:
                 if staged in self.staged:
                     self.staged.remove(staged)
                 self._retire(seq, "error", str(exc))
-        return total
+        return total, tower
 
     def _step(self) -> None:
         prompts = sum(1 for s in self.running.values() if s.progress.first_token_at is None) + len(self.staged)
@@ -241,11 +244,11 @@ class Scheduler:
         )
         self.lockstep.step(self.gen.prefill_step_size)
         started = self.clock()
-        staged = 0
+        staged, tower = 0, False
         try:
             if self.staged:
                 with mx.stream(self.gen.stream):
-                    staged = self._advance_staged(self.gen.prefill_step_size)
+                    staged, tower = self._advance_staged(self.gen.prefill_step_size)
             prompt_responses, responses = self.gen.next()
         except Exception as exc:  # e.g. out of memory: every sequence of the batch fails, the engine lives on
             log_event(logger, "engine.error", logging.ERROR, running=len(self.running), error=repr(exc))
@@ -262,7 +265,8 @@ class Scheduler:
         self.stats.last_step_s = took
         if self.lockstep.distributed:
             self.stats.last_frame_at = time.monotonic()
-        self.timer.observe(took, decoded=bool(responses), prefilled=prefilled)
+        if not tower:  # a vision tower's step says nothing of what a decode step or a chunk costs
+            self.timer.observe(took, decoded=bool(responses), prefilled=prefilled)
         self.stats.steps_executed += 1
         self.stats.last_step_at = time.monotonic()  # read by /health's liveness check
         self._generated += len(responses)

@@ -8,13 +8,17 @@ whose start is cached, and the batch prefills the text after its last image and 
 everyone else. A prompt whose images the prefix cache already covers never comes here: the vision
 tower does not run for it.
 
+The tower runs an image whole (mlx-vlm's call takes all its tiles), which can take seconds on a
+CPU: a step that runs it does nothing else for that prompt, and a step runs it for one image at
+most, so streams decoding beside several new images pay one image's tower per step, not all.
+
 Runs on the engine thread (mlx).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -34,6 +38,7 @@ class Staged:
     cache: list[Any]  # per-layer KV, holding positions ``0 .. pos``
     pos: int
     end: int  # the end of its last image: the batch takes over from here
+    features: dict[str, mx.array] = field(default_factory=dict)  # its images' embeddings, held until it joins
 
 
 class EmbeddingPrefill:
@@ -53,19 +58,31 @@ class EmbeddingPrefill:
         end = min(max(span.end for span in seq.request.images), len(seq.prompt) - 1)
         return Staged(seq, cache if cache is not None else make_prompt_cache(self.model), cached, end)
 
-    def advance(self, staged: Staged, budget: int) -> int:
-        """Prefill up to ``budget`` more positions (at least one); returns how many."""
+    def advance(self, staged: Staged, budget: int, *, tower: bool) -> tuple[int, bool]:
+        """Prefill up to ``budget`` more positions (at least one), or, when they reach an image
+        whose features are not ready and ``tower`` allows it, run that image through the tower
+        instead. Returns (positions prefilled, whether the tower ran)."""
         stop = min(staged.pos + max(budget, 1), staged.end)
-        embeddings = self._embeddings(staged.seq, staged.pos, stop)
+        prompt = staged.seq.prompt
+        for span in staged.seq.request.images:
+            if span.end > staged.pos and span.start < stop and span.key not in staged.features:
+                if span.key in self._features:
+                    staged.features[span.key] = self._kept(span.key)
+                    continue
+                if tower:
+                    staged.features[span.key] = self._image(span, prompt[span.start : span.end])
+                return 0, tower
+        embeddings = self._embeddings(staged, staged.pos, stop)
         self.model(None, cache=staged.cache, input_embeddings=embeddings[None])
         mx.eval([c.state for c in staged.cache])
         done = stop - staged.pos
         staged.pos = stop
-        return done
+        return done, False
 
-    def _embeddings(self, seq: Sequence, start: int, stop: int) -> mx.array:
+    def _embeddings(self, staged: Staged, start: int, stop: int) -> mx.array:
         """The decoder's input at positions ``start .. stop``: token embeddings, and each image's
         features over its span."""
+        seq = staged.seq
         prompt = seq.prompt
         pieces = []
         pos = start
@@ -76,7 +93,7 @@ class EmbeddingPrefill:
                 pieces.append(self._tokens(prompt[pos : span.start]))
                 pos = span.start
             upto = min(span.end, stop)
-            pieces.append(self._image(span, prompt[span.start : span.end])[pos - span.start : upto - span.start])
+            pieces.append(staged.features[span.key][pos - span.start : upto - span.start])
             pos = upto
         if pos < stop:
             pieces.append(self._tokens(prompt[pos:stop]))
@@ -85,12 +102,13 @@ class EmbeddingPrefill:
     def _tokens(self, ids: list[int]) -> mx.array:
         return self.vision_model.language_model.embed_tokens(mx.array(ids))
 
+    def _kept(self, key: str) -> mx.array:
+        self._features.move_to_end(key)
+        return self._features[key]
+
     def _image(self, span: ImageSpan, ids: list[int]) -> mx.array:
         """An image span's embeddings (its layout tokens' own, the tower's features at its image
         tokens), from mlx-vlm's model: the same call its own generation makes."""
-        if span.key in self._features:
-            self._features.move_to_end(span.key)
-            return self._features[span.key]
         inputs = {name: mx.array(value) for name, value in span.inputs.items()}
         pixels = inputs.pop("pixel_values")
         out = self.vision_model.get_input_embeddings(mx.array(ids)[None], pixels, **inputs)

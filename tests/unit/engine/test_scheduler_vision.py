@@ -109,3 +109,18 @@ def test_an_image_that_fails_in_the_tower_fails_its_request_alone(h, vision):
     last = h.events(seq)[-1]
     assert last.reason == "error" and "bad pixels" in (last.error or "")
     assert h.events(text)[-1].reason == "length" and h.text(text) == decode_ids(list(range(204, 210)))
+
+
+def test_new_images_arriving_together_go_through_the_tower_one_a_step(h, vision):
+    text = h.submit(counting(200, 4), max_tokens=60)
+    h.run_until(lambda: text.produced > 0)
+    seqs = []
+    for marker in (301, 302, 303):
+        prompt, images = image_prompt(marker, length=8)
+        seqs.append(h.submit(prompt, max_tokens=2, images=images))
+    while not all(s.finished for s in seqs):
+        calls, produced = len(vision.calls), text.produced
+        h.step()
+        assert len(vision.calls) <= calls + 1  # one image's tower a step at most
+        assert text.produced == produced + 1  # and the running stream still got its token
+    assert sorted(vision.calls) == [301, 302, 303]
