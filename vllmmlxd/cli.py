@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+from .config.entries import IMAGE_FIELDS
 from .config.schema import REASONING_PARSERS, TOOL_PARSERS
 from .log import setup_logging
 
@@ -180,12 +181,7 @@ _PASSED_THROUGH = (
     "max_connections",
     "allowed_hosts",
     "cors_origins",
-    "max_images",
-    "max_image_mb",
-    "max_image_pixels",
-    "allow_image_urls",
-    "allowed_image_hosts",
-    "image_url_timeout",
+    *IMAGE_FIELDS,
 )
 
 

@@ -13,9 +13,7 @@ import base64
 import io
 import json
 import signal
-import threading
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import anthropic
 import httpx
@@ -24,6 +22,7 @@ import openai
 import pytest
 from PIL import Image as PILImage
 
+from tests.support.files_server import serving
 from tests.support.gateway import Gateway
 from tests.support.servers import free_port, start_serve
 
@@ -228,25 +227,10 @@ def test_too_many_images_in_a_conversation_is_a_400_in_anthropics_shape(server):
     assert "has 4 images; this model takes at most 3" in r.json()["error"]["message"]
 
 
-class Pictures(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        body = picture("noise")
-        self.send_response(200)
-        self.send_header("Content-Type", "image/png")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 def pictures():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Pictures)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd.server_address[1]
-    httpd.shutdown()
+    with serving({"/a.png": (200, {"Content-Type": "image/png"}, picture("noise"))}) as port:
+        yield port
 
 
 def test_an_image_url_is_fetched_from_a_listed_host_only(oa, pictures):

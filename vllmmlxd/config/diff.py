@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, SecretStr
 
+from vllmmlxd.config.entries import IMAGE_FIELDS
 from vllmmlxd.config.schema import Config, ModelConfig
 
 # Daemon keys read once at start-up: the socket is bound and the state dir opened then.
@@ -40,12 +41,7 @@ LIVE_FIELDS = frozenset(
         "strict_model_name",
         "enable_auto_tool_choice",
         "max_body_mb",
-        "max_images",
-        "max_image_mb",
-        "max_image_pixels",
-        "allow_image_urls",
-        "allowed_image_hosts",
-        "image_url_timeout",
+        *IMAGE_FIELDS,
         "stored_responses",
         "stored_responses_mb",
         "use_paged_cache",

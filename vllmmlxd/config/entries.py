@@ -29,6 +29,16 @@ from .keys import DIGEST_PREFIX, SHA256_RE, KeyGrant, check_rate, key_digest
 from .mcp import MCP_TOOL_SEPARATOR, McpServerConfig, load_mcp_file
 from .names import BLAS_NAMES, BUILTIN_MODELS, BUILTIN_PREFIX, REASONING_PARSERS, TOOL_PARSERS
 
+# A vision entry's image settings (live, and flags of `vllmmlxd serve`).
+IMAGE_FIELDS = (
+    "max_images",
+    "max_image_mb",
+    "max_image_pixels",
+    "allow_image_urls",
+    "allowed_image_hosts",
+    "image_url_timeout",
+)
+
 # Fields vllmmlxd fills itself (from the sections beside the models): never written by hand.
 INTERNAL_FIELDS = frozenset({"key_grants", "mcp_servers_resolved", "gateway_token"})
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from PIL import Image as PILImage
 
+from tests.support.files_server import serving
 from vllmmlxd.api.context import ServingContext
 from vllmmlxd.api.image_fetch import fetch
 from vllmmlxd.api.image_input import resolve_images
@@ -87,40 +86,19 @@ def test_an_image_url_is_refused_unless_the_entry_allows_it():
 # -- fetching, from a real server on loopback ----------------------------------------------
 
 
-class Images(BaseHTTPRequestHandler):
-    routes: dict[str, tuple[int, dict, bytes]] = {}
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        status, headers, body = self.routes.get(self.path, (404, {}, b"nope"))
-        if status == 0:  # hang: the fetch's timeout must end it
-            threading.Event().wait(3)
-            return
-        self.send_response(status)
-        for k, v in {"Content-Length": str(len(body)), **headers}.items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Images)
-    httpd.daemon_threads = True
-    port = httpd.server_address[1]
-    Images.routes = {
-        "/a.png": (200, {"Content-Type": "image/png"}, png()),
-        "/hop": (302, {"Location": "/a.png"}, b""),
-        "/to-localhost": (302, {"Location": f"http://localhost:{port}/a.png"}, b""),
-        "/text": (200, {}, b"<html>not an image</html>"),
-        "/big": (200, {}, png(size=(400, 400))),
-        "/slow": (0, {}, b""),
-    }
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{port}"
-    httpd.shutdown()
+    routes: dict = {}
+    with serving(routes) as port:
+        routes |= {
+            "/a.png": (200, {"Content-Type": "image/png"}, png()),
+            "/hop": (302, {"Location": "/a.png"}, b""),
+            "/to-localhost": (302, {"Location": f"http://localhost:{port}/a.png"}, b""),
+            "/text": (200, {}, b"<html>not an image</html>"),
+            "/big": (200, {}, png(size=(400, 400))),
+            "/slow": (0, {}, b""),
+        }
+        yield f"http://127.0.0.1:{port}"
 
 
 def fetched(url: str, *, hosts=("127.0.0.1",), limits=ImageLimits(), timeout=5.0):
