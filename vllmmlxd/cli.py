@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .config.entries import IMAGE_FIELDS
 from .config.schema import REASONING_PARSERS, TOOL_PARSERS
+from .config.speculative import SPECULATIVE_METHODS
 from .log import setup_logging
 
 
@@ -147,6 +148,15 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
         help="hosts on loopback or private addresses that image URLs may be fetched from",
     )
     images.add_argument("--image-url-timeout", type=float, default=10.0, help="seconds an image fetch may take")
+    spec = p.add_argument_group("speculative decoding (off unless --speculative is given)")
+    spec.add_argument(
+        "--speculative",
+        choices=SPECULATIVE_METHODS,
+        help="prompt-lookup: drafts from each request's own prompt and output; draft: a small model drafts",
+    )
+    spec.add_argument("--num-draft", type=int, help="tokens drafted per step at most (default 4)")
+    spec.add_argument("--ngram", type=int, help="prompt-lookup: tokens matched to find a draft (default 3)")
+    spec.add_argument("--draft-model", metavar="SPEC", help="draft: the drafting model, of the same tokenizer")
     return p
 
 
@@ -222,8 +232,9 @@ def describe_flag_errors(exc) -> str:
     problems = []
     for e in exc.errors(include_input=False, include_url=False):
         message = e["msg"].removeprefix("Value error, ")
-        if e["loc"]:
-            problems.append(f"{_flag(str(e['loc'][0]))}: {message}")
+        loc = e["loc"]
+        if loc:  # a field of the speculative section is a flag of its own (--num-draft)
+            problems.append(f"{_flag(str(loc[1] if loc[0] == 'speculative' and len(loc) > 1 else loc[0]))}: {message}")
         else:
             problems.append(flagged.sub(lambda m: _flag(m[1]), message))
     return "; ".join(problems)
@@ -234,6 +245,9 @@ def serve_config(args):
     from .config.schema import ResolvedModel
 
     given = {key: getattr(args, key) for key in _PASSED_THROUGH if getattr(args, key) is not None}
+    if args.speculative:
+        chosen = {"num_draft": args.num_draft, "ngram": args.ngram, "draft_model": args.draft_model}
+        given["speculative"] = {"method": args.speculative, **{k: v for k, v in chosen.items() if v is not None}}
     return ResolvedModel(model=args.model, served_model_name=args.served_model_name or args.model, **given)
 
 
@@ -244,6 +258,8 @@ def _run_serve(args, parser: argparse.ArgumentParser) -> int:
     from .worker.main import serve
 
     args.api_key = _api_key(args, parser)
+    if not args.speculative and (args.num_draft or args.ngram or args.draft_model):
+        parser.error("--num-draft, --ngram and --draft-model need --speculative")
     try:
         config = serve_config(args)
     except ValidationError as exc:

@@ -39,6 +39,7 @@ class SamplingRequest:
     stop: tuple[str, ...] = ()
     logit_bias: dict[str, float] = field(default_factory=dict)
     ignore_eos: bool = False
+    speculative: bool = True  # False: this request opts out of the entry's speculative decoding
 
 
 def resolve_sampling(
@@ -85,6 +86,7 @@ def resolve_sampling(
         stop=tuple(s for s in req.stop if s),
         logit_bias=tuple(bias),
         ignore_eos=req.ignore_eos,
+        speculative=req.speculative,
     )
 
 

@@ -28,6 +28,7 @@ from .distributed import DistributedConfig, distributed_problem
 from .keys import DIGEST_PREFIX, SHA256_RE, KeyGrant, check_rate, key_digest
 from .mcp import MCP_TOOL_SEPARATOR, McpServerConfig, load_mcp_file
 from .names import BLAS_NAMES, BUILTIN_MODELS, BUILTIN_PREFIX, REASONING_PARSERS, TOOL_PARSERS
+from .speculative import SpeculativeConfig
 
 # A vision entry's image settings (live, and flags of `vllmmlxd serve`).
 IMAGE_FIELDS = (
@@ -224,6 +225,9 @@ class ModelConfig(EntryConfig):
     mcp_config: str | None = Field(None, description="a Claude-Desktop-style mcpServers JSON file: all its servers")
     distributed: DistributedConfig | None = Field(
         None, description="split the model over several ranks (hosts), started and supervised as one unit"
+    )
+    speculative: SpeculativeConfig | None = Field(
+        None, description="draft tokens and verify them together in one forward pass (off by default)"
     )
 
     @field_validator("model")

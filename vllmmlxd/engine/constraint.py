@@ -230,6 +230,16 @@ class GrammarProcessor:
             return logits
         return self._apply(logits)
 
+    def acceptable(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` the grammar takes in order from here, without reading them (the
+        first is the token this processor reads at its next call): speculation cuts its drafts
+        there. All of them while the model thinks: the grammar does not hold there yet."""
+        if self.waiting_for is not None or self.may_think or self.failed or self.matcher is None or self.calls == 0:
+            return len(tokens)
+        if self.matcher.is_stopped():
+            return 0
+        return self.matcher.validate_tokens(tokens)
+
     def _ended(self) -> bool:
         """Only EOS is allowed from now on (the grammar is complete, or failed): no token to read."""
         return self.waiting_for is None and (self.failed or self._live_matcher().is_stopped())

@@ -48,6 +48,15 @@ PROMPT_TAIL_CHARS = 64
 _SANDBOX_PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
 
 
+def check_draft_model(draft: "LoadedModel", target: "LoadedModel") -> None:
+    """A draft model must speak the target's tokens: the same vocabulary, id for id."""
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ModelLoadError(
+            f"the draft model {draft.name!r} does not share the tokenizer of {target.name!r} "
+            f"({len(draft.tokenizer)} and {len(target.tokenizer)} tokens): speculation needs the same vocabulary"
+        )
+
+
 class MLXEngine:
     """Serves generation requests for one loaded model on a dedicated thread."""
 
@@ -58,6 +67,7 @@ class MLXEngine:
         name: str | None = None,
         options: EngineOptions | None = None,
         lockstep: Lockstep | None = None,
+        draft: "LoadedModel | None" = None,
     ):
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -108,6 +118,8 @@ class MLXEngine:
         self._special_text = {t: self.tokenizer.convert_ids_to_tokens(t) for t in self._special}
         self._waiting = 0
         self._lock = threading.Lock()
+        if draft is not None:
+            check_draft_model(draft, loaded)
         self._scheduler = Scheduler(
             self.model,
             self._eos,
@@ -115,6 +127,7 @@ class MLXEngine:
             self.stats,
             lockstep,
             vision=loaded.vision.model if loaded.vision else None,
+            draft=draft.model if draft is not None else None,
         )
         self._scheduler.on_admit = self._admitted
         self._grammars = self._scheduler.grammars = Grammars(

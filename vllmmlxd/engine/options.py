@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config.schema import ModelConfig
+from .speculative import SpeculationOptions
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,7 @@ class EngineOptions:
     cache_budget_bytes: int = 0  # the prefix cache's hard budget; 0: no cache
     reasoning_parser: str | None = None  # qwen3, deepseek_r1: reasoning apart from the answer
     tool_call_parser: str = "auto"  # the tool-call family; auto: from the chat template, else hermes
+    speculative: SpeculationOptions | None = None  # draft and verify inside the batch; None: off
 
     @property
     def max_running(self) -> int:
@@ -36,4 +38,12 @@ def engine_options(config: ModelConfig, physical_memory_bytes: int) -> EngineOpt
         cache_budget_bytes=budget,
         reasoning_parser=config.reasoning_parser,
         tool_call_parser=config.tool_call_parser,
+        speculative=speculation_of(config),
     )
+
+
+def speculation_of(config: ModelConfig) -> SpeculationOptions | None:
+    spec = config.speculative
+    if spec is None:
+        return None
+    return SpeculationOptions(method=spec.method, num_draft=spec.num_draft, ngram=spec.ngram)

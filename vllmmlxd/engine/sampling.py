@@ -18,28 +18,50 @@ Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
-def make_sampler(params: SamplingParams) -> Sampler:
+def make_sampler(params: SamplingParams) -> "RequestSampler":
     """Greedy at temperature 0; otherwise filtered categorical sampling with the request's own key."""
-    if params.temperature == 0:
-        return lambda logprobs: mx.argmax(logprobs, axis=-1)
-    seed = params.seed if params.seed is not None else random.getrandbits(63)
-    state = {"key": mx.random.key(seed)}
-    filters: list[Callable[[mx.array], mx.array]] = []
-    if 0 < params.top_p < 1.0:
-        filters.append(lambda x: apply_top_p(x, params.top_p))
-    if params.min_p > 0:
-        filters.append(lambda x: apply_min_p(x, params.min_p))
-    if params.top_k > 0:
-        filters.append(lambda x: apply_top_k(x, params.top_k))
-    inv_temp = 1.0 / params.temperature
+    return RequestSampler(params)
 
-    def sample(logprobs: mx.array) -> mx.array:
-        state["key"], sub = mx.random.split(state["key"])
-        for f in filters:
+
+class RequestSampler:
+    """One request's sampler, called as mlx-lm's batch calls a sampler (logprobs in, a token out).
+
+    The k-th token a request samples is drawn with a key made from its seed and k alone (the
+    Gumbel noise of that position), not from a key stream advanced by each draw. So the token
+    at a position does not depend on how it was reached: speculation (``engine.speculative``)
+    asks ``at(logprobs, k)`` for the token the request would sample there and keeps a draft only
+    when it is that token, so a seeded request gives the same text with or without it, and
+    whatever drafts a step verified."""
+
+    def __init__(self, params: SamplingParams):
+        self.greedy = params.temperature == 0
+        self.seed = params.seed if params.seed is not None else random.getrandbits(63)
+        self.drawn = 0  # tokens sampled so far: the next call samples position ``drawn``
+        self._filters: list[Callable[[mx.array], mx.array]] = []
+        if 0 < params.top_p < 1.0:
+            self._filters.append(lambda x: apply_top_p(x, params.top_p))
+        if params.min_p > 0:
+            self._filters.append(lambda x: apply_min_p(x, params.min_p))
+        if params.top_k > 0:
+            self._filters.append(lambda x: apply_top_k(x, params.top_k))
+        self._inv_temp = 1.0 / params.temperature if params.temperature else 0.0
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        if self.greedy:
+            return mx.argmax(logprobs, axis=-1)
+        token = self.at(logprobs, self.drawn)
+        self.drawn += 1
+        return token
+
+    def at(self, logprobs: mx.array, position: int) -> mx.array:
+        """The token this request samples at ``position`` (its 0-based count of generated tokens)."""
+        if self.greedy:
+            return mx.argmax(logprobs, axis=-1)
+        for f in self._filters:
             logprobs = f(logprobs)
-        return mx.random.categorical(logprobs * inv_temp, key=sub)
-
-    return sample
+        # Python hashes tuples of ints the same in every process: one key per (seed, position).
+        key = mx.random.key(hash((self.seed, position)) & (2**63 - 1))
+        return mx.random.categorical(logprobs * self._inv_temp, key=key)
 
 
 def make_processors(params: SamplingParams) -> list[LogitsProcessor]:

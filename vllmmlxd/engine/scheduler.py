@@ -35,6 +35,7 @@ from .options import EngineOptions
 from .prefix_cache import PrefixCache, common_prefix
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence
+from .speculative import RowDrafting, SpeculativeBatch, supports_speculation
 from .step_timer import StepTimer
 from .types import EngineStats, FinishReason
 from .vision_prefill import EmbeddingPrefill, Staged
@@ -58,8 +59,10 @@ class Scheduler:
         stats: EngineStats,
         lockstep: Lockstep | None = None,
         vision: Any = None,
+        draft: Any = None,
     ):
         self.model = model
+        self.draft = draft  # speculative: the draft model, with method draft
         self.eos_ids = eos_ids
         self.options = options
         self.stats = stats
@@ -75,18 +78,25 @@ class Scheduler:
         self.staged: list[Staged] = []
         self.timer = StepTimer()
         self.on_admit = lambda seq: None  # the engine's admission counter
+        self.spec: SpeculativeBatch | None = None  # the batch's drafting, when the entry speculates
         self.gen = self._new_generator()
         self._retired: list[Sequence] = []  # finished this step, events not posted yet
         self._generated = 0  # tokens generated since start, for the recent rate
         self.clock = time.perf_counter  # times steps for the step timer (a test's fake model brings its own)
 
     def _new_generator(self) -> BatchGenerator:
-        return BatchGenerator(
+        gen = BatchGenerator(
             self.lockstep.wrap(self.model),
             completion_batch_size=self.options.max_running,
             prefill_batch_size=min(self.options.max_running, PREFILL_BATCH),
             prefill_step_size=self.options.prefill_step_size,
         )
+        speculative = self.options.speculative
+        # Followers replay rank 0's batch token by token: a sharded entry does not speculate.
+        if speculative is not None and not self.lockstep.distributed and supports_speculation(self.model):
+            self.spec = SpeculativeBatch.make(gen.model, gen.sampler, speculative, self.timer.cost, self.draft)
+            gen._generation_batch = self.spec  # mlx-lm's generator keeps this batch for its life
+        return gen
 
     # -- the thread -------------------------------------------------------
 
@@ -212,6 +222,8 @@ class Scheduler:
         self.lockstep.inserted(uid, list(prompt[cached:]), cached, entry, params.max_tokens)
         seq.uid, seq.base = uid, cached
         self.running[uid] = seq
+        if self.spec is not None:
+            self.spec.rows[uid] = RowDrafting(enabled=params.speculative)
 
     def _advance_staged(self, budget: int) -> tuple[int, bool]:
         """A chunk of ``budget`` positions of every prompt prefilled from embeddings (the step
@@ -283,6 +295,11 @@ class Scheduler:
                 self._retire(seq, reason)
             elif reason is not None:
                 self._leave(seq, reason, keep_kv=True)
+        if self.spec is not None:  # each request's drafting so far, for /v1/status
+            for uid, seq in self.running.items():
+                row = self.spec.rows.get(uid)
+                if row is not None:
+                    seq.progress.drafted_tokens, seq.progress.accepted_tokens = row.drafted, row.accepted
 
     def _feed(self, seq: Sequence, token: int) -> FinishReason | None:
         """One token to ``seq``, timed for the TTFT and inter-token histograms."""
@@ -351,6 +368,10 @@ class Scheduler:
             self.lockstep.stored(uid, entry, len(tokens))
 
     def _retire(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+        if self.spec is not None and seq.uid is not None:
+            row = self.spec.rows.pop(seq.uid, None)
+            if row is not None:
+                seq.progress.drafted_tokens, seq.progress.accepted_tokens = row.drafted, row.accepted
         seq.finish(reason, error)
         stats = self.stats
         stats.total_requests_processed += 1

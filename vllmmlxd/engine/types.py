@@ -31,6 +31,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
     ignore_eos: bool = False
+    speculative: bool = True  # an extension: False opts this request out of the entry's speculation
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,8 @@ class RequestProgress:
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache
     prefilled_tokens: int = 0  # prompt tokens in the KV cache so far (cached ones included)
     cache_hit_type: str = "none"  # exact, prefix, lcp (longest common prefix) or none
+    drafted_tokens: int = 0  # speculation: tokens drafted for it, and how many its model accepted
+    accepted_tokens: int = 0
 
     @property
     def phase(self) -> Literal["queued", "prefill", "generation"]:

@@ -126,7 +126,9 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path):
         engine = _rank_zero_engine(config, key, state_dir, options)
     else:
         loaded = load_model(config.model, state_dir, trust_remote_code=config.trust_remote_code)
-        engine = MLXEngine(loaded, name=config.display_name(key), options=options)
+        spec = config.speculative
+        draft = load_model(spec.draft_model, state_dir) if spec is not None and spec.draft_model else None
+        engine = MLXEngine(loaded, name=config.display_name(key), options=options, draft=draft)
     if embedder is not None:
         engine.embedder = embedder  # app.py hands it to the API layer; engine.close closes it too
         embedder.share_engine_thread(engine)  # its batches go between decode steps (engine/embedder.py)

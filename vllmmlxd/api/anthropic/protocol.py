@@ -177,6 +177,7 @@ class MessagesRequest(CountTokensRequest):
     logit_bias: dict[str, float] | None = None
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0, le=10)
+    speculative: bool = True  # false: no speculative decoding for this request
 
 
 def error_body(type_: str, message: str) -> dict:

@@ -137,6 +137,7 @@ def sampling_request(req: MessagesRequest) -> SamplingRequest:
         logit_bias=dict(req.logit_bias or {}),
         min_p=req.min_p,
         repetition_penalty=req.repetition_penalty,
+        speculative=req.speculative,
     )
 
 

@@ -39,6 +39,7 @@ class SamplingExtensions(_Lenient):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
+    speculative: bool = True  # false: no speculative decoding for this request (the entry's otherwise)
 
     @field_validator("logit_bias")
     @classmethod

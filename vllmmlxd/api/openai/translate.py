@@ -58,6 +58,7 @@ def extended_sampling(req: Any, max_tokens: int | None) -> SamplingRequest:
         stop=stop,
         logit_bias=dict(req.logit_bias or {}),
         ignore_eos=req.ignore_eos,
+        speculative=req.speculative,
     )
 
 

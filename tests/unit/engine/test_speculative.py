@@ -1,0 +1,144 @@
+"""Speculative decoding inside the batch: the pure choices (lookup, width, pauses), and the
+scheduler over the real BatchGenerator and the weightless counting model, whose KV holds each
+position's token id, so a row's cache read back after drafts were accepted and rejected must
+be exactly its tokens."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from tests.unit.engine.scheduler_fakes import CountingModel, FakeClock, Harness, decode_ids
+from vllmmlxd.engine.options import EngineOptions
+from vllmmlxd.engine.speculative import (
+    MAX_PAUSE,
+    PAUSE_AFTER,
+    RowDrafting,
+    SpeculationOptions,
+    best_width,
+    expected_accepted,
+    lookup_drafts,
+)
+
+
+@pytest.mark.parametrize(
+    "history, ngram, k, drafts",
+    [
+        ([5, 6, 7, 8, 9, 1, 5, 6, 7], 3, 4, [8, 9, 1, 5]),  # the 3 last tokens occurred before
+        ([5, 6, 7, 8, 5, 6, 7, 2, 6, 7], 3, 3, [2, 6, 7]),  # (6, 7) only: the latest occurrence wins
+        ([1, 2, 3, 4, 5], 3, 4, []),  # nothing repeats
+        ([9, 9, 9, 9], 2, 2, [9]),  # the continuation runs up to the end
+        ([3, 1, 4, 1, 5, 1], 1, 2, [5, 1]),  # ngram 1: single tokens
+        ([3, 1, 4, 1, 5, 1], 2, 2, []),  # ngram 2 never falls back to single tokens
+    ],
+)
+def test_prompt_lookup_takes_what_followed_the_latest_earlier_occurrence(history, ngram, k, drafts):
+    assert lookup_drafts(np.array(history, np.int64), ngram, k) == drafts
+
+
+def test_the_width_is_the_one_with_the_most_tokens_per_second():
+    assert expected_accepted(0.5, 0) == 0 and expected_accepted(1.0, 4) == 4
+    assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert best_width([4, 2, 0], [0.9, 0.9, 0.1], None) == 4  # nothing measured yet: all of it
+    weight_bound = (0.040, 0.0001)  # a forward pass is mostly reading the weights: drafts are cheap
+    assert best_width([4, 4], [0.8, 0.8], weight_bound) == 4
+    compute_bound = (0.001, 0.010)  # each token costs: with 16 rows, drafts that rarely land are not worth it
+    assert best_width([4] * 16, [0.1] * 16, compute_bound) == 0
+    assert best_width([0, 0], [0.9, 0.9], weight_bound) == 0
+
+
+def test_a_row_whose_drafts_keep_failing_pauses_longer_each_time_and_an_acceptance_resets_it():
+    row = RowDrafting(enabled=True)
+    for _ in range(PAUSE_AFTER - 1):
+        row.record(4, 0)
+    assert row.pause == 0
+    row.record(4, 0)
+    first = row.pause
+    row.pause = 0
+    row.record(4, 0)
+    assert row.pause > first
+    for _ in range(20):
+        row.record(4, 0)
+    assert row.pause == MAX_PAUSE
+    row.record(4, 2)
+    assert row.misses == 0 and row.alpha > 0 and (row.drafted, row.accepted) == (4 * (PAUSE_AFTER + 22), 2)
+
+
+def harness(speculative: bool, **kw) -> Harness:
+    """A scheduler whose model reads its weights once a pass (a token costs little beside it), as
+    a decoder does on Apple Silicon: drafting pays even when some rows only pad."""
+    spec = SpeculationOptions(num_draft=4, ngram=3) if speculative else None
+    hz = Harness(per_call=0.04, per_token=0.0001, **kw)
+    # The harness builds its scheduler without speculation: rebuild it with the entry's options.
+    hz.options = EngineOptions(**{**hz.options.__dict__, "speculative": spec})
+    hz.scheduler.options = hz.options
+    hz.scheduler.gen = hz.scheduler._new_generator()
+    return hz
+
+
+PROMPTS = [
+    [5, 6, 7, 8, 9, 100, 5, 6, 7],  # drafts [8, 9, 100, 5]: two accepted, then a rejection
+    list(range(20, 31)) + list(range(20, 26)),  # drafts [27, 28, 29, 30]: all accepted, a bonus token
+    list(range(200, 209)),  # nothing to look up: never drafts
+]
+
+
+def run(hz: Harness, prompts, max_tokens=12, **sampling) -> list[str]:
+    seqs = [hz.submit(p, max_tokens=max_tokens, **sampling) for p in prompts]
+    hz.finish(*seqs)
+    return [hz.text(s) for s in seqs], seqs
+
+
+def stored(hz: Harness, tokens: list[int]) -> list[int]:
+    hit = hz.scheduler.cache.lookup([*tokens, 7])
+    assert hit.cached_tokens == len(tokens)
+    return hit.cache[0].keys[0, 0, : hit.cached_tokens, 0].astype(mx.int32).tolist()
+
+
+def test_drafts_accepted_and_rejected_in_one_batch_give_the_plain_batchs_tokens_and_kv():
+    plain, spec = harness(False), harness(True)
+    texts, _ = run(plain, PROMPTS)
+    spec_texts, seqs = run(spec, PROMPTS)
+    assert spec_texts == texts
+    stats = spec.scheduler.spec.stats
+    assert stats.drafted > stats.accepted > 0 and stats.steps > 0
+    assert seqs[2].progress.drafted_tokens == 0 and seqs[1].progress.accepted_tokens >= 4
+    for prompt, seq in zip(PROMPTS, seqs):  # each row's KV, stored as it finished, is its tokens exactly
+        generated = [int(t) for t in decode_ids_back(spec.text(seq))]
+        tokens = prompt + generated[:-1]  # the last token was sampled, never fed
+        assert stored(spec, tokens) == tokens
+    # A row whose drafts land needs fewer forward passes than the plain batch does.
+    plain, spec = harness(False), harness(True)
+    assert run(plain, PROMPTS[1:2])[0] == run(spec, PROMPTS[1:2])[0]
+    assert len(spec.model.calls) < len(plain.model.calls)
+
+
+def decode_ids_back(text: str) -> list[int]:
+    return [int(part) for part in text.strip("<>").split("><")]
+
+
+def test_a_request_that_opts_out_never_drafts_beside_one_that_does():
+    spec = harness(True)
+    out = spec.submit(PROMPTS[1], max_tokens=12, speculative=False)
+    drafting = spec.submit(PROMPTS[1], max_tokens=12)
+    spec.finish(out, drafting)
+    assert out.progress.drafted_tokens == 0 and drafting.progress.drafted_tokens > 0
+    assert spec.text(out) == spec.text(drafting)
+
+
+def test_drafts_never_run_past_max_tokens():
+    spec = harness(True)
+    texts, [seq] = run(spec, [PROMPTS[1]], max_tokens=3)
+    assert texts == [decode_ids([26, 27, 28])] and seq.progress.generated_tokens == 3
+
+
+def test_a_draft_model_of_the_target_itself_is_always_right():
+    clock = FakeClock()
+    spec = harness(True)
+    spec.scheduler.draft = CountingModel(clock)  # the same rule as the target: every draft is its next token
+    spec.scheduler.gen = spec.scheduler._new_generator()
+    texts, seqs = run(spec, [list(range(300, 310))], max_tokens=16)
+    assert texts == [decode_ids(list(range(310, 326)))]
+    stats = spec.scheduler.spec.stats
+    assert stats.drafted > 0 and stats.accepted == stats.drafted

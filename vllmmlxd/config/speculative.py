@@ -1,0 +1,33 @@
+"""An entry's ``speculative:`` section: drafting tokens and verifying them in one forward pass."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from .base import Strict
+
+SPECULATIVE_METHODS = ("prompt-lookup", "draft")
+
+
+class SpeculativeConfig(Strict):
+    """``speculative: {method: prompt-lookup, num_draft: 4, ngram: 3}``, or
+    ``{method: draft, draft_model: SPEC, num_draft: 3}``."""
+
+    method: Literal["prompt-lookup", "draft"] = Field(
+        "prompt-lookup",
+        description="prompt-lookup: drafts from the request's own prompt and output; "
+        "draft: a small model of the same tokenizer drafts",
+    )
+    num_draft: int = Field(4, ge=1, le=16, description="tokens drafted per step at most")
+    ngram: int = Field(3, ge=1, le=8, description="prompt-lookup: the last this-many tokens are looked up (down to 2)")
+    draft_model: str | None = Field(None, description="draft: the drafting model (any model spec)")
+
+    @model_validator(mode="after")
+    def _method_has_what_it_needs(self):
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("method: draft needs draft_model")
+        if self.method == "prompt-lookup" and self.draft_model:
+            raise ValueError("draft_model is for method: draft")
+        return self
