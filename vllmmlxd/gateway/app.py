@@ -182,8 +182,10 @@ def create_private_app(gateway: Gateway) -> FastAPI:
         except (ValueError, RecursionError):
             return refused(422, "the body is not a JSON gateway spec")
         current = gateway.table.spec
-        if (spec.host, spec.port) != (current.host, current.port):
-            return refused(409, "gateway.host and gateway.port cannot change live: the gateway must restart")
+        if spec.gateway.listeners() != current.gateway.listeners():
+            return refused(
+                409, "gateway.host, gateway.port and gateway.ollama_port cannot change live: the gateway must restart"
+            )
         try:
             table = build_table(spec)
         except TableError as exc:
