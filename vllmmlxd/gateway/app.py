@@ -40,6 +40,12 @@ ROUTED_PATHS = {
     "/v1/messages": False,
     "/v1/messages/count_tokens": False,
     "/v1/responses": False,
+    # A worker's Ollama routes, so that a gateway is an upstream for another host's Ollama listener too.
+    "/ollama/api/chat": False,
+    "/ollama/api/generate": False,
+    "/ollama/api/embed": True,
+    "/ollama/api/embeddings": True,
+    "/ollama/api/show": True,
 }
 
 

@@ -14,7 +14,8 @@ import time
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 API_PREFIXES = ("/v1/", "/ollama/")  # the paths of the API families: what counts as use
-NOT_USE = frozenset({"/ollama/api/ps"})  # asking what is loaded (and until when) keeps nothing loaded
+# Asking what is there, what is loaded and until when keeps nothing loaded.
+NOT_USE = frozenset({"/ollama/api/ps", "/ollama/api/tags", "/ollama/api/version"})
 KEEP_FOREVER = -1.0  # keep_alive_s: a request asked for its model to stay loaded
 
 

@@ -17,6 +17,8 @@ from typing import Any
 from .encode import created_at
 
 FOREVER = "2318-06-01T00:00:00Z"  # Ollama's expiry of a model kept loaded for ever
+# The Ollama release whose API this follows (clients check /api/version before using newer fields).
+OLLAMA_VERSION = "0.12.0"
 
 
 @dataclass(frozen=True)
@@ -107,4 +109,23 @@ def ps_line(facts: Facts, expires: str) -> dict:
         "expires_at": expires,
         "size_vram": facts.size_bytes,
         "context_length": facts.context_length,
+    }
+
+
+def tag_entry(name: str, modified_at: str, *, size: int = 0, family: str = "", source: str = "") -> dict:
+    """One model of ``/api/tags``: its name, when it was made available, its size if known."""
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": modified_at,
+        "size": size,
+        "digest": hashlib.sha256(f"{name}\n{source}".encode()).hexdigest(),
+        "details": {
+            "parent_model": "",
+            "format": "mlx",
+            "family": family,
+            "families": [family] if family else None,
+            "parameter_size": "",
+            "quantization_level": "",
+        },
     }

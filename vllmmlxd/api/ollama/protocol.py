@@ -67,6 +67,9 @@ class ChatRequest(_Generating):
 
     messages: list[Message] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
+    # vllmmlxd's extension (Ollama has none): OpenAI's tool_choice, "required" or a named function
+    # holding decoding to a call, as on the other families.
+    tool_choice: Union[str, dict[str, Any], None] = None
 
 
 class GenerateRequest(_Generating):

@@ -36,7 +36,7 @@ from ..stream import fold, stream
 from ..structured import ensure_valid
 from . import describe
 from . import translate as tr
-from .encode import NS, ChatEncoding, Clock, GenerateEncoding, load_answer
+from .encode import NS, ChatEncoding, Clock, GenerateEncoding, created_at, load_answer
 from .protocol import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ShowRequest
 
 PREFIX = "/ollama"
@@ -193,6 +193,22 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
         req = validate(ShowRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model or req.name)
         return describe.show_body(await asyncio.to_thread(facts_of, ctx))
+
+    @router.get(PREFIX + "/api/tags")
+    async def tags(request: Request):
+        """This worker's models: a worker alone is an Ollama endpoint for its model (``/ollama`` as the host)."""
+        ctx = live.capture(request)
+        facts = await asyncio.to_thread(facts_of, ctx)
+        when = created_at(ctx.started)
+        models = [describe.tag_entry(ctx.name, when, size=facts.size_bytes, family=facts.family, source=facts.source)]
+        embedder = ctx.embedder
+        if embedder is not None and embedder.info.name != ctx.name:
+            models.append(describe.tag_entry(embedder.info.name, when, family="bert", source=embedder.info.source))
+        return {"models": models}
+
+    @router.get(PREFIX + "/api/version")
+    async def version():
+        return {"version": describe.OLLAMA_VERSION}
 
     @router.get(PREFIX + "/api/ps")
     async def ps(request: Request):

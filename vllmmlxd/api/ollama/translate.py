@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ...errors import InvalidRequest
 from ..sampling import SamplingRequest
 from ..structured import OutputFormat, checked_schema
-from ..tooling import ToolChoice
+from ..tooling import ToolChoice, openai_tool_choice
 from ..turn import ChatPrompt, ChatTurn
 from .protocol import ChatRequest, GenerateRequest, Message, _Generating
 
@@ -218,9 +218,8 @@ def chat_turn(req: ChatRequest, model: Model) -> ChatTurn:
     """``/api/chat`` as the neutral turn ``serve_chat`` serves."""
     refuse_unhonoured(req)
     prompt = ChatPrompt(to_template_messages(req.messages, model), req.tools or None, thinking(req.think, model))
-    return ChatTurn(
-        prompt, sampling(req.options), ID_PREFIX, ToolChoice(), output_format(req.format), stream=req.streamed
-    )
+    choice = openai_tool_choice(req.tool_choice, None)
+    return ChatTurn(prompt, sampling(req.options), ID_PREFIX, choice, output_format(req.format), stream=req.streamed)
 
 
 def refuse_generate_fields(req: GenerateRequest) -> None:
