@@ -149,10 +149,13 @@ def test_embed_and_embeddings(daemon):
     assert len(client.embeddings(model="tiny", prompt="Hello world").embedding) == 384
 
 
-def test_an_unknown_model_is_ollamas_404(daemon):
+def test_an_unknown_model_is_ollamas_404_and_images_to_a_text_model_a_400_naming_it(daemon):
     with pytest.raises(ollama.ResponseError) as missing:
         daemon.client().chat(model="nope", messages=HI)
     assert missing.value.status_code == 404 and "not found" in missing.value.error and "tiny" in missing.value.error
+    with pytest.raises(ollama.ResponseError) as refused:
+        daemon.client().chat(model="tiny", messages=[{**HI[0], "images": ["aGk="]}])
+    assert refused.value.status_code == 400 and "'tiny' takes text only" in refused.value.error
 
 
 def test_the_main_ports_api_chat_points_ollama_clients_at_the_ollama_port(daemon):

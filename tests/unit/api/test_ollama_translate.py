@@ -9,8 +9,8 @@ from vllmmlxd.api.ollama.protocol import ChatRequest, GenerateRequest
 from vllmmlxd.api.sampling import SamplingRequest
 from vllmmlxd.errors import InvalidRequest
 
-TEXT = tr.Model("tiny", reasoning=False, vision=False)
-THINKER = tr.Model("qwen", reasoning=True, vision=False)
+TEXT = tr.Model("tiny", reasoning=False)
+THINKER = tr.Model("qwen", reasoning=True)
 
 
 def test_options_map_onto_sampling_and_unknown_ones_are_ignored():
@@ -150,13 +150,16 @@ def test_messages_with_calls_sent_back_and_their_results():
     assert out[4] == {"role": "tool", "content": "10:00", "tool_call_id": calls[0]["id"], "name": "get_time"}
 
 
-def test_images_are_refused_naming_the_model():
-    req = ChatRequest.model_validate({"messages": [{"role": "user", "content": "?", "images": ["aGk="]}]})
-    with pytest.raises(InvalidRequest, match="'tiny' does not take images") as refused:
-        tr.chat_turn(req, TEXT)
-    assert refused.value.param == "messages[0].images"
-    with pytest.raises(InvalidRequest, match="not supported yet"):
-        tr.chat_turn(req, tr.Model("smolvlm", reasoning=False, vision=True))
+def test_images_become_image_parts_before_the_text():
+    from vllmmlxd.api.images import ImageRef
+
+    req = ChatRequest.model_validate({"messages": [{"role": "user", "content": "What is it?", "images": ["aGk="]}]})
+    (message,) = tr.chat_turn(req, TEXT).prompt.messages
+    image, text = message["content"]
+    assert image == {"type": "image", "image": ImageRef("messages[0].images[0]", data="aGk=")}
+    assert text == {"type": "text", "text": "What is it?"}
+    turn = tr.generate_turn(GenerateRequest.model_validate({"prompt": "?", "images": ["aGk="]}), TEXT)
+    assert turn.prompt.messages[0]["content"][0]["image"].where == "images[0]"
 
 
 def test_a_chat_turn_streams_by_default_and_takes_tool_choice():
@@ -180,6 +183,7 @@ def test_generate_is_the_system_prompt_and_the_prompt_as_one_turn():
         ({"context": [1, 2, 3]}, "context"),
         ({"raw": True, "system": "x"}, "system"),
         ({"raw": True, "think": True}, "think"),
+        ({"raw": True, "images": ["aGk="]}, "images"),
         ({"logprobs": True}, "logprobs"),
     ],
 )

@@ -43,7 +43,7 @@ PREFIX = "/ollama"
 
 
 def model_of(ctx: ServingContext) -> tr.Model:
-    return tr.Model(ctx.name, bool(ctx.config.reasoning_parser), ctx.engine.info.vision)
+    return tr.Model(ctx.name, bool(ctx.config.reasoning_parser))
 
 
 def facts_of(ctx: ServingContext) -> describe.Facts:
@@ -119,7 +119,6 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
         model = model_of(ctx)
         if req.raw:
             tr.refuse_generate_fields(req)
-            tr.check_images(req.images, model, "images")
             sampling, output = tr.sampling(req.options), tr.output_format(req.format)
         else:
             turn = tr.generate_turn(req, model)

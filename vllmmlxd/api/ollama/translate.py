@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ...errors import InvalidRequest
+from ..images import ImageRef, image_part
 from ..sampling import SamplingRequest
 from ..structured import OutputFormat, checked_schema
 from ..tooling import ToolChoice, openai_tool_choice
-from ..turn import ChatPrompt, ChatTurn
+from ..turn import ChatPrompt, ChatTurn, content_of
 from .protocol import ChatRequest, GenerateRequest, Message, _Generating
 
 ID_PREFIX = "ollama-"  # request ids (x-request-id, engine logs): Ollama's bodies carry none
@@ -35,7 +36,6 @@ class Model:
 
     name: str  # as clients see it, for errors
     reasoning: bool  # has a reasoning parser: ``think`` can be honoured
-    vision: bool  # takes images
 
 
 def _number(name: str, value: Any, check: Callable[[float], bool], rule: str) -> float:
@@ -153,19 +153,16 @@ def refuse_unhonoured(req: _Generating) -> None:
         raise InvalidRequest("logprobs are not supported by this server", param="logprobs")
 
 
-def check_images(images: list[str] | None, model: Model, param: str) -> None:
-    """Images are for vision models: elsewhere a 400 naming the model. The worker's chat pipeline
-    takes no image yet (``api/images.py`` checks and decodes them; their wiring is the next step),
-    so a vision model refuses them too, saying so."""
+def with_images(text: str, images: list[str] | None, where: str) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or with ``images`` (base64, no media type: told by their bytes)
+    the images first, then the text, as parts the chat pipeline resolves (``api.image_input``: a text
+    model refuses them, naming itself; a vision model's are checked and decoded)."""
     if not images:
-        return
-    if not model.vision:
-        raise InvalidRequest(f"model {model.name!r} does not take images: it is not a vision model", param=param)
-    raise InvalidRequest(
-        f"images are not supported yet on this server (model {model.name!r} is a vision model; "
-        "image input is being wired into the chat pipeline)",
-        param=param,
-    )
+        return text
+    parts: list[str | dict[str, Any]] = [
+        image_part(ImageRef(f"{where}[{k}]", data=data)) for k, data in enumerate(images)
+    ]
+    return content_of([*parts, text], "")
 
 
 def to_template_messages(messages: list[Message], model: Model) -> list[dict[str, Any]]:
@@ -175,8 +172,10 @@ def to_template_messages(messages: list[Message], model: Model) -> list[dict[str
     out: list[dict[str, Any]] = []
     pending: list[tuple[str, str]] = []  # (id, name) of the last assistant turn's unanswered calls
     for i, msg in enumerate(messages):
-        check_images(msg.images, model, f"messages[{i}].images")
-        item: dict[str, Any] = {"role": msg.role, "content": msg.content or ""}
+        item: dict[str, Any] = {
+            "role": msg.role,
+            "content": with_images(msg.content or "", msg.images, f"messages[{i}].images"),
+        }
         if msg.role == "assistant":
             if msg.thinking:
                 item["reasoning_content"] = msg.thinking
@@ -247,14 +246,15 @@ def refuse_generate_fields(req: GenerateRequest) -> None:
         raise InvalidRequest("system is not applied to a raw prompt: put it in the prompt", param="system")
     if req.raw and req.think:
         raise InvalidRequest("think needs the chat template: it cannot be used with raw: true", param="think")
+    if req.raw and req.images:
+        raise InvalidRequest("images need the chat template: they cannot be used with raw: true", param="images")
 
 
 def generate_turn(req: GenerateRequest, model: Model) -> ChatTurn:
     """``/api/generate`` (not raw) as one chat turn: ``system``, then the prompt as the user's message."""
     refuse_generate_fields(req)
-    check_images(req.images, model, "images")
     messages = ([{"role": "system", "content": req.system}] if req.system else []) + [
-        {"role": "user", "content": req.prompt or ""}
+        {"role": "user", "content": with_images(req.prompt or "", req.images, "images")}
     ]
     prompt = ChatPrompt(messages, None, thinking(req.think, model))
     return ChatTurn(
