@@ -79,13 +79,20 @@ system-deps:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) || echo "could not install$$missing; the tests that need them will be skipped"; \
 	fi
 
-# The agents the tests run for real, pinned: OpenAI's Codex CLI (npm; the wrapper brings its binary).
+# The clients the tests run for real, pinned: OpenAI's Codex CLI (npm; the wrapper brings its binary),
+# and Ollama's JavaScript library (tests/e2e/test_ollama.py).
 CODEX_VERSION = 0.171.0
 CODEX := .clients/codex-$(CODEX_VERSION)/node_modules/.bin/codex
-clients: $(CODEX)
+OLLAMA_JS_VERSION = 0.6.4
+OLLAMA_JS := .clients/ollama-js-$(OLLAMA_JS_VERSION)/node_modules/ollama/package.json
+NPM_CHECK = command -v npm >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && echo "installing Debian's npm" && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; } || { echo "the clients' tests need npm (Node.js)"; exit 1; }
+clients: $(CODEX) $(OLLAMA_JS)
 $(CODEX):
-	@command -v npm >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && echo "installing Debian's npm" && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; } || { echo "the Codex test needs npm (Node.js)"; exit 1; }
+	@$(NPM_CHECK)
 	npm install --silent --no-audit --no-fund --prefix .clients/codex-$(CODEX_VERSION) @openai/codex@$(CODEX_VERSION)
+$(OLLAMA_JS):
+	@$(NPM_CHECK)
+	npm install --silent --no-audit --no-fund --prefix .clients/ollama-js-$(OLLAMA_JS_VERSION) ollama@$(OLLAMA_JS_VERSION)
 
 clean:
 	rm -rf .clients $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

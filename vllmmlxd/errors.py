@@ -105,6 +105,13 @@ class Overloaded(RequestError):
         self.retry_after = retry_after
 
 
+class NotServed(RequestError):
+    """An endpoint an API family defines that this server does not serve (501)."""
+
+    status_code = 501
+    error_type = "not_implemented"
+
+
 class RequestTimeout(RequestError):
     """The request ran past the model's ``timeout`` (504)."""
 

@@ -18,7 +18,8 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 MAX_EXAMPLES = int(os.environ.get("VLLMMLXD_FUZZ_EXAMPLES", "25"))
 # The same cases on every run (CI); VLLMMLXD_FUZZ_RANDOM=1 draws new ones (pytest prints the seed).
 DERANDOMIZE = not os.environ.get("VLLMMLXD_FUZZ_RANDOM")
-FAMILY_PREFIX = "/v1/messages"  # Anthropic's error shape there, OpenAI's everywhere else
+FAMILY_PREFIX = "/v1/messages"  # Anthropic's error shape there, OpenAI's everywhere else (but Ollama's)
+OLLAMA_PREFIX = "/ollama/"  # Ollama's {"error": "message"}
 
 
 def described() -> dict:
@@ -55,7 +56,9 @@ def assert_alive(server: Server) -> None:
 def assert_error_shape(path: str, body: object) -> None:
     """An error body in the shape of ``path``'s family."""
     assert isinstance(body, dict), body
-    if path.startswith(FAMILY_PREFIX):
+    if path.startswith(OLLAMA_PREFIX):
+        assert set(body) == {"error"} and isinstance(body["error"], str), body
+    elif path.startswith(FAMILY_PREFIX):
         assert body.get("type") == "error" and set(body) == {"type", "error"}, body
         assert isinstance(body["error"].get("type"), str) and isinstance(body["error"].get("message"), str), body
     else:

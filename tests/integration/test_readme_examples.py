@@ -16,6 +16,8 @@ from tests.support.servers import start_serve
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 MAKE_SERVE_URL = "http://127.0.0.1:8000"
+# The gateway's Ollama listener; a worker serves the same routes under /ollama (the gateway forwards there).
+OLLAMA_URL = "http://127.0.0.1:11434"
 
 
 def blocks(lang: str) -> list[str]:
@@ -37,10 +39,9 @@ def test_the_readme_says_to_install_the_sdks_its_examples_import():
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_each_python_example_runs(url, index):
     code = blocks("python")[index]
-    assert MAKE_SERVE_URL in code
-    r = subprocess.run(
-        [sys.executable, "-c", code.replace(MAKE_SERVE_URL, url)], capture_output=True, text=True, timeout=120
-    )
+    assert MAKE_SERVE_URL in code or OLLAMA_URL in code
+    code = code.replace(MAKE_SERVE_URL, url).replace(OLLAMA_URL, url + "/ollama")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout, r.stderr
 
 

@@ -285,3 +285,29 @@ def test_structured_output_tools_and_stops_hold_with_an_image(oa):
     cut = oa_ask(oa, oa_image(picture("noise")), max_tokens=12, stop=[stop])
     assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].message.content
     assert whole.startswith(cut.choices[0].message.content)
+
+
+def test_ollamas_images_are_the_same_image_parts(server, oa):
+    """Ollama's ``images`` (base64, no media type) on the worker's Ollama routes: the image before
+    the text, as the same request in OpenAI's words gives the same prompt and the same greedy answer."""
+    import ollama
+
+    data = picture("noise")
+    question = "What is in the picture?"
+    client = ollama.Client(host=server.url + "/ollama", timeout=60)
+    ours = client.chat(
+        model="m",
+        messages=[{"role": "user", "content": question, "images": [data]}],
+        options={"num_predict": 12, "temperature": 0},
+    )
+    theirs = oa.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": [oa_image(data), {"type": "text", "text": question}]}],
+        max_tokens=12,
+        temperature=0,
+    )
+    assert ours.message.content == theirs.choices[0].message.content
+    assert ours.prompt_eval_count == theirs.usage.prompt_tokens > 60
+    with pytest.raises(ollama.ResponseError) as bad:
+        client.chat(model="m", messages=[{"role": "user", "content": question, "images": [b64(b"not an image")]}])
+    assert bad.value.status_code == 400 and "images[0]" in bad.value.error

@@ -35,6 +35,7 @@ class FakeWorker:
         self.runtime, self.load = {}, {}
         self.load_at: float | None = None
         self.idle_since: float | None = None  # set by a test: the worker has had no request since then
+        self.keep_alive_s: float | None = None  # set by a test: what its last request said (Ollama's keep_alive)
         self.answers = True
         self._exit = asyncio.get_running_loop().create_future()
 
@@ -73,6 +74,8 @@ class FakeWorker:
         """What a real worker's /health load says of its idle time: since ``idle_since``, or busy (None)."""
         now = time.monotonic()
         self.load = {"idle_s": None if self.idle_since is None else now - self.idle_since}
+        if self.keep_alive_s is not None:
+            self.load["keep_alive_s"] = self.keep_alive_s
         self.load_at = now
 
     async def wait(self):

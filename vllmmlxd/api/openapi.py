@@ -15,7 +15,9 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from ..http.error_shapes import OLLAMA_PREFIX
 from .anthropic.protocol import CountTokensRequest, MessagesRequest
+from .ollama.protocol import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ShowRequest
 from .openai.embeddings import EmbeddingRequest
 from .openai.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -25,8 +27,14 @@ BODIES: dict[str, type[BaseModel]] = {
     "/v1/messages": MessagesRequest,
     "/v1/messages/count_tokens": CountTokensRequest,
     "/v1/embeddings": EmbeddingRequest,
+    "/ollama/api/chat": ChatRequest,
+    "/ollama/api/generate": GenerateRequest,
+    "/ollama/api/embed": EmbedRequest,
+    "/ollama/api/embeddings": EmbeddingsRequest,
+    "/ollama/api/show": ShowRequest,
 }
 STREAMED = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}  # "stream": true answers SSE
+NDJSON = {"/ollama/api/chat", "/ollama/api/generate"}  # streamed (Ollama's default): one JSON object a line
 ANTHROPIC_PREFIX = "/v1/messages"  # the family rule of api.errors.is_anthropic
 
 # Reading and validating a body: a bad value, no such model (strict names), too large, not JSON,
@@ -39,12 +47,19 @@ EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("POST", "/v1/completions"): BODY + GENERATE,
     ("POST", "/v1/messages"): BODY + GENERATE,
     ("POST", "/v1/messages/count_tokens"): BODY,
+    ("POST", "/ollama/api/chat"): BODY + GENERATE,
+    ("POST", "/ollama/api/generate"): BODY + GENERATE,
     ("GET", "/v1/models/{model_id}"): (404,),
+    # A stored response that is not there (or not the caller's); input_items' order may be wrong.
+    ("GET", "/v1/responses/{response_id}"): (404,),
+    ("DELETE", "/v1/responses/{response_id}"): (404,),
+    ("GET", "/v1/responses/{response_id}/input_items"): (400, 404),
     ("GET", "/health"): (503,),  # degraded: work waits on a silent engine thread
     ("GET", "/metrics"): (404,),  # metrics switched off: as if the route did not exist
 }
-# Anthropic has no 422 (a 400 there) and says "overloaded" with 529 (api.errors.render_error).
+# Anthropic has no 422 (a 400 there) and says "overloaded" with 529 (api.errors.render_error); nor has Ollama.
 ANTHROPIC_STATUS = {422: 400, 503: 529}
+OLLAMA_STATUS = {422: 400}
 
 SECURITY_SCHEMES = {
     "bearer": {"type": "http", "scheme": "bearer"},
@@ -85,6 +100,7 @@ ERROR_SCHEMAS = {
             },
         },
     },
+    "OllamaError": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
 }
 OPEN = {"/health", "/metrics"}  # for probes and scrapers: the key only where the entry asks for it
 
@@ -127,13 +143,19 @@ def statuses(method: str, path: str) -> list[int]:
     codes = {401, 403, *extra} | (set() if path in OPEN else {429})
     if path.startswith(ANTHROPIC_PREFIX):
         codes = {ANTHROPIC_STATUS.get(c, c) for c in codes}
+    if path.startswith(OLLAMA_PREFIX):
+        codes = {OLLAMA_STATUS.get(c, c) for c in codes}
     return [200, *sorted(codes)]
 
 
+def _error_schema(path: str) -> str:
+    if path.startswith(ANTHROPIC_PREFIX):
+        return "AnthropicError"
+    return "OllamaError" if path.startswith(OLLAMA_PREFIX) else "OpenAIError"
+
+
 def _operation(method: str, path: str, base: dict, bodies: dict[str, dict]) -> dict[str, Any]:
-    error = {
-        "$ref": "#/components/schemas/" + ("AnthropicError" if path.startswith(ANTHROPIC_PREFIX) else "OpenAIError")
-    }
+    error = {"$ref": "#/components/schemas/" + _error_schema(path)}
     responses: dict[str, Any] = {}
     for code in statuses(method, path):
         if code == 200:
@@ -168,6 +190,8 @@ def _success_content(path: str) -> dict[str, Any]:
     if path in STREAMED:
         # Before OpenAPI 3.2 (``itemSchema``), an event stream's schema is read as each event's.
         content["text/event-stream"] = {"schema": SSE_EVENT}
+    if path in NDJSON:
+        content["application/x-ndjson"] = {"schema": {"type": "object"}}
     return content
 
 

@@ -40,6 +40,7 @@ class SamplingRequest:
     logit_bias: dict[str, float] = field(default_factory=dict)
     ignore_eos: bool = False
     speculative: bool = True  # False: this request opts out of the entry's speculative decoding
+    context_window: int | None = None  # the request's own context (Ollama's num_ctx), within the model's
 
 
 def resolve_sampling(
@@ -50,8 +51,15 @@ def resolve_sampling(
     context_length: int,
     vocab_size: int,
 ) -> SamplingParams:
-    """Merge ``req`` with the model's defaults; clamp max_tokens to the limits; check the prompt fits."""
-    room = context_length - prompt_len
+    """Merge ``req`` with the model's defaults; clamp max_tokens to the limits; check the prompt fits
+    (the model's context, or the request's own window when it asks for a smaller one)."""
+    window = min(req.context_window, context_length) if req.context_window else context_length
+    room = window - prompt_len
+    if room <= 0 and window < context_length:
+        raise ContextLengthExceeded(
+            f"the prompt is {prompt_len} tokens; the request's context window is {window} tokens "
+            f"(this model's is {context_length})"
+        )
     if room <= 0:
         raise ContextLengthExceeded(
             f"the prompt is {prompt_len} tokens; this model's context is {context_length} tokens"

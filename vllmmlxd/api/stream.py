@@ -36,7 +36,8 @@ Part = Union[
 
 
 class StreamEncoder(Protocol):
-    """One response's SSE frames, in a family's wire format. Stateful: one per response."""
+    """One response's SSE frames, in a family's wire format. Stateful: one per response. An
+    encoder whose frames are no SSE says so with a ``media_type`` attribute (Ollama's NDJSON)."""
 
     def start(self) -> list[str]:
         """Frames before the first event (OpenAI's role chunk; Anthropic's message_start)."""
@@ -207,4 +208,6 @@ def stream(ctx: ServingContext, request: Request, gen: Generation, encoder: Stre
         for frame in encoder.end():
             yield frame
 
-    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    # A family whose stream is no SSE names its media type on its encoder (Ollama's NDJSON).
+    media_type = getattr(encoder, "media_type", "text/event-stream")
+    return StreamingResponse(body(), media_type=media_type, headers={"Cache-Control": "no-cache"})

@@ -12,7 +12,7 @@ import hashlib
 import json
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from .base import Strict as _Strict
 from .keys import KeyGrant
@@ -53,11 +53,25 @@ class GatewayConfig(_Strict):
     cors_origins: tuple[str, ...] = Field((), description="web origins allowed to call the gateway from a browser")
     max_connections: int = Field(1024, ge=1, description="open connections at most; more get 503")
     max_body_mb: float = Field(16.0, gt=0, description="request bodies above this get 413")
+    ollama_port: int | None = Field(
+        None, ge=1, le=65535, description="also serve Ollama's API on this port of the same host (11434 is Ollama's)"
+    )
 
     @field_validator("trusted_proxies", "allowed_hosts", "cors_origins", mode="before")
     @classmethod
     def _one_is_a_list(cls, v):
         return (v,) if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _ports_apart(self):
+        if self.ollama_port == self.port:
+            raise ValueError(f"ollama_port and port are both {self.port}: Ollama's API needs a port of its own")
+        return self
+
+    def listeners(self) -> tuple[tuple[str, int], ...]:
+        """Every address the gateway listens on: its own, then Ollama's when set."""
+        ollama = ((self.host, self.ollama_port),) if self.ollama_port is not None else ()
+        return ((self.host, self.port), *ollama)
 
 
 class Route(_Strict):
@@ -113,6 +127,12 @@ class GatewaySpec(_Strict):
 
     def display_name(self, key: str) -> str:
         return key
+
+    def extra_listeners(self) -> dict[str, tuple[str, int]]:
+        """The gateway's listeners beside its own address, by the flag that hands each one's socket
+        to its process (``python -m vllmmlxd.gateway --ollama-fd N``)."""
+        port = self.gateway.ollama_port
+        return {"--ollama-fd": (self.gateway.host, port)} if port is not None else {}
 
     def to_worker_json(self) -> str:
         """The spec with secrets revealed: only ever sent down the gateway's stdin or private socket."""

@@ -129,7 +129,7 @@ class Config(_Strict):
     @classmethod
     def _names_and_ports(cls, models: dict[str, EntryConfig], info):
         gateway: GatewayConfig | None = info.data.get("gateway")
-        seen: dict[tuple[str, int], str] = {(gateway.host, gateway.port): "gateway"} if gateway else {}
+        seen: dict[tuple[str, int], str] = {addr: "gateway" for addr in gateway.listeners()} if gateway else {}
         for name, entry in models.items():
             if not MODEL_NAME_RE.match(name):
                 raise ValueError(f"model name {name!r} must be letters, digits, '_', '.' or '-'")

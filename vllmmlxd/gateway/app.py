@@ -40,6 +40,12 @@ ROUTED_PATHS = {
     "/v1/messages": False,
     "/v1/messages/count_tokens": False,
     "/v1/responses": False,
+    # A worker's Ollama routes, so that a gateway is an upstream for another host's Ollama listener too.
+    "/ollama/api/chat": False,
+    "/ollama/api/generate": False,
+    "/ollama/api/embed": True,
+    "/ollama/api/embeddings": True,
+    "/ollama/api/show": True,
 }
 
 
@@ -182,8 +188,10 @@ def create_private_app(gateway: Gateway) -> FastAPI:
         except (ValueError, RecursionError):
             return refused(422, "the body is not a JSON gateway spec")
         current = gateway.table.spec
-        if (spec.host, spec.port) != (current.host, current.port):
-            return refused(409, "gateway.host and gateway.port cannot change live: the gateway must restart")
+        if spec.gateway.listeners() != current.gateway.listeners():
+            return refused(
+                409, "gateway.host, gateway.port and gateway.ollama_port cannot change live: the gateway must restart"
+            )
         try:
             table = build_table(spec)
         except TableError as exc:

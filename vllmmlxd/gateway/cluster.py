@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 from ..config.gateway import Route
 from ..errors import InvalidRequest, Unauthorized
 from ..http.access import presented_key
+from ..http.error_shapes import FAMILY_KEY
 from .dispatch import Gateway, Unavailable, parse_object
 from .routing import ReplicaSet, Table, health_summary, set_health, set_state
 
@@ -45,6 +46,28 @@ def chat_body(data: dict) -> dict:
         messages = [{"role": "system", "content": system}, *messages]
     body.update(messages=messages, stream=True, stream_options=_stream_options(data))
     return body
+
+
+def looks_like_ollama(data: dict) -> bool:
+    """Is a body sent to ``/api/chat`` shaped like Ollama's chat (whose clients cannot read this
+    route's SSE)? Fields only Ollama has, or a whole answer asked for with no ``max_tokens`` (the
+    page always streams)."""
+    if any(k in data for k in ("options", "keep_alive", "format", "think")):
+        return True
+    return data.get("stream") is False and "max_tokens" not in data
+
+
+def ollama_elsewhere(ollama_port: int | None) -> str:
+    """What an Ollama client that called the main port is told."""
+    where = (
+        f"Ollama's API is served on port {ollama_port}"
+        if ollama_port is not None
+        else "Ollama's API is off: set gateway.ollama_port (11434 is Ollama's) and point the client there"
+    )
+    return (
+        "this /api/chat is vllmmlxd's web page endpoint (it streams OpenAI server-sent events), "
+        f"and this request looks like an Ollama client's: {where}"
+    )
 
 
 def complete_body(data: dict) -> dict:
@@ -180,6 +203,9 @@ def make_router(gateway: Gateway) -> APIRouter:
     async def translated(request: Request, path: str, translate) -> Response:
         data = parse_object(await gateway.read_body(request))
         table = gateway.table
+        if path == "/v1/chat/completions" and looks_like_ollama(data):
+            request.scope[FAMILY_KEY] = "ollama"  # answered in the shape its client reads
+            raise InvalidRequest(ollama_elsewhere(table.spec.gateway.ollama_port), code="ollama_port")
         target = table.resolve(data.get("model"), key=presented_key(request))
         table.access_of(target).identify(request)
         body = translate(data)

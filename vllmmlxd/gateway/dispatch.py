@@ -165,7 +165,8 @@ class Gateway:
         made_by = table.by_response(stored, key) if isinstance(stored, str) else None
         target = made_by or table.resolve(data.get("model"), embeddings, key)
         table.access_of(target).identify(request)
-        return await self.dispatch(request, target, path, data, raw)
+        # A worker's Ollama paths (an upstream's, through this main port) stream NDJSON, not SSE.
+        return await self.dispatch(request, target, path, data, raw, sse=not path.startswith("/ollama/"))
 
     async def stored(self, request: Request, response_id: str, path: str):
         """A stored response's retrieve, delete or input items: from the worker that made it."""
@@ -176,9 +177,11 @@ class Gateway:
         table.access_of(route).identify(request)
         return await self.forward(request, route, path, b"", False)
 
-    async def dispatch(self, request: Request, target: Target, path: str, data: dict, raw: bytes):
-        """Forward to a route, or to a member of a set (the key was checked already)."""
-        stream = data.get("stream") is True
+    async def dispatch(self, request: Request, target: Target, path: str, data: dict, raw: bytes, *, sse: bool = True):
+        """Forward to a route, or to a member of a set (the key was checked already). ``sse``: a streamed
+        answer is SSE, so a lazy model's load can be waited for with comment lines after the head; a
+        family whose stream is not (Ollama's NDJSON) has its load waited for before the head."""
+        stream = sse and data.get("stream") is True
         if isinstance(target, ReplicaSet):
             return await self.forward_set(request, target, path, data, raw, stream)
         return await self.forward(request, target, path, body_for(target, data, raw), stream)

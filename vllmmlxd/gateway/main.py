@@ -51,13 +51,16 @@ def serve(
     *,
     state_dir: Path,
     listen: socket.socket | None = None,
+    ollama_listen: socket.socket | None = None,
     health_socket: Path | None = None,
     drain_timeout: float = 30.0,
     log_level: str = "info",
 ) -> int:
-    """Serve ``spec`` until SIGTERM/SIGINT (or stdin's EOF). Returns the exit code."""
+    """Serve ``spec`` until SIGTERM/SIGINT (or stdin's EOF). Returns the exit code. ``listen`` and
+    ``ollama_listen`` are the daemon's sockets; without ``listen`` (run by hand) both are bound here."""
     from .app import create_app, create_private_app
     from .dispatch import Gateway
+    from .ollama import ListenerSplit, create_ollama_app
     from .routing import TableError, build_table
 
     ensure_private_dir(state_dir)
@@ -67,14 +70,20 @@ def serve(
         log_event(logger, "gateway.bad_config", logging.ERROR, error=str(exc))
         return EXIT_BAD_SPEC
     if listen is None:
+        ollama_port = spec.gateway.ollama_port
         try:
             listen = bind_tcp(spec.host, spec.port)
+            ollama_listen = bind_tcp(spec.host, ollama_port) if ollama_port is not None else None
         except OSError as exc:
-            log_event(logger, "gateway.bind_failed", logging.ERROR, host=spec.host, port=spec.port, error=exc.strerror)
+            log_event(logger, "gateway.bind_failed", logging.ERROR, host=spec.host, error=exc.strerror)
             return EXIT_BIND_FAILED
     private_socket = bind_unix(health_socket) if health_socket is not None else None
     gateway = Gateway(table)
     app = create_app(gateway)
+    sockets = [listen]
+    if ollama_listen is not None:  # one server on both sockets: Ollama's connections go to its own app
+        app.add_middleware(ListenerSplit, ollama=create_ollama_app(gateway), port=ollama_listen.getsockname()[1])
+        sockets.append(ollama_listen)
     server, private = make_servers(
         app,
         create_private_app(gateway) if private_socket is not None else None,
@@ -88,13 +97,14 @@ def serve(
         "gateway.listening",
         pid=os.getpid(),
         url=http_url(host, port, ""),
+        ollama_url=http_url(host, ollama_listen.getsockname()[1], "") if ollama_listen is not None else None,
         routes=len(spec.routes),
         health_socket=str(health_socket) if health_socket else None,
     )
 
     async def run() -> None:
         try:
-            await serve_both(server, listen, private, private_socket)
+            await serve_both(server, sockets, private, private_socket)
         finally:
             await gateway.client.aclose()
 
@@ -111,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vllmmlxd.gateway", description="the vllmmlxd gateway")
     parser.add_argument("--name", default="gateway", help="the name its log lines carry")
     parser.add_argument("--fd", type=int, help="an inherited listening socket to serve on")
+    parser.add_argument("--ollama-fd", type=int, help="an inherited listening socket for Ollama's API")
     parser.add_argument("--host", help="bind this address (run by hand; overrides gateway.host)")
     parser.add_argument("--port", type=int, help="bind this port (run by hand; overrides gateway.port)")
     parser.add_argument("--health-socket", type=Path, help="a Unix socket for the daemon's health checks and pushes")
@@ -130,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         spec = spec.model_copy(update={"gateway": spec.gateway.model_copy(update=overrides)})
     start_lifeline(sys.stdin.fileno(), logger, "gateway.orphaned")
     listen = socket.socket(fileno=args.fd) if args.fd is not None else None
+    ollama_listen = socket.socket(fileno=args.ollama_fd) if args.ollama_fd is not None else None
     return serve(
         spec,
         state_dir=resolve_state_dir(args.state_dir),
         listen=listen,
+        ollama_listen=ollama_listen,
         health_socket=args.health_socket,
         drain_timeout=args.drain_timeout,
         log_level=args.log_level,

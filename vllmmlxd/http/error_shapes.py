@@ -1,17 +1,26 @@
-"""The two error shapes a client may be answered in, chosen by the route's family. Pure.
+"""The error shapes a client may be answered in, chosen by the route's family. Pure.
 
 ``/v1/messages...`` is Anthropic's (``{"type": "error", "error": {...}}``, with Anthropic's
-status and type pairs), everything else OpenAI's (``{"error": {"message", "type", "param",
-"code"}}``). Here, below the API families, so that middleware (browser defences) and the
+status and type pairs), ``/ollama/...`` (a worker's Ollama routes) Ollama's (``{"error":
+"message"}``), everything else OpenAI's (``{"error": {"message", "type", "param", "code"}}``).
+An app whose paths do not say (the gateway's Ollama listener serves ``/api/chat``, as the
+cluster's page does on the main port) names its family in the request's scope
+(``ErrorFamily``). Here, below the API families, so that middleware (browser defences) and the
 gateway answer in the same shapes as the routes' handlers (``api.errors``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+Family = Literal["openai", "anthropic", "ollama"]
+FAMILY_KEY = "vllmmlxd.error_family"  # a scope's own family, set by ErrorFamily
+OLLAMA_PREFIX = "/ollama/"  # a worker's Ollama routes (api/ollama/routes.py)
 
 # Anthropic's documented status/type pairs; an overloaded server is 529 there.
 _ANTHROPIC = {
@@ -40,8 +49,36 @@ def anthropic_error(message: str, type_: str) -> dict:
     return {"type": "error", "error": {"type": type_, "message": message}}
 
 
+def ollama_error(message: str) -> dict:
+    """Ollama's error shape: the message alone, as a body or as a line of an NDJSON stream."""
+    return {"error": message}
+
+
+def family(request: Request) -> Family:
+    """Whose shape ``request``'s errors take: the scope's own family, else its path's."""
+    named = request.scope.get(FAMILY_KEY)
+    if named is not None:
+        return named
+    path = request.url.path
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    return "ollama" if path.startswith(OLLAMA_PREFIX) else "openai"
+
+
 def is_anthropic(request: Request) -> bool:
-    return request.url.path.startswith("/v1/messages")
+    return family(request) == "anthropic"
+
+
+class ErrorFamily:
+    """ASGI middleware naming the family every request of an app answers errors in, whatever its path."""
+
+    def __init__(self, app: ASGIApp, family: Family):
+        self.app, self.family = app, family
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[FAMILY_KEY] = self.family
+        await self.app(scope, receive, send)
 
 
 def render_error(
@@ -54,7 +91,10 @@ def render_error(
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     """An error in the shape of the family ``request`` belongs to."""
-    if is_anthropic(request):
+    shape = family(request)
+    if shape == "ollama":  # Ollama's clients read only the message; a missing field is a 400 there
+        return JSONResponse(ollama_error(message), status_code=400 if status == 422 else status, headers=headers)
+    if shape == "anthropic":
         status = {422: 400, 503: 529}.get(status, status)  # Anthropic has no 422; "overloaded" is 529
         kind = "overloaded_error" if status == 529 else _ANTHROPIC.get(status, "api_error")
         return JSONResponse(anthropic_error(message, kind), status_code=status, headers=headers)

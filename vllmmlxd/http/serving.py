@@ -102,10 +102,13 @@ def make_servers(app, private_app, *, drain_timeout: float, log_level: str, max_
     return server, private
 
 
-async def serve_both(server, listen: socket.socket, private, private_socket: socket.socket | None) -> None:
-    """The public server until it stops; the private one beside it, answering only once the
-    public one is up and stopping after it."""
-    public = asyncio.create_task(server.serve(sockets=[listen]))
+async def serve_both(
+    server, listen: socket.socket | list[socket.socket], private, private_socket: socket.socket | None
+) -> None:
+    """The public server until it stops (on ``listen``: one socket, or several: the gateway's Ollama
+    listener beside its own); the private one beside it, answering only once the public one is up
+    and stopping after it."""
+    public = asyncio.create_task(server.serve(sockets=listen if isinstance(listen, list) else [listen]))
     if private is None:
         await public
         return

@@ -86,5 +86,5 @@ class Publication:
 
 
 def needs_new_process(old: GatewayConfig, new: GatewayConfig) -> bool:
-    """The gateway's socket and uvicorn's connection bound are set when its process starts."""
-    return (old.host, old.port, old.max_connections) != (new.host, new.port, new.max_connections)
+    """The gateway's sockets and uvicorn's connection bound are set when its process starts."""
+    return (old.listeners(), old.max_connections) != (new.listeners(), new.max_connections)

@@ -25,7 +25,7 @@ from .views import ActionReply
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
-IDLE_CHECK_S = 1.0  # how often lazy models' idle time is read from their workers and compared with idle_unload_s
+IDLE_CHECK_S = 1.0  # how often lazy models' idle time is read from their workers and compared with their limit
 
 Entries = Callable[[], "dict[str, ModelUnit | UpstreamUnit]"]
 Measure = Callable[[], "tuple[Capacity, dict[str, int]]"]  # usable memory and footprints (reads files)
@@ -116,13 +116,15 @@ class Loads:
         self._ops.track(wait())
 
     async def ticker(self, post: Callable[[Msg], None]) -> None:
-        """Every second: fresh load figures from lazy models' ready workers, then a tick to decide on."""
+        """Every second: fresh load figures from lazy models' ready workers, then a tick to decide on.
+        Every lazy model is read, an entry without ``idle_unload_s`` too: a request may set its limit
+        (``keep_alive``), and only a fresh read shows it."""
         while True:
             await asyncio.sleep(IDLE_CHECK_S)
             watched = [
                 u
                 for u in self._entries().values()
-                if isinstance(u, ModelUnit) and u.config.idle_unload_s is not None and u.slot.state == states.READY
+                if isinstance(u, ModelUnit) and u.lazy and u.slot.state == states.READY
             ]
             await asyncio.gather(*(u.refresh() for u in watched), return_exceptions=True)
             post(Msg("tick"))
@@ -135,8 +137,16 @@ class Loads:
     def _unload_idle(self, name: str) -> None:
         unit = self._entries()[name]
         assert isinstance(unit, ModelUnit)
-        idle, limit = unit.idle_s(), unit.config.idle_unload_s
-        log_event(logger, "model.unloading", model=name, reason="idle", idle_s=round(idle or 0, 1), idle_unload_s=limit)
+        idle, limit = unit.idle_s(), unit.idle_unload_s()
+        said = limit != unit.config.idle_unload_s  # a request's keep_alive set it
+        log_event(
+            logger,
+            "model.unloading",
+            model=name,
+            reason="keep_alive" if said else "idle",
+            idle_s=round(idle or 0, 1),
+            idle_unload_s=limit,
+        )
         self._ops.start({name: "unloading"}, unit.slot.unload())
 
 

@@ -91,10 +91,12 @@ class WorkerProcess:
         cpus: str | None = None,
         module: str = "vllmmlxd.worker",
         env: dict[str, str] | None = None,
+        extra_fds: dict[str, int] | None = None,
     ) -> Self:
         """Start a worker serving ``config`` on the inherited socket ``listen_fd``, pinned to ``cpus``.
         ``module``: the program (the gateway is supervised the same way, ``vllmmlxd.gateway``);
-        ``env``: added to its environment (a rank's MLX variables)."""
+        ``env``: added to its environment (a rank's MLX variables); ``extra_fds``: more inherited
+        listening sockets, each passed as ``FLAG FD`` (the gateway's Ollama listener)."""
         health = state_dir / "run" / f"w{os.getpid()}-{next(_seq)}.sock"
         health.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         share = ("--cpus", cpus) if cpus else ()
@@ -116,7 +118,10 @@ class WorkerProcess:
             log_level,
             *share,
         ]
-        return await cls.start(name, config, argv, health, sink, pass_fds=(listen_fd,), env=env)
+        for flag, fd in (extra_fds or {}).items():
+            argv += [flag, str(fd)]
+        fds = (listen_fd, *(extra_fds or {}).values())
+        return await cls.start(name, config, argv, health, sink, pass_fds=fds, env=env)
 
     @classmethod
     async def start(

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..config.gateway import GatewaySpec
 from ..log import event_line, log_event
 from ..runtime.cpus import CpuShare
 from ..sockets import bind_tcp, http_url
@@ -115,6 +116,9 @@ class Slot:
         self.expected_until = 0.0  # monotonic: a client turned away by the stand-in retries until then
         self.log = LogLines()  # its workers' lines and the daemon's about it, for `logs`
         self.sock = sock
+        # More listening sockets its config asks for (the gateway's Ollama port), by address: bound at
+        # the first spawn and kept, like ``sock``, so a restart refuses no connection there either.
+        self.extra_socks: dict[tuple[str, int], socket.socket] = {}
         self.module = module  # the program its workers run
         self._on_demand = on_demand  # a request came for it while unloaded: the supervisor loads it
         self._on_change = on_change
@@ -216,6 +220,9 @@ class Slot:
             msg = await self._queue.get()
             if msg.kind == "close":
                 self._stand_in.stop()
+                for extra in self.extra_socks.values():
+                    extra.close()
+                self.extra_socks = {}
                 return
             try:
                 await self._handle(msg)
@@ -402,6 +409,7 @@ class Slot:
             if self.sock is None:
                 self.sock = bind_tcp(self.config.host, self.config.port)
             self._stand_in.stop()  # the worker inherits the socket; the stand-in restarts if it must
+            extra = self._extra_fds()
             worker = await self._workers.spawn(
                 self.config,
                 self.sock,
@@ -412,6 +420,7 @@ class Slot:
                 sink=self.log.forward,
                 cpus=self.planned_share.render() if self.planned_share else None,
                 module=self.module,
+                **({"extra_fds": extra} if extra else {}),
             )
         except OSError as exc:
             where = f"{self.config.host}:{self.config.port}"
@@ -422,6 +431,21 @@ class Slot:
         worker.share = self.share = self.planned_share
         self.worker = worker
         return None
+
+    def _extra_fds(self) -> dict[str, int]:
+        """The extra listening sockets the config asks for, as ``{flag: fd}``: kept from the last
+        spawn where the address is the same, bound anew where it changed (the old one closed).
+        Raises OSError when one cannot be bound."""
+        wanted = extra_listeners(self.config)
+        addresses = set(wanted.values())
+        for address in [a for a in self.extra_socks if a not in addresses]:
+            self.extra_socks.pop(address).close()
+        for host, port in addresses - set(self.extra_socks):
+            try:
+                self.extra_socks[(host, port)] = bind_tcp(host, port)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        return {flag: self.extra_socks[address].fileno() for flag, address in wanted.items()}
 
     def kill_all(self) -> list[int]:
         """SIGKILL every worker still alive (the daemon's last resort at exit); their pids."""
@@ -493,3 +517,9 @@ class Slot:
     def serving(self) -> WorkerProcess | None:
         worker = self.held if self.phase == SWAPPING and self.held is not None else self.worker
         return worker if worker is not None and worker.alive else None
+
+
+def extra_listeners(config: UnitConfig) -> dict[str, tuple[str, int]]:
+    """The listening sockets a unit needs besides its own address, by the flag that hands each to its
+    process: the gateway's Ollama listener when its spec sets one; nothing for a model."""
+    return config.extra_listeners() if isinstance(config, GatewaySpec) else {}

@@ -23,6 +23,7 @@ from ..config.distributed import share_text
 from ..config.gateway import GatewayConfig, GatewaySpec
 from ..config.groups import set_state
 from ..config.schema import ResolvedModel, ResolvedUpstream
+from ..http.activity import idle_limit
 from . import lazy, states
 from .log_lines import LogLines
 from .plan import Kind, UnitFacts
@@ -92,6 +93,13 @@ class ModelUnit:
         expected = self.slot.expected_until if for_unload else 0.0
         return lazy.idle_for(worker.load.get("idle_s"), worker.load_at, now, expected)
 
+    def idle_unload_s(self) -> float | None:
+        """After how long idle a lazy model is unloaded: the entry's ``idle_unload_s``, unless a request
+        its worker served said otherwise (``keep_alive``); an eager model stays (it is not unloaded)."""
+        worker = self.slot.serving
+        keep = worker.load.get("keep_alive_s") if worker is not None and self.lazy else None
+        return idle_limit(self.config.idle_unload_s, keep if isinstance(keep, (int, float)) else None)
+
     def shown(self) -> tuple[states.Shown, str | None]:
         state = self.slot.state
         if self.lazy:
@@ -109,7 +117,7 @@ class ModelUnit:
             self.lazy,
             footprint_mb,
             self.idle_s(for_unload=True),
-            self.config.idle_unload_s,
+            self.idle_unload_s(),
             busy,
             slot_error(self.slot),
         )
@@ -131,7 +139,7 @@ class ModelUnit:
             runtime=runtime_fields(slot),
             keys=None if config.is_open else config.key_names(),
             load=config.load,
-            idle_unload_s=config.idle_unload_s,
+            idle_unload_s=self.idle_unload_s(),
             idle_s=round(idle, 1) if idle is not None else None,
             group=config.group,
             **rank_fields(config, slot.worker, self.shown()[0]),

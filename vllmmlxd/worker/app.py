@@ -20,6 +20,7 @@ from ..api.anthropic.routes import make_router as make_anthropic_router
 from ..api.context import LiveContext
 from ..api.errors import install_error_handlers
 from ..api.mcp_routes import make_router as make_mcp_router
+from ..api.ollama.routes import make_router as make_ollama_router
 from ..api.openai.embeddings import make_router as make_embeddings_router
 from ..api.openai.routes import make_router as make_openai_router
 from ..api.openapi import install as install_openapi
@@ -93,11 +94,13 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
         return Depends(check)
 
     api_deps = [Depends(guard)]
+    app.state.activity = Activity()  # what idle unloading reads (the private /health's load.idle_s, keep_alive_s)
     app.include_router(make_openai_router(live), dependencies=api_deps)
     app.include_router(make_anthropic_router(live), dependencies=api_deps)
     app.include_router(make_responses_router(live), dependencies=api_deps)
     app.include_router(make_embeddings_router(live), dependencies=api_deps)
     app.include_router(make_mcp_router(live), dependencies=api_deps)
+    app.include_router(make_ollama_router(live, app.state.activity), dependencies=api_deps)
 
     # Always built, counted only while enable_metrics is on: the switch is a live setting.
     metrics = Metrics(engine, live.current.name, embedder=live.current.embedder)
@@ -140,7 +143,6 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
         }
 
     app.add_middleware(RateLimitHeaders)
-    app.state.activity = Activity()  # what idle unloading reads (the private /health's load.idle_s)
     app.add_middleware(ActivityMiddleware, activity=app.state.activity)
     install_openapi(app)  # app.openapi(): bodies, statuses and keys, never served (openapi_url is None)
     app.add_middleware(BrowserDefences, config=lambda: live.current.config)  # web pages must not drive the API
@@ -166,7 +168,7 @@ def create_private_app(public: FastAPI, engine: Engine) -> FastAPI:
                 "model": ctx.name,
                 "config_hash": ctx.config.config_hash(),
                 "runtime": ctx.runtime,
-                "load": {**load(engine, ctx.mcp), "idle_s": public.state.activity.idle_s()},
+                "load": {**load(engine, ctx.mcp), **public.state.activity.load()},
             },
         )
 

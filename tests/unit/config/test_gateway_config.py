@@ -103,3 +103,16 @@ def test_the_reload_plan_says_what_changes_in_the_gateway_and_lazy_keys_are_live
         "ui",
     )
     assert diff_models(again, old).gateway_changed == ("removed",)
+
+
+def test_a_model_may_not_listen_on_the_gateways_ollama_port():
+    with pytest.raises(ValidationError, match="the gateway and 'm' both listen on 127.0.0.1:11434"):
+        config({"m": {"model": "builtin:tiny", "port": 11434}}, gateway={"port": 8080, "ollama_port": 11434})
+
+
+def test_the_gateway_restarts_for_a_new_ollama_port():
+    from vllmmlxd.config.gateway import GatewayConfig
+    from vllmmlxd.supervisor.gateway import needs_new_process
+
+    assert needs_new_process(GatewayConfig(), GatewayConfig(ollama_port=11434))
+    assert not needs_new_process(GatewayConfig(ollama_port=11434), GatewayConfig(ollama_port=11434, ui=False))

@@ -123,6 +123,21 @@ def test_an_idle_model_is_unloaded_on_time_with_nobody_watching(tmp_path):
     run(main())
 
 
+def test_a_requests_keep_alive_replaces_idle_unload_s_and_leaves_an_eager_model_alone(tmp_path):
+    async def main():
+        sup = make(tmp_path, {"l": entry(load="lazy"), "e": entry()})  # the lazy one: no idle_unload_s at all
+        await sup.start_all()
+        assert (await sup.load("l")).ok
+        for name in ("l", "e"):
+            worker_of(sup, name).idle_since = time.monotonic()
+            worker_of(sup, name).keep_alive_s = 0.0  # keep_alive: 0, "unload once done"
+        await until(lambda: state(sup, "l") == states.UNLOADED)
+        assert state(sup, "e") == states.READY and worker_of(sup, "e").alive
+        await sup.stop_all()
+
+    run(main())
+
+
 def test_a_model_loaded_for_a_turned_away_client_waits_for_its_retry_before_unloading(tmp_path):
     """Found in a loaded run: a 503 said "retry after 5 s", the model loaded, sat idle past its
     idle_unload_s and was unloaded just before the client came back, which was turned away again."""

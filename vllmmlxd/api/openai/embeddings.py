@@ -49,7 +49,7 @@ def make_router(live: LiveContext) -> APIRouter:
     async def embeddings(request: Request):
         ctx = live.capture(request)
         req = validate(EmbeddingRequest, await read_json(request, ctx.max_body_bytes))
-        embedder = _embedder_for(ctx, req.model)
+        embedder = embedder_for(ctx, req.model)
         info = embedder.info
         if req.dimensions is not None and req.dimensions != info.dimensions:
             raise InvalidRequest(
@@ -89,7 +89,7 @@ def _embeddings_only(ctx: ServingContext) -> bool:
     return bool(getattr(ctx.engine, "embeddings_only", False))
 
 
-def _embedder_for(ctx: ServingContext, requested: str | None) -> Embedder:
+def embedder_for(ctx: ServingContext, requested: str | None) -> Embedder:
     """The entry's embedding model; under ``strict_model_name`` the request must name it
     (or, for an embeddings-only entry, the entry)."""
     embedder = ctx.embedder
