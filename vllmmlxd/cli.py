@@ -157,6 +157,12 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     spec.add_argument("--num-draft", type=int, help="tokens drafted per step at most (default 4)")
     spec.add_argument("--ngram", type=int, help="prompt-lookup: tokens matched to find a draft (default 3)")
     spec.add_argument("--draft-model", metavar="SPEC", help="draft: the drafting model, of the same tokenizer")
+    spec.add_argument(
+        "--no-adaptive-speculation",
+        dest="adaptive_speculation",
+        action="store_false",
+        help="every request drafts --num-draft tokens every step (default: only where it pays)",
+    )
     return p
 
 
@@ -246,7 +252,12 @@ def serve_config(args):
 
     given = {key: getattr(args, key) for key in _PASSED_THROUGH if getattr(args, key) is not None}
     if args.speculative:
-        chosen = {"num_draft": args.num_draft, "ngram": args.ngram, "draft_model": args.draft_model}
+        chosen = {
+            "num_draft": args.num_draft,
+            "ngram": args.ngram,
+            "draft_model": args.draft_model,
+            "adaptive": None if args.adaptive_speculation else False,
+        }
         given["speculative"] = {"method": args.speculative, **{k: v for k, v in chosen.items() if v is not None}}
     return ResolvedModel(model=args.model, served_model_name=args.served_model_name or args.model, **given)
 
@@ -258,8 +269,8 @@ def _run_serve(args, parser: argparse.ArgumentParser) -> int:
     from .worker.main import serve
 
     args.api_key = _api_key(args, parser)
-    if not args.speculative and (args.num_draft or args.ngram or args.draft_model):
-        parser.error("--num-draft, --ngram and --draft-model need --speculative")
+    if not args.speculative and (args.num_draft or args.ngram or args.draft_model or not args.adaptive_speculation):
+        parser.error("--num-draft, --ngram, --draft-model and --no-adaptive-speculation need --speculative")
     try:
         config = serve_config(args)
     except ValidationError as exc:

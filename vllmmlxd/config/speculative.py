@@ -23,6 +23,11 @@ class SpeculativeConfig(Strict):
     num_draft: int = Field(4, ge=1, le=16, description="tokens drafted per step at most")
     ngram: int = Field(3, ge=1, le=8, description="prompt-lookup: the last this-many tokens are looked up (down to 2)")
     draft_model: str | None = Field(None, description="draft: the drafting model (any model spec)")
+    adaptive: bool = Field(
+        True,
+        description="draft only where it pays (from measured costs and each request's acceptance); "
+        "false: every request drafts num_draft tokens every step",
+    )
 
     @model_validator(mode="after")
     def _method_has_what_it_needs(self):

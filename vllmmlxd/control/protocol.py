@@ -100,6 +100,7 @@ class ModelStatus(_Wire):
     embedding_requests: int | None = None  # embedding requests answered
     embedding_inputs: int | None = None  # inputs embedded
     vision: bool | None = None  # a vision model: it takes images
+    speculative: dict | None = None  # speculative decoding: method, drafted and accepted tokens (None: off)
     mcp: list[McpServerStatus] | None = None  # its MCP servers (None: none, or an older daemon)
     load: str = "eager"  # eager, or lazy: loaded on demand
     idle_unload_s: float | None = None  # a lazy model is unloaded after this long without a request

@@ -335,6 +335,22 @@ class MLXEngine:
             "ranks": ranks,
         }
 
+    def speculation_status(self) -> dict | None:
+        """The entry's speculative decoding (method, draft width, tokens drafted and accepted since
+        start); None when it does not speculate."""
+        spec, options = self._scheduler.spec, self.options.speculative
+        if spec is None or options is None:
+            return None
+        stats = spec.stats
+        return {
+            "method": options.method,
+            "num_draft": options.num_draft,
+            "verify_steps": stats.steps,
+            "drafted_tokens": stats.drafted,
+            "accepted_tokens": stats.accepted,
+            "acceptance_rate": round(stats.acceptance, 3),
+        }
+
     def cache_status(self) -> dict:
         """The prefix cache's ``cache`` block of /v1/status."""
         return self._scheduler.cache.describe()

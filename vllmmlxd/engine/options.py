@@ -46,4 +46,4 @@ def speculation_of(config: ModelConfig) -> SpeculationOptions | None:
     spec = config.speculative
     if spec is None:
         return None
-    return SpeculationOptions(method=spec.method, num_draft=spec.num_draft, ngram=spec.ngram)
+    return SpeculationOptions(method=spec.method, num_draft=spec.num_draft, ngram=spec.ngram, adaptive=spec.adaptive)

@@ -55,6 +55,7 @@ class SpeculationOptions:
     method: Method = "prompt-lookup"
     num_draft: int = 4  # tokens drafted a step at most
     ngram: int = 3  # prompt lookup matches the last this-many tokens (down to 2)
+    adaptive: bool = True  # the width from costs and acceptance, rows pausing; False: always the widest
 
 
 def lookup_drafts(history: np.ndarray, ngram: int, k: int) -> list[int]:
@@ -133,7 +134,7 @@ class RowDrafting:
         self.size -= 1
         return self.history[: self.size + 1]
 
-    def record(self, drafted: int, accepted: int) -> None:
+    def record(self, drafted: int, accepted: int, *, pause: bool = True) -> None:
         """How a step's drafts went: the moving acceptance, and a pause after whole rejections."""
         if drafted == 0:
             return
@@ -144,7 +145,7 @@ class RowDrafting:
             self.misses = 0
             return
         self.misses += 1
-        if self.misses >= PAUSE_AFTER:
+        if pause and self.misses >= PAUSE_AFTER:
             self.pause = min(2 ** (self.misses - PAUSE_AFTER + 2), MAX_PAUSE)
 
 
@@ -267,7 +268,7 @@ class SpeculativeBatch(GenerationBatch):
         for i, row in enumerate(rows):
             drafts.append(self._propose(i, row, pending[i]))
         alphas = [r.alpha if r is not None else 0.0 for r in rows]
-        width = best_width([len(d) for d in drafts], alphas, self.cost())
+        width = best_width([len(d) for d in drafts], alphas, self.cost() if self.options.adaptive else None)
         if width == 0:
             return None
         return pending, [d[:width] for d in drafts], width
@@ -310,7 +311,7 @@ class SpeculativeBatch(GenerationBatch):
             following.append(nxt)
             row = self.rows.get(self.uids[i])
             if row is not None:
-                row.record(len(drafts[i]), kept)
+                row.record(len(drafts[i]), kept, pause=self.options.adaptive)
             self.stats.drafted += len(drafts[i])
             self.stats.accepted += kept
         self.stats.steps += 1

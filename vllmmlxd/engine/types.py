@@ -225,6 +225,8 @@ class RequestProgress:
             "generated_tokens": self.generated_tokens,
             "max_tokens": self.max_tokens,
             "progress": self.fraction_done(),
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
         }
 
     def fraction_done(self) -> float | None:

@@ -104,12 +104,26 @@ class EngineCollector:
         yield self._family(
             GaugeMetricFamily, "vllmmlxd_prefix_cache_entries", "Sequences in the prefix cache.", cache["entries"]
         )
+        yield from self._speculation()
         yield from self._distributed()
         for key, value in self._engine.memory().items():  # active / peak / cache memory of MLX, in GB
             name = "vllmmlxd_mlx_" + key.removesuffix("_gb") + "_bytes"
             yield self._family(
                 GaugeMetricFamily, name, f"MLX {key.removesuffix('_gb').replace('_', ' ')}.", value * 1024**3
             )
+
+    def _speculation(self) -> Iterator[Metric]:
+        """Draft tokens verified and accepted, for an entry that speculates."""
+        status = getattr(self._engine, "speculation_status", None)
+        spec = status() if status is not None else None
+        if not spec:
+            return
+        for name, doc, key in (
+            ("vllmmlxd_speculative_drafted_tokens", "Draft tokens verified.", "drafted_tokens"),
+            ("vllmmlxd_speculative_accepted_tokens", "Draft tokens the model accepted.", "accepted_tokens"),
+            ("vllmmlxd_speculative_verify_steps", "Forward passes that verified drafts.", "verify_steps"),
+        ):
+            yield self._family(CounterMetricFamily, name, doc, spec[key])
 
     def _distributed(self) -> Iterator[Metric]:
         """A distributed entry's ranks and each one's last step (and, for the others, frame wait)."""

@@ -334,6 +334,7 @@ def runtime_fields(slot: Slot) -> dict:
             "embedding_requests",
             "embedding_inputs",
             "vision",
+            "speculative",
             "mcp",
         )
     }

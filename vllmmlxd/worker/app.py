@@ -136,6 +136,7 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
             "vision": engine.info.vision,
             "metal": engine.memory(),
             "cache": engine.cache_status(),
+            "speculative": speculation_of(engine),
             "runtime": ctx.runtime,
             "requests": s.active_requests(),
             "embedding": ctx.embedder.describe() if ctx.embedder is not None else None,
@@ -229,9 +230,16 @@ def load(engine: Engine, mcp: McpHub | None = None) -> dict:
         "cache_budget_mb": cache["budget_mb"],
         **_embedding_load(getattr(engine, "embedder", None)),
         **({"vision": True} if engine.info.vision else {}),
+        **({"speculative": spec} if (spec := speculation_of(engine)) else {}),
         **({"distributed": dist} if (dist := distributed_of(engine)) else {}),
         **({"mcp": mcp.status()} if mcp is not None and mcp.servers else {}),
     }
+
+
+def speculation_of(engine: Engine) -> dict | None:
+    """The engine's speculative decoding counters (``MLXEngine.speculation_status``); None: off."""
+    status = getattr(engine, "speculation_status", None)
+    return status() if status is not None else None
 
 
 def distributed_of(engine: Engine) -> dict | None:

@@ -92,6 +92,7 @@ def test_status_json_has_exactly_the_documented_keys():
             "embedding_requests",
             "embedding_inputs",
             "vision",
+            "speculative",
             "blas",
             "blas_path",
             "blas_warning",

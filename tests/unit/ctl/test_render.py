@@ -318,3 +318,11 @@ def test_vision_models_are_named_beneath_the_table():
     out = render_status(status(model("eyes", vision=True), model("words")))
     assert "vision (takes images): eyes" in out.splitlines()
     assert "vision" not in render_status(status(model("words")))
+
+
+def test_a_speculating_entry_says_how_its_drafts_fare():
+    spec = {"method": "prompt-lookup", "drafted_tokens": 1204, "accepted_tokens": 975, "acceptance_rate": 0.81}
+    out = render_status(status(model("llama", speculative=spec), model("plain")))
+    assert "llama speculates (prompt-lookup): 81% of 1,204 drafted tokens accepted" in out.splitlines()
+    fresh = render_status(status(model("llama", speculative={**spec, "drafted_tokens": 0})))
+    assert "llama speculates (prompt-lookup): nothing drafted yet" in fresh

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -30,12 +31,10 @@ def tiny(state_dir):
 
 
 def engine(tiny, spec: SpeculationOptions | None, draft=None) -> MLXEngine:
-    eng = MLXEngine(tiny, options=EngineOptions(speculative=spec), draft=draft)
-    if eng._scheduler.spec is not None:
-        # The widest drafts every step, whatever this machine's measured costs say (they decide the
-        # width, which must not decide what these tests see).
-        eng._scheduler.spec.cost = lambda: None
-    return eng
+    # Not adaptive: every request drafts every step, whatever this machine's measured costs say
+    # (they decide the width, which must not decide what these tests see).
+    spec = replace(spec, adaptive=False) if spec is not None else None
+    return MLXEngine(tiny, options=EngineOptions(speculative=spec), draft=draft)
 
 
 def answers(eng: MLXEngine, asks: list[str], max_tokens: int = 48, **sampling) -> list[tuple[str, Finished]]:
