@@ -59,9 +59,11 @@ class SpeculationOptions:
 
 
 def lookup_drafts(history: np.ndarray, ngram: int, k: int) -> list[int]:
-    """Prompt lookup: the ``k`` tokens that followed the latest earlier occurrence of the history's
-    last ``n`` tokens, for the longest ``n`` from ``ngram`` down to 2 (1 when ``ngram`` is 1) that
-    occurs; nothing when none does."""
+    """Prompt lookup: the ``k`` tokens that followed an earlier occurrence of the history's last
+    ``n`` tokens, for the longest ``n`` from ``ngram`` down to 2 (1 when ``ngram`` is 1) that
+    occurs; nothing when none does. Of the occurrences, the latest that is followed by ``k``
+    tokens (in a run that repeats, the latest one is followed by only the run's last tokens),
+    else the latest."""
     size = len(history)
     for n in range(ngram, min(ngram, 2) - 1, -1):
         if size <= n:
@@ -70,7 +72,8 @@ def lookup_drafts(history: np.ndarray, ngram: int, k: int) -> list[int]:
         windows = np.lib.stride_tricks.sliding_window_view(history[: size - 1], n)
         found = np.flatnonzero((windows == tail).all(axis=1))
         if found.size:
-            start = int(found[-1]) + n
+            whole = found[found + n + k <= size]
+            start = int(whole[-1] if whole.size else found[-1]) + n
             return history[start : start + k].tolist()
     return []
 
@@ -257,23 +260,31 @@ class SpeculativeBatch(GenerationBatch):
 
     # -- deciding -------------------------------------------------------------------------
 
-    def _plan(self) -> tuple[list[int], list[list[int]], int] | None:
-        """The pending tokens, each row's drafts and the step's width; None: a plain step."""
+    def _plan(self) -> tuple[list[list[int]], int] | None:
+        """Each row's drafts and the step's width; None: a plain step.
+
+        Prompt lookup does not wait for the pending tokens (the batch computes them ahead, while
+        the last step's tokens are handled): it looks up each row's history as it stands, and the
+        match's first token stands for the pending one (when it is not, the drafts after it fail
+        verification like any wrong draft). So a step that finds nothing to draft is mlx-lm's
+        own, still computed ahead. A draft model runs from the pending token: it waits for it."""
         rows = [self.rows.get(uid) for uid in self.uids]
         if not any(r is not None and r.enabled for r in rows):
             return None
-        mx.eval(self._next_tokens)
-        pending = cast(list[int], cast(mx.array, self._next_tokens).tolist())
-        drafts: list[list[int]] = []
-        for i, row in enumerate(rows):
-            drafts.append(self._propose(i, row, pending[i]))
+        pending: list[int | None] = [None] * len(rows)
+        if self.drafter is not None:
+            mx.eval(self._next_tokens)
+            pending = cast(list[int | None], cast(mx.array, self._next_tokens).tolist())
+        drafts = [self._propose(i, row, pending[i]) for i, row in enumerate(rows)]
         alphas = [r.alpha if r is not None else 0.0 for r in rows]
         width = best_width([len(d) for d in drafts], alphas, self.cost() if self.options.adaptive else None)
         if width == 0:
             return None
-        return pending, [d[:width] for d in drafts], width
+        return [d[:width] for d in drafts], width
 
-    def _propose(self, i: int, row: RowDrafting | None, pending: int) -> list[int]:
+    def _propose(self, i: int, row: RowDrafting | None, pending: int | None) -> list[int]:
+        """Row ``i``'s drafts for the positions after its pending token (``pending``: None when
+        not known yet, for prompt lookup)."""
         if row is None or not row.enabled:
             return []
         if row.size == 0:  # first step in this batch: the row's whole history so far
@@ -285,11 +296,14 @@ class SpeculativeBatch(GenerationBatch):
         k = min(self.options.num_draft, room)
         if k <= 0:
             return []
-        history = row.with_pending(pending)
         if self.drafter is not None:
-            drafts = self.drafter.propose(row, history, k)
+            assert pending is not None  # a draft model waits for it
+            drafts = self.drafter.propose(row, row.with_pending(pending), k)
         else:
-            drafts = lookup_drafts(history, self.options.ngram, k)
+            found = lookup_drafts(row.history[: row.size], self.options.ngram, k + 1)
+            if len(found) < 2:
+                return []
+            pending, drafts = found[0], found[1:]  # the match's first token stands for the pending one
         for processor in self._processors(i):
             cut = getattr(processor, "acceptable", None)
             if cut is not None and drafts:
@@ -298,12 +312,14 @@ class SpeculativeBatch(GenerationBatch):
 
     # -- verifying ------------------------------------------------------------------------
 
-    def _verify(self, pending: list[int], drafts: list[list[int]], width: int) -> list:
+    def _verify(self, drafts: list[list[int]], width: int) -> list:
         rows = len(self.uids)
-        inputs = mx.array([[p, *d, *([p] * (width - len(d)))] for p, d in zip(pending, drafts)], dtype=mx.uint32)
+        padded = mx.array([[*d, *([0] * (width - len(d)))] for d in drafts], dtype=mx.uint32)
+        inputs = mx.concatenate([cast(mx.array, self._next_tokens).astype(mx.uint32)[:, None], padded], axis=1)
         logits = self.model(inputs, cache=self.prompt_cache)
-        mx.eval(logits)
-        self._current_tokens = cast(Any, mx.array(pending, dtype=mx.uint32))
+        mx.eval(logits, inputs)
+        pending = cast(list[int], inputs[:, 0].tolist())
+        self._current_tokens = cast(Any, inputs[:, 0])
         emitted, following = [], []
         for i in range(rows):
             kept, nxt = self._accept(i, inputs[i], logits[i], drafts[i])

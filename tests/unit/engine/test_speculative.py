@@ -28,7 +28,8 @@ from vllmmlxd.engine.speculative import (
         ([5, 6, 7, 8, 9, 1, 5, 6, 7], 3, 4, [8, 9, 1, 5]),  # the 3 last tokens occurred before
         ([5, 6, 7, 8, 5, 6, 7, 2, 6, 7], 3, 3, [2, 6, 7]),  # (6, 7) only: the latest occurrence wins
         ([1, 2, 3, 4, 5], 3, 4, []),  # nothing repeats
-        ([9, 9, 9, 9], 2, 2, [9]),  # the continuation runs up to the end
+        ([9, 9, 9, 9, 9], 2, 2, [9, 9]),  # in a run, an occurrence followed by k tokens
+        ([9, 9, 9], 2, 2, [9]),  # none is followed by k: the latest, up to the end
         ([3, 1, 4, 1, 5, 1], 1, 2, [5, 1]),  # ngram 1: single tokens
         ([3, 1, 4, 1, 5, 1], 2, 2, []),  # ngram 2 never falls back to single tokens
     ],
