@@ -116,7 +116,9 @@ class WorkerProcess:
             log_level,
             *share,
         ]
-        return await cls.start(name, config, argv, health, sink, pass_fds=(listen_fd,), env=env)
+        # A worker never downloads: a model not here is refused before it starts (or pulled, download: true).
+        offline = {"HF_HUB_OFFLINE": "1"}
+        return await cls.start(name, config, argv, health, sink, pass_fds=(listen_fd,), env={**offline, **(env or {})})
 
     @classmethod
     async def start(
