@@ -23,7 +23,7 @@ def imported_modules(path: Path) -> set[str]:
 # The packages from the bottom up: each may import from its own layer and those below, never above.
 LAYERS = [
     {"errors", "log", "paths", "sockets", "__init__", "__main__"},  # stdlib only
-    {"config", "runtime"},
+    {"config", "runtime", "store"},  # store: stdlib, and huggingface_hub in its pull's own process
     {"parsers"},
     {"engine"},  # the only one that imports mlx
     {"http"},  # ASGI middleware, error shapes, serving

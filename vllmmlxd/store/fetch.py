@@ -131,7 +131,7 @@ def pull(repo: str, revision: str | None, state_dir: Path, emit: Emit, reserved:
     listing = [f for f in api.list_repo_tree(repo, revision=commit, recursive=True) if isinstance(f, RepoFile)]
     wanted = set(filter_repo_objects([f.path for f in listing], allow_patterns=ALLOW_PATTERNS))
     files = {f.path: f for f in listing if f.path in wanted}
-    not_mlx_folder(repo, files)
+    not_mlx_folder(repo, files, [f.path for f in listing])
     work = work_folder(repo, state_dir)
     work.mkdir(parents=True, exist_ok=True)
     remove_leftovers(work)
@@ -174,13 +174,14 @@ def pull(repo: str, revision: str | None, state_dir: Path, emit: Emit, reserved:
     return path
 
 
-def not_mlx_folder(repo: str, files: dict) -> None:
-    """Refuse a repo that no loader here can serve, before anything is downloaded."""
+def not_mlx_folder(repo: str, files: dict, listed: list[str]) -> None:
+    """Refuse a repo that no loader here can serve, before anything is downloaded (``files``: those
+    it would download, ``listed``: all the repo's)."""
     if "config.json" in files and any(p.endswith(".safetensors") for p in files):
         return
     hint = (
         " (it holds GGUF files: download the .gguf and give its path as model)"
-        if any(p.endswith(".gguf") for p in files)
+        if any(p.endswith(".gguf") for p in listed)
         else ""
     )
     raise Refused(

@@ -8,7 +8,9 @@ def test_a_pull_that_fits_beside_the_reserve_is_admitted():
 
 
 def test_a_pull_that_does_not_fit_is_refused_with_its_numbers():
-    why = refusal("org/m", DiskNeed(need_bytes=14_200_000_000, files=3, have_bytes=0, free_bytes=2_100_000_000, where="/d"))
+    why = refusal(
+        "org/m", DiskNeed(need_bytes=14_200_000_000, files=3, have_bytes=0, free_bytes=2_100_000_000, where="/d")
+    )
     assert why == (
         "not enough disk space to pull org/m: it needs 14.2 GB more in 3 files; /d has 2.10 GB free, of which "
         "1.00 GB is kept free: free 13.1 GB or more and pull again"
