@@ -26,6 +26,10 @@ from .layout import MARKER, read_marker, repo_of, store_copy
 GGUF_DIGESTS = ".gguf-digests"  # engine/gguf.py's memo of each GGUF file's sha256 (path, size, mtime)
 
 
+class NotInStore(StoreError):
+    """No model of that name in the store."""
+
+
 @dataclass(frozen=True)
 class StoredModel:
     """One model in the store, as ``vllmmlxctl models`` lists it."""
@@ -200,7 +204,7 @@ def remove_model(name: str, state_dir: Path, entries: Mapping[str, Sequence[str]
     found = [m for m in models if name in (m.name, Path(m.path).name)]
     if not found:
         known = ", ".join(m.name for m in models) or "none"
-        raise StoreError(f"no model {name!r} in the store (it holds: {known})")
+        raise NotInStore(f"no model {name!r} in the store (it holds: {known})")
     why = removal_refusal(found[0].name, found, pulling)
     if why:
         raise StoreError(why)

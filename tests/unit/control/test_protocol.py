@@ -63,7 +63,7 @@ def test_status_round_trips_through_json():
 
 def test_status_json_has_exactly_the_documented_keys():
     data = json.loads(make_status().model_dump_json())
-    assert set(data) == {"daemon", "models", "gateway", "groups"}
+    assert set(data) == {"daemon", "models", "gateway", "groups", "pulls"}
     assert set(data["daemon"]) == {
         "pid",
         "uptime_s",
@@ -109,6 +109,7 @@ def test_status_json_has_exactly_the_documented_keys():
             "group",
             "distributed",
             "ranks",
+            "download",
         }
     assert data["models"][1]["pid"] is None and data["models"][1]["uptime_s"] is None
 
