@@ -72,6 +72,7 @@ LONGEST_FILES = {
     "tests/e2e/test_daemon_lazy.py": 50,
     "tests/e2e/test_daemon_memory.py": 45,
     "tests/e2e/test_daemon.py": 40,
+    "tests/e2e/test_daemon_store.py": 35,
     "tests/integration/test_responses_api.py": 25,
     "tests/integration/test_slow_clients.py": 30,
     "tests/e2e/test_daemon_mcp.py": 25,

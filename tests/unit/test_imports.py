@@ -100,7 +100,8 @@ def test_only_the_engine_imports_mlx():
 @pytest.mark.parametrize(
     "module,forbidden",
     [
-        ("vllmmlxd.daemon", ["mlx", "mlx_lm", "vllmmlxd.engine.mlx_engine", "transformers"]),
+        # huggingface_hub runs in a pull's own process (store/fetch.py), never in the daemon.
+        ("vllmmlxd.daemon", ["mlx", "mlx_lm", "vllmmlxd.engine.mlx_engine", "transformers", "huggingface_hub"]),
         ("vllmmlxd.supervisor.supervisor", ["mlx", "vllmmlxd.engine.loader"]),
         ("vllmmlxd.worker.app", ["mlx"]),
         ("vllmmlxd.gateway.main", ["mlx", "mlx_lm", "vllmmlxd.engine", "transformers"]),
