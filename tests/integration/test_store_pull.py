@@ -172,6 +172,16 @@ def test_what_is_not_a_model_here_is_refused_with_a_reason(hub, tmp_path):
     assert final.error == f"{REPO} has no revision 'v9'"
 
 
+def test_a_hub_that_cannot_be_reached_is_said_so(tmp_path, monkeypatch):
+    from tests.support.servers import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    _, final = pull(tmp_path)
+    assert final.state == "failed" and final.error.startswith(f"cannot reach {endpoint}: "), final.error
+
+
 def test_asking_again_joins_the_pull_under_way(hub, tmp_path):
     hub.faults.rate[WEIGHTS] = 4_000_000
 

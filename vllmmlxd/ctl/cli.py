@@ -177,6 +177,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from vllmmlxd.config.load import load_config
     from vllmmlxd.errors import ConfigError
     from vllmmlxd.paths import resolve_state_dir
+    from vllmmlxd.store.layout import not_downloaded, pull_hint
     from vllmmlxd.supervisor.memory import load_memory_plan
 
     try:
@@ -185,11 +186,19 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(e, file=sys.stderr)
         return exit_codes.ERROR
     # The plan on this machine, as the daemon would compute it at start (it reads the same files).
-    memory = load_memory_plan(loaded.config, resolve_state_dir(loaded.config.daemon.state_dir))
+    state_dir = resolve_state_dir(loaded.config.daemon.state_dir)
+    memory = load_memory_plan(loaded.config, state_dir)
     if not memory.fits:
         print(render_check_refused(args.file, memory.refusal()), file=sys.stderr)
         return exit_codes.ERROR
     print(render_check(args.file, list(loaded.config.models), memory.render()))
+    # Models not on this machine yet: the daemon would refuse those entries, or download them.
+    for name, entry in loaded.config.models.items():
+        repo = not_downloaded(getattr(entry, "model", ""), state_dir)
+        if repo and getattr(entry, "download", False):
+            print(f"{name}: {repo} is not downloaded yet: the daemon downloads it (download: true)")
+        elif repo:
+            print(f"{name}: {pull_hint(repo)} (or set download: true on {name})")
     return exit_codes.OK
 
 

@@ -292,8 +292,8 @@ def describe(exc: BaseException, repo: str, revision: str | None) -> str:
         return f"no model {repo} on {endpoint} (a private one needs HF_TOKEN set for the daemon)"
     if isinstance(exc, OfflineModeIsEnabled) or constants.HF_HUB_OFFLINE:
         return "the daemon runs with HF_HUB_OFFLINE set: unset it to pull"
-    if isinstance(exc, LocalEntryNotFoundError):
-        return f"cannot reach {endpoint}: {_first_line(exc)}"
+    if isinstance(exc, LocalEntryNotFoundError) or type(exc).__module__.startswith(("httpx", "httpcore")):
+        return f"cannot reach {endpoint}: {_first_line(exc)}"  # its HTTP client's own errors: no network
     if isinstance(exc, HfHubHTTPError):
         return f"{endpoint} answered: {_first_line(exc)}"
     if isinstance(exc, OSError) and exc.strerror:

@@ -269,6 +269,21 @@ def test_check_a_good_config_prints_its_memory_plan(tmp_path, capsys, sixteen_gi
     assert lines[2].startswith("  a: ") and "3,276 MB cache (20% of physical) + 200 MB worker" in lines[2]
 
 
+def test_check_says_which_models_are_not_downloaded(tmp_path, capsys, sixteen_gib, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    path = tmp_path / "hub.yaml"
+    path.write_text(
+        f"daemon: {{state_dir: {tmp_path}}}\nmodels:\n  a: {{model: org/absent, port: 8001}}\n"
+        "  b: {model: org/other, port: 8002, download: true}\n  c: {upstream: 'http://h:1'}\n"
+    )
+    assert main(["check", str(path)]) == exit_codes.OK
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2:] == [
+        "a: org/absent is not downloaded: run `vllmmlxctl pull org/absent` (or set download: true on a)",
+        "b: org/other is not downloaded yet: the daemon downloads it (download: true)",
+    ]
+
+
 def test_check_refuses_a_config_whose_models_do_not_fit(tmp_path, capsys, sixteen_gib):
     path = tmp_path / "big.yaml"
     path.write_text("models:\n  a:\n    model: builtin:tiny\n    cache_memory_mb: 10000000\n")
