@@ -346,17 +346,18 @@ class Supervisor:
         await pull.wait()
         self._post(Msg("fetched", name=name, value=pull))
 
-    def _on_fetched(self, msg: Msg) -> None:
-        """A unit's pull ended: once its model is here an eager model starts (a lazy one waits unloaded)."""
+    async def _on_fetched(self, msg: Msg) -> None:
+        """A unit's pull ended: once its model is here an eager model starts (a lazy one waits unloaded),
+        through memory admission: the plan that let it in counted a model not downloaded as 0."""
         unit, pull = self.entry_units().get(msg.name), msg.value
         done = pull.view().state == "done"
         if not isinstance(unit, ModelUnit) or unit.absent is None or unit.absent.pull is not pull:
             return  # removed or changed meanwhile
+        self._changed()
         if done:
             unit.absent = None
             if not unit.lazy:
-                self.ops.start({msg.name: "starting"}, unit.slot.start())
-        self._changed()
+                await self.loads.admit(msg.name, None, start=True)
 
     def _absent_reply(self, unit: ModelUnit) -> ActionReply | None:
         """Before a start, restart or load: look again (pulled since?); why not, while its model is not here."""

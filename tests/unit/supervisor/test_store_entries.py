@@ -11,7 +11,16 @@ import pytest
 
 from tests.support.fake_worker import FakeWorker
 from tests.support.hub import StandInHub
-from tests.unit.supervisor.test_supervisor import entry, fake_workers, make, run, state, until, write  # noqa: F401
+from tests.unit.supervisor.test_supervisor import (  # noqa: F401
+    entry,
+    fake_workers,
+    make,
+    run,
+    state,
+    until,
+    with_memory,
+    write,
+)
 from vllmmlxd.store.layout import MARKER, folder_name
 from vllmmlxd.supervisor import states
 
@@ -151,3 +160,17 @@ def test_a_serving_entry_changed_to_a_model_not_here_keeps_serving_until_it_is_t
         await sup.stop_all()
 
     run(main())
+
+
+def test_a_downloaded_model_is_started_through_memory_admission(tmp_path, hub, caplog):
+    async def main():
+        sup = make(tmp_path, {"q": entry(model=REPO, download=True)})
+        with_memory(sup, usable_mb=1000, each_mb=4000)  # its real size, known once it is here, does not fit
+        await sup.start_all()
+        await until(lambda: state(sup, "q") == states.STOPPED, timeout=30)
+        await sup.stop_all()
+
+    run(main())
+    assert not FakeWorker.spawned
+    refused = [r for r in caplog.records if getattr(r, "event", None) == "memory.load_refused"]
+    assert refused and "not enough memory" in refused[0].fields["error"]
