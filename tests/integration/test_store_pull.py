@@ -195,3 +195,12 @@ def test_asking_again_joins_the_pull_under_way(hub, tmp_path):
         assert first.view().state == "cancelled" and pulls.running(REPO) is None
 
     asyncio.run(main())
+
+
+def test_the_hub_token_never_shows_in_a_pulls_error(hub, tmp_path, monkeypatch, caplog):
+    token = "hf_" + "s3cr3t" * 6
+    monkeypatch.setenv("HF_TOKEN", token)
+    hub.faults.refuse_key = True
+    _, final = pull(tmp_path)
+    assert final.state == "failed" and token not in repr(final) and token not in caplog.text
+    assert final.error.startswith(f"{hub.url} answered: ") and "Bearer <token>" in final.error, final.error

@@ -13,7 +13,8 @@ real ``snapshot_download``, ``hf_hub_download`` and ``verify_repo_checksums`` ru
 An unknown repo or revision is a 404 with the hub's ``X-Error-Code``. Faults a test can set, per file:
 ``drop_after`` (cut the connection after that many bytes of the body, ``drops`` times), ``corrupt``
 (serve other bytes of the same size than the listing's checksums describe), ``claimed_size`` (the
-listing claims that size: disk admission), ``rate`` (bytes per second). It counts what it served.
+listing claims that size: disk admission), ``rate`` (bytes per second); and ``refuse_key`` (a 403
+quoting the request's token back). It counts what it served.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Faults:
     corrupt: set[str] = field(default_factory=set)
     claimed_size: dict[str, int] = field(default_factory=dict)
     rate: dict[str, float] = field(default_factory=dict)
+    refuse_key: bool = False  # answer 403 to the repo's info, quoting the Authorization header back
 
 
 class StandInHub:
@@ -154,6 +156,8 @@ class _Handler(BaseHTTPRequestHandler):
         hub.record(self.command, path, self.headers.get("Range"))
         if m := _API.match(path):
             repo, what, rev = m[1], m[2], m[3]
+            if hub.faults.refuse_key:  # a server that echoes what it was sent: the client must not repeat it
+                return self._error(403, "Forbidden", f"key refused: {self.headers.get('Authorization')}")
             found = self._repo(repo, rev)
             if found is None:
                 return
