@@ -69,6 +69,7 @@ class StandInHub:
         self.served: Counter[str] = Counter()  # body bytes sent per file path
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
         self._drops_done: Counter[str] = Counter()
+        self._epoch = 0  # bumped by reset_counts: a slow answer begun before it is not counted after it
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -92,6 +93,11 @@ class StandInHub:
         with self._lock:
             self.served.clear()
             self.requests.clear()
+            self._epoch += 1
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
 
     @property
     def url(self) -> str:
@@ -128,9 +134,10 @@ class StandInHub:
         with self._lock:
             self.requests.append((method, path, range_header))
 
-    def count(self, path: str, n: int) -> None:
+    def count(self, path: str, n: int, epoch: int) -> None:
         with self._lock:
-            self.served[path] += n
+            if epoch == self._epoch:
+                self.served[path] += n
 
 
 _API = re.compile(r"^/api/models/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+)(?:/.*)?)?$")
@@ -213,6 +220,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         cut = hub.take_drop(path)
         rate = hub.faults.rate.get(path)
+        epoch = hub.epoch
         sent = 0
         while sent < len(part):
             n = min(CHUNK, len(part) - sent, cut - sent if cut is not None else CHUNK)
@@ -221,7 +229,7 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 return  # the client went away (a cancelled pull)
             sent += n
-            hub.count(path, n)
+            hub.count(path, n, epoch)
             if cut is not None and sent >= cut:
                 self.wfile.flush()
                 self.connection.shutdown(socket.SHUT_RDWR)  # mid-body: the client sees a cut connection
