@@ -72,6 +72,8 @@ LONGEST_FILES = {
     "tests/e2e/test_daemon_lazy.py": 50,
     "tests/e2e/test_daemon_memory.py": 45,
     "tests/e2e/test_daemon.py": 40,
+    "tests/integration/test_store_pull.py": 20,
+    "tests/unit/supervisor/test_store_entries.py": 20,
     "tests/integration/test_responses_api.py": 25,
     "tests/integration/test_slow_clients.py": 30,
     "tests/e2e/test_daemon_mcp.py": 25,

@@ -8,18 +8,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from .config.load import LoadedConfig, load_config
 from .config.schema import DaemonConfig
 from .control import mapping
 from .control.lock import DaemonLock, DaemonRunning
-from .control.protocol import control_socket_path
+from .control.protocol import ActionResponse, PullStatus, StoreResponse, control_socket_path
 from .errors import ConfigError
 from .log import format_fields, log_event, setup_logging
-from .paths import ensure_private_dir, resolve_state_dir
+from .paths import ensure_private_dir, models_dir, resolve_state_dir
+from .store.catalog import describe_removal, list_models, remove_model
+from .store.pulls import Pulls
+from .store.sources import Source
 from .supervisor.memory import load_memory_plan
 from .supervisor.notify import Notifier
 from .supervisor.slot import SlotSettings
@@ -60,6 +65,8 @@ class Daemon:
             tuning=Tuning.from_env(),
         )
         self.control_socket = control_socket_path(daemon_cfg.control_socket, state_dir)
+        # Pulls into the model store: `vllmmlxctl pull`, the gateway's /api/pull and download: true share them.
+        self.pulls = Pulls(state_dir)
         # The gateway asks the daemon's control socket for lazy models to load.
         self.supervisor = Supervisor(
             loaded,
@@ -67,6 +74,7 @@ class Daemon:
             on_change=self._report,
             push_settings=_live_settings_pusher(),
             control_socket=self.control_socket,
+            pulls=self.pulls,
         )
         self._tasks: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
@@ -151,6 +159,7 @@ class Daemon:
             await asyncio.wait_for(self.supervisor.stop_all(), limit)
         except asyncio.TimeoutError:
             log_event(logger, "daemon.shutdown_timeout", logging.ERROR, after_s=limit)
+        await self.pulls.close()  # a pull's finished files stay: the next pull resumes them
         killed = self.supervisor.kill_all()  # nothing outlives the daemon
         if killed:
             log_event(logger, "daemon.killed_workers", logging.WARNING, pids=",".join(map(str, killed)))
@@ -220,6 +229,43 @@ class _ControlFacade:
 
     def follow(self, name: str):
         return self._sup.follow(name)
+
+    # -- the model store ---------------------------------------------------------------------------
+
+    async def pull(self, source: Source) -> PullStatus:
+        return mapping.pull_status(self._daemon.pulls.start(source).view())
+
+    def pulls(self) -> list[PullStatus]:
+        return [mapping.pull_status(p.view()) for p in self._daemon.pulls.all()]
+
+    def pull_status(self, pull_id: str) -> PullStatus:
+        return mapping.pull_status(self._daemon.pulls.get(pull_id).view())
+
+    async def follow_pull(self, pull_id: str) -> AsyncIterator[PullStatus]:
+        async for view in self._daemon.pulls.get(pull_id).follow():
+            yield mapping.pull_status(view)
+
+    async def cancel_pull(self, pull_id: str) -> PullStatus:
+        return mapping.pull_status(await self._daemon.pulls.cancel(pull_id))
+
+    def _pulling(self) -> frozenset[str]:
+        return frozenset(p.repo for p in self._daemon.pulls.all() if p.running)
+
+    async def store(self) -> StoreResponse:
+        state_dir, running = self._daemon.state_dir, [p.view() for p in self._daemon.pulls.all() if p.running]
+        # Sizes are read file by file: off the event loop.
+        found = await asyncio.to_thread(list_models, state_dir, self._sup.entry_models(), self._pulling())
+        try:
+            free = shutil.disk_usage(models_dir(state_dir)).free
+        except OSError:
+            free = None
+        return mapping.store_response(str(models_dir(state_dir)), free, found, running)
+
+    async def remove(self, name: str) -> ActionResponse:
+        pulling = name in self._pulling()
+        removed = await asyncio.to_thread(remove_model, name, self._daemon.state_dir, self._sup.entry_models(), pulling)
+        log_event(logger, "store.removed", model=removed[0].name, bytes=sum(m.size_bytes for m in removed))
+        return ActionResponse(ok=True, name=removed[0].name, message=describe_removal(removed))
 
 
 def admit(loaded: LoadedConfig, state_dir: Path) -> bool:

@@ -19,6 +19,11 @@ class ModelLoadError(VllmmlxdError):
     """A model spec could not be resolved, fetched, converted or loaded."""
 
 
+class StoreError(VllmmlxdError):
+    """A model store operation that cannot be done: a source that names no model, a pull that does
+    not fit the disk or failed, a model that is in use or not there."""
+
+
 class RequestError(VllmmlxdError):
     """A client request that cannot be served; carries the HTTP status to answer with."""
 

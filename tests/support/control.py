@@ -18,11 +18,23 @@ from vllmmlxd.control.protocol import (
     ActionResponse,
     DaemonStatus,
     ModelStatus,
+    PullStatus,
     ReloadResponse,
     ReloadResult,
     StatusResponse,
+    StoredModelStatus,
+    StoreResponse,
 )
 from vllmmlxd.control.server import ControlServer, make_control_app, serve_control
+from vllmmlxd.errors import StoreError
+from vllmmlxd.store.catalog import NotInStore
+
+
+def pull_status(state: str = "downloading", done: int = 0, **kw) -> PullStatus:
+    fields = dict(id="p1", repo="org/m", total_bytes=4_000_000_000, files=3, started_at=1_700_000_000.0)
+    fields.update(kw)
+    percent = round(done * 100 / fields["total_bytes"], 1) if fields["total_bytes"] else None  # type: ignore[operator]
+    return PullStatus(state=state, done_bytes=done, percent=percent, **fields)
 
 
 def model_status(name: str, state: str = "ready", port: int = 8001, **kw) -> ModelStatus:
@@ -44,6 +56,25 @@ class FakeTarget:
         self.follow_forever = False
         self.follow_closed = threading.Event()
         self.calls: list[tuple] = []
+        # The store: the statuses a pull goes through, and what it holds (used_by refuses a removal).
+        self.pull_script = [
+            pull_status("resolving", total_bytes=None),
+            pull_status("downloading", 1_000_000_000, commit="c" * 40, bytes_per_s=50e6, eta_s=60.0),
+            pull_status("downloading", 4_000_000_000, commit="c" * 40),
+            pull_status("done", 4_000_000_000, commit="c" * 40, path="/s/models/hub-org--m"),
+        ]
+        self.pull_conflict: str | None = None
+        self.stored = [
+            StoredModelStatus(name="org/m", kind="pulled", source="org/m @ cccc", path="/s/m", size_bytes=4 * 10**9),
+            StoredModelStatus(
+                name="builtin:tiny",
+                kind="builtin",
+                source="built here",
+                path="/s/t",
+                size_bytes=12_900_000,
+                used_by=["a"],
+            ),
+        ]
 
     def status(self) -> StatusResponse:
         daemon = DaemonStatus(
@@ -90,6 +121,46 @@ class FakeTarget:
     def follow(self, name: str) -> AsyncIterator[str]:
         self._known(name)
         return self._follow()
+
+    async def pull(self, source) -> PullStatus:
+        self.calls.append(("pull", source.repo, source.revision))
+        if self.pull_conflict:
+            raise StoreError(self.pull_conflict)
+        return self.pull_script[0]
+
+    def pulls(self) -> list[PullStatus]:
+        return [self.pull_script[-1]]
+
+    def pull_status(self, pull_id: str) -> PullStatus:
+        if pull_id != "p1":
+            raise KeyError(pull_id)
+        return self.pull_script[-1]
+
+    async def follow_pull(self, pull_id: str) -> AsyncIterator[PullStatus]:
+        if pull_id != "p1":
+            raise KeyError(pull_id)
+        for status in self.pull_script:
+            yield status
+            await asyncio.sleep(0)
+
+    async def cancel_pull(self, pull_id: str) -> PullStatus:
+        self.calls.append(("cancel_pull", pull_id))
+        if pull_id != "p1":
+            raise KeyError(pull_id)
+        return pull_status("cancelled", 1_000_000_000, error="cancelled")
+
+    async def store(self) -> StoreResponse:
+        return StoreResponse(path="/s/models", free_bytes=50 * 10**9, models=self.stored, pulls=[])
+
+    async def remove(self, name: str) -> ActionResponse:
+        self.calls.append(("remove", name))
+        found = [m for m in self.stored if m.name == name]
+        if not found:
+            raise NotInStore(f"no model {name!r} in the store")
+        if found[0].used_by:
+            raise StoreError(f"{name} is in use by {', '.join(found[0].used_by)}")
+        self.stored.remove(found[0])
+        return ActionResponse(ok=True, name=name, message=f"removed {name} (4.00 GB)")
 
     async def _follow(self) -> AsyncIterator[str]:
         try:

@@ -23,7 +23,7 @@ def imported_modules(path: Path) -> set[str]:
 # The packages from the bottom up: each may import from its own layer and those below, never above.
 LAYERS = [
     {"errors", "log", "paths", "sockets", "__init__", "__main__"},  # stdlib only
-    {"config", "runtime"},
+    {"config", "runtime", "store"},  # store: stdlib, and huggingface_hub in its pull's own process
     {"parsers"},
     {"engine"},  # the only one that imports mlx
     {"http"},  # ASGI middleware, error shapes, serving
@@ -100,7 +100,8 @@ def test_only_the_engine_imports_mlx():
 @pytest.mark.parametrize(
     "module,forbidden",
     [
-        ("vllmmlxd.daemon", ["mlx", "mlx_lm", "vllmmlxd.engine.mlx_engine", "transformers"]),
+        # huggingface_hub runs in a pull's own process (store/fetch.py), never in the daemon.
+        ("vllmmlxd.daemon", ["mlx", "mlx_lm", "vllmmlxd.engine.mlx_engine", "transformers", "huggingface_hub"]),
         ("vllmmlxd.supervisor.supervisor", ["mlx", "vllmmlxd.engine.loader"]),
         ("vllmmlxd.worker.app", ["mlx"]),
         ("vllmmlxd.gateway.main", ["mlx", "mlx_lm", "vllmmlxd.engine", "transformers"]),

@@ -63,6 +63,7 @@ LIVE_FIELDS = frozenset(
         # Read by the daemon (when to load and unload) and the gateway (where an upstream is), not by a worker.
         "load",
         "idle_unload_s",
+        "download",
         "upstream",
         "upstream_api_key",
         "group",

@@ -27,7 +27,7 @@ from .base import Strict as _Strict
 from .distributed import DistributedConfig, distributed_problem
 from .keys import DIGEST_PREFIX, SHA256_RE, KeyGrant, check_rate, key_digest
 from .mcp import MCP_TOOL_SEPARATOR, McpServerConfig, load_mcp_file
-from .names import BLAS_NAMES, BUILTIN_MODELS, BUILTIN_PREFIX, REASONING_PARSERS, TOOL_PARSERS
+from .names import BLAS_NAMES, BUILTIN_MODELS, BUILTIN_PREFIX, REASONING_PARSERS, TOOL_PARSERS, hub_repo_id
 from .speculative import SpeculativeConfig
 
 # A vision entry's image settings (live, and flags of `vllmmlxd serve`).
@@ -149,6 +149,11 @@ class ModelConfig(EntryConfig):
         "eager", description="eager: at start; lazy: on the first request through the gateway"
     )
     idle_unload_s: float | None = Field(None, gt=0, description="lazy models: stop after this long without a request")
+    download: bool = Field(
+        False,
+        description="a Hugging Face repo id not in the model store yet: the daemon downloads it (status shows "
+        "its progress) instead of refusing it with the `vllmmlxctl pull` to run",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     max_tokens: int = Field(32768, ge=1)
@@ -317,6 +322,13 @@ class ModelConfig(EntryConfig):
             if problem:
                 raise ValueError(problem)
         return v
+
+    @model_validator(mode="after")
+    def _download_needs_a_repo(self):
+        # Said at load: `download: true` on a builtin or a path would silently mean nothing.
+        if self.download and hub_repo_id(self.model) is None:
+            raise ValueError("download: true needs a Hugging Face repo id (org/name) as model")
+        return self
 
     @model_validator(mode="after")
     def _lifecycle(self):

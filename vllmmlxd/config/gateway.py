@@ -19,7 +19,8 @@ from .keys import KeyGrant
 
 # A route's state, as the gateway shows it (`/v1/models`, `/api/health`, the web page):
 # a local model's supervisor state, `idle` (a lazy model ready with nothing running),
-# `unloaded` (a lazy model not started), and for an upstream `ready` or `unreachable`.
+# `unloaded` (a lazy model not started), `downloading` (download: true, its model on its way),
+# and for an upstream `ready` or `unreachable`.
 RouteState = str
 ROUTE_STATES = (
     "starting",
@@ -32,6 +33,7 @@ ROUTE_STATES = (
     "failed",
     "stopped",
     "unreachable",
+    "downloading",
     "unknown",
 )
 

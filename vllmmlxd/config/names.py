@@ -31,3 +31,16 @@ BUILTIN_MODELS = (  # as vllmmlxd/engine/builtin.py has them (a test keeps them 
     "tiny-vlm",
 )
 BUILTIN_PREFIX = "builtin:"
+
+# A Hugging Face model repo id as a ``model:`` spec: ``org/name``, each part letters, digits, '-', '_'
+# and '.', not starting with '-' or '.', with no '--' or '..' (the hub refuses those; the store's
+# folder names use '--' as the separator). Anything else that is not a builtin is a path.
+REPO_ID_RE = re.compile(r"^(?!.*(?:--|\.\.))[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+
+def hub_repo_id(spec: str) -> str | None:
+    """``spec`` when a ``model:`` spec names a Hugging Face repo (``org/name``), else None: a builtin,
+    a ``.gguf`` file or a path (the loader's order; a folder that exists is still a folder there)."""
+    if spec.startswith(BUILTIN_PREFIX) or spec.lower().endswith(".gguf") or spec.startswith(("/", ".", "~")):
+        return None
+    return spec if REPO_ID_RE.match(spec) and not spec.endswith((".", "-")) else None

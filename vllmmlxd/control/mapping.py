@@ -15,9 +15,12 @@ from vllmmlxd.control.protocol import (
     GatewayStatus,
     GroupStatus,
     ModelStatus,
+    PullStatus,
     ReloadResponse,
     ReloadResult,
     StatusResponse,
+    StoredModelStatus,
+    StoreResponse,
 )
 
 
@@ -40,6 +43,7 @@ def status_response(view: Any) -> StatusResponse:
         models=models,
         gateway=GatewayStatus(**_fields(gateway)) if gateway is not None else None,
         groups=[GroupStatus(**_fields(g)) for g in getattr(view, "groups", None) or ()],
+        pulls=[pull_status(p) for p in getattr(view, "pulls", None) or ()],
     )
 
 
@@ -53,3 +57,18 @@ def reload_response(reply: Any) -> ReloadResponse:
 
 def action_response(reply: Any) -> ActionResponse:
     return ActionResponse(**_fields(reply))
+
+
+def pull_status(view: Any) -> PullStatus:
+    """A store ``PullView`` as the wire's ``PullStatus``."""
+    return PullStatus(**_fields(view))
+
+
+def store_response(path: str, free_bytes: int | None, models: Any, pulls: Any) -> StoreResponse:
+    """The store's ``StoredModel`` list and its running pulls' views."""
+    return StoreResponse(
+        path=path,
+        free_bytes=free_bytes,
+        models=[StoredModelStatus(**_fields(m)) for m in models],
+        pulls=[pull_status(p) for p in pulls],
+    )

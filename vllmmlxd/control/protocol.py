@@ -10,15 +10,28 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from vllmmlxd.paths import resolve_state_dir
 
+if TYPE_CHECKING:  # the ctl imports this module: it stays free of the store's code
+    from vllmmlxd.store.sources import Source
+
 # A model's state as the supervisor reports it (supervisor/states.py; a test keeps the two equal).
 State = Literal[
-    "starting", "ready", "draining", "backoff", "failed", "stopped", "loading", "idle", "unloaded", "unreachable"
+    "starting",
+    "ready",
+    "draining",
+    "backoff",
+    "failed",
+    "stopped",
+    "loading",
+    "idle",
+    "unloaded",
+    "unreachable",
+    "downloading",
 ]
 
 ENV_SOCKET = "VLLMMLXD_SOCKET"
@@ -71,6 +84,60 @@ class RankStatus(_Wire):
     wait_ms: float | None = None  # the others: their last wait for rank 0's frame
 
 
+class PullStatus(_Wire):
+    """One pull of a model into the store (``POST /store/pulls``), as it stands."""
+
+    id: str
+    repo: str  # org/name
+    revision: str | None = None  # as asked; None: the repo's default branch
+    state: str  # resolving, downloading, verifying, installing, then done, failed or cancelled
+    commit: str | None = None  # the commit the revision was at
+    total_bytes: int | None = None  # of the files it downloads (known once the hub listed them)
+    done_bytes: int = 0  # on disk, with what an interrupted pull had finished
+    files: int | None = None
+    percent: float | None = None
+    bytes_per_s: float | None = None  # over the last few seconds
+    eta_s: float | None = None
+    started_at: float = 0.0  # unix time
+    ended_at: float | None = None
+    error: str | None = None  # why it failed
+    refused: bool = False  # refused before downloading anything (not an MLX folder, not enough disk)
+    path: str | None = None  # the store's folder, once installed
+    already: bool = False  # that commit was in the store already: nothing was downloaded
+
+
+class PullRequest(_Wire):
+    """``POST /store/pulls``: a repo id (``org/name``) or a hub URL, and a revision (default branch if none)."""
+
+    source: str
+    revision: str | None = None
+
+
+class PullsResponse(_Wire):
+    pulls: list[PullStatus]
+
+
+class StoredModelStatus(_Wire):
+    """One model in the store (``GET /store``)."""
+
+    name: str  # what `vllmmlxctl rm` takes; for a pulled repo or a builtin, what `model:` takes
+    kind: str  # pulled, builtin, gguf, partial (an interrupted pull's files), other
+    source: str
+    path: str
+    size_bytes: int
+    revision: str | None = None
+    commit: str | None = None
+    created: str | None = None
+    used_by: list[str] = []  # the running config's entries that load it
+
+
+class StoreResponse(_Wire):
+    path: str  # the models dir
+    free_bytes: int | None = None  # on its disk
+    models: list[StoredModelStatus]
+    pulls: list[PullStatus] = []  # running ones
+
+
 class ModelStatus(_Wire):
     """One model entry's worker as the supervisor sees it."""
 
@@ -109,6 +176,7 @@ class ModelStatus(_Wire):
     group: str | None = None  # the replica set it belongs to: the gateway answers that name too
     distributed: dict | None = None  # split over ranks: backend, parallel, world
     ranks: list[RankStatus] | None = None
+    download: PullStatus | None = None  # state downloading (download: true): the pull it waits for
 
 
 class GatewayStatus(_Wire):
@@ -145,6 +213,7 @@ class StatusResponse(_Wire):
     models: list[ModelStatus]
     gateway: GatewayStatus | None = None
     groups: list[GroupStatus] = []  # none from an older daemon
+    pulls: list[PullStatus] = []  # running and recently ended pulls into the model store
 
 
 class ReloadResponse(_Wire):
@@ -199,6 +268,35 @@ class ControlTarget(Protocol):
 
     def follow(self, name: str) -> AsyncIterator[str]:
         """New stderr lines of that model's worker(s) as they come."""
+        ...
+
+    async def pull(self, source: Source) -> PullStatus:
+        """Start pulling ``source`` into the store, or join the pull of it under way (``StoreError``:
+        one under way pulls another revision)."""
+        ...
+
+    def pulls(self) -> list[PullStatus]:
+        """Running and recently ended pulls."""
+        ...
+
+    def pull_status(self, pull_id: str) -> PullStatus:
+        """One pull (``KeyError`` when unknown)."""
+        ...
+
+    def follow_pull(self, pull_id: str) -> AsyncIterator[PullStatus]:
+        """A pull now and at each change, ending with its final state (``KeyError`` when unknown)."""
+        ...
+
+    async def cancel_pull(self, pull_id: str) -> PullStatus:
+        """Stop a running pull (the files it finished stay for the next); ``KeyError`` when unknown."""
+        ...
+
+    async def store(self) -> StoreResponse:
+        """What the store holds, with the entries that use each model."""
+        ...
+
+    async def remove(self, name: str) -> ActionResponse:
+        """Delete a model from the store; ``StoreError`` when it is in use or being pulled (``NotInStore``: no such)."""
         ...
 
 

@@ -22,9 +22,19 @@ from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from vllmmlxd.control.protocol import ControlTarget, ErrorResponse, LogsResponse
+from vllmmlxd.control.protocol import (
+    ControlTarget,
+    ErrorResponse,
+    LogsResponse,
+    PullRequest,
+    PullsResponse,
+    PullStatus,
+)
+from vllmmlxd.errors import StoreError
 from vllmmlxd.log import log_event
 from vllmmlxd.sockets import bind_unix
+from vllmmlxd.store.catalog import NotInStore
+from vllmmlxd.store.sources import parse_source
 
 logger = logging.getLogger("vllmmlxd.control")
 
@@ -34,7 +44,8 @@ _GRACEFUL_S = 2.0
 
 def make_control_app(target: ControlTarget) -> FastAPI:
     """The control API over ``target``: status, reload, per-model restart/stop/start/load and logs
-    (``load``: the gateway's request for a lazy model, answered once it is ready)."""
+    (``load``: the gateway's request for a lazy model, answered once it is ready), and the model
+    store: what it holds, removing a model, and pulls (started, joined, followed, cancelled)."""
     app = FastAPI(title="vllmmlxd control", docs_url=None, redoc_url=None, openapi_url=None)
 
     def unknown(name: str, exc: KeyError) -> JSONResponse:
@@ -79,6 +90,57 @@ def make_control_app(target: ControlTarget) -> FastAPI:
             return JSONResponse(LogsResponse(lines=backlog).model_dump(mode="json"))
         return StreamingResponse(_lines(backlog, stream), media_type="text/plain; charset=utf-8")
 
+    # -- the model store ---------------------------------------------------------------------------
+
+    @app.get("/store")
+    async def store() -> JSONResponse:
+        return JSONResponse((await target.store()).model_dump(mode="json"))
+
+    @app.delete("/store/models/{name:path}")
+    async def remove(name: str) -> JSONResponse:
+        try:
+            result = await target.remove(name)
+        except NotInStore as e:
+            return _error(404, str(e))
+        except StoreError as e:
+            return _error(409, str(e))
+        return JSONResponse(result.model_dump(mode="json"))
+
+    @app.post("/store/pulls")
+    async def pull(request: PullRequest) -> JSONResponse:
+        try:
+            source = parse_source(request.source, request.revision, os.environ.get("HF_ENDPOINT"))
+        except StoreError as e:
+            return _error(422, str(e))
+        try:
+            status = await target.pull(source)
+        except StoreError as e:
+            return _error(409, str(e))
+        return JSONResponse(status.model_dump(mode="json"))
+
+    @app.get("/store/pulls")
+    async def pulls() -> JSONResponse:
+        return JSONResponse(PullsResponse(pulls=target.pulls()).model_dump(mode="json"))
+
+    @app.get("/store/pulls/{pull_id}")
+    async def pull_status(pull_id: str, follow: bool = False) -> Response:
+        try:
+            if not follow:
+                return JSONResponse(target.pull_status(pull_id).model_dump(mode="json"))
+            stream = target.follow_pull(pull_id)
+            first = await anext(aiter(stream))  # an unknown id is a 404, not an empty stream
+        except (KeyError, StopAsyncIteration):
+            return _error(404, f"no pull {pull_id!r}; pulls: {', '.join(p.id for p in target.pulls()) or '(none)'}")
+        return StreamingResponse(_statuses(first, stream), media_type="application/x-ndjson")
+
+    @app.delete("/store/pulls/{pull_id}")
+    async def cancel_pull(pull_id: str) -> JSONResponse:
+        try:
+            status = await target.cancel_pull(pull_id)
+        except KeyError:
+            return _error(404, f"no pull {pull_id!r}")
+        return JSONResponse(status.model_dump(mode="json"))
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         parts = ("{}: {}".format(".".join(map(str, e["loc"][1:])) or e["loc"][0], e["msg"]) for e in exc.errors())
@@ -107,7 +169,17 @@ async def _lines(backlog: list[str], stream: AsyncIterator[str]) -> AsyncIterato
         await _close(stream)
 
 
-async def _close(stream: AsyncIterator[str]) -> None:
+async def _statuses(first: PullStatus, stream: AsyncIterator[PullStatus]) -> AsyncIterator[str]:
+    """One JSON line per change of a pull; a follower that leaves stops following, never the pull."""
+    try:
+        yield first.model_dump_json() + "\n"
+        async for status in stream:
+            yield status.model_dump_json() + "\n"
+    finally:
+        await _close(stream)
+
+
+async def _close(stream: AsyncIterator) -> None:
     aclose = getattr(stream, "aclose", None)
     if aclose is not None:
         await aclose()

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import time
 from pathlib import Path
 
 from vllmmlxd.ctl import exit_codes
@@ -21,11 +23,14 @@ from vllmmlxd.ctl.client import (
     socket_origin,
     unreachable_hint,
 )
+from vllmmlxd.ctl.progress import PullProgress
 from vllmmlxd.ctl.render import (
     all_ready,
     render_action,
     render_check,
     render_check_refused,
+    render_models,
+    render_pull_end,
     render_reload,
     render_status,
 )
@@ -107,11 +112,72 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return exit_codes.OK
 
 
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Have the daemon pull a model into its store and follow it (a bar on a terminal, plain lines
+    elsewhere, ``--json``: each status as a JSON line); 0 once it is in the store. Ctrl-C stops
+    following, not the pull; ``--cancel`` stops the pull."""
+    with _client(args) as client:
+        if args.cancel:
+            return _cancel_pull(client, args.source)
+        started = time.monotonic()
+        status = client.pull(args.source, args.revision)
+        progress = PullProgress(sys.stdout, sys.stdout.isatty(), shutil.get_terminal_size().columns)
+        try:
+            for status in client.follow_pull(status.id):
+                if args.json:
+                    print(status.model_dump_json(), flush=True)
+                else:
+                    progress.show(status)
+        except KeyboardInterrupt:
+            progress.close()
+            _err(
+                f"stopped following: the daemon goes on pulling {status.repo} "
+                f"(`vllmmlxctl pull {status.repo}` follows it again, `vllmmlxctl pull --cancel {status.repo}` stops it)"
+            )
+            return 130
+        progress.close()
+    if not args.json:
+        done = status.state == "done"
+        print(render_pull_end(status, time.monotonic() - started), file=sys.stdout if done else sys.stderr)
+    return exit_codes.OK if status.state == "done" else exit_codes.ERROR
+
+
+def _cancel_pull(client: ControlClient, source: str) -> int:
+    """``pull --cancel REPO_OR_ID``: stop the pull of that repo under way."""
+    running = [p for p in client.pulls() if p.state not in ("done", "failed", "cancelled") and source in (p.id, p.repo)]
+    if not running:
+        _err(f"no pull of {source} is under way")
+        return exit_codes.ERROR
+    status = client.cancel_pull(running[0].id)
+    print(render_pull_end(status))
+    return exit_codes.OK
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """The models in the daemon's store, their size, source and the entries that use them (or ``--json``)."""
+    with _client(args) as client:
+        store = client.store()
+    if args.json:
+        print(json.dumps(store.model_dump(mode="json"), indent=2))
+    else:
+        print(render_models(store))
+    return exit_codes.OK
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """Delete a model from the store (refused while an entry uses it, or while it is being pulled)."""
+    with _client(args) as client:
+        result = client.remove(args.name)
+    print(result.message)
+    return exit_codes.OK
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Validate a config file without a daemon: ``FILE: ok (...)`` and its memory plan, or why it is refused."""
     from vllmmlxd.config.load import load_config
     from vllmmlxd.errors import ConfigError
     from vllmmlxd.paths import resolve_state_dir
+    from vllmmlxd.store.layout import not_downloaded, pull_hint
     from vllmmlxd.supervisor.memory import load_memory_plan
 
     try:
@@ -120,11 +186,19 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(e, file=sys.stderr)
         return exit_codes.ERROR
     # The plan on this machine, as the daemon would compute it at start (it reads the same files).
-    memory = load_memory_plan(loaded.config, resolve_state_dir(loaded.config.daemon.state_dir))
+    state_dir = resolve_state_dir(loaded.config.daemon.state_dir)
+    memory = load_memory_plan(loaded.config, state_dir)
     if not memory.fits:
         print(render_check_refused(args.file, memory.refusal()), file=sys.stderr)
         return exit_codes.ERROR
     print(render_check(args.file, list(loaded.config.models), memory.render()))
+    # Models not on this machine yet: the daemon would refuse those entries, or download them.
+    for name, entry in loaded.config.models.items():
+        repo = not_downloaded(getattr(entry, "model", ""), state_dir)
+        if repo and getattr(entry, "download", False):
+            print(f"{name}: {repo} is not downloaded yet: the daemon downloads it (download: true)")
+        elif repo:
+            print(f"{name}: {pull_hint(repo)} (or set download: true on {name})")
     return exit_codes.OK
 
 
@@ -238,6 +312,25 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="how many recent lines (default 50)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
     p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser(
+        "pull", parents=[common], help="download a model (a Hugging Face repo's MLX folder) into the daemon's store"
+    )
+    p.add_argument(
+        "source", metavar="REPO_OR_URL", help="org/name, or its page's URL (https://huggingface.co/org/name)"
+    )
+    p.add_argument("--revision", metavar="R", help="a branch, tag or commit (default: the repo's default branch)")
+    p.add_argument("--json", action="store_true", help="print each status of the pull as a JSON line")
+    p.add_argument("--cancel", action="store_true", help="stop the pull of REPO under way (its finished files stay)")
+    p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("models", parents=[common], help="list the models in the store, their size and users")
+    p.add_argument("--json", action="store_true", help="print the daemon's JSON answer")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("rm", parents=[common], help="delete a model from the store (refused while an entry uses it)")
+    p.add_argument("name", metavar="NAME", help="as `vllmmlxctl models` names it (org/name, builtin:tiny, gguf-...)")
+    p.set_defaults(func=cmd_rm)
 
     p = sub.add_parser("install-service", parents=[common], help="write a systemd unit or launchd plist")
     kind = p.add_mutually_exclusive_group()

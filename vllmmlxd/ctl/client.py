@@ -18,8 +18,11 @@ from vllmmlxd.control.protocol import (
     ENV_SOCKET,
     ActionResponse,
     LogsResponse,
+    PullsResponse,
+    PullStatus,
     ReloadResponse,
     StatusResponse,
+    StoreResponse,
     control_socket_path,
 )
 from vllmmlxd.errors import VllmmlxdError
@@ -161,12 +164,56 @@ class ControlClient:
         except httpx.TransportError as e:
             raise DaemonUnreachable(self.socket_path, _reason(e, None)) from None
 
+    # -- the model store --------------------------------------------------------------------------
+
+    def store(self) -> StoreResponse:
+        """``GET /store``: the models in the store, with the entries that use each."""
+        return StoreResponse.model_validate(self._call("GET", "/store", SLOW_TIMEOUT_S))
+
+    def remove(self, name: str) -> ActionResponse:
+        """``DELETE /store/models/NAME``; refused (``ControlRequestError`` 409) while an entry uses it."""
+        return ActionResponse.model_validate(self._call("DELETE", f"/store/models/{_quote(name)}", SLOW_TIMEOUT_S))
+
+    def pull(self, source: str, revision: str | None = None) -> PullStatus:
+        """``POST /store/pulls``: start pulling ``source`` (or join the pull of it under way)."""
+        body = {"source": source, "revision": revision}
+        return PullStatus.model_validate(self._call("POST", "/store/pulls", STATUS_TIMEOUT_S, json=body))
+
+    def pulls(self) -> list[PullStatus]:
+        """``GET /store/pulls``: running and recently ended pulls."""
+        return PullsResponse.model_validate(self._call("GET", "/store/pulls", STATUS_TIMEOUT_S)).pulls
+
+    def cancel_pull(self, pull_id: str) -> PullStatus:
+        """``DELETE /store/pulls/ID``."""
+        return PullStatus.model_validate(self._call("DELETE", f"/store/pulls/{_quote(pull_id)}", SLOW_TIMEOUT_S))
+
+    def follow_pull(self, pull_id: str) -> Iterator[PullStatus]:
+        """The pull now and at each change, until it ends (``GET /store/pulls/ID?follow=true``, one JSON per line)."""
+        timeout = httpx.Timeout(None, connect=self.connect_timeout)  # a slow hub is not a dead daemon
+        url = f"/store/pulls/{_quote(pull_id)}"
+        try:
+            with self._http.stream("GET", url, params={"follow": "true"}, timeout=timeout) as r:
+                if r.status_code != 200:
+                    r.read()
+                    raise _error(r)
+                for line in r.iter_lines():
+                    if line.strip():
+                        yield PullStatus.model_validate_json(line)
+        except httpx.TransportError as e:
+            raise DaemonUnreachable(self.socket_path, _reason(e, None)) from None
+
     def _call(
-        self, method: str, url: str, read_timeout: float, params: dict | None = None, ok: tuple[int, ...] = ()
+        self,
+        method: str,
+        url: str,
+        read_timeout: float,
+        params: dict | None = None,
+        ok: tuple[int, ...] = (),
+        json: dict | None = None,
     ) -> dict:
         timeout = httpx.Timeout(read_timeout, connect=self.connect_timeout)
         try:
-            r = self._http.request(method, url, params=params, timeout=timeout)
+            r = self._http.request(method, url, params=params, timeout=timeout, json=json)
         except httpx.TransportError as e:
             raise DaemonUnreachable(self.socket_path, _reason(e, read_timeout)) from None
         if r.status_code != 200 and r.status_code not in ok:

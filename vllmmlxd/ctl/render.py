@@ -5,7 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from vllmmlxd.control.protocol import ActionResponse, ModelStatus, ReloadResponse, StatusResponse
+from vllmmlxd.control.protocol import (
+    ActionResponse,
+    ModelStatus,
+    PullStatus,
+    ReloadResponse,
+    StatusResponse,
+    StoreResponse,
+)
 
 STATUS_HEADERS = (
     "MODEL",
@@ -81,10 +88,14 @@ def _row(m: ModelStatus, groups: bool = False) -> tuple[str, ...]:
 
 
 def _state(m: ModelStatus) -> str:
-    """``ready``; ``idle 42s`` for a lazy model; ``ready*`` for an upstream (explained under the table)."""
+    """``ready``; ``idle 42s`` for a lazy model; ``downloading 37%`` for one whose model is on its way;
+    ``ready*`` for an upstream (explained under the table)."""
     idle = getattr(m, "idle_s", None)
     if m.state == "idle" and idle is not None:
         return f"idle {format_duration(idle)}"
+    download = getattr(m, "download", None)
+    if m.state == "downloading" and download is not None and download.percent is not None:
+        return f"downloading {download.percent:g}%"
     return m.state + ("*" if getattr(m, "upstream", None) else "")
 
 
@@ -261,7 +272,13 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
     mcp = _mcp_lines(status.models)
     if mcp:
         lines += [""] + mcp
-    extra = _group_lines(status) + _rank_lines(status.models) + _lazy_lines(status.models) + _gateway_line(status)
+    extra = (
+        _group_lines(status)
+        + _rank_lines(status.models)
+        + _lazy_lines(status.models)
+        + _pull_lines(status)
+        + _gateway_line(status)
+    )
     if extra:
         lines += [""] + extra
     d = status.daemon
@@ -279,6 +296,98 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
         lines.append(f"last reload: ok at {format_clock(r.at, now)}")
     else:
         lines += _with_rest(f"last reload: FAILED at {format_clock(r.at, now)}: ", r.error or "unknown error")
+    return "\n".join(lines)
+
+
+def _pull_lines(status: StatusResponse) -> list[str]:
+    """``pulling org/name: 37% of 4.27 GB, 12.5 MB/s, 2m48s left`` for each pull under way."""
+    return [f"pulling {p.repo}: {pull_progress(p)}" for p in getattr(status, "pulls", None) or () if not _ended(p)]
+
+
+# -- the model store -------------------------------------------------------------------------------
+
+_PULL_ENDED = ("done", "failed", "cancelled")
+
+
+def _ended(p: PullStatus) -> bool:
+    return p.state in _PULL_ENDED
+
+
+def format_size(n: float | None) -> str:
+    """``512 B``, ``12.5 MB``, ``4.27 GB``: decimal units, as the hub shows sizes (as store/disk.py's format_bytes)."""
+    if n is None:
+        return "?"
+    for unit, size in (("TB", 1000**4), ("GB", 1000**3), ("MB", 1000**2), ("kB", 1000)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}" if n / size < 10 else f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def pull_progress(p: PullStatus) -> str:
+    """What a pull is doing, in words: ``37% of 4.27 GB, 12.5 MB/s, 2m48s left``, ``verifying checksums``."""
+    if p.state == "resolving":
+        return "asking the hub for its files"
+    if p.state == "verifying":
+        return "verifying checksums"
+    if p.state == "installing":
+        return "installing into the store"
+    if p.state != "downloading":
+        return p.state
+    parts = [f"{p.percent:g}% of {format_size(p.total_bytes)}" if p.percent is not None else "starting"]
+    if p.bytes_per_s:
+        parts.append(f"{format_size(p.bytes_per_s)}/s")
+    if p.eta_s is not None:
+        parts.append(f"{format_duration(p.eta_s)} left")
+    return ", ".join(parts)
+
+
+def render_pull_bar(p: PullStatus, width: int = 80) -> str:
+    """One terminal line, redrawn in place: ``org/name  [#######-------]  37%  1.58 GB/4.27 GB  12.5 MB/s  2m48s``."""
+    if p.state != "downloading" or p.percent is None:
+        return f"{p.repo}  {pull_progress(p)}"[:width]
+    figures = f"{p.percent:5.1f}%  {format_size(p.done_bytes)}/{format_size(p.total_bytes)}"
+    if p.bytes_per_s:
+        figures += f"  {format_size(p.bytes_per_s)}/s"
+    if p.eta_s is not None:
+        figures += f"  ETA {format_duration(p.eta_s)}"
+    room = width - len(p.repo) - len(figures) - 6  # "  [", "]  "
+    if room < 10:
+        return f"{p.repo}  {figures}"[:width]
+    filled = int(room * p.percent / 100)
+    return f"{p.repo}  [{'#' * filled}{'-' * (room - filled)}]  {figures}"
+
+
+def render_pull_end(p: PullStatus, seconds: float | None = None) -> str:
+    """The line a pull ends with: where it went and how to use it, or why it did not."""
+    commit = f" @ {p.commit[:12]}" if p.commit else ""
+    at = f" ({p.revision}){commit}" if p.revision else commit
+    if p.state == "done" and p.already:
+        return f"{p.repo}{at} is already in the store: {p.path}"
+    if p.state == "done":
+        took = f" in {format_duration(seconds)}" if seconds is not None else ""
+        return (
+            f"pulled {p.repo}{at}: {format_size(p.total_bytes)}{took}, into {p.path}\n"
+            f"serve it with `model: {p.repo}` in an entry, then `vllmmlxctl reload`"
+        )
+    if p.state == "cancelled":
+        return f"the pull of {p.repo} was cancelled; the files it finished stay: `vllmmlxctl pull {p.repo}` resumes it"
+    return f"pull {p.repo} failed: {p.error or 'no reason given'}"
+
+
+MODELS_HEADERS = ("NAME", "KIND", "SIZE", "USED BY", "SOURCE")
+
+
+def render_models(store: StoreResponse) -> str:
+    """The store's table (name, kind, size, the entries that use it, where it came from), then its
+    folder with the total and the free space, and the pulls under way."""
+    rows = [
+        (m.name, m.kind, format_size(m.size_bytes), ",".join(m.used_by) or "-", m.source or "-") for m in store.models
+    ]
+    lines = [render_table(MODELS_HEADERS, rows)] if rows else ["no models in the store"]
+    total = sum(m.size_bytes for m in store.models)
+    free = f", {format_size(store.free_bytes)} free" if store.free_bytes is not None else ""
+    lines += ["", f"store: {store.path} ({format_size(total)} in {len(store.models)}{free})"]
+    lines += [f"pulling {p.repo}: {pull_progress(p)}" for p in store.pulls if not _ended(p)]
     return "\n".join(lines)
 
 

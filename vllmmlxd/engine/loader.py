@@ -2,13 +2,15 @@
 
 Specs, tried in order: ``builtin:NAME``; a path to a ``.gguf`` file (converted once into
 the state dir); a local MLX / Hugging Face folder (has config.json); otherwise a Hugging
-Face repo id handed to mlx-lm (which downloads it).
+Face repo id: the model store's copy (``vllmmlxctl pull``), else handed to mlx-lm (which reads
+the hub cache, and downloads it only outside the daemon: its workers run with HF_HUB_OFFLINE).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ from vllmmlxd.engine.vision_prompt import unsupported_family
 from vllmmlxd.errors import ModelLoadError
 from vllmmlxd.log import log_event
 from vllmmlxd.paths import models_dir
+from vllmmlxd.store.layout import hub_snapshot, pull_hint, store_copy
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +113,12 @@ def resolve_spec(spec: str, state_dir: Path) -> tuple[Path | str, str]:
             f"model path not found: {path}; expected a .gguf file, a folder with config.json, "
             f"builtin:NAME ({', '.join(builtin.builtin_names())}) or a Hugging Face repo id (org/name)"
         )
+    pulled = store_copy(spec, state_dir)
+    if pulled is not None:  # `vllmmlxctl pull org/name` put it in the store: `model: org/name` is that copy
+        return pulled, spec.rsplit("/", 1)[-1]
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE") and hub_snapshot(spec) is None:
+        # The daemon's workers never download (HF_HUB_OFFLINE): say what to run rather than the hub's error.
+        raise ModelLoadError(pull_hint(spec))
     return spec, spec.rsplit("/", 1)[-1]
 
 

@@ -151,6 +151,9 @@ _MODEL_SHOWN = (
     "group",
 )
 _GROUP_MEMBER_SHOWN = ("name", "state", "running", "waiting")
+# A pull's progress, as a downloading entry's and as the store's pulls under way (no path, no error text).
+_PULL_SHOWN = ("repo", "revision", "state", "percent", "done_bytes", "total_bytes", "bytes_per_s", "eta_s")
+_PULLS_RUNNING = ("resolving", "downloading", "verifying", "installing")
 _MCP_SHOWN = ("name", "transport", "state", "tools", "connects")
 
 
@@ -170,6 +173,8 @@ def status_for(status: object, table: Table, key: str | None) -> dict:
             continue
         grant = table.access[route.name].match(key) if key and not route.is_open else None
         shown = _picked(row, _MODEL_SHOWN) or {}
+        if isinstance(row.get("download"), dict):
+            shown["download"] = _picked(row["download"], _PULL_SHOWN)
         keys = row.get("keys")
         shown["keys"] = None if keys is None else [k for k in keys if grant is not None and k == grant.name]
         if isinstance(row.get("mcp"), list):
@@ -183,6 +188,10 @@ def status_for(status: object, table: Table, key: str | None) -> dict:
     out: dict[str, Any] = {"daemon": _picked(status.get("daemon"), _DAEMON_SHOWN) or {}, "models": models}
     if status.get("gateway") is not None:
         out["gateway"] = _picked(status.get("gateway"), _GATEWAY_SHOWN)
+    # The store's pulls are the daemon's, not a model's: shown to a caller who may use every model.
+    pulls = [p for p in status.get("pulls") or () if isinstance(p, dict) and p.get("state") in _PULLS_RUNNING]
+    if pulls and all(table.may_use(r, key) for r in table.routes):
+        out["pulls"] = [_picked(p, _PULL_SHOWN) for p in pulls]
     sets = {s.name for s in table.visible_sets(key)}
     groups = [g for g in status.get("groups") or () if isinstance(g, dict) and g.get("name") in sets]
     if groups:

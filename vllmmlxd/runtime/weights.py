@@ -1,14 +1,13 @@
 """How much memory a model's weights will take in a worker, read from its files alone. Stdlib only.
 
-The daemon never imports mlx, so sizes come from safetensors and GGUF headers, the Hugging
-Face cache and the converted folders in the state dir.
+The daemon never imports mlx, so sizes come from safetensors and GGUF headers, the model store
+(a pulled repo's copy), the Hugging Face cache and the converted folders in the state dir.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import struct
 from dataclasses import dataclass
@@ -16,10 +15,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from vllmmlxd.paths import models_dir
+from vllmmlxd.store.layout import MARKER as COMPLETE_MARKER
+from vllmmlxd.store.layout import hub_cache_dir, hub_folder, hub_snapshot
 
 from .memory import MIB
 
-COMPLETE_MARKER = ".vllmmlxd-complete"  # written last into a finished converted folder (engine/gguf.py)
+__all__ = ["COMPLETE_MARKER", "hub_cache_dir", "hub_snapshot"]  # kept importable from here
 HALF_DTYPES = ("F16", "BF16")
 MAX_READ = 256 * MIB  # no header field is this long: a tokenizer's vocabulary is a few MB
 
@@ -56,7 +57,8 @@ def estimate_weights(spec: str, state_dir: Path, *, cpu: bool) -> WeightsEstimat
     """What the weights of a ``model:`` spec will take in a worker, from its files alone.
 
     Follows the loader's order: ``builtin:NAME``, a ``.gguf`` file, a folder with
-    config.json, else a Hugging Face repo id (unknown until it is downloaded).
+    config.json, else a Hugging Face repo id (the store's copy, else the hub cache's; unknown until
+    it is downloaded).
     """
     if spec.startswith("builtin:"):
         return _builtin_weights(spec[len("builtin:") :], state_dir, cpu)
@@ -77,7 +79,7 @@ def estimate_weights(spec: str, state_dir: Path, *, cpu: bool) -> WeightsEstimat
         return WeightsEstimate(None, "not a model file or folder")
     if spec.startswith(("/", ".", "~")) or spec.count("/") > 1:  # only a path could mean it, as in the loader
         return WeightsEstimate(None, "not found")
-    snapshot = hub_snapshot(spec)
+    snapshot = hub_folder(spec, state_dir)
     found = folder_weights(snapshot, cpu) if snapshot is not None else None
     return found or WeightsEstimate(None, "not downloaded yet")
 
@@ -187,7 +189,8 @@ def layer_bytes(folder: Path) -> tuple[int, dict[int, int]] | None:
 
 
 def model_folder(spec: str, state_dir: Path) -> Path | None:
-    """The MLX folder a spec names, where it is on disk already (a converted builtin, a folder, the hub cache)."""
+    """The MLX folder a spec names, where it is on disk already (a converted builtin, a folder, the
+    store's copy of a hub repo, the hub cache)."""
     if spec.startswith("builtin:"):
         name = spec[len("builtin:") :]
         built = sorted(
@@ -199,31 +202,7 @@ def model_folder(spec: str, state_dir: Path) -> Path | None:
         return path
     if spec.lower().endswith(".gguf") or path.exists():
         return None
-    return hub_snapshot(spec)
-
-
-def hub_cache_dir() -> Path:
-    """Where huggingface_hub keeps downloads: $HF_HUB_CACHE, $HF_HOME/hub, else ~/.cache/huggingface/hub."""
-    env = os.environ
-    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
-        return Path(env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    cache = Path(env["XDG_CACHE_HOME"]).expanduser() if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return cache / "huggingface" / "hub"
-
-
-def hub_snapshot(repo_id: str, cache: Path | None = None) -> Path | None:
-    """The downloaded snapshot of ``repo_id`` (refs/main's, else the newest), or None."""
-    repo = (cache or hub_cache_dir()) / ("models--" + repo_id.replace("/", "--"))
-    try:
-        main = repo / "snapshots" / (repo / "refs" / "main").read_text().strip()
-        if main.is_dir():
-            return main
-    except OSError:
-        pass
-    snapshots = [p for p in (repo / "snapshots").glob("*") if p.is_dir()]
-    return max(snapshots, key=lambda p: p.stat().st_mtime) if snapshots else None
+    return hub_folder(spec, state_dir)
 
 
 # -- GGUF headers ------------------------------------------------------------------

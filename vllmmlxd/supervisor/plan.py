@@ -120,6 +120,8 @@ def _load(units: Mapping[str, UnitFacts], usable_mb: int | None, name: str, star
         return [Answer(name, False, f"model {name} is stopped (vllmmlxctl start {name})")]
     if unit.state == states.FAILED:
         return [Answer(name, False, f"model {name} failed: {unit.error}")]
+    if unit.state == states.DOWNLOADING:  # download: true: it starts once its files are here
+        return [Answer(name, False, f"model {name} is not here yet ({unit.error})")]
     if unit.busy is not None and unit.busy != "unloading":  # a reload or a stop is on it: its slot decides after
         return [Join(name)]
     # Unloaded, backing off, or being unloaded: its memory must be admitted again.

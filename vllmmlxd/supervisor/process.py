@@ -121,7 +121,9 @@ class WorkerProcess:
         for flag, fd in (extra_fds or {}).items():
             argv += [flag, str(fd)]
         fds = (listen_fd, *(extra_fds or {}).values())
-        return await cls.start(name, config, argv, health, sink, pass_fds=fds, env=env)
+        # A worker never downloads: a model not here is refused before it starts (or pulled, download: true).
+        offline = {"HF_HUB_OFFLINE": "1"}
+        return await cls.start(name, config, argv, health, sink, pass_fds=fds, env={**offline, **(env or {})})
 
     @classmethod
     async def start(

@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Callable
 from ..config.diff import ReloadPlan, diff_models
 from ..config.load import LoadedConfig, load_config
 from ..config.schema import Config, ModelConfig, Resolved, ResolvedModel, ResolvedUpstream
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreError
 from ..log import log_event
 from ..runtime import cpus
+from ..store.layout import not_downloaded, pull_hint
+from ..store.sources import Source
 from .gateway import needs_new_process
 from .memory import MemoryPlan, load_memory_plan
 from .plan import EntryFacts, ReloadSteps, plan_reload
@@ -81,6 +83,13 @@ async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -
             )
             sup._record_failure(error, text)
         return ReloadReply(ok=False, dry_run=dry_run, plan=text, error=error, entries=diff.entries())
+    waiting = files_not_here(sup, diff, new.config, dry_run)
+    if waiting:  # nothing changes: a model it names is not on this machine (or on its way first)
+        error = "\n".join(waiting)
+        if not dry_run:
+            log_event(logger, "reload.refused", logging.ERROR, reason="models not downloaded", error=error)
+            sup._record_failure(error, text)
+        return ReloadReply(ok=False, dry_run=dry_run, plan=text, error=error, entries=diff.entries())
     if dry_run:
         return ReloadReply(ok=True, dry_run=True, plan=text, error=None, entries=diff.entries())
     sup._take_daemon_keys(diff, new.config)
@@ -104,6 +113,39 @@ async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -
         sup.push_settings is not None,
     )
     return ReloadRun(sup, new, diff, memory, steps, text)
+
+
+def files_not_here(sup: Supervisor, diff: ReloadPlan, config: Config, dry_run: bool) -> list[str]:
+    """For each added or changed entry whose model is not on this machine, why the reload waits: the
+    pull to run, or (``download: true`` on an entry whose worker serves) the download it starts first,
+    after which the reload runs again (the running worker serves meanwhile). An entry that runs no
+    worker downloads its model itself once the reload applies (``download: true``)."""
+    lines = []
+    for name in (*diff.added, *diff.changed):
+        entry = config.models[name]
+        if not isinstance(entry, ModelConfig):
+            continue
+        repo = not_downloaded(entry.model, sup.settings.state_dir)
+        if repo is None:
+            continue
+        unit = sup.entry_units().get(name)
+        if not entry.download:
+            lines.append(f"{name}: {pull_hint(repo)} first (or set download: true on {name})")
+        elif name in diff.changed and isinstance(unit, ModelUnit) and unit.slot.pid is not None:
+            if dry_run:
+                lines.append(f"{name}: would download {repo} first; its running worker serves until then")
+                continue
+            try:
+                pull = sup.pulls.start(Source(repo))
+            except StoreError as exc:
+                lines.append(f"{name}: {exc}")
+                continue
+            sup.reload_when_pulled(pull)
+            lines.append(
+                f"{name}: downloading {repo} first (vllmmlxctl pull {repo} follows it); its running worker "
+                "serves meanwhile, and the reload runs again once the download is done"
+            )
+    return lines
 
 
 def plan_shares(config: Config) -> dict[str, cpus.CpuShare]:
@@ -258,6 +300,8 @@ class ReloadRun:
             return  # the plan gives a unit of one kind only an entry of the same kind
         slot = unit.slot
         if step == "add":
+            if unit.absent is not None:  # started once its model is here (download: true)
+                return
             if config.load == "eager" and not await slot.start():
                 self.errors.append(f"{name}: did not become ready: {slot.last_error}")
             return
@@ -267,6 +311,11 @@ class ReloadRun:
                 self.errors.append(
                     f"{name}: moved to {config.host}:{config.port}; the new worker did not become ready: {error}"
                 )
+            return
+        if slot.pid is None and not_downloaded(config.model, self.sup.settings.state_dir) is not None:
+            # It runs no worker and its new model is not here: it takes the entry, and its download
+            # starts at the reload's end (a serving one was refused in `prepare`).
+            await slot.apply_settings(config, sock=self.pool.pop(address(config), None))
             return
         if step == "adopt":  # not loaded: its next load takes the entry (an eager one loads now)
             await slot.apply_settings(config, sock=self.pool.pop(address(config), None))
@@ -290,9 +339,16 @@ class ReloadRun:
                 f"the new worker did not become ready: {error}"
             )
 
+    def _look_for_files(self) -> None:
+        """In the task, at the reload's end: models pulled since their entry was refused start now;
+        entries that took a model not here yet start its download (``download: true``)."""
+        for unit in _files_arrived(self.sup):
+            self.sup.ops.start({unit.name: "starting"}, unit.slot.start())
+
     def _end(self, result, error: BaseException | None) -> None:
         if error is not None:
             self.errors.append(f"reload: {error}")
+        self._look_for_files()
         plan, memory = self.diff, self.memory
         error_text = "\n".join(self.errors) or None
         log_event(
@@ -309,6 +365,19 @@ class ReloadRun:
         self._done(
             ReloadReply(ok=not self.errors, dry_run=False, plan=self.text, error=error_text, entries=plan.entries())
         )
+
+
+def _files_arrived(sup: Supervisor) -> list[ModelUnit]:
+    """In the task: every model unit without a worker looks for its files again (its entry may have
+    changed, or its model been pulled since); those whose model just arrived, eager, are returned."""
+    arrived = []
+    for unit in sup.entry_units().values():
+        if isinstance(unit, ModelUnit) and unit.slot.pid is None:
+            was = unit.absent
+            sup._check_files(unit)
+            if was is not None and unit.absent is None and not unit.lazy:
+                arrived.append(unit)
+    return arrived
 
 
 def swap_or_say_why(memory: MemoryPlan, name: str, *configs: object) -> bool:

@@ -29,7 +29,11 @@ from ..config.diff import ReloadPlan
 from ..config.gateway import GatewayConfig
 from ..config.load import LoadedConfig
 from ..config.schema import Config, DaemonConfig, Resolved, ResolvedUpstream
+from ..errors import StoreError
 from ..log import log_event
+from ..store.layout import not_downloaded, pull_hint
+from ..store.pulls import Pull, Pulls
+from ..store.sources import Source
 from . import states
 from .gateway import GATEWAY, Publication, build_spec
 from .loads import Loads
@@ -37,7 +41,7 @@ from .memory import Capacity, entry_footprints, load_memory_plan, read_capacity
 from .operations import Msg, Operations, fail, resolve
 from .reload import plan_shares, prepare, swap_or_say_why
 from .slot import PushSettings, Slot, SlotSettings
-from .units import GatewayUnit, ModelUnit, Unit, UpstreamUnit, group_views
+from .units import Absent, GatewayUnit, ModelUnit, Unit, UpstreamUnit, group_views
 from .upstream import UpstreamChecks
 from .views import ActionReply, DaemonView, ReloadRecord, ReloadReply, StatusView
 
@@ -56,6 +60,7 @@ class Supervisor:
         on_change: Callable[[], None] = lambda: None,
         push_settings: PushSettings | None = None,
         control_socket: Path | None = None,
+        pulls: Pulls | None = None,
     ):
         self.loaded = loaded
         self.settings = settings
@@ -69,6 +74,9 @@ class Supervisor:
         self.daemon_config = loaded.config.daemon
         self.shares = plan_shares(loaded.config)
         self.control_socket = control_socket  # the daemon's: the gateway asks there for lazy models to load
+        # The model store's pulls (the daemon's, shared with the control API): download: true uses them.
+        self.pulls = pulls if pulls is not None else Pulls(settings.state_dir)
+        self._reload_after: set[str] = set()  # pulls a refused reload waits for: it runs again once they end
         self._on_change_outer = on_change
         self._queue: asyncio.Queue[Msg] = asyncio.Queue()
         self.ops = Operations(self._post)  # what runs beside the task, and the units it is on
@@ -183,11 +191,20 @@ class Supervisor:
             models=models,
             gateway=gateway.view(now) if gateway else None,
             groups=group_views(models),
+            pulls=[p.view() for p in self.pulls.all()],
         )
 
     async def refresh(self) -> None:
         """Fresh load figures from every running worker, in parallel, before a status is read."""
         await asyncio.gather(*(u.refresh() for u in list(self.units.values())), return_exceptions=True)
+
+    def entry_models(self) -> dict[str, tuple[str, ...]]:
+        """Each model entry served here and the model specs it loads (its model, its embedding model)."""
+        return {
+            name: tuple(m for m in (u.config.model, u.config.embedding_model) if m)
+            for name, u in self.entry_units().items()
+            if isinstance(u, ModelUnit)
+        }
 
     def ready_count(self) -> tuple[int, int]:
         shown = [u.shown()[0] for u in self.entry_units().values()]
@@ -255,7 +272,7 @@ class Supervisor:
         starting = [
             u.slot.start()
             for u in self.units.values()
-            if isinstance(u, GatewayUnit) or isinstance(u, ModelUnit) and not u.lazy
+            if isinstance(u, GatewayUnit) or isinstance(u, ModelUnit) and not u.lazy and u.absent is None
         ]
         self.ops.start({}, asyncio.gather(*starting), lambda _r, _e: resolve(msg.future, None))
         self._changed()
@@ -281,6 +298,7 @@ class Supervisor:
                 on_demand=lambda: self._post(Msg("demand", name=name)),
             ),
         )
+        self._check_files(self.units[name])
 
     def _add_gateway(self, config: GatewayConfig) -> GatewayUnit:
         from .live import push_settings
@@ -297,6 +315,79 @@ class Supervisor:
     def _upstream_interval(self) -> float:
         gateway = self.loaded.config.gateway
         return (gateway or GatewayConfig()).upstream_health_interval_s
+
+    # -- a model's files: here, downloading (download: true), or not downloaded ------------------
+
+    def _check_files(self, unit: Unit) -> None:
+        """Mark a model unit whose model is not on this machine (it starts nothing until it is): with
+        ``download: true`` its pull (started, or joined), else what to run. A unit with a worker keeps it."""
+        if not isinstance(unit, ModelUnit) or unit.slot.pid is not None:
+            return
+        repo = not_downloaded(unit.config.model, self.settings.state_dir)
+        if repo is None:
+            unit.absent = None
+            return
+        if unit.absent is not None and unit.absent.pull is not None and unit.absent.pull.running:
+            return  # on its way already
+        if not unit.config.download:
+            unit.absent = Absent(repo, pull_hint(repo, unit.name))
+            log_event(logger, "model.not_downloaded", logging.ERROR, model=unit.name, repo=repo, error=pull_hint(repo))
+            return
+        try:
+            pull = self.pulls.start(Source(repo))
+        except StoreError as exc:  # the same repo being pulled at another revision
+            unit.absent = Absent(repo, str(exc))
+            return
+        unit.absent = Absent(repo, f"downloading {repo}", pull)
+        log_event(logger, "model.downloading", model=unit.name, repo=repo, pull=pull.id)
+        self.ops.track(self._when_fetched(unit.name, pull))
+
+    async def _when_fetched(self, name: str, pull: Pull) -> None:
+        await pull.wait()
+        self._post(Msg("fetched", name=name, value=pull))
+
+    async def _on_fetched(self, msg: Msg) -> None:
+        """A unit's pull ended: once its model is here an eager model starts (a lazy one waits unloaded),
+        through memory admission: the plan that let it in counted a model not downloaded as 0."""
+        unit, pull = self.entry_units().get(msg.name), msg.value
+        done = pull.view().state == "done"
+        if not isinstance(unit, ModelUnit) or unit.absent is None or unit.absent.pull is not pull:
+            return  # removed or changed meanwhile
+        self._changed()
+        if done:
+            unit.absent = None
+            if not unit.lazy:
+                await self.loads.admit(msg.name, None, start=True)
+
+    def _absent_reply(self, unit: ModelUnit) -> ActionReply | None:
+        """Before a start, restart or load: look again (pulled since?); why not, while its model is not here."""
+        if unit.absent is None:
+            return None
+        self._check_files(unit)
+        if unit.absent is None:
+            self._changed()
+            return None
+        _, why = unit.absent.shown()
+        return ActionReply(False, unit.name, why or f"{unit.absent.repo} is not here")
+
+    def reload_when_pulled(self, pull: Pull) -> None:
+        """A reload refused until ``pull`` brings a changed entry's model: run it again once it is done."""
+        if pull.id in self._reload_after:
+            return
+        self._reload_after.add(pull.id)
+
+        async def wait() -> None:
+            final = await pull.wait()
+            self._post(Msg("pulled_for_reload", value=(pull.id, final.state == "done")))
+
+        self.ops.track(wait())
+
+    def _on_pulled_for_reload(self, msg: Msg) -> None:
+        pull_id, done = msg.value
+        self._reload_after.discard(pull_id)
+        if done:
+            log_event(logger, "reload.after_download", pull=pull_id)
+            self._post(Msg("reload", value=(False, None)))
 
     # -- the gateway's routing table -------------------------------------------------------------
 
@@ -348,6 +439,9 @@ class Supervisor:
         return self._on_load(msg)
 
     async def _on_load(self, msg: Msg) -> None:
+        unit = self.entry_units().get(msg.name)
+        if isinstance(unit, ModelUnit) and unit.absent is not None:
+            self._absent_reply(unit)  # pulled since? The plan reads what it finds.
         await self.loads.admit(msg.name, msg.future, start=False)
 
     def _on_tick(self, msg: Msg) -> None:
@@ -386,6 +480,9 @@ class Supervisor:
         unit = self._model(msg)
         if unit is None:
             return
+        if (absent := self._absent_reply(unit)) is not None:
+            resolve(msg.future, absent)
+            return
         if unit.lazy:  # through memory admission, as a request would load it
             await self.loads.admit(msg.name, msg.future, start=True)
             return
@@ -413,6 +510,9 @@ class Supervisor:
     async def _on_restart(self, msg: Msg) -> None:
         unit = self._model(msg)
         if unit is None:
+            return
+        if (absent := self._absent_reply(unit)) is not None:
+            resolve(msg.future, absent)
             return
         replacing = {msg.name: unit.config} if unit.slot.pid is not None else {}
         memory = await asyncio.to_thread(load_memory_plan, self.running_config(), self.settings.state_dir, replacing)

@@ -24,6 +24,8 @@ from ..config.gateway import GatewayConfig, GatewaySpec
 from ..config.groups import set_state
 from ..config.schema import ResolvedModel, ResolvedUpstream
 from ..http.activity import idle_limit
+from ..store.disk import format_bytes
+from ..store.pulls import Pull
 from . import lazy, states
 from .log_lines import LogLines
 from .plan import Kind, UnitFacts
@@ -61,13 +63,39 @@ class Unit(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Absent:
+    """Why a model unit starts nothing yet: its model's files are not here. ``pull``: the pull
+    bringing them (``download: true``); without one, ``message`` says what to run."""
+
+    repo: str
+    message: str
+    pull: Pull | None = None
+
+    def shown(self) -> tuple[states.Shown, str | None]:
+        """``downloading`` with its progress while its pull runs, else ``failed`` and why."""
+        pull = self.pull.view() if self.pull is not None else None
+        if pull is None:
+            return states.FAILED, self.message
+        if not pull.ended:
+            done = f"{pull.percent:g}% of {format_bytes(pull.total_bytes)}" if pull.percent is not None else pull.state
+            return states.DOWNLOADING, f"downloading {self.repo}: {done}"
+        if pull.state == "done":  # until the supervisor's next message starts it
+            return states.DOWNLOADING, f"downloaded {self.repo}"
+        if pull.state == "cancelled":
+            return states.FAILED, f"the download of {self.repo} was cancelled (a start or reload downloads it again)"
+        return states.FAILED, f"the download of {self.repo} failed: {pull.error} (a start or reload tries again)"
+
+
 @dataclass
 class ModelUnit:
-    """A model entry served here: its slot runs the workers; the entry's ``load`` says when."""
+    """A model entry served here: its slot runs the workers; the entry's ``load`` says when.
+    ``absent``: its model is not on this machine yet (not downloaded, or downloading)."""
 
     name: str
     slot: Slot
     kind: Kind = "model"
+    absent: Absent | None = None
 
     @property
     def config(self) -> ResolvedModel:
@@ -101,6 +129,8 @@ class ModelUnit:
         return idle_limit(self.config.idle_unload_s, keep if isinstance(keep, (int, float)) else None)
 
     def shown(self) -> tuple[states.Shown, str | None]:
+        if self.absent is not None and self.slot.pid is None:
+            return self.absent.shown()
         state = self.slot.state
         if self.lazy:
             if state == states.STARTING:
@@ -110,16 +140,17 @@ class ModelUnit:
         return state, slot_error(self.slot)
 
     def facts(self, footprint_mb: int = 0, busy=None) -> UnitFacts:
+        absent = self.absent.shown() if self.absent is not None and self.slot.pid is None else None
         return UnitFacts(
             self.name,
             "model",
-            self.slot.state,
+            absent[0] if absent else self.slot.state,
             self.lazy,
             footprint_mb,
             self.idle_s(for_unload=True),
             self.idle_unload_s(),
             busy,
-            slot_error(self.slot),
+            absent[1] if absent else slot_error(self.slot),
         )
 
     def view(self, now: float) -> ModelView:
@@ -135,13 +166,14 @@ class ModelUnit:
             uptime_s=round(now - slot.ready_since, 1) if slot.ready_since else None,
             last_exit_code=slot.last_exit_code,
             served_model_name=config.display_name(self.name),
-            last_error=slot_error(slot),
+            last_error=self.shown()[1] if self.absent is not None else slot_error(slot),
             runtime=runtime_fields(slot),
             keys=None if config.is_open else config.key_names(),
             load=config.load,
             idle_unload_s=self.idle_unload_s(),
             idle_s=round(idle, 1) if idle is not None else None,
             group=config.group,
+            download=self.absent.pull.view() if self.absent is not None and self.absent.pull is not None else None,
             **rank_fields(config, slot.worker, self.shown()[0]),
         )
 

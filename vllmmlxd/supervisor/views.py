@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..store.pulls import PullView
 from . import states
 
 
@@ -82,6 +83,7 @@ class ModelView:
     group: str | None = None  # the replica set it belongs to (config's group)
     distributed: dict | None = None  # a distributed entry: backend, parallel, world
     ranks: list[RankView] | None = None  # and each of its ranks
+    download: PullView | None = None  # download: true and its model not here yet: the pull it waits for
 
 
 @dataclass(frozen=True)
@@ -120,3 +122,4 @@ class StatusView:
     models: list[ModelView]
     gateway: GatewayView | None = None
     groups: list[GroupView] = field(default_factory=list)
+    pulls: list[PullView] = field(default_factory=list)  # into the model store: running and recently ended

@@ -63,7 +63,7 @@ def test_status_round_trips_through_json():
 
 def test_status_json_has_exactly_the_documented_keys():
     data = json.loads(make_status().model_dump_json())
-    assert set(data) == {"daemon", "models", "gateway", "groups"}
+    assert set(data) == {"daemon", "models", "gateway", "groups", "pulls"}
     assert set(data["daemon"]) == {
         "pid",
         "uptime_s",
@@ -110,6 +110,7 @@ def test_status_json_has_exactly_the_documented_keys():
             "group",
             "distributed",
             "ranks",
+            "download",
         }
     assert data["models"][1]["pid"] is None and data["models"][1]["uptime_s"] is None
 
@@ -166,3 +167,51 @@ def test_the_wire_states_are_the_supervisors():
     from vllmmlxd.supervisor import states
 
     assert get_args(State) == states.SHOWN
+
+
+def test_a_pulls_status_has_exactly_the_documented_keys():
+    from vllmmlxd.control.protocol import PullStatus, StoredModelStatus
+
+    status = PullStatus(id="p1", repo="org/m", state="downloading")
+    assert set(json.loads(status.model_dump_json())) == {
+        "id",
+        "repo",
+        "revision",
+        "state",
+        "commit",
+        "total_bytes",
+        "done_bytes",
+        "files",
+        "percent",
+        "bytes_per_s",
+        "eta_s",
+        "started_at",
+        "ended_at",
+        "error",
+        "refused",
+        "path",
+        "already",
+    }
+    stored = StoredModelStatus(name="org/m", kind="pulled", source="", path="/s", size_bytes=1)
+    assert set(json.loads(stored.model_dump_json())) == {
+        "name",
+        "kind",
+        "source",
+        "path",
+        "size_bytes",
+        "revision",
+        "commit",
+        "created",
+        "used_by",
+    }
+
+
+def test_the_pull_view_and_the_wire_status_carry_the_same_fields():
+    import dataclasses
+
+    from vllmmlxd.control.protocol import PullStatus, StoredModelStatus
+    from vllmmlxd.store.catalog import StoredModel
+    from vllmmlxd.store.pulls import PullView
+
+    assert [f.name for f in dataclasses.fields(PullView)] == list(PullStatus.model_fields)
+    assert [f.name for f in dataclasses.fields(StoredModel)] == list(StoredModelStatus.model_fields)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import signal
 import socket
 import time
@@ -148,3 +149,50 @@ def test_stop_does_not_wait_forever_for_a_follower(target, sock_dir):
 def test_a_file_is_read_only_for_a_dry_run(http, target):
     r = http.post("/reload", params={"file": "/tmp/other.yaml"})
     assert r.status_code == 422 and "dry run" in r.json()["error"] and target.calls == []
+
+
+# -- the model store -----------------------------------------------------------------------------------
+
+
+def test_a_pull_is_started_with_its_source_read_and_followed_as_json_lines(http, target):
+    r = http.post("/store/pulls", json={"source": "https://huggingface.co/org/m/tree/v2"})
+    assert r.status_code == 200 and r.json()["state"] == "resolving"
+    assert target.calls == [("pull", "org/m", "v2")]
+    r = http.get("/store/pulls/p1", params={"follow": "true"})
+    assert r.headers["content-type"] == "application/x-ndjson"
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    assert [(s["state"], s["done_bytes"]) for s in lines] == [
+        ("resolving", 0),
+        ("downloading", 1_000_000_000),
+        ("downloading", 4_000_000_000),
+        ("done", 4_000_000_000),
+    ]
+    assert http.get("/store/pulls/p1").json()["state"] == "done"
+    assert [p["id"] for p in http.get("/store/pulls").json()["pulls"]] == ["p1"]
+
+
+def test_a_source_that_names_no_model_is_422_and_a_conflict_409(http, target):
+    r = http.post("/store/pulls", json={"source": "not a repo"})
+    assert r.status_code == 422 and "is not a Hugging Face model repo id (org/name)" in r.json()["error"]
+    assert http.post("/store/pulls", json={}).status_code == 422
+    target.pull_conflict = "org/m@v1 is being pulled (p1): wait for it"
+    r = http.post("/store/pulls", json={"source": "org/m", "revision": "v2"})
+    assert (r.status_code, r.json()) == (409, {"error": "org/m@v1 is being pulled (p1): wait for it"})
+
+
+def test_an_unknown_pull_is_404_and_a_cancel_answers_the_pulls_end(http, target):
+    assert http.get("/store/pulls/nope", params={"follow": "true"}).status_code == 404
+    assert http.get("/store/pulls/nope").status_code == 404
+    assert http.delete("/store/pulls/nope").status_code == 404
+    r = http.delete("/store/pulls/p1")
+    assert r.status_code == 200 and r.json()["state"] == "cancelled"
+
+
+def test_the_store_lists_and_removes_models_refusing_one_in_use(http, target):
+    assert [m["name"] for m in http.get("/store").json()["models"]] == ["org/m", "builtin:tiny"]
+    r = http.delete("/store/models/builtin:tiny")
+    assert (r.status_code, r.json()) == (409, {"error": "builtin:tiny is in use by a"})
+    assert http.delete("/store/models/org%2Fnone").status_code == 404
+    r = http.delete("/store/models/org/m")  # a repo id's '/' as it is, or quoted
+    assert r.status_code == 200 and r.json()["message"] == "removed org/m (4.00 GB)"
+    assert ("remove", "org/m") in target.calls

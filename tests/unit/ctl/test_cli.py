@@ -269,6 +269,21 @@ def test_check_a_good_config_prints_its_memory_plan(tmp_path, capsys, sixteen_gi
     assert lines[2].startswith("  a: ") and "3,276 MB cache (20% of physical) + 200 MB worker" in lines[2]
 
 
+def test_check_says_which_models_are_not_downloaded(tmp_path, capsys, sixteen_gib, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    path = tmp_path / "hub.yaml"
+    path.write_text(
+        f"daemon: {{state_dir: {tmp_path}}}\nmodels:\n  a: {{model: org/absent, port: 8001}}\n"
+        "  b: {model: org/other, port: 8002, download: true}\n  c: {upstream: 'http://h:1'}\n"
+    )
+    assert main(["check", str(path)]) == exit_codes.OK
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2:] == [
+        "a: org/absent is not downloaded: run `vllmmlxctl pull org/absent` (or set download: true on a)",
+        "b: org/other is not downloaded yet: the daemon downloads it (download: true)",
+    ]
+
+
 def test_check_refuses_a_config_whose_models_do_not_fit(tmp_path, capsys, sixteen_gib):
     path = tmp_path / "big.yaml"
     path.write_text("models:\n  a:\n    model: builtin:tiny\n    cache_memory_mb: 10000000\n")
@@ -423,3 +438,92 @@ def test_the_console_script_entry_point_runs(sock_dir):
     )
     assert result.returncode == exit_codes.UNREACHABLE
     assert "is vllmmlxd running?" in result.stderr
+
+
+# -- the model store -----------------------------------------------------------------------------------
+
+
+def test_pull_follows_the_pull_in_plain_lines_then_says_where_it_went(daemon, target, capsys):
+    code, out, err = ctl(daemon, capsys, "pull", "org/m", "--revision", "v2")
+    assert code == exit_codes.OK and err == ""
+    assert target.calls == [("pull", "org/m", "v2")]
+    lines = out.splitlines()
+    assert lines[0] == "org/m: asking the hub for its files"
+    assert lines[1] == "org/m: 25% of 4.00 GB, 50.0 MB/s, 1m00s left"  # the next one within 5 s is not repeated
+    assert lines[2].startswith("pulled org/m @ cccccccccccc: 4.00 GB in ") and lines[2].endswith(
+        "into /s/models/hub-org--m"
+    )
+    assert lines[3] == "serve it with `model: org/m` in an entry, then `vllmmlxctl reload`"
+
+
+def test_pull_json_prints_each_status_and_a_failure_exits_1(daemon, target, capsys):
+    code, out, _ = ctl(daemon, capsys, "pull", "org/m", "--json")
+    assert code == exit_codes.OK
+    assert [json.loads(line)["state"] for line in out.splitlines()] == [
+        "resolving",
+        "downloading",
+        "downloading",
+        "done",
+    ]
+    target.pull_script = target.pull_script[:1] + [
+        target.pull_script[0].model_copy(update={"state": "failed", "error": "checksum mismatch in org/m: ..."})
+    ]
+    code, out, err = ctl(daemon, capsys, "pull", "org/m")
+    assert code == exit_codes.ERROR and err == "pull org/m failed: checksum mismatch in org/m: ...\n"
+
+
+def test_a_bad_source_or_a_conflict_exits_1_with_the_daemons_words(daemon, target, capsys):
+    code, _, err = ctl(daemon, capsys, "pull", "nope")
+    assert code == exit_codes.ERROR and "is not a Hugging Face model repo id (org/name)" in err
+    target.pull_conflict = "org/m@v1 is being pulled (p1): wait for it"
+    code, _, err = ctl(daemon, capsys, "pull", "org/m")
+    assert code == exit_codes.ERROR and err == "vllmmlxctl: org/m@v1 is being pulled (p1): wait for it\n"
+
+
+def test_ctrl_c_stops_following_not_the_pull(daemon, capsys, monkeypatch):
+    from vllmmlxd.ctl import cli
+
+    def interrupted(self, pull_id):
+        yield from ()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.ControlClient, "follow_pull", interrupted)
+    code, _, err = ctl(daemon, capsys, "pull", "org/m")
+    assert code == 130 and "stopped following: the daemon goes on pulling org/m" in err
+    assert "`vllmmlxctl pull --cancel org/m` stops it" in err
+
+
+def test_pull_cancel_stops_the_pull_of_that_repo(daemon, target, capsys):
+    target.pull_script[-1] = target.pull_script[1]  # still downloading
+    code, out, _ = ctl(daemon, capsys, "pull", "--cancel", "org/m")
+    assert code == exit_codes.OK and ("cancel_pull", "p1") in target.calls
+    assert out == "the pull of org/m was cancelled; the files it finished stay: `vllmmlxctl pull org/m` resumes it\n"
+    code, _, err = ctl(daemon, capsys, "pull", "--cancel", "org/other")
+    assert code == exit_codes.ERROR and err == "vllmmlxctl: no pull of org/other is under way\n"
+
+
+def test_models_lists_the_store_and_rm_deletes_one_unless_in_use(daemon, target, capsys):
+    code, out, _ = ctl(daemon, capsys, "models")
+    assert code == exit_codes.OK
+    lines = out.splitlines()
+    assert lines[0].split() == ["NAME", "KIND", "SIZE", "USED", "BY", "SOURCE"]
+    assert lines[1].split() == ["org/m", "pulled", "4.00", "GB", "-", "org/m", "@", "cccc"]
+    assert lines[2].split() == ["builtin:tiny", "builtin", "12.9", "MB", "a", "built", "here"]
+    assert lines[-1] == "store: /s/models (4.01 GB in 2, 50.0 GB free)"
+    code, out, _ = ctl(daemon, capsys, "models", "--json")
+    assert [m["used_by"] for m in json.loads(out)["models"]] == [[], ["a"]]
+
+    code, _, err = ctl(daemon, capsys, "rm", "builtin:tiny")
+    assert code == exit_codes.ERROR and err == "vllmmlxctl: builtin:tiny is in use by a\n"
+    code, out, _ = ctl(daemon, capsys, "rm", "org/m")
+    assert code == exit_codes.OK and out == "removed org/m (4.00 GB)\n"
+    code, _, err = ctl(daemon, capsys, "rm", "org/m")
+    assert code == exit_codes.ERROR and "no model 'org/m' in the store" in err
+
+
+def test_status_shows_a_downloading_entry_and_the_pulls_under_way(daemon, target, capsys):
+    downloading = target.pull_script[1]
+    target.models = [model_status("q", "downloading", pid=None, download=downloading)]
+    code, out, _ = ctl(daemon, capsys, "status")
+    assert code == exit_codes.NOT_READY
+    assert out.splitlines()[1].split()[:3] == ["q", "downloading", "25%"]

@@ -326,3 +326,59 @@ def test_a_speculating_entry_says_how_its_drafts_fare():
     assert "llama speculates (prompt-lookup): 81% of 1,204 drafted tokens accepted" in out.splitlines()
     fresh = render_status(status(model("llama", speculative={**spec, "drafted_tokens": 0})))
     assert "llama speculates (prompt-lookup): nothing drafted yet" in fresh
+
+
+def test_sizes_read_as_the_store_says_them():
+    from vllmmlxd.ctl.render import format_size
+    from vllmmlxd.store.disk import format_bytes
+
+    for n in (0, 1, 999, 1000, 3400, 99_999, 12_500_000, 4_270_000_000, 15 * 10**9, 3 * 10**12, None):
+        assert format_size(n) == format_bytes(n)
+
+
+def test_a_pull_bar_fits_its_width_and_shows_speed_and_eta():
+    from tests.support.control import pull_status
+    from vllmmlxd.ctl.render import render_pull_bar
+
+    p = pull_status("downloading", 1_480_000_000, bytes_per_s=12_500_000, eta_s=200.0)
+    bar = render_pull_bar(p, 100)
+    assert (
+        len(bar) == 100
+        and bar.startswith("org/m  [########")
+        and bar.endswith(" 37.0%  1.48 GB/4.00 GB  12.5 MB/s  ETA 3m20s")
+    )
+    assert render_pull_bar(pull_status("verifying", 4 * 10**9), 100) == "org/m  verifying checksums"
+    assert len(render_pull_bar(p, 40)) <= 40  # a narrow terminal drops the bar, not the figures' line
+
+
+def test_plain_progress_lines_are_one_per_step_and_few_between():
+    import io
+
+    from tests.support.control import pull_status
+    from vllmmlxd.ctl.progress import PullProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    progress = PullProgress(out, tty=False, clock=lambda: now[0])
+    for t, status in [
+        (0.0, pull_status("resolving", total_bytes=None)),
+        (0.1, pull_status("downloading", 10**9)),
+        (2.0, pull_status("downloading", 2 * 10**9)),  # within 5 s of the last line: not shown
+        (5.2, pull_status("downloading", 3 * 10**9)),
+        (5.3, pull_status("verifying", 4 * 10**9)),
+        (5.4, pull_status("done", 4 * 10**9)),  # said by the caller
+    ]:
+        now[0] = t
+        progress.show(status)
+    assert out.getvalue().splitlines() == [
+        "org/m: asking the hub for its files",
+        "org/m: 25% of 4.00 GB",
+        "org/m: 75% of 4.00 GB",
+        "org/m: verifying checksums",
+    ]
+    tty = io.StringIO()
+    bar = PullProgress(tty, tty=True, width=60)
+    bar.show(pull_status("downloading", 10**9))
+    bar.show(pull_status("downloading", 2 * 10**9))
+    bar.close()
+    assert tty.getvalue().count("\r") == 2 and tty.getvalue().endswith("\n") and "50.0%" in tty.getvalue()

@@ -176,3 +176,32 @@ def test_a_key_sees_the_sets_it_may_use_with_their_members_states_and_load():
         {"name": "pool", "state": "ready", "members": [{"name": "o1", "state": "ready", "running": 2, "waiting": 0}]}
     ]
     assert [g["name"] for g in status_for(daemon, t, "sk-bob")["groups"]] == ["pool", "locked"]
+
+
+def test_a_downloading_entry_shows_its_progress_and_the_pulls_show_to_who_may_use_every_model(table):
+    pull = {
+        "id": "p1",
+        "repo": "org/m",
+        "state": "downloading",
+        "percent": 37.0,
+        "done_bytes": 37,
+        "total_bytes": 100,
+        "path": "/state/models/hub-org--m",
+        "error": None,
+    }
+    status = daemon_status()
+    status["models"][2] = {**status["models"][2], "state": "downloading", "download": pull}
+    status["pulls"] = [pull, {**pull, "id": "p0", "state": "failed", "error": "HF_TOKEN..."}]
+    opened = status_for(status, table, None)
+    assert opened["models"][0]["state"] == "downloading"
+    assert opened["models"][0]["download"] == {
+        "repo": "org/m",
+        "state": "downloading",
+        "percent": 37.0,
+        "done_bytes": 37,
+        "total_bytes": 100,
+    }
+    assert "pulls" not in opened  # an anonymous caller may not use every model
+    bobs = status_for(status, table, "sk-bob")  # bob's key opens every model
+    assert [p["repo"] for p in bobs["pulls"]] == ["org/m"] and "/state" not in repr(bobs)
+    assert "HF_TOKEN" not in repr(bobs)

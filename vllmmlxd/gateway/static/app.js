@@ -533,10 +533,33 @@ function duration(seconds) {
 
 const dash = (v) => (v === null || v === undefined ? "-" : String(v));
 
+// Decimal units, as the hub and vllmmlxctl show sizes.
+function size(n) {
+  if (n === null || n === undefined) return "?";
+  for (const [unit, k] of [["TB", 1e12], ["GB", 1e9], ["MB", 1e6], ["kB", 1e3]]) {
+    if (n >= k) return (n / k).toFixed(n / k < 10 ? 2 : 1) + " " + unit;
+  }
+  return Math.floor(n) + " B";
+}
+
+// A pull's progress: "37% of 4.27 GB · 12.5 MB/s · 2m48s left", or its step.
+function pullProgress(p) {
+  if (p.state !== "downloading" || p.percent == null) return p.state;
+  const parts = [p.percent + "% of " + size(p.total_bytes)];
+  if (p.bytes_per_s) parts.push(size(p.bytes_per_s) + "/s");
+  if (p.eta_s != null) parts.push(duration(p.eta_s) + " left");
+  return parts.join(" · ");
+}
+
+function stateText(m) {
+  const d = m.download;
+  return m.state === "downloading" && d && d.percent != null ? "downloading " + d.percent + "%" : m.state;
+}
+
 function statusRow(m) {
   const keys = m.keys === null || m.keys === undefined ? "open" : m.keys.join(",") || "none";
   const cache = m.cache_mb == null || m.cache_budget_mb == null ? "-" : m.cache_mb + "/" + m.cache_budget_mb + " MB";
-  const cells = [m.name, m.state, dash(m.pid), m.host ? m.host + ":" + m.port : dash(m.port), keys, duration(m.uptime_s),
+  const cells = [m.name, stateText(m), dash(m.pid), m.host ? m.host + ":" + m.port : dash(m.port), keys, duration(m.uptime_s),
     dash(m.restarts), dash(m.running), dash(m.waiting), m.tokens_per_s == null ? "-" : String(m.tokens_per_s), cache];
   const tr = document.createElement("tr");
   tr.dataset.model = m.name;
@@ -585,7 +608,9 @@ async function refreshStatus() {
   clearTimeout(state.statusTimer);
   try {
     const status = await getJson("/api/status");
-    $("daemon-info").textContent = [daemonLine(status.daemon), gatewayLine(status.gateway)].filter(Boolean).join("\n");
+    const pulls = (status.pulls || []).map((p) => "pulling " + p.repo + ": " + pullProgress(p));
+    $("daemon-info").textContent = [daemonLine(status.daemon), gatewayLine(status.gateway), ...pulls]
+      .filter(Boolean).join("\n");
     $("status-table").tBodies[0].replaceChildren(...(status.models || []).flatMap(statusRow));
     $("status-updated").textContent = "updated " + new Date().toLocaleTimeString();
     refreshHealth();
