@@ -6,8 +6,8 @@ One `vllmmlxd serve MODEL --speculative prompt-lookup` worker (adaptive, as user
 measurement sends the same requests with speculation on and with it off for the request
 (`"speculative": false`), interleaved, greedy, streamed over HTTP:
 
-- *edit*: the prompt holds about 400 tokens of Python; the model is asked to write the file
-  again with one function renamed (coding agents' edits re-emit their context like this);
+- *edit*: the prompt holds a Python file of about 400 tokens and the same file with one change;
+  the model writes a third version (coding agents' edits re-emit their context like this);
 - *free-form*: an open question, whose answer repeats little of its prompt;
 - *8 edits at once*: eight edit requests (eight files) together: total tokens/s.
 
@@ -79,74 +79,102 @@ class Rectangle:
 def total_area(shapes) -> float:
     return sum(shape.area() for shape in shapes)
 '''
-EDIT = "Here is a Python file:\n\n```python\n{code}```\n\nWrite the whole file again, with the function total_area renamed to {name}. Output only the code."
+TRIANGLE = '''
+
+@dataclass
+class Triangle:
+    """A triangle given by its three corners."""
+
+    a: tuple[float, float]
+    b: tuple[float, float]
+    c: tuple[float, float]
+
+    def area(self) -> float:
+        (ax, ay), (bx, by), (cx, cy) = self.a, self.b, self.c
+        return abs((bx - ax) * (cy - ay) - (cx - ax) * (by - ay)) / 2
+'''
 FREE = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 NAMES = ["sum_of_areas", "combined_area", "area_total", "all_areas", "areas_sum", "full_area", "shape_area", "net_area"]
 
 
-def stream(url: str, content: str, max_tokens: int, speculative: bool) -> dict:
-    body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "speculative": speculative}
+def edit_prompt(i: int) -> str:
+    """A file, the same file with one change, and the start of a third version with another: the
+    model writes the file again (SmolLM2-135M-Instruct asked in chat abbreviates a file instead of
+    re-emitting it, so the edit is written as the continuation a base model would complete)."""
+    code = CODE.replace("def total_area", TRIANGLE + "\n\ndef total_area").replace("Circle", f"Circle{i}")
+    second = code.replace("total_area", NAMES[i])
+    return (
+        f"# shapes.py, version 1\n{code}\n\n# shapes.py, version 2: total_area renamed to {NAMES[i]}\n{second}\n\n"
+        f"# shapes.py, version 3: Rectangle renamed to Box\n"
+    )
+
+
+def stream(url: str, body: dict) -> dict:
+    """One streamed request: its chunks' arrival times, its text and its completion tokens."""
     times: list[float] = []
     text = []
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=1200) as r:
+    usage: dict = {}
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    body = {**body, "model": "m", "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url + path, json=body, timeout=1200) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunk = json.loads(line[6:])
-                if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            if chunk["choices"]:
+                piece = chunk["choices"][0].get("delta", {}).get("content") or chunk["choices"][0].get("text")
+                if piece:
                     times.append(time.perf_counter())
-                    text.append(chunk["choices"][0]["delta"]["content"])
-    return {"text": "".join(text), "times": times}
+                    text.append(piece)
+    return {"text": "".join(text), "times": times, "tokens": usage["completion_tokens"]}
 
 
-def measure(url: str, content: str, max_tokens: int, on: bool) -> tuple[float, str]:
-    r = stream(url, content, max_tokens, on)
-    tokens = count(url, r["text"])
-    return tokens / (r["times"][-1] - r["times"][0]), r["text"]
+def rate(result: dict) -> float:
+    """Tokens per second from the first token to the last."""
+    return (result["tokens"] - 1) / (result["times"][-1] - result["times"][0])
 
 
-def count(url: str, text: str) -> int:
-    """The answer's tokens, as the worker counts a prompt of that text (less the template's own)."""
-    body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": text}]}
-    empty = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": ""}]}
-    n = httpx.post(url + "/v1/messages/count_tokens", json=body).json()["input_tokens"]
-    return n - httpx.post(url + "/v1/messages/count_tokens", json=empty).json()["input_tokens"]
-
-
-def together(url: str, contents: list[str], max_tokens: int, on: bool) -> float:
-    started = time.perf_counter()
-    with ThreadPoolExecutor(len(contents)) as pool:
-        results = list(pool.map(lambda c: stream(url, c, max_tokens, on), contents))
+def together(url: str, bodies: list[dict]) -> tuple[float, list[str]]:
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        results = list(pool.map(lambda b: stream(url, b), bodies))
     first = min(r["times"][0] for r in results)
-    return sum(count(url, r["text"]) for r in results) / (max(r["times"][-1] for r in results) - first)
+    tokens = sum(r["tokens"] for r in results)
+    return tokens / (max(r["times"][-1] for r in results) - first), [r["text"] for r in results]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--tokens", type=int, default=400)
+    parser.add_argument("--tokens", type=int, default=300)
+    parser.add_argument("--num-draft", type=int, default=8)
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
-    server = start_serve(args.model, "--speculative", "prompt-lookup", "--timeout", "1200", "--max-num-seqs", "8")
+    flags = ("--speculative", "prompt-lookup", "--num-draft", str(args.num_draft), "--max-num-seqs", "8")
+    server = start_serve(args.model, *flags, "--timeout", "1200")
     rows = {}
     try:
         url = server.url
-        stream(url, "Hello", 8, True)  # warm-up
-        edit = EDIT.format(code=CODE, name=NAMES[0])
-        for label, content in (("edit", edit), ("free-form", FREE)):
+        stream(url, {"prompt": "Hello", "max_tokens": 8})  # warm-up
+        workloads = {
+            "edit (one stream)": {"prompt": edit_prompt(0), "max_tokens": args.tokens},
+            "free-form (one stream)": {"messages": [{"role": "user", "content": FREE}], "max_tokens": args.tokens},
+        }
+        for label, body in workloads.items():
             on, off = [], []
             for _ in range(args.runs):
-                rate_off, text_off = measure(url, content, args.tokens, False)
-                rate_on, text_on = measure(url, content, args.tokens, True)
-                assert text_on == text_off, f"{label}: the greedy answers differ with speculation"
-                on.append(rate_on)
-                off.append(rate_off)
+                plain = stream(url, {**body, "speculative": False})
+                drafted = stream(url, body)
+                assert drafted["text"] == plain["text"], f"{label}: the greedy answers differ with speculation"
+                on.append(rate(drafted))
+                off.append(rate(plain))
             rows[label] = (statistics.median(off), statistics.median(on))
-        edits = [EDIT.format(code=CODE.replace("Circle", f"Circle{i}"), name=NAMES[i]) for i in range(8)]
-        off8 = together(url, edits, args.tokens, False)
-        on8 = together(url, edits, args.tokens, True)
+        edits = [{"prompt": edit_prompt(i), "max_tokens": args.tokens} for i in range(8)]
+        off8, texts_off = together(url, [{**b, "speculative": False} for b in edits])
+        on8, texts_on = together(url, edits)
+        assert texts_on == texts_off, "8 edits: the greedy answers differ with speculation"
         rows["8 edits at once (total)"] = (off8, on8)
         status = httpx.get(url + "/v1/status").json()["speculative"]
     finally:
@@ -158,7 +186,7 @@ def main() -> None:
         "",
         f"- Date: {time.strftime('%Y-%m-%d')}; command: `python bench/speculative.py`",
         f"- Machine: {platform.system()} {platform.machine()}, {cpu_name()}, {os.cpu_count()} cores, MLX {mx.__version__} on {mx.default_device()}",
-        f"- Model: `{args.model}`, one worker with `--speculative prompt-lookup` (adaptive); \"off\" is the same",
+        f"- Model: `{args.model}`, one worker with `--speculative prompt-lookup --num-draft {args.num_draft}` (adaptive); \"off\" is the same",
         f"  request with `\"speculative\": false`; greedy, {args.tokens} tokens at most, median of {args.runs}; the answers",
         "  on and off are checked equal",
         "",

@@ -84,15 +84,21 @@ def estimate_weights(spec: str, state_dir: Path, *, cpu: bool) -> WeightsEstimat
     return found or WeightsEstimate(None, "not downloaded yet")
 
 
-def estimate_entry_weights(model: str, embedding_model: str | None, state_dir: Path, *, cpu: bool) -> WeightsEstimate:
-    """An entry's weights: its model's, plus its embedding model's when it has one (loaded in the same worker)."""
-    main = estimate_weights(model, state_dir, cpu=cpu)
-    if not embedding_model:
-        return main
-    extra = estimate_weights(embedding_model, state_dir, cpu=cpu)
-    if main.nbytes is None or extra.nbytes is None:
-        return WeightsEstimate(main.nbytes, f"{main.source}; embedding model: {extra.source}")
-    return WeightsEstimate(main.nbytes + extra.nbytes, f"{main.source} + embedding model ({extra.source})")
+def estimate_entry_weights(
+    model: str, embedding_model: str | None, state_dir: Path, *, cpu: bool, draft_model: str | None = None
+) -> WeightsEstimate:
+    """An entry's weights: its model's, plus its embedding model's and its speculative draft model's
+    when it has them (loaded in the same worker)."""
+    total = estimate_weights(model, state_dir, cpu=cpu)
+    for label, spec in (("embedding model", embedding_model), ("draft model", draft_model)):
+        if not spec:
+            continue
+        extra = estimate_weights(spec, state_dir, cpu=cpu)
+        if total.nbytes is None or extra.nbytes is None:
+            total = WeightsEstimate(total.nbytes, f"{total.source}; {label}: {extra.source}")
+        else:
+            total = WeightsEstimate(total.nbytes + extra.nbytes, f"{total.source} + {label} ({extra.source})")
+    return total
 
 
 def _builtin_weights(name: str, state_dir: Path, cpu: bool) -> WeightsEstimate:

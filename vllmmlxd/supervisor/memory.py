@@ -299,12 +299,15 @@ def entry_footprints(
 ) -> dict[str, Footprint]:
     """Each entry's footprint, reading each model's files once."""
     cpu = machine.cpu_backend()
-    estimates: dict[tuple[str, str | None], weights.WeightsEstimate] = {}
+    estimates: dict[tuple[str, str | None, str | None], weights.WeightsEstimate] = {}
 
     def footprint(entry: ModelConfig) -> Footprint:
-        models = (entry.model or "", entry.embedding_model)
+        draft = entry.speculative.draft_model if entry.speculative is not None else None
+        models = (entry.model or "", entry.embedding_model, draft)
         if models not in estimates:
-            estimates[models] = weights.estimate_entry_weights(*models, state_dir, cpu=cpu)
+            estimates[models] = weights.estimate_entry_weights(
+                models[0], models[1], state_dir, cpu=cpu, draft_model=draft
+            )
         return make_footprint(entry, estimates[models], physical_mb)
 
     return {name: footprint(entry) for name, entry in entries.items()}

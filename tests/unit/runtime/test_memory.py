@@ -251,3 +251,18 @@ def test_this_machine_has_memory():
     found = memory.read_machine_memory()
     assert found.physical and found.physical <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert found.source in ("MemTotal", "cgroup memory.max")
+
+
+def test_an_entry_counts_its_embedding_and_draft_models_too(tmp_path):
+    from vllmmlxd.runtime.weights import estimate_entry_weights
+
+    sizes = {
+        name: model_folder(tmp_path / name, {"w": ("F32", shape)})
+        for name, shape in (("main", (100, 100)), ("embed", (10, 10)), ("draft", (20, 20)))
+    }
+    alone = estimate_entry_weights(str(tmp_path / "main"), None, tmp_path, cpu=True)
+    whole = estimate_entry_weights(
+        str(tmp_path / "main"), str(tmp_path / "embed"), tmp_path, cpu=True, draft_model=str(tmp_path / "draft")
+    )
+    assert alone.nbytes == sizes["main"] and whole.nbytes == sum(sizes.values())
+    assert "embedding model" in whole.source and "draft model" in whole.source
