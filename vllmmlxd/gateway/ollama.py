@@ -68,14 +68,7 @@ logger = logging.getLogger("vllmmlxd.gateway")
 WORKER_PREFIX = "/ollama"  # where a worker serves Ollama's paths (api/ollama/routes.py: PREFIX)
 # Ollama's model endpoints routed by the body's model; True: an embedding model's own name routes too.
 ROUTED = {"/api/chat": False, "/api/generate": False, "/api/embed": True, "/api/embeddings": True, "/api/show": True}
-# Ollama's model-store endpoints: pull and delete drive the store; the others are refused, saying why.
-STORE_PATHS = {
-    "/api/pull": "POST",
-    "/api/push": "POST",
-    "/api/create": "POST",
-    "/api/copy": "POST",
-    "/api/delete": "DELETE",
-}
+# Ollama's model-store endpoints beside pull and delete (which drive the store): refused, saying why.
 REFUSED = {
     "/api/copy": (
         "models are named by the config: a copy under a new name is an alias "
@@ -164,9 +157,8 @@ def create_ollama_app(gateway: Gateway) -> FastAPI:
     async def refused(request: Request) -> Response:
         raise NotServed(f"{request.url.path} is not served: {REFUSED[request.url.path]}")
 
-    for path, method in STORE_PATHS.items():
-        if path in REFUSED:
-            app.router.routes.append(HttpRoute(path, refused, methods=[method]))
+    for path in REFUSED:
+        app.router.routes.append(HttpRoute(path, refused, methods=["POST"]))
 
     @app.post("/api/pull")
     async def pull(request: Request) -> Response:
