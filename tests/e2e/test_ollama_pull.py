@@ -3,12 +3,15 @@ Python client: a pull from the stand-in hub (builtin:tiny's folder in the hub's 
 through ``HF_ENDPOINT`` by huggingface_hub's real download path in the daemon's pull process) with
 its progress, the pulled model served through the Ollama port after a reload that adds an entry on
 it, a delete refused while that entry uses it and one that removes an unused download, an unknown
-repo's error and an Ollama library name's. One daemon for the file, with a store of its own: what it
+repo's error and an Ollama library name's; a client that leaves mid-pull stops following, not the pull. One daemon for the file, with a store of its own: what it
 pulls must not outlive the test. The names, lines and statuses are tested cheaper in
 tests/unit/gateway/test_ollama_store.py and tests/integration/test_gateway_ollama_store.py."""
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import ollama
 import pytest
 
@@ -101,7 +104,20 @@ def test_a_pull_with_progress_then_served_after_a_reload_and_not_deleted_while_i
     assert "org/tiny" in setup.stored()
 
 
-def test_a_whole_pull_then_a_delete_of_what_no_entry_uses(setup):
+def test_a_client_that_leaves_stops_following_not_the_pull_then_a_delete_of_what_no_entry_uses(setup):
+    setup.hub.faults.rate[WEIGHTS] = 6_000_000
+    url = f"http://127.0.0.1:{setup.ports['ollama']}/api/pull"
+    try:
+        with httpx.stream("POST", url, json={"model": "org/spare"}, timeout=60) as streamed:
+            for line in streamed.iter_lines():
+                if json.loads(line).get("completed"):
+                    break  # gone mid-download
+    finally:
+        setup.hub.faults.rate.clear()
+    with ControlClient(setup.d.socket) as control:
+        (pull,) = [p for p in control.pulls() if p.repo == "org/spare"]
+        ended = list(control.follow_pull(pull.id))[-1]
+    assert ended.state == "done" and not ended.already, ended
     client = setup.client()
     assert client.pull("org/spare:latest").status == "success"  # stream: false answers the last line
     assert "org/spare" in setup.stored()
