@@ -189,7 +189,7 @@ def create_ollama_app(gateway: Gateway) -> FastAPI:
         except httpx.HTTPError as exc:
             raise _unreached(exc) from None
         if answer.status_code == 200:
-            log_event(logger, "gateway.model_deleted", model=name)
+            log_event(logger, "gateway.model_deleted", name=name)  # model= is each line's process (setup_logging)
             return JSONResponse({"status": "success", "message": _message(answer)})
         why = error_text(answer)
         if answer.status_code == 404:
