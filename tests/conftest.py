@@ -73,6 +73,7 @@ LONGEST_FILES = {
     "tests/e2e/test_daemon_memory.py": 45,
     "tests/e2e/test_daemon.py": 40,
     "tests/integration/test_store_pull.py": 20,
+    "tests/e2e/test_ollama_pull.py": 30,  # 25 s alone (2026-12-02)
     "tests/unit/supervisor/test_store_entries.py": 20,
     "tests/integration/test_responses_api.py": 25,
     "tests/integration/test_slow_clients.py": 30,

@@ -87,6 +87,20 @@ class Forbidden(RequestError):
     error_type = "permission_error"
 
 
+class Conflict(RequestError):
+    """What the request would change is busy or held (a model in use, another pull of it under way) (409)."""
+
+    status_code = 409
+    error_type = "conflict_error"
+
+
+class BadGateway(RequestError):
+    """Something the request needed from elsewhere failed (the hub, during a pull) (502)."""
+
+    status_code = 502
+    error_type = "upstream_error"
+
+
 class RateLimited(RequestError):
     """The client is over one of its request or token limits (429); ``headers`` say which and until when."""
 

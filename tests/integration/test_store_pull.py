@@ -167,10 +167,12 @@ def test_what_is_not_a_model_here_is_refused_with_a_reason(hub, tmp_path):
     _, final = pull(tmp_path, Source("org/gguf-only"))
     assert final.state == "failed" and final.refused
     assert "org/gguf-only is not an MLX model folder" in final.error and "give its path as model" in final.error
+    assert not final.missing
     _, final = pull(tmp_path, Source("org/none"))
     assert final.error == f"no model org/none on {hub.url} (a private one needs HF_TOKEN set for the daemon)"
+    assert final.missing and not final.refused
     _, final = pull(tmp_path, Source(REPO, "v9"))
-    assert final.error == f"{REPO} has no revision 'v9'"
+    assert final.error == f"{REPO} has no revision 'v9'" and final.missing
 
 
 def test_a_hub_that_cannot_be_reached_is_said_so(tmp_path, monkeypatch):
@@ -181,6 +183,7 @@ def test_a_hub_that_cannot_be_reached_is_said_so(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     _, final = pull(tmp_path)
     assert final.state == "failed" and final.error.startswith(f"cannot reach {endpoint}: "), final.error
+    assert not final.missing
 
 
 def test_asking_again_joins_the_pull_under_way(hub, tmp_path):

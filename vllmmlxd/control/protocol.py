@@ -102,6 +102,7 @@ class PullStatus(_Wire):
     ended_at: float | None = None
     error: str | None = None  # why it failed
     refused: bool = False  # refused before downloading anything (not an MLX folder, not enough disk)
+    missing: bool = False  # the hub has no such repo or revision
     path: str | None = None  # the store's folder, once installed
     already: bool = False  # that commit was in the store already: nothing was downloaded
 

@@ -190,7 +190,7 @@ def status_for(status: object, table: Table, key: str | None) -> dict:
         out["gateway"] = _picked(status.get("gateway"), _GATEWAY_SHOWN)
     # The store's pulls are the daemon's, not a model's: shown to a caller who may use every model.
     pulls = [p for p in status.get("pulls") or () if isinstance(p, dict) and p.get("state") in _PULLS_RUNNING]
-    if pulls and all(table.may_use(r, key) for r in table.routes):
+    if pulls and table.may_use_every(key):
         out["pulls"] = [_picked(p, _PULL_SHOWN) for p in pulls]
     sets = {s.name for s in table.visible_sets(key)}
     groups = [g for g in status.get("groups") or () if isinstance(g, dict) and g.get("name") in sets]

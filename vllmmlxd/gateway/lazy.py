@@ -1,15 +1,20 @@
-"""Talking to the daemon over its control socket: load a lazy model, read its status.
+"""Talking to the daemon over its control socket: load a lazy model, read its status, and the model
+store's pulls and removals (Ollama's ``/api/pull`` and ``/api/delete``).
 
 A lazy model's first request asks the daemon to load it (``POST /models/{entry}/load``,
 answered once the model is ready, or refused with the reason). Requests for the same model
 arriving meanwhile share that one call; a client that leaves does not cancel it (the next
-one still wants the model).
+one still wants the model). A pull is the daemon's too: the gateway starts or joins it and
+follows its statuses; a client that leaves stops the following, never the download.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import quote
@@ -76,13 +81,58 @@ class DaemonClient:
         )
         return outcome
 
-    async def status(self) -> httpx.Response:
-        """The daemon's ``GET /status``, read whole; ``httpx.HTTPError`` when it cannot be reached."""
+    def _socket(self) -> str:
         spec = self._spec()
         if not spec.control_socket:
             raise httpx.ConnectError("no control socket")
-        async with self._client(spec.control_socket, 10.0) as client:
+        return spec.control_socket
+
+    async def status(self) -> httpx.Response:
+        """The daemon's ``GET /status``, read whole; ``httpx.HTTPError`` when it cannot be reached."""
+        async with self._client(self._socket(), 10.0) as client:
             return await client.get("/status")
+
+    async def start_pull(self, source: str, revision: str | None) -> httpx.Response:
+        """``POST /store/pulls``: start a pull or join the one of that repo under way (200, its status;
+        422 a source naming no model; 409 another revision under way); ``httpx.HTTPError`` unreached."""
+        async with self._client(self._socket(), 30.0) as client:
+            return await client.post("/store/pulls", json={"source": source, "revision": revision})
+
+    @asynccontextmanager
+    async def follow_pull(self, pull_id: str) -> AsyncIterator[AsyncIterator[dict]]:
+        """A pull's statuses, one per change, ending with its final one (``GET /store/pulls/ID?follow=true``);
+        leaving the block stops following (never the pull). ``httpx.HTTPError`` when the daemon is not
+        reached or answers no stream."""
+        # No read timeout: a pull may sit in one state for long (the hub's listing, a checksum pass).
+        async with self._client(self._socket(), 5.0) as client:
+            path = f"/store/pulls/{quote(pull_id, safe='')}"
+            timeout = httpx.Timeout(None, connect=5.0)
+            async with client.stream("GET", path, params={"follow": "true"}, timeout=timeout) as response:
+                response.raise_for_status()
+                yield _statuses(response)
+
+    async def remove_model(self, name: str) -> httpx.Response:
+        """``DELETE /store/models/NAME`` (200 removed; 404 not in the store; 409 in use or being pulled)."""
+        async with self._client(self._socket(), 60.0) as client:
+            return await client.delete(f"/store/models/{quote(name, safe='/:')}")
+
+
+async def _statuses(response: httpx.Response) -> AsyncIterator[dict]:
+    async for line in response.aiter_lines():
+        if line.strip():
+            status = json.loads(line)
+            if isinstance(status, dict):
+                yield status
+
+
+def error_text(response: httpx.Response) -> str:
+    """The ``error`` of a control API answer, else its status code in words."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, str) and error else f"the daemon answered HTTP {response.status_code}"
 
 
 def _outcome(entry: str, response: httpx.Response) -> LoadOutcome:

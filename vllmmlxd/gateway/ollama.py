@@ -13,8 +13,10 @@ may use), ``GET /api/version``, ``GET``/``HEAD /``. ``GET /api/ps`` asks each lo
 worker for its line (its size, and when its idle time runs out). Every error on this listener
 is Ollama's ``{"error": "..."}`` (``http.error_shapes.ErrorFamily``).
 
-Model pulls, deletes and copies (``STORE_PATHS``) are the model store's: until it is there they
-are a 501 that says how models are served here.
+``POST /api/pull`` and ``DELETE /api/delete`` drive the daemon's model store through its control
+socket (``DaemonClient``), as a lazy load does: a pull is started or joined there and its statuses
+become Ollama's progress lines (``ollama_store.py`` decides, pure). ``/api/copy``, ``/api/create``
+and ``/api/push`` are refused saying why (``REFUSED``).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import httpcore
+import httpx
 from fastapi import FastAPI
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -35,14 +39,27 @@ from ..api.errors import install_error_handlers
 from ..api.ollama.describe import OLLAMA_VERSION, tag_entry
 from ..api.ollama.encode import created_at
 from ..config.gateway import Route
-from ..errors import ModelNotFound, NotServed, RequestError
+from ..errors import Conflict, InvalidRequest, ModelNotFound, NotFound, NotServed, RequestError
 from ..http.access import presented_key
 from ..http.browser import BrowserDefences
 from ..http.error_shapes import ErrorFamily
 from ..http.request_id import RequestIdMiddleware
 from ..log import log_event
+from ..store.pulls import ENDED
 from .cluster import require_some_route
-from .dispatch import Gateway, parse_object
+from .dispatch import Gateway, Unavailable, parse_object
+from .lazy import error_text
+from .ollama_store import (
+    PullAsk,
+    ended_error,
+    lost,
+    progress_line,
+    progress_lines,
+    pull_ask,
+    require_store_rights,
+    served_name,
+    store_name,
+)
 from .proxy import close_quietly
 from .routing import SERVING_STATES, ReplicaSet, Table, Target
 
@@ -51,15 +68,19 @@ logger = logging.getLogger("vllmmlxd.gateway")
 WORKER_PREFIX = "/ollama"  # where a worker serves Ollama's paths (api/ollama/routes.py: PREFIX)
 # Ollama's model endpoints routed by the body's model; True: an embedding model's own name routes too.
 ROUTED = {"/api/chat": False, "/api/generate": False, "/api/embed": True, "/api/embeddings": True, "/api/show": True}
-# The model store's endpoints (pull, delete, copy, create, push): the seam for it. Each is answered by
-# ``store_endpoint`` until the store serves them through the daemon's control API.
-STORE_PATHS = {
-    "/api/pull": "POST",
-    "/api/push": "POST",
-    "/api/create": "POST",
-    "/api/copy": "POST",
-    "/api/delete": "DELETE",
+# Ollama's model-store endpoints beside pull and delete (which drive the store): refused, saying why.
+REFUSED = {
+    "/api/copy": (
+        "models are named by the config: a copy under a new name is an alias "
+        "(aliases: [NEW] on the entry, then vllmmlxctl reload)"
+    ),
+    "/api/create": (
+        "vllmmlxd makes no models: pull an MLX folder (/api/pull, vllmmlxctl pull) or name a folder or a "
+        ".gguf file as an entry's model, with its defaults in the entry"
+    ),
+    "/api/push": "vllmmlxd does not publish models: push to the Hugging Face hub with its own tools",
 }
+NDJSON = "application/x-ndjson"
 TAG = ":latest"  # Ollama's default tag: "tiny:latest" is "tiny"
 PS_TIMEOUT_S = 5.0  # a worker's ps line is a small answer from memory; one that is slow is left out
 
@@ -133,14 +154,54 @@ def create_ollama_app(gateway: Gateway) -> FastAPI:
     for path, embeddings in ROUTED.items():
         app.router.routes.append(HttpRoute(path, routed(path, embeddings), methods=["POST"]))
 
-    async def store_endpoint(request: Request) -> Response:
-        raise NotServed(
-            f"{request.url.path} is not served yet: vllmmlxd serves the models its config names "
-            "(add an entry, then vllmmlxctl reload)"
-        )
+    async def refused(request: Request) -> Response:
+        raise NotServed(f"{request.url.path} is not served: {REFUSED[request.url.path]}")
 
-    for path, method in STORE_PATHS.items():
-        app.router.routes.append(HttpRoute(path, store_endpoint, methods=[method]))
+    for path in REFUSED:
+        app.router.routes.append(HttpRoute(path, refused, methods=["POST"]))
+
+    @app.post("/api/pull")
+    async def pull(request: Request) -> Response:
+        data = parse_object(await gateway.read_body(request))
+        table, key, name = gateway.table, presented_key(request), requested_model(data)
+        served = served_name(name)
+        target = table.lookup(served) if served is not None else None
+        if target is not None and table.may_use(target, key):
+            # Nothing to download: the config serves it. Said as a finished pull, for clients that pull first.
+            lines = [{"status": f"{served} is served here (an entry of the config)"}, {"status": "success"}]
+            return _answer(lines, data.get("stream") is not False)
+        require_store_rights(table, key, "pulling a model")
+        ask = pull_ask(name)
+        started = await _start_pull(gateway, ask)
+        log_event(logger, "gateway.pull", id=started.get("id"), repo=started.get("repo"), revision=ask.revision)
+        if data.get("stream") is False:
+            return JSONResponse(await _pull_end(gateway, started))
+        return StreamingResponse(_pull_lines(gateway, started), media_type=NDJSON)
+
+    @app.delete("/api/delete")
+    async def delete(request: Request) -> Response:
+        data = parse_object(await gateway.read_body(request))
+        table, key = gateway.table, presented_key(request)
+        require_store_rights(table, key, "deleting a model")
+        name = store_name(requested_model(data))
+        try:
+            answer = await gateway.daemon.remove_model(name)
+        except httpx.HTTPError as exc:
+            raise _unreached(exc) from None
+        if answer.status_code == 200:
+            log_event(logger, "gateway.model_deleted", name=name)  # model= is each line's process (setup_logging)
+            return JSONResponse({"status": "success", "message": _message(answer)})
+        why = error_text(answer)
+        if answer.status_code == 404:
+            if table.lookup(name) is not None:
+                why = (
+                    f"{name} is a model of the config, not a download: remove its entry and vllmmlxctl reload; "
+                    "/api/delete removes a downloaded model (org/name, as vllmmlxctl models lists it)"
+                )
+            raise NotFound(why, code="model_not_found")
+        if answer.status_code == 409:
+            raise Conflict(why)
+        raise Unavailable(f"the daemon did not delete {name}: {why}", code="daemon_unavailable")
 
     @app.get("/api/tags")
     async def list_tags(request: Request):
@@ -166,6 +227,105 @@ def create_ollama_app(gateway: Gateway) -> FastAPI:
     app.add_middleware(ErrorFamily, family="ollama")  # every path here is Ollama's, /api/chat included
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, errors included, gets its id
     return app
+
+
+def _answer(lines: list[dict], stream: bool) -> Response:
+    """Lines already known: streamed as NDJSON, or the last one alone (``stream: false``)."""
+    if not stream:
+        return JSONResponse(lines[-1])
+    return Response(b"".join(_line(line) for line in lines), media_type=NDJSON)
+
+
+def _message(answer: httpx.Response) -> str | None:
+    try:
+        body = answer.json()
+    except ValueError:
+        return None
+    return body.get("message") if isinstance(body, dict) else None
+
+
+def _line(line: dict) -> bytes:
+    return json.dumps(line).encode() + b"\n"
+
+
+def _unreached(exc: Exception) -> Unavailable:
+    return Unavailable(f"the daemon cannot be reached: {type(exc).__name__}", code="daemon_unavailable")
+
+
+async def _start_pull(gateway: Gateway, ask: PullAsk) -> dict:
+    """The daemon's status of the pull it started or joined; its refusal in Ollama's shape otherwise."""
+    try:
+        answer = await gateway.daemon.start_pull(ask.source, ask.revision)
+    except httpx.HTTPError as exc:
+        raise _unreached(exc) from None
+    if answer.status_code == 200:
+        return answer.json()
+    why = error_text(answer)
+    if answer.status_code == 422:  # the source names no model: the daemon's words say what is accepted
+        raise InvalidRequest(why, param="model")
+    if answer.status_code == 409:
+        raise Conflict(why)
+    raise Unavailable(f"the daemon did not start the pull: {why}", code="daemon_unavailable")
+
+
+async def _pull_statuses(gateway: Gateway, started: dict) -> AsyncIterator[dict]:
+    """The pull's statuses from the daemon, ending with its final one, or with none when the daemon's
+    answer broke off (``httpx.HTTPError`` when it cannot be followed at all)."""
+    async with gateway.daemon.follow_pull(str(started.get("id"))) as statuses:
+        try:
+            async for status in statuses:
+                yield status
+        except (httpx.HTTPError, ValueError) as exc:
+            log_event(logger, "gateway.pull_lost", logging.WARNING, id=started.get("id"), error=type(exc).__name__)
+
+
+async def _pull_lines(gateway: Gateway, started: dict) -> AsyncIterator[bytes]:
+    """The pull's progress as Ollama's NDJSON lines (a line is sent when it differs from the last one);
+    a client that goes away ends this, and with it the following, never the pull."""
+    repo, last, ended = str(started.get("repo")), None, None
+    try:
+        async for status in _pull_statuses(gateway, started):
+            for line in progress_lines(status):
+                if line != last:
+                    last = line
+                    yield _line(line)
+            if status.get("state") in ENDED:
+                ended = status
+    except httpx.HTTPError as exc:
+        log_event(logger, "gateway.pull_lost", logging.WARNING, id=started.get("id"), error=type(exc).__name__)
+    if ended is None:
+        yield _line(lost(repo))
+    else:
+        _log_pull_end(ended)
+
+
+async def _pull_end(gateway: Gateway, started: dict) -> dict:
+    """``stream: false``: wait for the pull's end; ``success``, or its error with its status code."""
+    ended = None
+    try:
+        async for status in _pull_statuses(gateway, started):
+            ended = status if status.get("state") in ENDED else None
+    except httpx.HTTPError as exc:
+        raise _unreached(exc) from None
+    if ended is None:
+        raise Unavailable(lost(str(started.get("repo")))["error"], code="daemon_unavailable")
+    _log_pull_end(ended)
+    if ended.get("state") != "done":
+        raise ended_error(ended)
+    return progress_line(ended)
+
+
+def _log_pull_end(status: dict) -> None:
+    done = status.get("state") == "done"
+    log_event(
+        logger,
+        "gateway.pull_ended",
+        logging.INFO if done else logging.WARNING,
+        id=status.get("id"),
+        repo=status.get("repo"),
+        state=status.get("state"),
+        error=None if done else status.get("error"),
+    )
 
 
 async def _ps_lines(gateway: Gateway, request: Request, route: Route) -> list[dict]:

@@ -159,6 +159,11 @@ class Table:
         grant = self.access_of(route).match(key) if key else None
         return grant is not None and grant.allowed
 
+    def may_use_every(self, key: str | None) -> bool:
+        """May a caller presenting ``key`` use every route: what the daemon's own business (the model
+        store's pulls, seen or started) asks of a caller. True for anyone when every route is open."""
+        return all(self.may_use(r, key) for r in self.routes)
+
     def visible_sets(self, key: str | None) -> list[ReplicaSet]:
         return [s for s in self.sets.values() if self.may_use(s, key)]
 

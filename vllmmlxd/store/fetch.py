@@ -9,7 +9,8 @@ with an ``event``:
 - ``progress``: ``done`` bytes (at most four a second);
 - ``verifying``, then ``installing``;
 - ``done``: ``path`` (the store's folder), ``total``, ``already`` (that commit was there);
-- ``failed``: ``error`` (never a token), and ``refused`` when it was refused before downloading.
+- ``failed``: ``error`` (never a token), ``refused`` when it was refused before downloading, and
+  ``missing`` when the hub has no such repo or revision.
 
 The steps: the hub's listing (files, sizes, checksums) of the revision's commit; refusal of a repo
 that is no MLX folder, and disk admission (``disk.py``); ``snapshot_download`` into the pull's own
@@ -301,6 +302,14 @@ def describe(exc: BaseException, repo: str, revision: str | None) -> str:
     return f"{type(exc).__name__}: {_first_line(exc)}"
 
 
+def names_nothing(exc: BaseException) -> bool:
+    """Did the hub say that the repo or revision asked for does not exist (not gated, not unreachable)?"""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    # A gated repo exists (GatedRepoError is a RepositoryNotFoundError): it needs a token, not another name.
+    return isinstance(exc, (RepositoryNotFoundError, RevisionNotFoundError)) and not isinstance(exc, GatedRepoError)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -330,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         from huggingface_hub import get_token
 
         message = redact(describe(exc, args.repo, args.revision), [get_token(), os.environ.get("HF_TOKEN")])
-        emit("failed", error=message, refused=isinstance(exc, Refused))
+        emit("failed", error=message, refused=isinstance(exc, Refused), missing=names_nothing(exc))
         return EXIT_REFUSED if isinstance(exc, Refused) else EXIT_FAILED
 
 

@@ -61,6 +61,7 @@ class PullView:
     ended_at: float | None = None
     error: str | None = None
     refused: bool = False  # refused before downloading (not an MLX folder, not enough disk)
+    missing: bool = False  # the hub has no such repo or revision
     path: str | None = None  # the store's folder, once installed
     already: bool = False  # that commit was in the store already: nothing was downloaded
 
@@ -82,6 +83,7 @@ class Pull:
         self.files: int | None = None
         self.error: str | None = None
         self.refused = False
+        self.missing = False
         self.path: str | None = None
         self.already = False
         self.started_at = time.time()
@@ -119,6 +121,7 @@ class Pull:
             ended_at=self.ended_at,
             error=self.error,
             refused=self.refused,
+            missing=self.missing,
             path=self.path,
             already=self.already,
         )
@@ -165,6 +168,7 @@ class Pull:
             return
         elif event == "failed":
             self.error, self.refused = str(line.get("error") or "failed"), bool(line.get("refused"))
+            self.missing = bool(line.get("missing"))
             self.end("failed")
             return
         self.changed()

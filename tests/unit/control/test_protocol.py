@@ -189,6 +189,7 @@ def test_a_pulls_status_has_exactly_the_documented_keys():
         "ended_at",
         "error",
         "refused",
+        "missing",
         "path",
         "already",
     }
