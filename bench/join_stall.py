@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--flags", default="", help="more flags for vllmmlxd serve")
     args = parser.parse_args()
-    server = start_serve(args.model, "--timeout", "1200", "--cache-memory-mb", "0", *args.flags.split())
+    server = start_serve(args.model, "--timeout", "1200", *args.flags.split())
     try:
         results = [measure(server.url, args.prompt_tokens) for _ in range(args.runs)]
     finally:

@@ -14,6 +14,12 @@ Two bounds size the chunk, and the tighter wins:
 - while others stream, a step's prefill takes at most ``share`` decode steps, so a running
   stream's gap between tokens grows to at most ``1 + share`` decode steps.
 
+A model's estimate can be off in a way no fit of ``a + b * tokens`` sees: a chunk costs more as
+its prompt's prefix grows (attention reads every earlier position), and a step that prefills does
+not overlap its decode with the host's work as a decode-only step does. So while others stream,
+the chunk is also scaled by feedback: a step longer than ``1 + share`` decode steps shrinks the
+next chunks, a shorter one lets them grow back.
+
 Before anything is measured a prompt starts with a few tokens: one cheap step tells the cost.
 The fit is trusted up to ``GROWTH`` times the largest step it has seen, so a fit from small
 noisy steps never sends a step far past the budget: a fast machine reaches its configured
@@ -23,7 +29,7 @@ step within a few steps.
 from __future__ import annotations
 
 MIN_CHUNK = 4  # prompt tokens per step at least (one a prompt when many share it), so prompts advance
-PREFILL_SHARE = 2.0  # a step's prefill may take this many decode steps: gaps stay under 3x
+PREFILL_SHARE = 1.5  # a step's prefill may take this many decode steps: gaps stay under 3x, noise included
 MAX_STEP_S = 1.0  # a step's prefill takes about this long at most: progress and cancels stay live
 GROWTH = 4  # a step prefills at most this many times the most tokens measured in one step
 
@@ -39,6 +45,9 @@ class StepTimer:
         # Decayed sums for the fit of prefill seconds against tokens: weight, x, x², y, xy.
         self._sums = [0.0] * 5
         self._largest = 0  # the most prompt tokens one measured step prefilled
+        # Feedback on steps that prefill while others stream: the chunk is scaled by this.
+        self.scale = 1.0
+        self._target: float | None = None  # the step time the last chunk was sized to fill
 
     def observe(self, seconds: float, *, decoded: bool, prefilled: int) -> None:
         """One step: how long it took, whether it decoded, how many prompt tokens it prefilled."""
@@ -48,6 +57,11 @@ class StepTimer:
                     seconds if self.decode_s is None else self.decode_s + self.alpha * (seconds - self.decode_s)
                 )
             return
+        target, self._target = self._target, None
+        if decoded and target:
+            # How far the step overran (or fell short of) the time its chunk was sized to fill;
+            # square-rooted, so noise moves the scale a little and a steady overrun a lot.
+            self.scale = min(max(self.scale / (seconds / target) ** 0.5, 0.05), 2.0)
         spent = seconds - ((self.decode_s or 0.0) if decoded else 0.0)
         if spent <= 0:
             return
@@ -84,5 +98,9 @@ class StepTimer:
         if cost is None:
             return min(max_chunk, least * 2 if decoding else least)  # one cheap step to measure
         per_call, per_token = cost
-        tokens = min((self.budget_s(decoding=decoding) - per_call) / per_token, GROWTH * self._largest)
-        return int(min(max(tokens / prompts, least), max_chunk))
+        budget = self.budget_s(decoding=decoding)
+        fill = (budget - per_call) / per_token * (self.scale if decoding else 1.0)
+        tokens = int(min(max(min(fill, GROWTH * self._largest) / prompts, least), max_chunk))
+        # Only a chunk the budget sized says something about the budget when its step is timed.
+        self._target = (self.decode_s or 0.0) + budget if decoding and tokens * prompts >= int(fill) > 0 else None
+        return tokens

@@ -96,3 +96,29 @@ def test_a_fit_from_small_steps_is_trusted_only_a_few_times_further():
     timer.observe(0.51, decoded=False, prefilled=32)
     assert timer.chunk(512, decoding=False, prompts=1) == GROWTH * 32
     assert timer.chunk(512, decoding=False, prompts=4) == 32  # the step's tokens, shared
+
+
+def test_steps_that_overrun_their_gap_shrink_the_next_chunks_until_they_fit():
+    # The fit says a + b * tokens, but each chunk now costs 1.6 times that (a prompt's prefix grows;
+    # a prefilling step hides less of its decode): feedback brings the steps back within the gap.
+    timer = StepTimer(alpha=0.2, share=1.5)
+    decode, per_call, per_token = 0.100, 0.050, 0.010
+    machine(timer, decode, per_call, per_token, [4, 8, 16, 8])
+    steps = []
+    for _ in range(12):
+        c = timer.chunk(512, decoding=True, prompts=1)
+        steps.append(decode + 1.6 * (per_call + per_token * c))
+        timer.observe(steps[-1], decoded=True, prefilled=c)
+    target = (1 + 1.5) * decode
+    assert steps[0] > 1.25 * target  # the model alone overruns
+    assert all(s <= 1.08 * target for s in steps[-4:]) and timer.scale < 1.0
+
+
+def test_steps_that_come_in_short_let_the_chunks_grow_back():
+    timer = StepTimer(alpha=0.2, share=1.5)
+    machine(timer, 0.100, 0.050, 0.010, [4, 8, 16, 8])
+    timer.scale = 0.3  # after a slow spell
+    for _ in range(20):
+        c = timer.chunk(512, decoding=True, prompts=1)
+        timer.observe(0.100 + 0.050 + 0.010 * c, decoded=True, prefilled=c)  # the model is right again
+    assert 0.9 <= timer.scale <= 1.1
