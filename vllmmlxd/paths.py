@@ -31,6 +31,14 @@ def resolve_state_dir(explicit: str | os.PathLike | None = None) -> Path:
     return default_state_dir()
 
 
+def default_cache_dir() -> Path:
+    """What can be rebuilt at any time (never state): ~/Library/Caches/vllmmlxd or $XDG_CACHE_HOME/vllmmlxd."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "vllmmlxd"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "vllmmlxd"
+
+
 def models_dir(state_dir: Path) -> Path:
     return state_dir / "models"
 

@@ -1,7 +1,11 @@
 import os
 import sys
 
-from .main import main
+from ..runtime import import_memo
+
+import_memo.install()  # before anything imports transformers
+
+from .main import main  # noqa: E402
 
 code = main()
 sys.stdout.flush()

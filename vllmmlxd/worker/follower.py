@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from ..runtime import import_memo
+
+    import_memo.install()  # before the model's load imports transformers
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
