@@ -152,7 +152,7 @@ def worker():
 @pytest.mark.parametrize("method,path", ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
 def test_a_hostile_request_is_never_a_server_error(worker, method, path):
     @hypothesis.settings(
-        max_examples=4 * MAX_EXAMPLES,
+        max_examples=2 * MAX_EXAMPLES,
         deadline=None,
         derandomize=DERANDOMIZE,
         database=None,

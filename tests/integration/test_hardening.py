@@ -55,9 +55,9 @@ def test_edge_values_that_mean_something_are_served(server, extra):
 
 
 def test_a_large_conversation_renders_without_stalling_health(server):
-    # ~6 MB of messages (seconds of rendering here): rendered off the event loop, so /health keeps
-    # answering meanwhile, many times over; on the loop, it would answer once, after the render.
-    big = [{"role": "user", "content": "word " * 1000}] * 1200
+    # ~1.5 MB of messages (a second or more of rendering and counting here): rendered off the event
+    # loop, so /health keeps answering meanwhile, many times over; on the loop, it would answer once.
+    big = [{"role": "user", "content": "word " * 1000}] * 300
     with cf.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(
             httpx.post, server.url + "/v1/chat/completions", json={"messages": big, "max_tokens": 1}, timeout=120

@@ -81,8 +81,8 @@ def test_a_seeded_sampled_answer_repeats_under_speculation(tiny):
     for spec, draft in ((SpeculationOptions(), None), (SpeculationOptions(method="draft"), tiny)):
         eng = engine(tiny, spec, draft)
         try:
-            first = answers(eng, ASKS[:2], temperature=0.9, seed=11)
-            again = answers(eng, ASKS[:2], temperature=0.9, seed=11)
+            first = answers(eng, ASKS[:2], max_tokens=24, temperature=0.9, seed=11)
+            again = answers(eng, ASKS[:2], max_tokens=24, temperature=0.9, seed=11)
             assert [t for t, _ in first] == [t for t, _ in again]
         finally:
             eng.close()
