@@ -27,6 +27,10 @@ MARGIN_FRACTION = 0.10
 MARGIN_MIN = 512 * MIB
 WORKER_OVERHEAD = 200 * MIB  # the interpreter, FastAPI, mlx and the BLAS (as supervisor.memory counts a worker)
 FLOOR = 64 * MIB  # a default never below this: a machine with nothing left still serves short requests
+# mlx-lm copies a batch's KV when a row joins or leaves it (concatenate, gather), and both copies
+# live for a moment: the KV's peak is up to twice what the batch keeps (measured: 1.7x the
+# reservations, SmolLM2-135M, docs/benchmarks.md). A default budget leaves room for the copy.
+PEAK_COPIES = 2
 
 Verdict = Literal["fits", "waits", "never"]
 
@@ -151,14 +155,16 @@ class KvBudget:
 def default_limit(usable: int | None, usable_source: str, held: int, cache_budget: int) -> tuple[int | None, str]:
     """The budget when ``max_kv_memory_mb`` is not set: usable memory (physical, a cgroup's limit
     or Metal's working set, the lowest) less what the worker holds at start (weights), the prefix
-    cache's budget, the worker's own overhead and a margin; None when memory is unknown."""
+    cache's budget, the worker's own overhead and a margin, halved for the copies a batch makes
+    (``PEAK_COPIES``); None when memory is unknown."""
     if not usable:
         return None, "none: the machine's memory is unknown"
     margin = max(int(usable * MARGIN_FRACTION), MARGIN_MIN)
-    left = usable - held - cache_budget - WORKER_OVERHEAD - margin
+    left = (usable - held - cache_budget - WORKER_OVERHEAD - margin) // PEAK_COPIES
     note = (
-        f"default: {mb(usable)} usable ({usable_source}) - {mb(held)} held at start - {mb(cache_budget)} "
-        f"prefix cache - {mb(WORKER_OVERHEAD)} worker - {mb(margin)} margin"
+        f"default: ({mb(usable)} usable ({usable_source}) - {mb(held)} held at start - {mb(cache_budget)} "
+        f"prefix cache - {mb(WORKER_OVERHEAD)} worker - {mb(margin)} margin) / {PEAK_COPIES} for the "
+        "copies a batch makes"
     )
     if left < FLOOR:
         return FLOOR, f"{note} is below {mb(FLOOR)}: {mb(FLOOR)}"

@@ -1,8 +1,8 @@
 """Memory admission: whether a config's models fit in the machine, and how changed ones are replaced.
 
-An entry's footprint is its weights + its prefix-cache budget + a worker's own overhead (+ its
-running requests' KV budget when ``max_kv_memory_mb`` sets one: by default a worker takes what
-the machine has left, so nothing is counted for it here);
+An entry's footprint is its weights + its prefix-cache budget + a worker's own overhead (+ twice
+its running requests' KV budget when ``max_kv_memory_mb`` sets one, for the copy a batch makes as
+rows join and leave: by default a worker takes what the machine has left, so nothing is counted);
 the sum over entries must fit in physical memory less ``daemon.memory_reserve_mb``. A
 changed entry's zero-downtime swap holds its old and new worker at once: where both do
 not fit, it is stopped, then started. All in whole MiB ("MB", as in the config's keys).
@@ -25,6 +25,9 @@ from ..runtime.shard_families import layer_share
 # A builtin:tiny worker on Linux (BLIS loaded, 12 MB of weights) measured 172 MiB RSS once
 # ready and a 191 MiB peak (VmHWM) while loading: the interpreter, FastAPI, mlx and the BLAS.
 WORKER_OVERHEAD_MB = 200
+# As engine/kv_budget.py's PEAK_COPIES (the daemon never imports the engine; a test keeps them equal):
+# mlx-lm copies a batch's KV when a row joins or leaves, so a worker's KV peaks at twice its budget.
+KV_PEAK_COPIES = 2
 FIX_HINT = (
     "lower cache_memory_mb or cache_memory_percent (and max_kv_memory_mb where set), remove a model, "
     "or lower daemon.memory_reserve_mb"
@@ -46,7 +49,7 @@ class Footprint:
     weights_known: bool = True  # False: not downloaded (or unreadable); counted as 0
     weights_note: str = ""
     cache_note: str = ""
-    kv_mb: int = 0  # max_kv_memory_mb, when the entry sets it
+    kv_mb: int = 0  # KV_PEAK_COPIES x max_kv_memory_mb, when the entry sets it
 
     @property
     def total_mb(self) -> int:
@@ -56,7 +59,7 @@ class Footprint:
         """``5,024 MB = 13 MB weights (builtin:tiny: safetensors) + 4,811 MB cache (20% of physical) + 200 MB worker``."""
         weights = mb(self.weights_mb) if self.weights_known else "? MB"
         unknown = "" if self.weights_known else "; unknown, counted as 0"
-        kv = f" + {mb(self.kv_mb)} running KV (max_kv_memory_mb)" if self.kv_mb else ""
+        kv = f" + {mb(self.kv_mb)} running KV ({KV_PEAK_COPIES} x max_kv_memory_mb)" if self.kv_mb else ""
         return (
             f"{mb(self.total_mb)} = {weights} weights ({self.weights_note}{unknown}) + {mb(self.cache_mb)} cache "
             f"({self.cache_note}){kv} + {mb(self.worker_mb)} worker"
@@ -187,7 +190,7 @@ def make_footprint(entry: ModelConfig, estimate: weights.WeightsEstimate, physic
         weights_known=estimate.nbytes is not None,
         weights_note=f"{entry.model}: {estimate.source}",
         cache_note=cache_note,
-        kv_mb=math.ceil(entry.max_kv_memory_mb or 0),
+        kv_mb=math.ceil(KV_PEAK_COPIES * (entry.max_kv_memory_mb or 0)),
     )
 
 

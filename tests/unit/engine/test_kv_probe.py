@@ -1,8 +1,10 @@
-"""kv_probe.py: a model's KV layout, read from the caches its own forward graph fills (never evaluated)."""
+"""kv_probe.py: a model's KV layout, read from the caches its own forward graph fills (never
+evaluated); and the engine's budget made from it (status, refusals, live changes)."""
 
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 from mlx import nn
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 
@@ -11,6 +13,8 @@ from vllmmlxd.engine.kv_budget import LayerKv
 from vllmmlxd.engine.kv_probe import probe_layout
 from vllmmlxd.engine.loader import load_model
 from vllmmlxd.engine.mlx_engine import MLXEngine
+from vllmmlxd.engine.types import GenerationRequest, SamplingParams
+from vllmmlxd.errors import KvBudgetExceeded
 
 
 class MixedModel(nn.Module):
@@ -72,6 +76,14 @@ def test_the_engine_reports_its_budget(state_dir):
         assert status["budget_mb"] == 1.0 and status["bytes_per_token"] == 512
         assert status["largest_request_tokens"] == 2048 - 256 == engine.kv_room()
         assert status["running"] == 0 and status["waiting"] == 0
+        # One that could never fit is refused before it queues (a 400), naming what is too long.
+        for prompt, max_tokens, param in ((100, 2000, "max_tokens"), (1900, 1, "messages")):
+            request = GenerationRequest([5] * prompt, SamplingParams(max_tokens=max_tokens))
+            with pytest.raises(KvBudgetExceeded) as refused:
+                engine.generate(request)
+            assert refused.value.status_code == 400 and refused.value.param == param
+            assert f"{prompt:,} prompt + {max_tokens:,} max_tokens tokens" in refused.value.message
+        assert not engine.stats.requests
         engine.set_kv_budget(2.0)  # a live change: swapped whole
         assert engine.kv_status()["budget_mb"] == 2.0 and engine.kv_room() == 4096 - 256
         engine.set_kv_budget(None)  # back to the default: the machine's memory is unknown here
