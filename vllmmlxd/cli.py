@@ -87,6 +87,12 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
         help="prefix cache budget as a fraction of memory, when --cache-memory-mb is not given",
     )
     p.add_argument(
+        "--max-kv-memory-mb",
+        type=float,
+        help="KV cache of running requests in MB at most: requests wait for room, one that never fits gets 400 "
+        "(default: what is left after the weights, the prefix cache and a margin)",
+    )
+    p.add_argument(
         "--use-paged-cache",
         action="store_true",
         help="accepted for reference command lines: the prefix cache is always on",
@@ -188,6 +194,7 @@ _PASSED_THROUGH = (
     "use_paged_cache",
     "cache_memory_mb",
     "cache_memory_percent",
+    "max_kv_memory_mb",
     "mcp_config",
     "reasoning_parser",
     "embedding_model",

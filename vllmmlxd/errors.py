@@ -60,6 +60,13 @@ class ContextLengthExceeded(InvalidRequest):
         super().__init__(message, param=param, code="context_length_exceeded")
 
 
+class KvBudgetExceeded(InvalidRequest):
+    """The request's KV (prompt + max_tokens) could never fit the model's KV budget, even alone (400)."""
+
+    def __init__(self, message: str, *, param: str | None = "max_tokens"):
+        super().__init__(message, param=param, code="kv_budget_exceeded")
+
+
 class ModelNotFound(RequestError):
     status_code = 404
     error_type = "not_found_error"

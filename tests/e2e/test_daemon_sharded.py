@@ -92,6 +92,10 @@ def test_each_split_answers_as_the_single_process_does(cluster):
     status = c["pipe"].get("/v1/status").json()["distributed"]
     assert status["world"] == 2 and [r["rank"] for r in status["ranks"]] == [0, 1]
     assert status["ranks"][1]["step_ms"] is not None  # rank 1 reports its steps with each frame
+    # Rank 0 admits by its share of the KV, read from its own caches without running a collective:
+    # 30 layers x 3 KV heads x 64 x 2 x float32 whole; layers 0-14 of them; 2 of the 3 KV heads.
+    per_token = {name: c[name].get("/v1/status").json()["kv_budget"]["bytes_per_token"] for name in c}
+    assert per_token == {"one": 46_080, "pipe": 23_040, "tensor": 30_720}
 
 
 def test_rank_zero_serves_everything_while_rank_one_follows(cluster):

@@ -25,6 +25,11 @@ def test_flags_left_out_take_the_entrys_defaults():
     assert config.served_model_name == "builtin:tiny"
 
 
+def test_the_kv_budget_flag_sets_the_entrys_field():
+    assert serve_config(parse("builtin:tiny")).max_kv_memory_mb is None  # the default: what is left
+    assert serve_config(parse("builtin:tiny", "--max-kv-memory-mb", "0.5")).max_kv_memory_mb == 0.5
+
+
 def test_a_cap_alone_lowers_the_default():
     config = serve_config(parse("builtin:tiny", "--max-request-tokens", "16"))
     assert (config.max_tokens, config.max_request_tokens) == (16, 16)

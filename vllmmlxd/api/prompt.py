@@ -67,6 +67,12 @@ def tool_plan(
     )
 
 
+def kv_room(engine: object) -> int | None:
+    """The most tokens one request may hold under the engine's KV budget (``MLXEngine.kv_room``); None: no limit."""
+    room = getattr(engine, "kv_room", None)
+    return room() if room is not None else None
+
+
 async def make_generation(
     ctx: ServingContext,
     sampling: SamplingRequest,
@@ -87,6 +93,7 @@ async def make_generation(
         prompt_len=len(prompt),
         context_length=ctx.engine.info.context_length,
         vocab_size=ctx.engine.info.vocab_size,
+        kv_tokens=kv_room(ctx.engine),
     )
     tools = tools or ToolPlan()
     constraint, param, use = tools.constraint, "tool_choice", tools.use

@@ -4,6 +4,10 @@ Each family maps its request onto :class:`SamplingRequest`; :func:`resolve_sampl
 with the model entry's defaults. A ``max_tokens`` above the entry's ``max_request_tokens`` or
 above the room left in the context is clamped, not refused: agents ask for 32k-64k by
 default, and the response's finish reason tells the truth when the clamp is what ended it.
+
+The KV budget of running requests is the exception: a request whose prompt + ``max_tokens``
+could never fit it is refused by the engine before it queues (400, naming the numbers); one
+that asked for no ``max_tokens`` has the entry's default lowered to what fits, as for the context.
 """
 
 from __future__ import annotations
@@ -50,9 +54,12 @@ def resolve_sampling(
     prompt_len: int,
     context_length: int,
     vocab_size: int,
+    kv_tokens: int | None = None,
 ) -> SamplingParams:
     """Merge ``req`` with the model's defaults; clamp max_tokens to the limits; check the prompt fits
-    (the model's context, or the request's own window when it asks for a smaller one)."""
+    (the model's context, or the request's own window when it asks for a smaller one). ``kv_tokens``:
+    the most tokens one request's KV may hold under the engine's budget, which a default max_tokens
+    is lowered to (an asked one is the engine's to refuse)."""
     window = min(req.context_window, context_length) if req.context_window else context_length
     room = window - prompt_len
     if room <= 0 and window < context_length:
@@ -65,6 +72,9 @@ def resolve_sampling(
             f"the prompt is {prompt_len} tokens; this model's context is {context_length} tokens"
         )
     asked = req.max_tokens if req.max_tokens is not None else cfg.max_tokens
+    max_tokens = max(1, min(asked, cfg.max_request_tokens, room))
+    if kv_tokens is not None and req.max_tokens is None and prompt_len < kv_tokens:
+        max_tokens = min(max_tokens, kv_tokens - prompt_len)  # the entry's default, lowered to what the budget holds
     bias = []
     for key, value in req.logit_bias.items():
         if not isinstance(key, str) or not TOKEN_ID.fullmatch(key):
@@ -82,7 +92,7 @@ def resolve_sampling(
     if any(len(s) > MAX_STOP_CHARS for s in req.stop):
         raise InvalidRequest(f"stop strings are at most {MAX_STOP_CHARS} characters", param="stop")
     return SamplingParams(
-        max_tokens=max(1, min(asked, cfg.max_request_tokens, room)),
+        max_tokens=max_tokens,
         temperature=_first(req.temperature, cfg.default_temperature, FALLBACK_TEMPERATURE),
         top_p=_first(req.top_p, cfg.default_top_p, FALLBACK_TOP_P),
         top_k=max(req.top_k or 0, 0) if (req.top_k or 0) < vocab_size else 0,  # all of them: no filter

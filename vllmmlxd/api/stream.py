@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from ..engine.types import EngineEvent, Finished, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
-from ..errors import EngineFailure, RequestTimeout
+from ..errors import EngineFailure, KvBudgetExceeded, RequestTimeout
 from ..http.access_log import SERVED
 from ..log import log_event
 from .body import ClientDisconnected, unless_disconnected
@@ -177,6 +177,8 @@ def failure(finish: Finished | None) -> Exception:
     held, named) or the server's."""
     if finish is not None and finish.error_kind == "constraint":
         return ConstraintFailed(finish.error or "the output could not be held to its grammar")
+    if finish is not None and finish.error_kind == "kv_budget":  # the budget was lowered while it waited
+        return KvBudgetExceeded(finish.error or "the request's KV cannot fit the model's KV budget")
     return EngineFailure(finish.error if finish else "generation ended without a result")
 
 

@@ -18,8 +18,8 @@ from vllmmlxd.config.schema import Config, ModelConfig
 # Daemon keys read once at start-up: the socket is bound and the state dir opened then.
 RESTART_REQUIRED_FIELDS = frozenset({"state_dir", "control_socket"})
 
-# Model keys a running worker takes in place: each is read per request (or, for max_queue,
-# at admission), so a request started before the change finishes under the old values.
+# Model keys a running worker takes in place: each is read per request (or, for max_queue and
+# max_kv_memory_mb, at admission), so a request started before the change finishes under the old values.
 # Every other key (the model, its engine, threads, BLAS, cache budget, host/port, parsers)
 # is read once at a worker's start and needs a new worker; a key added to the schema
 # later is a new-worker key until it is listed here.
@@ -33,6 +33,7 @@ LIVE_FIELDS = frozenset(
         "max_tokens",
         "max_request_tokens",
         "max_queue",
+        "max_kv_memory_mb",
         "stream_interval",
         "served_model_name",
         "aliases",

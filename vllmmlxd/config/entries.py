@@ -211,6 +211,12 @@ class ModelConfig(EntryConfig):
     cache_memory_percent: float = Field(
         0.20, gt=0, le=1, description="prefix cache budget as a fraction of physical memory"
     )
+    max_kv_memory_mb: float | None = Field(
+        None,
+        gt=0,
+        description="KV cache of running requests in MB at most (requests wait for room, or 400 when one never "
+        "fits); unset: what the machine has left after the weights, the prefix cache and a margin",
+    )
     reasoning_parser: str | None = Field(
         None, description="qwen3 or deepseek_r1: return reasoning apart from the answer"
     )

@@ -164,6 +164,8 @@ class ModelStatus(_Wire):
     tokens_per_s: float | None = None  # generated over the last few seconds, all requests together
     cache_mb: float | None = None  # the prefix cache's use...
     cache_budget_mb: float | None = None  # ...against its budget
+    # The KV budget of running requests: budget_mb, reserved_mb, held_mb, running, waiting (for room).
+    kv: dict | None = None
     embedding_model: str | None = None  # the embedding model it serves on /v1/embeddings, if any
     embedding_requests: int | None = None  # embedding requests answered
     embedding_inputs: int | None = None  # inputs embedded

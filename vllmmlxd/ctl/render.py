@@ -214,6 +214,22 @@ def _speculation_lines(models: Sequence[ModelStatus]) -> list[str]:
     return lines
 
 
+def _kv_lines(models: Sequence[ModelStatus]) -> list[str]:
+    """``llama KV: 412.5 of 6,144 MB reserved by 3 running, 5 waiting for room`` for each model
+    with a KV budget (the waiting part only while some wait)."""
+    lines = []
+    for m in models:
+        kv = getattr(m, "kv", None)
+        if not kv or kv.get("budget_mb") is None:
+            continue
+        waiting = kv.get("waiting") or 0
+        lines.append(
+            f"{m.name} KV: {kv.get('reserved_mb') or 0:,.1f} of {kv['budget_mb']:,.1f} MB reserved by "
+            f"{kv.get('running') or 0} running" + (f", {waiting} waiting for room" if waiting else "")
+        )
+    return lines
+
+
 def _explain(m: ModelStatus) -> list[str]:
     exit_code = "" if m.last_exit_code is None else f" (exit {m.last_exit_code})"
     lines = [f"{m.name} {m.state}{exit_code}:"]
@@ -266,6 +282,9 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
     seeing = [m.name for m in status.models if getattr(m, "vision", None)]
     if seeing:
         lines += ["", f"vision (takes images): {', '.join(seeing)}"]
+    kv = _kv_lines(status.models)
+    if kv:
+        lines += [""] + kv
     drafting = _speculation_lines(status.models)
     if drafting:
         lines += [""] + drafting

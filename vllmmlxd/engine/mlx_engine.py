@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, AsyncGenerator
 import mlx.core as mx
 from jinja2.exceptions import SecurityError
 
-from ..errors import ModelLoadError, Overloaded
+from ..errors import KvBudgetExceeded, ModelLoadError, Overloaded
 from ..log import log_event
 from ..parsers.reasoning import make_reasoning_parser
 from ..parsers.tools import tool_parser_class
 from ..parsers.tools.instructions import calls_as_text, with_tool_instructions
 from .constraint import Grammars
 from .detokenize import IncrementalDetokenizer
+from .kv_budget import KvBudget, default_limit, explicit_limit
 from .lockstep import Lockstep
 from .options import EngineOptions
 from .scheduler import Scheduler
@@ -45,7 +46,21 @@ EXIT_RANK_FAILED = 5  # as worker/ranks.py: the unit restarts
 
 PROMPT_TAIL_TOKENS = 16  # the prompt's end, as text, tells a reasoning parser where generation starts
 PROMPT_TAIL_CHARS = 64
+_NOT_SET = object()
 _SANDBOX_PROBE = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
+
+
+def _usable_memory(physical: int, source: str) -> tuple[int | None, str]:
+    """The machine's memory (a cgroup's limit where lower), or Metal's recommended working set where
+    that is lower: past it the GPU's memory pages, and a kernel can fail."""
+    info = getattr(mx, "device_info", None) or getattr(mx.metal, "device_info", None)
+    try:
+        working_set = int((info() if info is not None else {}).get("max_recommended_working_set_size", 0))
+    except Exception:  # no device to ask (a CPU-only build)
+        working_set = 0
+    if working_set and (not physical or working_set < physical):
+        return working_set, "Metal's working set"
+    return (physical or None), source or "physical"
 
 
 def check_draft_model(draft: "LoadedModel", target: "LoadedModel") -> None:
@@ -130,6 +145,9 @@ class MLXEngine:
             draft=draft.model if draft is not None else None,
         )
         self._scheduler.on_admit = self._admitted
+        self._held_at_start = mx.get_active_memory()  # the weights (and draft, embedder): what a default budget leaves
+        self._kv_mb: object = _NOT_SET  # the max_kv_memory_mb the budget was made from
+        self.set_kv_budget(None if self.options.kv_budget_bytes is None else self.options.kv_budget_bytes / 2**20)
         self._grammars = self._scheduler.grammars = Grammars(
             self.tokenizer, self.model, self._eos
         )  # built on first use
@@ -224,6 +242,11 @@ class MLXEngine:
 
         Closing the stream early, or cancelling the task reading it, cancels the request.
         """
+        budget = self._scheduler.kv
+        prompt, max_tokens = len(request.prompt_tokens), request.sampling.max_tokens
+        if budget.verdict([], budget.width(prompt, max_tokens)) == "never":
+            alone = budget.verdict([], budget.width(prompt, 1)) == "never"  # the prompt's fault, not max_tokens'
+            raise KvBudgetExceeded(budget.refusal(prompt, max_tokens), param="messages" if alone else "max_tokens")
         with self._lock:
             if self._waiting >= self.max_queue:
                 raise Overloaded(
@@ -246,6 +269,44 @@ class MLXEngine:
             self.stats.requests[request.request_id] = seq.progress
         self._scheduler.inbox.put(seq)
         return self._events(seq)
+
+    def set_kv_budget(self, mb: float | None) -> None:
+        """The KV budget of running requests: ``max_kv_memory_mb``, or (None) the default, what
+        the machine has left after what MLX holds now (the weights), the prefix cache and a margin.
+        At load, and when a live settings push changes it: queued requests meet the new budget
+        (one that can never fit it now ends with a 400's error)."""
+        if self._kv_mb is not _NOT_SET and mb == self._kv_mb:
+            return
+        self._kv_mb = mb
+        limit: int | None
+        if mb is not None:
+            limit, source = explicit_limit(mb)
+        else:
+            usable, where = _usable_memory(self.options.memory_bytes, self.options.memory_source)
+            limit, source = default_limit(usable, where, self._held_at_start, self.options.cache_budget_bytes)
+        budget: KvBudget = self._scheduler.kv.with_limit(limit, source)
+        self._scheduler.kv = budget  # one reference swap: the engine thread reads the whole budget at once
+        log_event(
+            logger,
+            "engine.kv_budget",
+            budget_mb=round(limit / 2**20, 1) if limit is not None and budget.active else None,
+            bytes_per_token=budget.layout.per_token if budget.layout is not None else None,
+            largest_request_tokens=budget.largest_request(),
+            source=source,
+        )
+
+    def kv_room(self) -> int | None:
+        """The most tokens (prompt + max_tokens) one request may have under the KV budget; None: no limit."""
+        return self._scheduler.kv.largest_request()
+
+    def kv_status(self) -> dict:
+        """The ``kv_budget`` block of /v1/status: the budget, what running requests reserve, what the
+        batch holds, how many wait for room."""
+        stats = self.stats
+        return self._scheduler.kv.describe(stats.kv_reserved_bytes, stats.kv_held_bytes, stats.kv_peak_held_bytes) | {
+            "running": stats.kv_running,
+            "waiting": stats.kv_waiting,
+        }
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

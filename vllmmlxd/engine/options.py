@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config.schema import ModelConfig
+from .kv_budget import explicit_limit
 from .speculative import SpeculationOptions
 
 
@@ -18,18 +19,23 @@ class EngineOptions:
     reasoning_parser: str | None = None  # qwen3, deepseek_r1: reasoning apart from the answer
     tool_call_parser: str = "auto"  # the tool-call family; auto: from the chat template, else hermes
     speculative: SpeculationOptions | None = None  # draft and verify inside the batch; None: off
+    kv_budget_bytes: int | None = None  # running requests' KV (max_kv_memory_mb); None: the engine's default
+    kv_budget_source: str = ""
+    memory_bytes: int = 0  # the machine's memory (a cgroup's limit where lower), for the default; 0: unknown
+    memory_source: str = ""
 
     @property
     def max_running(self) -> int:
         return self.max_num_seqs if self.continuous_batching else 1
 
 
-def engine_options(config: ModelConfig, physical_memory_bytes: int) -> EngineOptions:
+def engine_options(config: ModelConfig, physical_memory_bytes: int, memory_source: str = "") -> EngineOptions:
     """The options of the entry ``config``; the cache budget in MB wins over the percent of memory."""
     if config.cache_memory_mb is not None:
         budget = config.cache_memory_mb * 1024 * 1024
     else:
         budget = int(config.cache_memory_percent * physical_memory_bytes)
+    kv, kv_source = explicit_limit(config.max_kv_memory_mb) if config.max_kv_memory_mb is not None else (None, "")
     return EngineOptions(
         continuous_batching=config.continuous_batching,
         max_num_seqs=config.max_num_seqs,
@@ -39,6 +45,10 @@ def engine_options(config: ModelConfig, physical_memory_bytes: int) -> EngineOpt
         reasoning_parser=config.reasoning_parser,
         tool_call_parser=config.tool_call_parser,
         speculative=speculation_of(config),
+        kv_budget_bytes=kv,
+        kv_budget_source=kv_source,
+        memory_bytes=physical_memory_bytes,
+        memory_source=memory_source,
     )
 
 

@@ -30,6 +30,8 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from ..log import log_event
 from .constraint import Grammars
 from .kv import MLXKVOps
+from .kv_budget import GROWTH_STEP, KvBudget, KvLayout
+from .kv_probe import probe_layout
 from .lockstep import IDLE_FRAME_S, Lockstep
 from .options import EngineOptions
 from .prefix_cache import PrefixCache, common_prefix
@@ -37,7 +39,7 @@ from .sampling import make_processors, make_sampler
 from .sequence import Sequence
 from .speculative import RowDrafting, SpeculativeBatch, supports_speculation
 from .step_timer import StepTimer
-from .types import EngineStats, FinishReason
+from .types import EngineStats, FinishReason, WaitingFor
 from .vision_prefill import EmbeddingPrefill, Staged
 
 logger = logging.getLogger("vllmmlxd.engine")
@@ -80,6 +82,8 @@ class Scheduler:
         self.on_admit = lambda seq: None  # the engine's admission counter
         self.spec: SpeculativeBatch | None = None  # the batch's drafting, when the entry speculates
         self.gen = self._new_generator()
+        # Admission by KV bytes (kv_budget.py); the engine sets the default limit and swaps in live changes.
+        self.kv = self._kv_budget()
         self._retired: list[Sequence] = []  # finished this step, events not posted yet
         self._generated = 0  # tokens generated since start, for the recent rate
         self.clock = time.perf_counter  # times steps for the step timer (a test's fake model brings its own)
@@ -97,6 +101,26 @@ class Scheduler:
             self.spec = SpeculativeBatch.make(gen.model, gen.sampler, speculative, self.timer.cost, self.draft)
             gen._generation_batch = self.spec  # mlx-lm's generator keeps this batch for its life
         return gen
+
+    def _kv_budget(self) -> KvBudget:
+        """The model's KV layout (and its draft model's, which keeps a cache a row), and the
+        entry's explicit limit; no limit when the layout cannot be read."""
+        try:
+            layers = probe_layout(self.model).layers
+            if self.spec is not None and self.draft is not None:
+                layers += probe_layout(self.draft).layers
+            layout: KvLayout | None = KvLayout(layers)
+        except Exception as exc:  # a family whose cache cannot be made outside a batch: admitted by count only
+            log_event(logger, "kv.layout_unknown", logging.WARNING, error=repr(exc))
+            layout = None
+        # A verify step writes every draft position before it trims the rejected ones.
+        slack = GROWTH_STEP + (
+            self.options.speculative.num_draft if self.spec is not None and self.options.speculative else 0
+        )
+        budget = KvBudget(layout, slack=slack)
+        if self.options.kv_budget_bytes is not None:
+            budget = budget.with_limit(self.options.kv_budget_bytes, self.options.kv_budget_source)
+        return budget
 
     # -- the thread -------------------------------------------------------
 
@@ -138,6 +162,7 @@ class Scheduler:
         self._admit()
         if self.running or self.staged:
             self._step()
+            self._note_kv_held()
         self._post()
         return not stopping
 
@@ -172,25 +197,56 @@ class Scheduler:
             self._retire(staged.seq, "cancelled")
 
     def _admit(self) -> None:
-        """Move waiting sequences into the batch, oldest first, while there is room."""
+        """Move waiting sequences into the batch, oldest first, while there is room: a row free
+        (``max_num_seqs``) and its KV within the budget. A sequence whose KV does not fit yet
+        stops the queue there, so smaller ones behind it never overtake it for good."""
         prefilling = [s for s in self.running.values() if s.progress.first_token_at is None]
         prefilling += [s.seq for s in self.staged]
+        budget = self.kv  # read once: a live change swaps the whole budget
+        widths = self._kv_widths(budget)
+        blocked: WaitingFor | None = None  # why the rest of the queue waits
+        behind_prefix: set[int] = set()  # ids of sequences waiting for a shared prompt's prefill
         for seq in list(self.waiting):
             if len(self.running) + len(self.staged) >= self.options.max_running:
-                return
+                blocked = "max_num_seqs"
+                break
             leader = _shared_prefix_leader(seq, prefilling) if self.cache.enabled else None
             if leader is not None:
                 leader.prompt_wanted = True  # cache its prompt as soon as it is prefilled
+                behind_prefix.add(id(seq))
                 continue
+            width = budget.width(len(seq.prompt), seq.request.sampling.max_tokens)
+            verdict = budget.verdict(widths, width)
+            if verdict == "waits":
+                blocked = "kv_budget"
+                break
             self.waiting.remove(seq)
             self.on_admit(seq)
+            if verdict == "never":  # the budget was lowered while it waited (the API refuses it before)
+                refusal = budget.refusal(len(seq.prompt), seq.request.sampling.max_tokens)
+                self._retire(seq, "error", refusal, kind="kv_budget")
+                continue
             try:
                 self._insert(seq)
             except Exception as exc:  # a bad request must not take the batch down
                 log_event(logger, "engine.error", logging.ERROR, request_id=seq.request.request_id, error=repr(exc))
                 self._retire(seq, "error", str(exc))
                 continue
+            widths.append(width)
             prefilling.append(seq)
+        self._note_queue(blocked, behind_prefix)
+
+    def _kv_widths(self, budget: KvBudget) -> list[int]:
+        """The widths (tokens) the admitted sequences reserve: those in the batch and those staged."""
+        admitted = [*self.running.values(), *(s.seq for s in self.staged)]
+        return [budget.width(len(s.prompt), s.request.sampling.max_tokens) for s in admitted]
+
+    def _note_queue(self, blocked: WaitingFor | None, behind: set[int]) -> None:
+        """Each waiting request's place in the queue and what holds it there (``blocked``: what
+        stopped admission this round); read by /v1/status."""
+        for position, seq in enumerate(self.waiting, 1):
+            seq.progress.queue_position = position
+            seq.progress.waiting_for = "shared_prefix" if id(seq) in behind else blocked
 
     def _insert(self, seq: Sequence) -> None:
         hit = self.cache.lookup(seq.prompt_key)
@@ -301,6 +357,15 @@ class Scheduler:
                 if row is not None:
                     seq.progress.drafted_tokens, seq.progress.accepted_tokens = row.drafted, row.accepted
 
+    def _note_kv_held(self) -> None:
+        """The KV bytes the batch really holds after a step (its buffers' sizes: nothing is evaluated),
+        and the most it held, beside what admission reserved."""
+        held = self.gen.prompt_cache_nbytes + sum(_nbytes(s.cache) for s in self.staged)
+        if self.spec is not None:
+            held += sum(_nbytes(row.draft_cache) for row in self.spec.rows.values())
+        self.stats.kv_held_bytes = held
+        self.stats.kv_peak_held_bytes = max(self.stats.kv_peak_held_bytes, held)
+
     def _feed(self, seq: Sequence, token: int) -> FinishReason | None:
         """One token to ``seq``, timed for the TTFT and inter-token histograms."""
         previous = seq.progress.last_token_at
@@ -367,12 +432,14 @@ class Scheduler:
         if entry is not None:
             self.lockstep.stored(uid, entry, len(tokens))
 
-    def _retire(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+    def _retire(
+        self, seq: Sequence, reason: FinishReason, error: str | None = None, *, kind: str | None = None
+    ) -> None:
         if self.spec is not None and seq.uid is not None:
             row = self.spec.rows.pop(seq.uid, None)
             if row is not None:
                 seq.progress.drafted_tokens, seq.progress.accepted_tokens = row.drafted, row.accepted
-        seq.finish(reason, error)
+        seq.finish(reason, error, kind=kind)
         stats = self.stats
         stats.total_requests_processed += 1
         stats.total_prompt_tokens += len(seq.prompt)
@@ -399,6 +466,9 @@ class Scheduler:
                 by_loop.setdefault(seq.loop, []).extend((seq.events, e) for e in events)
         self._retired = []
         self.stats.num_running = len(self.running)
+        widths = self._kv_widths(self.kv)
+        self.stats.kv_reserved_bytes, self.stats.kv_running = self.kv.reserved(widths), len(widths)
+        self.stats.kv_waiting = sum(1 for s in self.waiting if s.progress.waiting_for == "kv_budget")
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_deliver, items)
@@ -423,6 +493,10 @@ class Scheduler:
 def _deliver(items: list) -> None:
     for q, event in items:
         q.put_nowait(event)
+
+
+def _nbytes(cache: list | None) -> int:
+    return sum(c.nbytes for c in cache or ())
 
 
 def _shared_prefix_leader(seq: Sequence, prefilling: list[Sequence]) -> Sequence | None:

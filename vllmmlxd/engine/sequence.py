@@ -134,6 +134,7 @@ class Sequence:
         self.progress.started_at = time.monotonic()
         self.progress.cached_tokens = self.progress.prefilled_tokens = cached_tokens
         self.progress.cache_hit_type = hit_type
+        self.progress.queue_position = self.progress.waiting_for = None
 
     def cache_key(self, tokens: list[int]) -> list[int]:
         """``tokens`` (its prompt, then what it generated) as the prefix cache keys them."""
@@ -162,11 +163,11 @@ class Sequence:
             self._emit()
         return "length" if progress.generated_tokens >= params.max_tokens else None
 
-    def finish(self, reason: FinishReason, error: str | None = None) -> None:
-        """The last events: the text still held back (unless cancelled or failed), then Finished."""
+    def finish(self, reason: FinishReason, error: str | None = None, *, kind: str | None = None) -> None:
+        """The last events: the text still held back (unless cancelled or failed), then Finished;
+        ``kind`` says whose fault a failure is (``Finished.error_kind``)."""
         if self.finished is not None:
             return
-        kind = None
         constraint = self.request.constraint
         if constraint is not None and constraint.failures and reason not in ("cancelled", "error"):
             # The grammar failed and let only EOS through: what was written is no answer.

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from typing import AsyncGenerator, Literal, Protocol, Union
 
 FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]  # timeouts cancel, in the API layer
+# Why a queued request is not running yet: every row is taken, its KV does not fit the budget
+# beside the running requests (or one before it waits for that), or it waits for a prompt being
+# prefilled that shares its start.
+WaitingFor = Literal["max_num_seqs", "kv_budget", "shared_prefix"]
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,8 @@ class Finished:
     error: str | None = None
     stop_sequence: str | None = None
     # With ``error``: "constraint" when the request's grammar could not be held (its schema's
-    # fault, a 4xx), None for the engine's own failures.
+    # fault, a 4xx), "kv_budget" when its KV can never fit the budget (lowered while it waited:
+    # a 400), None for the engine's own failures.
     error_kind: str | None = None
 
 
@@ -201,6 +206,8 @@ class RequestProgress:
     cache_hit_type: str = "none"  # exact, prefix, lcp (longest common prefix) or none
     drafted_tokens: int = 0  # speculation: tokens drafted for it, and how many its model accepted
     accepted_tokens: int = 0
+    queue_position: int | None = None  # 1 for the next to run, while it waits in the engine's queue
+    waiting_for: WaitingFor | None = None
 
     @property
     def phase(self) -> Literal["queued", "prefill", "generation"]:
@@ -225,6 +232,8 @@ class RequestProgress:
             "generated_tokens": self.generated_tokens,
             "max_tokens": self.max_tokens,
             "progress": self.fraction_done(),
+            "queue_position": self.queue_position,
+            "waiting_for": self.waiting_for,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
         }
@@ -304,6 +313,13 @@ class EngineStats:
     # A distributed entry's rank 0: when it last exchanged a frame with the other ranks (it does
     # at least every 2 s, idle or not); /health says "degraded" when that grows old.
     last_frame_at: float | None = None
+    # The KV budget of running requests (engine/kv_budget.py): what the admitted reserve, how many
+    # they are, how many wait for room, and what the batch's buffers really hold (and held at most).
+    kv_reserved_bytes: int = 0
+    kv_running: int = 0
+    kv_waiting: int = 0
+    kv_held_bytes: int = 0
+    kv_peak_held_bytes: int = 0
 
     def active_requests(self) -> list[dict]:
         """Snapshots of the requests queued or running, oldest first."""

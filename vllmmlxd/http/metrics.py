@@ -104,6 +104,7 @@ class EngineCollector:
         yield self._family(
             GaugeMetricFamily, "vllmmlxd_prefix_cache_entries", "Sequences in the prefix cache.", cache["entries"]
         )
+        yield from self._kv()
         yield from self._speculation()
         yield from self._distributed()
         for key, value in self._engine.memory().items():  # active / peak / cache memory of MLX, in GB
@@ -111,6 +112,22 @@ class EngineCollector:
             yield self._family(
                 GaugeMetricFamily, name, f"MLX {key.removesuffix('_gb').replace('_', ' ')}.", value * 1024**3
             )
+
+    def _kv(self) -> Iterator[Metric]:
+        """The KV budget of running requests: the budget, what the running reserve and hold, who waits."""
+        status = getattr(self._engine, "kv_status", None)
+        kv = status() if status is not None else None
+        if not kv:
+            return
+        mib = 1024**2
+        for name, doc, key, scale in (
+            ("vllmmlxd_kv_budget_bytes", "The KV budget of running requests.", "budget_mb", mib),
+            ("vllmmlxd_kv_reserved_bytes", "KV bytes the running requests reserve.", "reserved_mb", mib),
+            ("vllmmlxd_kv_held_bytes", "KV bytes the batch holds.", "held_mb", mib),
+            ("vllmmlxd_requests_waiting_for_kv", "Generations waiting for room in the KV budget.", "waiting", 1),
+        ):
+            if kv.get(key) is not None:
+                yield self._family(GaugeMetricFamily, name, doc, kv[key] * scale)
 
     def _speculation(self) -> Iterator[Metric]:
         """Draft tokens verified and accepted, for an entry that speculates."""

@@ -1,6 +1,8 @@
 """Memory admission: whether a config's models fit in the machine, and how changed ones are replaced.
 
-An entry's footprint is its weights + its prefix-cache budget + a worker's own overhead;
+An entry's footprint is its weights + its prefix-cache budget + a worker's own overhead (+ twice
+its running requests' KV budget when ``max_kv_memory_mb`` sets one, for the copy a batch makes as
+rows join and leave: by default a worker takes what the machine has left, so nothing is counted);
 the sum over entries must fit in physical memory less ``daemon.memory_reserve_mb``. A
 changed entry's zero-downtime swap holds its old and new worker at once: where both do
 not fit, it is stopped, then started. All in whole MiB ("MB", as in the config's keys).
@@ -9,6 +11,7 @@ Pure, but for :func:`load_memory_plan`, the shell that reads the machine and the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -22,7 +25,13 @@ from ..runtime.shard_families import layer_share
 # A builtin:tiny worker on Linux (BLIS loaded, 12 MB of weights) measured 172 MiB RSS once
 # ready and a 191 MiB peak (VmHWM) while loading: the interpreter, FastAPI, mlx and the BLAS.
 WORKER_OVERHEAD_MB = 200
-FIX_HINT = "lower cache_memory_mb or cache_memory_percent, remove a model, or lower daemon.memory_reserve_mb"
+# As engine/kv_budget.py's PEAK_COPIES (the daemon never imports the engine; a test keeps them equal):
+# mlx-lm copies a batch's KV when a row joins or leaves, so a worker's KV peaks at twice its budget.
+KV_PEAK_COPIES = 2
+FIX_HINT = (
+    "lower cache_memory_mb or cache_memory_percent (and max_kv_memory_mb where set), remove a model, "
+    "or lower daemon.memory_reserve_mb"
+)
 
 
 def mb(n: int) -> str:
@@ -40,18 +49,20 @@ class Footprint:
     weights_known: bool = True  # False: not downloaded (or unreadable); counted as 0
     weights_note: str = ""
     cache_note: str = ""
+    kv_mb: int = 0  # KV_PEAK_COPIES x max_kv_memory_mb, when the entry sets it
 
     @property
     def total_mb(self) -> int:
-        return self.weights_mb + self.cache_mb + self.worker_mb
+        return self.weights_mb + self.cache_mb + self.worker_mb + self.kv_mb
 
     def render(self) -> str:
         """``5,024 MB = 13 MB weights (builtin:tiny: safetensors) + 4,811 MB cache (20% of physical) + 200 MB worker``."""
         weights = mb(self.weights_mb) if self.weights_known else "? MB"
         unknown = "" if self.weights_known else "; unknown, counted as 0"
+        kv = f" + {mb(self.kv_mb)} running KV ({KV_PEAK_COPIES} x max_kv_memory_mb)" if self.kv_mb else ""
         return (
             f"{mb(self.total_mb)} = {weights} weights ({self.weights_note}{unknown}) + {mb(self.cache_mb)} cache "
-            f"({self.cache_note}) + {mb(self.worker_mb)} worker"
+            f"({self.cache_note}){kv} + {mb(self.worker_mb)} worker"
         )
 
 
@@ -179,6 +190,7 @@ def make_footprint(entry: ModelConfig, estimate: weights.WeightsEstimate, physic
         weights_known=estimate.nbytes is not None,
         weights_note=f"{entry.model}: {estimate.source}",
         cache_note=cache_note,
+        kv_mb=math.ceil(KV_PEAK_COPIES * (entry.max_kv_memory_mb or 0)),
     )
 
 
@@ -217,6 +229,7 @@ def rank_footprints(entry: ModelConfig, whole: Footprint, split, layers: int | N
                 weights_known=whole.weights_known,
                 weights_note=f"rank {rank}, {share} of {whole.weights_note}",
                 cache_note=whole.cache_note,
+                kv_mb=whole.kv_mb,  # rank 0 admits by its share of the KV; the others hold about as much
             )
         )
     return out
@@ -234,6 +247,7 @@ def local_footprint(ranks: list[Footprint], entry: ModelConfig) -> Footprint:
         weights_known=all(f.weights_known for f in here),
         weights_note="; ".join(f.weights_note for f in here),
         cache_note=f"{here[0].cache_note}, {len(here)} ranks here" if len(here) > 1 else here[0].cache_note,
+        kv_mb=sum(f.kv_mb for f in here),
     )
 
 

@@ -362,6 +362,7 @@ def runtime_fields(slot: Slot) -> dict:
             "tokens_per_s",
             "cache_mb",
             "cache_budget_mb",
+            "kv",
             "embedding_model",
             "embedding_requests",
             "embedding_inputs",

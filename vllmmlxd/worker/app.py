@@ -136,6 +136,7 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
             "vision": engine.info.vision,
             "metal": engine.memory(),
             "cache": engine.cache_status(),
+            "kv_budget": kv_of(engine),
             "speculative": speculation_of(engine),
             "runtime": ctx.runtime,
             "requests": s.active_requests(),
@@ -208,6 +209,9 @@ def apply_settings(live: LiveContext, engine: Engine, config: ResolvedModel) -> 
     live.swap(config)
     if hasattr(engine, "max_queue"):  # read at each admission by the engine
         engine.max_queue = config.max_queue
+    set_kv_budget = getattr(engine, "set_kv_budget", None)
+    if set_kv_budget is not None:  # read at each admission too; the engine ignores an unchanged value
+        set_kv_budget(config.max_kv_memory_mb)
 
 
 def health_response(engine: Engine, stuck_after: float, extra: dict) -> JSONResponse:
@@ -230,10 +234,22 @@ def load(engine: Engine, mcp: McpHub | None = None) -> dict:
         "cache_budget_mb": cache["budget_mb"],
         **_embedding_load(getattr(engine, "embedder", None)),
         **({"vision": True} if engine.info.vision else {}),
+        **({"kv": _kv_load(kv)} if (kv := kv_of(engine)) else {}),
         **({"speculative": spec} if (spec := speculation_of(engine)) else {}),
         **({"distributed": dist} if (dist := distributed_of(engine)) else {}),
         **({"mcp": mcp.status()} if mcp is not None and mcp.servers else {}),
     }
+
+
+def kv_of(engine: Engine) -> dict | None:
+    """The engine's KV budget of running requests (``MLXEngine.kv_status``); None: an engine without one."""
+    status = getattr(engine, "kv_status", None)
+    return status() if status is not None else None
+
+
+def _kv_load(kv: dict) -> dict:
+    """What ``vllmmlxctl status`` shows of the KV budget."""
+    return {key: kv.get(key) for key in ("budget_mb", "reserved_mb", "held_mb", "running", "waiting")}
 
 
 def speculation_of(engine: Engine) -> dict | None:

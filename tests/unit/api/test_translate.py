@@ -59,6 +59,18 @@ def test_max_tokens_above_the_server_cap_is_clamped_to_it():
     assert resolve(chat(max_tokens=64000)).max_tokens == 500
 
 
+def test_a_default_max_tokens_is_lowered_to_what_the_kv_budget_holds():
+    # The engine refuses what could never fit its KV budget; a request that asked for nothing is
+    # given what fits instead, never refused for the entry's own default.
+    kv = lambda req, prompt_len=10: resolve_sampling(  # noqa: E731
+        tr.sampling_request(req), CFG, prompt_len=prompt_len, context_length=1000, vocab_size=50, kv_tokens=60
+    )
+    assert kv(chat()).max_tokens == 50
+    assert kv(chat(max_tokens=7)).max_tokens == 7
+    assert kv(chat(max_tokens=90)).max_tokens == 90  # asked for: left for the engine's 400, with the numbers
+    assert kv(chat(), prompt_len=70).max_tokens == 100  # the prompt alone does not fit: the engine's 400 too
+
+
 def test_logit_bias_outside_vocab_is_a_400():
     with pytest.raises(InvalidRequest, match="vocabulary"):
         resolve(chat(logit_bias={"50": 1}))

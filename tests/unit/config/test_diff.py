@@ -111,6 +111,8 @@ def test_live_keys_only_are_applied_live_and_say_which():
 def test_needs_new_worker_names_the_keys_that_force_it():
     base = ModelConfig(model="builtin:tiny")
     assert needs_new_worker(base, base.model_copy(update={"max_queue": 3, "aliases": ("x",)})) == (False, [])
+    # The KV budget of running requests is read at each admission, as max_queue is.
+    assert needs_new_worker(base, base.model_copy(update={"max_kv_memory_mb": 512.0})) == (False, [])
     assert needs_new_worker(base, base.model_copy(update={"port": 9000, "timeout": 3})) == (True, ["port"])
     assert needs_new_worker(base, base.model_copy(update={"model": "builtin:smollm2-135m-instruct"})) == (
         True,

@@ -103,6 +103,7 @@ def test_status_json_has_exactly_the_documented_keys():
             "tokens_per_s",
             "cache_mb",
             "cache_budget_mb",
+            "kv",
             "load",
             "idle_unload_s",
             "idle_s",

@@ -328,6 +328,15 @@ def test_a_speculating_entry_says_how_its_drafts_fare():
     assert "llama speculates (prompt-lookup): nothing drafted yet" in fresh
 
 
+def test_the_kv_budget_of_running_requests_beneath_the_table():
+    kv = {"budget_mb": 6144.0, "reserved_mb": 5120.0, "held_mb": 900.0, "running": 2, "waiting": 6}
+    out = render_status(status(model("llama", kv=kv), model("plain")))
+    assert "llama KV: 5,120.0 of 6,144.0 MB reserved by 2 running, 6 waiting for room" in out.splitlines()
+    calm = render_status(status(model("llama", kv={**kv, "waiting": 0})))
+    assert "llama KV: 5,120.0 of 6,144.0 MB reserved by 2 running" in calm.splitlines()
+    assert "KV:" not in render_status(status(model("llama", kv={**kv, "budget_mb": None})))  # no budget
+
+
 def test_sizes_read_as_the_store_says_them():
     from vllmmlxd.ctl.render import format_size
     from vllmmlxd.store.disk import format_bytes

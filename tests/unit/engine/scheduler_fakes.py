@@ -34,6 +34,7 @@ from vllmmlxd.engine.types import (
 VOCAB = 512
 EOS = VOCAB - 1
 HEAD_DIM = 2
+KV_BYTES_PER_TOKEN = 2 * 1 * HEAD_DIM * 4 * 2  # two layers, one head, keys and values in float32
 
 
 class FakeClock:
@@ -131,6 +132,7 @@ class Harness:
         lockstep: Lockstep | None = None,
         model: CountingModel | None = None,
         vision: FakeVision | None = None,
+        kv_bytes: int | None = None,
     ):
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock()
@@ -140,6 +142,8 @@ class Harness:
             max_num_seqs=max_num_seqs,
             prefill_step_size=prefill_step_size,
             cache_budget_bytes=int(cache_mb * 1024 * 1024),
+            kv_budget_bytes=kv_bytes,
+            kv_budget_source="max_kv_memory_mb" if kv_bytes is not None else "",
         )
         self.scheduler = Scheduler(self.model, {EOS}, options, self.stats, lockstep, vision=vision)
         self.scheduler.clock = self.clock

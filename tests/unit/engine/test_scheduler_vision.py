@@ -9,7 +9,15 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from tests.unit.engine.scheduler_fakes import PLACEHOLDER, FakeVision, Harness, counting, decode_ids, image_span
+from tests.unit.engine.scheduler_fakes import (
+    KV_BYTES_PER_TOKEN,
+    PLACEHOLDER,
+    FakeVision,
+    Harness,
+    counting,
+    decode_ids,
+    image_span,
+)
 from vllmmlxd.engine.types import Finished
 
 
@@ -124,3 +132,20 @@ def test_new_images_arriving_together_go_through_the_tower_one_a_step(h, vision)
         assert len(vision.calls) <= calls + 1  # one image's tower a step at most
         assert text.produced == produced + 1  # and the running stream still got its token
     assert sorted(vision.calls) == [301, 302, 303]
+
+
+def test_a_prompt_prefilled_from_embeddings_reserves_its_kv_too(vision):
+    # Room for one row: while the image prompt is staged (outside the batch), a text prompt waits.
+    prompt, images = image_prompt(300)
+    h = Harness(vision=vision, prefill_step_size=16, kv_bytes=(len(prompt) + 3 + 256) * KV_BYTES_PER_TOKEN)
+    try:
+        staged = h.submit(prompt, max_tokens=3, images=images)
+        h.step()
+        assert h.scheduler.staged and staged.uid is None
+        text = h.submit(counting(200, 8), max_tokens=3)
+        h.step()
+        assert text.uid is None and text.progress.waiting_for == "kv_budget" and h.stats.kv_running == 1
+        h.finish(staged, text)
+        assert h.text(staged) == decode_ids([106, 107, 108]) and h.text(text) == decode_ids([208, 209, 210])
+    finally:
+        h.close()

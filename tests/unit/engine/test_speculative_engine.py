@@ -77,6 +77,21 @@ def test_greedy_answers_are_the_same_with_speculation(tiny, plain, method):
         eng.close()
 
 
+def test_a_kv_budget_counts_the_draft_models_cache_and_positions_and_keeps_the_answers(tiny, plain):
+    # builtin:tiny drafting for itself: each row holds the target's KV and the draft's (512 bytes
+    # a token each), and a verify step writes num_draft positions before it trims them.
+    longest = max(len(tiny.tokenizer.encode(t)) for t in ASKS) + 48 + 256 + 4
+    budget = 2 * longest * 1024  # two rows at a time
+    spec = SpeculationOptions(method="draft", num_draft=4, adaptive=False)
+    eng = MLXEngine(tiny, options=EngineOptions(speculative=spec, kv_budget_bytes=budget), draft=tiny)
+    try:
+        assert eng.kv_status()["bytes_per_token"] == 1024 and eng._scheduler.kv.slack == 256 + 4
+        assert [text for text, _ in answers(eng, ASKS)] == plain  # queued two by two, the same text
+        assert eng.stats.kv_peak_held_bytes <= budget
+    finally:
+        eng.close()
+
+
 def test_a_seeded_sampled_answer_repeats_under_speculation(tiny):
     for spec, draft in ((SpeculationOptions(), None), (SpeculationOptions(method="draft"), tiny)):
         eng = engine(tiny, spec, draft)

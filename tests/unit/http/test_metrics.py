@@ -203,3 +203,19 @@ def test_a_single_process_engine_exports_no_rank_family(engine):
     text = Metrics(engine(), "m").response().body.decode()
     assert "vllmmlxd_distributed" not in text and "vllmmlxd_rank_" not in text
     assert "vllmmlxd_requests_waiting" in text
+
+
+class BudgetedEngine(FakeEngine):
+    """An engine with a KV budget of running requests (``kv_status``)."""
+
+    def kv_status(self) -> dict:
+        return {"budget_mb": 8.0, "reserved_mb": 6.0, "held_mb": 2.5, "running": 2, "waiting": 3}
+
+
+def test_the_kv_budget_and_who_waits_for_it():
+    metrics = Metrics(BudgetedEngine(), "m")
+    assert sample(metrics, "vllmmlxd_kv_budget_bytes") == 8 * 1024**2
+    assert sample(metrics, "vllmmlxd_kv_reserved_bytes") == 6 * 1024**2
+    assert sample(metrics, "vllmmlxd_kv_held_bytes") == 2.5 * 1024**2
+    assert sample(metrics, "vllmmlxd_requests_waiting_for_kv") == 3
+    assert "vllmmlxd_kv_" not in Metrics(FakeEngine(), "m").response().body.decode()  # no budget: no family

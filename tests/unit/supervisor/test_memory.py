@@ -141,6 +141,23 @@ def test_a_footprint_rounds_weights_up_to_whole_mb():
     assert unknown.weights_mb == 0 and not unknown.weights_known
 
 
+def test_a_running_kv_budget_counts_twice_only_when_set():
+    # A batch copies its KV as rows join and leave: a worker's KV peaks at twice its budget.
+    entry = ModelConfig(model="builtin:tiny", cache_memory_mb=64, max_kv_memory_mb=100.5)
+    f = make_footprint(entry, WeightsEstimate(12_881_208, "safetensors"), 16 * GIB)
+    assert f.kv_mb == 201 and f.total_mb == 13 + 64 + 201 + WORKER_OVERHEAD_MB
+    assert "+ 201 MB running KV (2 x max_kv_memory_mb) + 200 MB worker" in f.render()
+    default = make_footprint(ModelConfig(model="builtin:tiny", cache_memory_mb=64), WeightsEstimate(1, "x"), 16 * GIB)
+    assert default.kv_mb == 0 and "running KV" not in default.render()  # the worker takes what is left
+
+
+def test_the_daemons_kv_copies_are_the_engines():
+    from vllmmlxd.engine.kv_budget import PEAK_COPIES
+    from vllmmlxd.supervisor.memory import KV_PEAK_COPIES
+
+    assert KV_PEAK_COPIES == PEAK_COPIES
+
+
 @pytest.fixture
 def sixteen_gib(monkeypatch):
     monkeypatch.setattr(machine, "read_machine_memory", lambda: MachineMemory(16 << 30, "MemTotal"))

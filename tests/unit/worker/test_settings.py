@@ -123,3 +123,32 @@ def test_health_is_degraded_503_while_work_waits_on_a_silent_engine(monkeypatch)
     for client in (public, private):
         r = client.get("/health")
         assert r.status_code == 503 and r.json()["status"] == "degraded" and r.json()["stalled_s"] >= 60
+
+
+class BudgetedEngine(FakeEngine):
+    """An engine with a KV budget of running requests: it records what a push asks of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.kv_asked: list[float | None] = []
+
+    def set_kv_budget(self, mb: float | None) -> None:
+        self.kv_asked.append(mb)
+
+    def kv_status(self) -> dict:
+        return {"budget_mb": 1.0, "reserved_mb": 0.5, "held_mb": 0.25, "running": 1, "waiting": 2}
+
+
+def test_a_push_hands_the_kv_budget_to_the_engine_and_health_shows_it():
+    engine = BudgetedEngine()
+    public = create_app(engine, BASE, "k")
+    private = TestClient(create_private_app(public, engine))
+    r = private.post("/internal/settings", json=entry(max_kv_memory_mb=256))
+    assert r.status_code == 200 and r.json()["changed"] == ["max_kv_memory_mb"]  # live: no new worker
+    assert engine.kv_asked == [256.0]
+    private.post("/internal/settings", json=entry())  # unset again: back to the engine's default
+    assert engine.kv_asked == [256.0, None]
+    load = private.get("/health").json()["load"]
+    assert load["kv"] == {"budget_mb": 1.0, "reserved_mb": 0.5, "held_mb": 0.25, "running": 1, "waiting": 2}
+    status = TestClient(public, base_url="http://127.0.0.1").get("/v1/status", headers={"x-api-key": SECRET})
+    assert status.json()["kv_budget"]["waiting"] == 2
