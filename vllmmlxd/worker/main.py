@@ -121,7 +121,7 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path):
         )
         return embeds
     embedder = load_embedder(config.embedding_model, state_dir) if config.embedding_model else None
-    options = engine_options(config, read_machine_memory(working_set=False).physical or 0)
+    options = engine_options(config, read_machine_memory(working_set=False).physical or 0, state_dir)
     if config.distributed is not None:
         engine = _rank_zero_engine(config, key, state_dir, options)
     else:

@@ -131,6 +131,7 @@ class Harness:
         lockstep: Lockstep | None = None,
         model: CountingModel | None = None,
         vision: FakeVision | None = None,
+        paged: bool = True,
     ):
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock()
@@ -140,6 +141,7 @@ class Harness:
             max_num_seqs=max_num_seqs,
             prefill_step_size=prefill_step_size,
             cache_budget_bytes=int(cache_mb * 1024 * 1024),
+            paged_cache=paged,
         )
         self.scheduler = Scheduler(self.model, {EOS}, options, self.stats, lockstep, vision=vision)
         self.scheduler.clock = self.clock
