@@ -164,6 +164,8 @@ class ModelStatus(_Wire):
     tokens_per_s: float | None = None  # generated over the last few seconds, all requests together
     cache_mb: float | None = None  # the prefix cache's use...
     cache_budget_mb: float | None = None  # ...against its budget
+    cache_disk_mb: float | None = None  # its disk tier's use (None: no disk tier)...
+    cache_disk_budget_mb: float | None = None  # ...against its budget
     embedding_model: str | None = None  # the embedding model it serves on /v1/embeddings, if any
     embedding_requests: int | None = None  # embedding requests answered
     embedding_inputs: int | None = None  # inputs embedded

@@ -233,6 +233,7 @@ class BlockCache:
             "kv_bits": self.kv_bits,
             "hit_rate": round(self.stats.hit_rate, 3),
             "memory_mb": round(tree.nbytes / 1024**2, 3),
+            "memory_bytes": tree.nbytes,
             "budget_mb": round(self.budget_bytes / 1024**2, 1),
             "hits": self.stats.hits,
             "misses": self.stats.lookups - self.stats.hits,

@@ -231,6 +231,7 @@ class EntryCache:
             "kv_bits": None,
             "hit_rate": round(self.stats.hit_rate, 3),
             "memory_mb": round(self.nbytes / 1024**2, 3),
+            "memory_bytes": self.nbytes,
             "budget_mb": round(self.budget_bytes / 1024**2, 1),
             "hits": self.stats.hits,
             "misses": self.stats.lookups - self.stats.hits,

@@ -70,7 +70,9 @@ class Scheduler:
         # A sharded model's other ranks replay what changes the batch (engine/lockstep.py).
         self.lockstep = lockstep or Lockstep()
         # Blocks or whole sequences (cache_setup.py); the engine brings one with a disk tier.
-        self.cache = cache or make_prefix_cache(model, options, distributed=self.lockstep.distributed)
+        self.cache = (
+            cache if cache is not None else make_prefix_cache(model, options, distributed=self.lockstep.distributed)
+        )
         self.cache.on_drop = self.lockstep.dropped
         self.inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
         self.waiting: deque[Sequence] = deque()

@@ -362,6 +362,8 @@ def runtime_fields(slot: Slot) -> dict:
             "tokens_per_s",
             "cache_mb",
             "cache_budget_mb",
+            "cache_disk_mb",
+            "cache_disk_budget_mb",
             "embedding_model",
             "embedding_requests",
             "embedding_inputs",

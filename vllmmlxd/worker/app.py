@@ -228,12 +228,20 @@ def load(engine: Engine, mcp: McpHub | None = None) -> dict:
         "tokens_per_s": engine.stats.tokens_per_second(),
         "cache_mb": cache["memory_mb"],
         "cache_budget_mb": cache["budget_mb"],
+        **_disk_load(cache.get("disk")),
         **_embedding_load(getattr(engine, "embedder", None)),
         **({"vision": True} if engine.info.vision else {}),
         **({"speculative": spec} if (spec := speculation_of(engine)) else {}),
         **({"distributed": dist} if (dist := distributed_of(engine)) else {}),
         **({"mcp": mcp.status()} if mcp is not None and mcp.servers else {}),
     }
+
+
+def _disk_load(disk: dict | None) -> dict:
+    """The prefix cache's disk tier's use against its budget, for ``vllmmlxctl status``; nothing without one."""
+    if not disk or "used_mb" not in disk:
+        return {}
+    return {"cache_disk_mb": disk["used_mb"], "cache_disk_budget_mb": disk["budget_mb"]}
 
 
 def speculation_of(engine: Engine) -> dict | None:

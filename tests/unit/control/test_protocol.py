@@ -103,6 +103,8 @@ def test_status_json_has_exactly_the_documented_keys():
             "tokens_per_s",
             "cache_mb",
             "cache_budget_mb",
+            "cache_disk_mb",
+            "cache_disk_budget_mb",
             "load",
             "idle_unload_s",
             "idle_s",

@@ -320,3 +320,19 @@ def test_a_block_whose_arrays_do_not_fit_is_a_miss_and_goes(disk):
     fresh.ops.from_tensors = cache.ops.from_tensors
     assert fresh.lookup(list(range(1, 10))).hit_type == "none"
     assert disk.flush() and disk.stats.removed == 1 and disk.stats.rejected == 1
+
+
+def test_a_damaged_block_in_the_middle_of_a_chain_ends_the_hit_there(disk):
+    cache = make(block=4, disk=disk)
+    tokens = list(range(1, 14))  # three full blocks and a partial one
+    put(cache, tokens)
+    assert disk.flush() and disk.stats.written == 3
+    second = cache.tree.exact(cache.tree.nodes[1].key + cache.tree.nodes[2].key)[0][1]
+    path = disk.path(second.digest.hex())
+    path.write_bytes(path.read_bytes()[:-1])  # truncated
+    fresh = make(block=4, disk=disk)
+    hit = fresh.lookup(tokens)
+    assert hit.cached_tokens == 4 and hit.cache == [tokens[:4]]  # the first block, then a prefill
+    assert disk.flush() and not path.exists() and disk.stats.rejected == 1
+    put(fresh, tokens)  # the next insert writes it again, whole
+    assert disk.flush() and path.exists() and make(block=4, disk=disk).lookup(tokens).cached_tokens == 12
