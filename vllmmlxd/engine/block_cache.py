@@ -186,7 +186,7 @@ class BlockCache:
             return
         for node in nodes:
             name = node.digest.hex()
-            if node.tokens < self.block or node.on_disk or self.disk.known(name):
+            if node.tokens < self.block or node.on_disk or self.disk.known(name) or not self.disk.room(node.nbytes):
                 continue
             assert node.parent is not None
             meta = {"parent": node.parent.digest.hex(), "tokens": node.key.hex(), "fingerprint": self.disk.fingerprint}

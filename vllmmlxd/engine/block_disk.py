@@ -124,11 +124,18 @@ class DiskStore:
         self._rejected.append(name)
         self._jobs.put(("wake",))
 
+    def room(self, nbytes: int) -> bool:
+        """Whether the writer can take ``nbytes`` more now; counts a drop when it cannot (asked before
+        the host copy is made, so a writer that fell behind costs the engine thread nothing)."""
+        if self._handed - self._done + nbytes > self.queue_bytes:
+            self.stats.dropped += 1
+            return False
+        return True
+
     def put(self, name: str, tensors: dict[str, Tensor], metadata: dict[str, str]) -> bool:
         """Hand a block's bytes to the writer; False (dropped) when it is too far behind."""
         size = sum(t.nbytes for t in tensors.values())
-        if self._handed - self._done + size > self.queue_bytes:
-            self.stats.dropped += 1
+        if not self.room(size):
             return False
         self._handed += size
         self._jobs.put(("write", name, tensors, metadata, size))
