@@ -137,6 +137,8 @@ class BlockCache:
             self.disk.reject(name, str(exc))
             return None
         self._fetched += 1
+        for leaf in self.tree.partial_starts(parent, chunk):
+            self._remove(leaf)  # a partial block this one extends: replaced, as an insert does
         return self.tree.add(parent, chunk, block, self.ops.nbytes(block), on_disk=True)
 
     # -- insert -----------------------------------------------------------

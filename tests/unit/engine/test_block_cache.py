@@ -336,3 +336,12 @@ def test_a_damaged_block_in_the_middle_of_a_chain_ends_the_hit_there(disk):
     assert disk.flush() and not path.exists() and disk.stats.rejected == 1
     put(fresh, tokens)  # the next insert writes it again, whole
     assert disk.flush() and path.exists() and make(block=4, disk=disk).lookup(tokens).cached_tokens == 12
+
+
+def test_a_block_read_back_replaces_the_partial_block_it_extends(disk):
+    put(make(block=4, disk=disk), list(range(1, 9)))
+    assert disk.flush()
+    fresh = make(block=4, disk=disk)
+    put(fresh, [1, 2, 3, 4, 5, 6])  # the first block, and a partial [5, 6]
+    hit = fresh.lookup(list(range(1, 10)))
+    assert hit.cached_tokens == 8 and len(fresh) == 2 and fresh.tree.tokens == 8
