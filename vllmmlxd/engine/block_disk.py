@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..log import log_event
-from ..paths import ensure_private_dir
 from .block_file import BlockFileError, Tensor, decode, encode
 
 logger = logging.getLogger("vllmmlxd.engine")
@@ -70,8 +69,8 @@ class DiskStore:
         self.queue_bytes = queue_bytes
         self.rescan_s = rescan_s
         self.stats = DiskStats()
-        ensure_private_dir(self.root)
-        self.dir.mkdir(mode=0o700, exist_ok=True)
+        # Created private; an existing directory is left as it is (it may be one the user shares).
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         # The writer's state: the files it knows and their sizes, an LRU heap by mtime, the total.
         self._index: dict[str, int] = {}
         self._heap: list[tuple[float, str]] = []
@@ -181,15 +180,24 @@ class DiskStore:
                 self._remove(self._rejected.popleft(), counted=True)
             if job is None:
                 return
-            kind = job[0]
-            if kind == "write":
-                _, name, tensors, metadata, size = job
+            try:
+                self._do(job)
+            except Exception as exc:  # the tier is an optimisation: a surprise costs a block, not the writer
+                self.stats.errors += 1
+                log_event(logger, "cache.disk_error", logging.WARNING, error=repr(exc))
+
+    def _do(self, job: tuple) -> None:
+        kind = job[0]
+        if kind == "write":
+            _, name, tensors, metadata, size = job
+            try:
                 self._write(name, tensors, metadata)
+            finally:
                 self._done += size
-            elif kind == "flush":
-                job[1].set()
-            if time.monotonic() - self._scanned_at > self.rescan_s:
-                self._scan()
+        elif kind == "flush":
+            job[1].set()
+        if time.monotonic() - self._scanned_at > self.rescan_s:
+            self._scan()
 
     def _scan(self) -> None:
         """Every block file's size and mtime, from the directory itself; stale temporary files removed."""

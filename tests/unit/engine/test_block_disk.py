@@ -163,3 +163,15 @@ def test_decode_refuses_what_encode_did_not_write():
         decode(damage_data(raw))
     with pytest.raises(BlockFileError):
         decode(raw + b"extra")
+
+
+def test_a_directory_given_is_used_as_it_is_and_its_own_subdirectory_is_private(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    disk = DiskStore(shared, FINGERPRINT, 10**9)
+    try:
+        assert shared.stat().st_mode & 0o777 == 0o755  # never tightened: it may be the user's own
+        assert disk.dir.stat().st_mode & 0o777 == 0o700
+    finally:
+        disk.close()
