@@ -62,6 +62,7 @@ def state_dir() -> Path:
 # file handed out last runs on while the other processes have nothing left. The longest go first;
 # the rest keep their order (the many short unit files fill the end).
 LONGEST_FILES = {
+    "tests/e2e/test_daemon_cache_disk.py": 170,  # SmolLM2's cold prefill of 2,000 tokens: ~70 s alone (2026-12-02)
     "tests/e2e/test_daemon_sharded.py": 90,
     "tests/e2e/test_daemon_reload.py": 90,
     "tests/integration/test_openai_api.py": 90,
@@ -80,6 +81,7 @@ LONGEST_FILES = {
     "tests/e2e/test_daemon_mcp.py": 25,
     "tests/integration/test_smollm2.py": 40,
     "tests/integration/test_kv_admission.py": 65,  # tiny 18 s, then SmolLM2's 47 s (2026-12-02, alone)
+    "tests/integration/test_prefix_blocks.py": 30,
 }
 
 

@@ -94,9 +94,23 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--use-paged-cache",
-        action="store_true",
-        help="accepted for reference command lines: the prefix cache is always on",
+        action=argparse.BooleanOptionalAction,
+        help="the prefix cache holds KV in 32-token blocks, a shared start held once (default); "
+        "--no-use-paged-cache: one copy of each whole sequence",
     )
+    p.add_argument(
+        "--cache-disk-dir",
+        metavar="DIR",
+        help="write the prefix cache's blocks to disk too, here (off unless this or --cache-disk-budget-gb is given)",
+    )
+    p.add_argument(
+        "--cache-disk-budget-gb",
+        type=float,
+        metavar="GB",
+        help="the disk tier's budget for this model (default 20; alone: in the state directory's kv-cache/)",
+    )
+    p.add_argument("--kv-bits", type=int, choices=(4, 8), help="the prefix cache holds KV quantized to this many bits")
+    p.add_argument("--kv-group-size", type=int, choices=(32, 64, 128), help="--kv-bits: values per scale (default 64)")
     # Later features: accepted as flags so the config's validation refuses them with a clear message.
     p.add_argument(
         "--enable-auto-tool-choice",
@@ -195,6 +209,8 @@ _PASSED_THROUGH = (
     "cache_memory_mb",
     "cache_memory_percent",
     "max_kv_memory_mb",
+    "kv_bits",
+    "kv_group_size",
     "mcp_config",
     "reasoning_parser",
     "embedding_model",
@@ -258,6 +274,9 @@ def serve_config(args):
     from .config.schema import ResolvedModel
 
     given = {key: getattr(args, key) for key in _PASSED_THROUGH if getattr(args, key) is not None}
+    if args.cache_disk_dir is not None or args.cache_disk_budget_gb is not None:
+        disk = {"dir": args.cache_disk_dir, "budget_gb": args.cache_disk_budget_gb}
+        given["cache_disk"] = {k: v for k, v in disk.items() if v is not None}
     if args.speculative:
         chosen = {
             "num_draft": args.num_draft,

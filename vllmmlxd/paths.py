@@ -47,6 +47,11 @@ def downloads_dir(state_dir: Path) -> Path:
     return state_dir / "downloads"
 
 
+def kv_cache_dir(state_dir: Path) -> Path:
+    """The prefix cache's disk tier when an entry names no ``cache_disk.dir``: one per fingerprint inside."""
+    return state_dir / "kv-cache"
+
+
 def ensure_private_dir(path: Path) -> Path:
     """Create ``path`` (and its parents) as 0700; tighten it to 0700 when it exists and is ours.
 

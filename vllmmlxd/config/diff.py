@@ -45,7 +45,6 @@ LIVE_FIELDS = frozenset(
         *IMAGE_FIELDS,
         "stored_responses",
         "stored_responses_mb",
-        "use_paged_cache",
         "api_keys",
         "key_grants",
         "tokens_per_minute",

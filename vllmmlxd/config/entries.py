@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 from pydantic import Discriminator, Field, SecretStr, Tag, field_validator, model_validator
 
 from .base import Strict as _Strict
+from .cache import CacheDiskConfig
 from .distributed import DistributedConfig, distributed_problem
 from .keys import DIGEST_PREFIX, SHA256_RE, KeyGrant, check_rate, key_digest
 from .mcp import MCP_TOOL_SEPARATOR, McpServerConfig, load_mcp_file
@@ -204,7 +205,11 @@ class ModelConfig(EntryConfig):
     continuous_batching: bool = Field(True, description="decode many requests together; false: one at a time")
     max_num_seqs: int = Field(16, ge=1, le=1024, description="requests decoded together at most (then they queue)")
     prefill_step_size: int = Field(512, ge=16, le=65536, description="prompt tokens prefilled in one step at most")
-    use_paged_cache: bool = Field(False, description="accepted for reference configs: the prefix cache is always on")
+    use_paged_cache: bool = Field(
+        True,
+        description="the prefix cache holds KV in 32-token blocks in a prefix tree, a shared start held once; "
+        "false: one copy of each whole sequence",
+    )
     cache_memory_mb: int | None = Field(
         None, ge=0, description="prefix cache budget in MB (0: no cache); unset: cache_memory_percent"
     )
@@ -217,6 +222,15 @@ class ModelConfig(EntryConfig):
         description="KV cache of running requests in MB at most (requests wait for room, or 400 when one never "
         "fits); unset: what the machine has left after the weights, the prefix cache and a margin",
     )
+    cache_disk: CacheDiskConfig | None = Field(
+        None,
+        description="write the prefix cache's blocks to disk too, found again after a restart, a swap or a reboot "
+        "(off by default)",
+    )
+    kv_bits: Literal[4, 8] | None = Field(
+        None, description="the prefix cache holds KV quantized to this many bits (memory and disk); unset: as computed"
+    )
+    kv_group_size: Literal[32, 64, 128] = Field(64, description="kv_bits: values that share one scale and bias")
     reasoning_parser: str | None = Field(
         None, description="qwen3 or deepseek_r1: return reasoning apart from the answer"
     )

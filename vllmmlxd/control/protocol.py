@@ -166,6 +166,8 @@ class ModelStatus(_Wire):
     cache_budget_mb: float | None = None  # ...against its budget
     # The KV budget of running requests: budget_mb, reserved_mb, held_mb, running, waiting (for room).
     kv: dict | None = None
+    cache_disk_mb: float | None = None  # its disk tier's use (None: no disk tier)...
+    cache_disk_budget_mb: float | None = None  # ...against its budget
     embedding_model: str | None = None  # the embedding model it serves on /v1/embeddings, if any
     embedding_requests: int | None = None  # embedding requests answered
     embedding_inputs: int | None = None  # inputs embedded

@@ -174,10 +174,14 @@ def _or_dash(value: object) -> str:
 
 
 def _cache(m: ModelStatus) -> str:
-    """The prefix cache's use against its budget: ``12/4821M``."""
+    """The prefix cache's use against its budget, and its disk tier's when it has one: ``12/4821M+1.2/20G``."""
     if m.cache_mb is None or m.cache_budget_mb is None:
         return "-"
-    return f"{m.cache_mb:g}/{m.cache_budget_mb:g}M"
+    memory = f"{m.cache_mb:g}/{m.cache_budget_mb:g}M"
+    disk, budget = getattr(m, "cache_disk_mb", None), getattr(m, "cache_disk_budget_mb", None)
+    if disk is None or budget is None:
+        return memory
+    return f"{memory}+{disk / 1024:.3g}/{budget / 1024:g}G"
 
 
 def _blas_lines(models: Sequence[ModelStatus]) -> list[str]:

@@ -29,8 +29,10 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
+from .prefix_cache import Piece
+
 FRAME_BYTES = 8192
-PROTOCOL = 1
+PROTOCOL = 2  # 2: the prefix cache's pieces (blocks) in ins and put
 _HEADER = struct.Struct("<4sBBxxIIII")  # magic, protocol, kind, seq, body length, overflow length, crc32
 _MAGIC = b"VMXL"
 # While idle, rank 0 sends a frame this often (a lost rank is noticed while idle too), and the
@@ -139,11 +141,11 @@ class Lockstep:
     def wrap(self, model: Any) -> Any:
         return model
 
-    def inserted(self, uid: int, suffix: list[int], cached: int, entry: int | None, max_tokens: int) -> None: ...
+    def inserted(self, uid: int, suffix: list[int], cached: int, source: list[int] | None, max_tokens: int) -> None: ...
     def removed(self, uids: list[int], keep: bool) -> None: ...
     def extracted(self, uids: list[int]) -> None: ...
     def finished(self, uids: list[int]) -> None: ...
-    def stored(self, uid: int, entry: int, tokens: int) -> None: ...
+    def stored(self, uid: int, pieces: list[Piece]) -> None: ...
     def dropped(self, entry: int) -> None: ...
     def step(self, prefill_step_size: int) -> None: ...
     def idle(self) -> None: ...
@@ -171,8 +173,8 @@ class Leader(Lockstep):
     def wrap(self, model: Any) -> Any:
         return FollowRankZero(model, self.link)
 
-    def inserted(self, uid: int, suffix: list[int], cached: int, entry: int | None, max_tokens: int) -> None:
-        self.ops.append(["ins", uid, suffix, cached, entry, max_tokens])
+    def inserted(self, uid: int, suffix: list[int], cached: int, source: list[int] | None, max_tokens: int) -> None:
+        self.ops.append(["ins", uid, suffix, cached, source, max_tokens])
 
     def removed(self, uids: list[int], keep: bool) -> None:
         self.ops.append(["rm", uids, keep])
@@ -184,8 +186,8 @@ class Leader(Lockstep):
         if uids:
             self.ops.append(["fin", uids])
 
-    def stored(self, uid: int, entry: int, tokens: int) -> None:
-        self.ops.append(["put", uid, entry, tokens])
+    def stored(self, uid: int, pieces: list[Piece]) -> None:
+        self.ops.append(["put", uid, [list(p) for p in pieces]])
 
     def dropped(self, entry: int) -> None:
         self.ops.append(["drop", entry])

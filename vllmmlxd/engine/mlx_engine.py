@@ -24,6 +24,7 @@ from ..log import log_event
 from ..parsers.reasoning import make_reasoning_parser
 from ..parsers.tools import tool_parser_class
 from ..parsers.tools.instructions import calls_as_text, with_tool_instructions
+from .cache_setup import make_prefix_cache
 from .constraint import Grammars
 from .detokenize import IncrementalDetokenizer
 from .kv_budget import KvBudget, default_limit, explicit_limit
@@ -135,6 +136,7 @@ class MLXEngine:
         self._lock = threading.Lock()
         if draft is not None:
             check_draft_model(draft, loaded)
+        distributed = lockstep is not None and lockstep.distributed
         self._scheduler = Scheduler(
             self.model,
             self._eos,
@@ -143,6 +145,8 @@ class MLXEngine:
             lockstep,
             vision=loaded.vision.model if loaded.vision else None,
             draft=draft.model if draft is not None else None,
+            # The disk tier (if any) is keyed by the weights the model was loaded from.
+            cache=make_prefix_cache(self.model, self.options, distributed=distributed, weights=loaded.path),
         )
         self._scheduler.on_admit = self._admitted
         self._held_at_start = mx.get_active_memory()  # the weights (and draft, embedder): what a default budget leaves

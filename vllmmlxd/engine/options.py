@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..config.schema import ModelConfig
+from ..paths import kv_cache_dir
 from .kv_budget import explicit_limit
 from .speculative import SpeculationOptions
 
@@ -16,6 +18,11 @@ class EngineOptions:
     max_queue: int = 64  # admitted but not yet running; past that, 503
     prefill_step_size: int = 512  # prompt tokens per sequence per step at most
     cache_budget_bytes: int = 0  # the prefix cache's hard budget; 0: no cache
+    paged_cache: bool = True  # the prefix cache in blocks (block_cache.py); False: whole sequences
+    cache_disk_dir: Path | None = None  # the prefix cache's disk tier; None: off
+    cache_disk_budget_bytes: int = 0
+    kv_bits: int | None = None  # the prefix cache holds KV quantized to this many bits
+    kv_group_size: int = 64
     reasoning_parser: str | None = None  # qwen3, deepseek_r1: reasoning apart from the answer
     tool_call_parser: str = "auto"  # the tool-call family; auto: from the chat template, else hermes
     speculative: SpeculationOptions | None = None  # draft and verify inside the batch; None: off
@@ -29,19 +36,31 @@ class EngineOptions:
         return self.max_num_seqs if self.continuous_batching else 1
 
 
-def engine_options(config: ModelConfig, physical_memory_bytes: int, memory_source: str = "") -> EngineOptions:
-    """The options of the entry ``config``; the cache budget in MB wins over the percent of memory."""
+def engine_options(
+    config: ModelConfig, physical_memory_bytes: int, memory_source: str = "", state_dir: Path | None = None
+) -> EngineOptions:
+    """The options of the entry ``config``; the cache budget in MB wins over the percent of memory.
+    ``state_dir`` holds the disk tier's default directory."""
     if config.cache_memory_mb is not None:
         budget = config.cache_memory_mb * 1024 * 1024
     else:
         budget = int(config.cache_memory_percent * physical_memory_bytes)
     kv, kv_source = explicit_limit(config.max_kv_memory_mb) if config.max_kv_memory_mb is not None else (None, "")
+    disk = config.cache_disk
+    disk_dir = None
+    if disk is not None:
+        disk_dir = Path(disk.dir).expanduser() if disk.dir else kv_cache_dir(state_dir) if state_dir else None
     return EngineOptions(
         continuous_batching=config.continuous_batching,
         max_num_seqs=config.max_num_seqs,
         max_queue=config.max_queue,
         prefill_step_size=config.prefill_step_size,
         cache_budget_bytes=budget,
+        paged_cache=config.use_paged_cache,
+        cache_disk_dir=disk_dir,
+        cache_disk_budget_bytes=int(disk.budget_gb * 1024**3) if disk is not None else 0,
+        kv_bits=config.kv_bits,
+        kv_group_size=config.kv_group_size,
         reasoning_parser=config.reasoning_parser,
         tool_call_parser=config.tool_call_parser,
         speculative=speculation_of(config),

@@ -1,16 +1,18 @@
-"""The prefix cache: KV of earlier requests, reused by later ones, under a hard byte budget.
+"""The prefix cache's shared terms, and its whole-entry variant for KV that cannot be cut into blocks.
 
-Each entry is the KV cache of one whole token sequence (a finished request, or a prompt
-just prefilled), stored as a compact private copy. A lookup finds the entry that covers
-the longest start of the new prompt: an *exact* hit (the same tokens), a *prefix* hit (the
-entry is a start of the prompt: a resent chat history) or an *lcp* hit (the two share a
-longest common prefix, and the entry is trimmed back to it). The caller gets its own copy
-of just that prefix, so nothing a running request uses is ever evicted: stored entries
-are evicted least recently used first, until the real bytes of the stored arrays fit the
-budget.
+Two caches answer the scheduler through one interface (``PromptCache``): the block cache
+(``block_cache.py``: plain attention KV in fixed-size token blocks in a prefix tree, shared
+between conversations, with a disk tier) and ``EntryCache`` here, which stores each sequence's
+KV whole: the path for caches that cannot be split by position (mlx-lm's RotatingKVCache, an
+SSM's ArraysCache, anything not trimmable), and what ``use_paged_cache: false`` asks for.
 
-Pure bookkeeping: the KV operations (copy a prefix, bytes) come from ``engine.kv`` and
-can be replaced in unit tests.
+A lookup answers the longest cached start of a prompt: an *exact* hit (the same tokens), a
+*prefix* hit (a stored sequence is a start of the prompt: a resent chat history) or an *lcp*
+hit (the two share a longest common prefix, cut back to it). The caller gets its own copy of
+just that prefix, so nothing a running request uses is ever evicted; stored KV is evicted least
+recently used first, until the real bytes of the stored arrays fit the budget.
+
+Pure bookkeeping: the KV operations come from ``engine.kv`` and are replaced in unit tests.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from typing import Any, Callable, Literal, Protocol
 import numpy as np
 
 HitType = Literal["exact", "prefix", "lcp", "none"]
+# One piece of KV a cache kept from a sequence: (id, first position, end position). A sharded
+# entry's other ranks cut the same pieces from their own share of the sequence (engine/replay.py).
+Piece = tuple[int, int, int]
+# Whole entries at most: a lookup or insert scans them all (1.7 ms at 1,000 on the engine thread),
+# so this bounds what the whole-entry cache costs a request; the block cache does not scan.
+MAX_ENTRIES = 1024
 
 
 class KVOps(Protocol):
@@ -45,7 +53,49 @@ class CacheHit:
     cache: list[Any] | None  # a private copy to continue from, or None on a miss
     cached_tokens: int
     hit_type: HitType
-    entry: int | None = None  # the id of the entry it was copied from
+    source: tuple[int, ...] = ()  # the ids of the entry or blocks it was copied from, in order
+
+
+@dataclass
+class CacheStats:
+    lookups: int = 0
+    hits: int = 0
+    cached_tokens: int = 0
+    inserts: int = 0
+    evictions: int = 0
+    too_large: int = 0  # sequences bigger than the whole budget, never stored
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+class PromptCache(Protocol):
+    """What the scheduler asks of a prefix cache (``EntryCache`` or ``block_cache.BlockCache``)."""
+
+    budget_bytes: int
+    stats: CacheStats
+    on_drop: Callable[[int], None]
+
+    @property
+    def enabled(self) -> bool: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+    def lookup(self, tokens: list[int]) -> CacheHit: ...
+
+    def insert(self, tokens: list[int], cache: list[Any], *, owned: bool = False) -> list[Piece] | None: ...
+
+    def begin_step(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def describe(self) -> dict: ...
 
 
 @dataclass
@@ -58,23 +108,12 @@ class _Entry:
 
 
 @dataclass
-class CacheStats:
-    lookups: int = 0
-    hits: int = 0
-    cached_tokens: int = 0
-    inserts: int = 0
-    evictions: int = 0
-    too_large: int = 0  # entries bigger than the whole budget, never stored
+class EntryCache:
+    """Whole sequences' KV, one compact private copy each; every operation scans the entries."""
 
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.lookups if self.lookups else 0.0
-
-
-@dataclass
-class PrefixCache:
     budget_bytes: int
     ops: KVOps
+    max_entries: int = MAX_ENTRIES
     stats: CacheStats = field(default_factory=CacheStats)
 
     def __post_init__(self) -> None:
@@ -85,6 +124,7 @@ class PrefixCache:
         self.on_drop: Callable[[int], None] = lambda entry: None
         self._clock = itertools.count()
         self.nbytes = 0
+        self.tokens = 0
 
     @property
     def enabled(self) -> bool:
@@ -92,6 +132,12 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def begin_step(self) -> None:
+        """Nothing to pin: a hit is a private copy, and an entry is evicted whole."""
+
+    def close(self) -> None:
+        """Nothing runs beside it."""
 
     def lookup(self, tokens: list[int]) -> CacheHit:
         """The longest cached start of ``tokens`` (at most all but the last token, which must be fed)."""
@@ -122,10 +168,10 @@ class PrefixCache:
         entry.used = next(self._clock)
         self.stats.hits += 1
         self.stats.cached_tokens += usable
-        return CacheHit(self.ops.copy_prefix(entry.cache, usable), usable, kind, key)
+        return CacheHit(self.ops.copy_prefix(entry.cache, usable), usable, kind, (key,))
 
-    def insert(self, tokens: list[int], cache: list[Any], *, owned: bool = False) -> int | None:
-        """Store the KV of ``tokens``; returns the new entry's id, or None when it is not kept.
+    def insert(self, tokens: list[int], cache: list[Any], *, owned: bool = False) -> list[Piece] | None:
+        """Store the KV of ``tokens``; returns the new entry as its one piece, or None when it is not kept.
 
         The cache is copied, unless ``owned`` says it is a fresh extraction nobody else holds.
         """
@@ -154,21 +200,24 @@ class PrefixCache:
         key = next(self._ids)
         self._entries[key] = _Entry(query, stored, size, trimmable, next(self._clock))
         self.nbytes += size
+        self.tokens += len(query)
         self.stats.inserts += 1
         self._evict()
-        return key if key in self._entries else None
+        return [(key, 0, len(query))] if key in self._entries else None
 
     def clear(self) -> None:
         for key in list(self._entries):
             self._drop(key)
 
     def _evict(self) -> None:
-        while self.nbytes > self.budget_bytes and self._entries:
+        while (self.nbytes > self.budget_bytes or len(self._entries) > self.max_entries) and self._entries:
             self._drop(min(self._entries, key=lambda k: self._entries[k].used))
             self.stats.evictions += 1
 
     def _drop(self, key: int) -> None:
-        self.nbytes -= self._entries.pop(key).nbytes
+        entry = self._entries.pop(key)
+        self.nbytes -= entry.nbytes
+        self.tokens -= len(entry.tokens)
         self.on_drop(key)
 
     def describe(self) -> dict:
@@ -176,13 +225,19 @@ class PrefixCache:
         return {
             "type": "prefix_lru",
             "entries": len(self._entries),
+            "max_entries": self.max_entries,
+            "tokens": self.tokens,
+            "kv_bytes_per_token": round(self.nbytes / self.tokens, 1) if self.tokens else None,
+            "kv_bits": None,
             "hit_rate": round(self.stats.hit_rate, 3),
             "memory_mb": round(self.nbytes / 1024**2, 3),
+            "memory_bytes": self.nbytes,
             "budget_mb": round(self.budget_bytes / 1024**2, 1),
             "hits": self.stats.hits,
             "misses": self.stats.lookups - self.stats.hits,
             "cached_tokens": self.stats.cached_tokens,
             "evictions": self.stats.evictions,
+            "disk": None,
         }
 
 

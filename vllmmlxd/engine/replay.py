@@ -1,7 +1,8 @@
 """A rank other than 0: replays rank 0's batch on its own share of the model.
 
 Each frame's ops are applied in order to this rank's BatchGenerator and to its copies of rank
-0's prefix-cache entries (its own share of the KV, under rank 0's entry ids); a STEP frame
+0's prefix-cache pieces (blocks, or whole entries: its own share of the KV, cut from the same
+positions of the same sequences, under rank 0's ids); a STEP frame
 then steps the batch, whose forward pass runs the model's collectives with the other ranks.
 Nothing here decides: any op that does not fit this rank's state means the ranks disagree,
 and the rank exits (its worker is restarted as a whole).
@@ -15,7 +16,7 @@ from typing import Any, Callable
 
 from mlx_lm.generate import BatchGenerator
 
-from .kv import MLXKVOps
+from .cache_setup import make_kv_ops
 from .lockstep import Frame, Kind, Link, decode, encode
 from .options import EngineOptions
 from .scheduler import PREFILL_BATCH
@@ -32,14 +33,14 @@ class Replay:
         from .lockstep import FollowRankZero
 
         self.link = link
-        self.kv = ops or MLXKVOps()
+        self.kv = ops or make_kv_ops(model, options)  # the same kind of pieces as rank 0's cache
         self.gen = BatchGenerator(
             FollowRankZero(model, link),  # type: ignore[arg-type]  # the model's own surface, wrapped
             completion_batch_size=options.max_running,
             prefill_batch_size=min(options.max_running, PREFILL_BATCH),
             prefill_step_size=options.prefill_step_size,
         )
-        self.shadow: dict[int, list] = {}  # rank 0's prefix-cache entry id -> this rank's KV
+        self.shadow: dict[int, Any] = {}  # rank 0's prefix-cache piece id -> this rank's KV of it
         self.pending: dict[int, list] = {}  # caches taken from the batch, until rank 0 says what to keep
         self.running: set[int] = set()
         self.clock = clock
@@ -95,12 +96,13 @@ class Replay:
     def apply(self, op: list) -> None:
         name = op[0]
         if name == "ins":
-            _, uid, suffix, cached, entry, max_tokens = op
+            _, uid, suffix, cached, source, max_tokens = op
             caches = None
-            if entry is not None:
-                if entry not in self.shadow:
-                    raise Diverged(f"prefix-cache entry {entry} is not here")
-                caches = [self.kv.copy_prefix(self.shadow[entry], cached)]
+            if source:
+                missing = [i for i in source if i not in self.shadow]
+                if missing:
+                    raise Diverged(f"prefix-cache pieces {missing} are not here")
+                caches = [self.kv.join([self.shadow[i] for i in source], cached)]
             (got,) = self.gen.insert([suffix], max_tokens=[max_tokens], caches=caches)
             if got != uid:
                 raise Diverged(f"rank 0 inserted uid {uid}, this rank's batch gave {got}")
@@ -120,10 +122,12 @@ class Replay:
             if still:
                 self.apply(["rm", still, True])
         elif name == "put":
-            _, uid, entry, tokens = op
+            _, uid, pieces = op
             if uid not in self.pending:
                 raise Diverged(f"rank 0 kept the cache of uid {uid}, which this rank does not hold")
-            self.shadow[entry] = self.kv.adopt(self.pending.pop(uid), tokens)
+            cut = self.kv.cut(self.pending.pop(uid), [(start, end) for _, start, end in pieces])
+            for (piece, _, _), kv in zip(pieces, cut):
+                self.shadow[piece] = kv
         elif name == "drop":
             self.shadow.pop(op[1], None)
         else:

@@ -28,13 +28,13 @@ import numpy as np
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ..log import log_event
+from .cache_setup import make_prefix_cache
 from .constraint import Grammars
-from .kv import MLXKVOps
 from .kv_budget import GROWTH_STEP, KvBudget, KvLayout
 from .kv_probe import probe_layout
 from .lockstep import IDLE_FRAME_S, Lockstep
 from .options import EngineOptions
-from .prefix_cache import PrefixCache, common_prefix
+from .prefix_cache import PromptCache, common_prefix
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence
 from .speculative import RowDrafting, SpeculativeBatch, supports_speculation
@@ -62,6 +62,7 @@ class Scheduler:
         lockstep: Lockstep | None = None,
         vision: Any = None,
         draft: Any = None,
+        cache: PromptCache | None = None,
     ):
         self.model = model
         self.draft = draft  # speculative: the draft model, with method draft
@@ -70,7 +71,10 @@ class Scheduler:
         self.stats = stats
         # A sharded model's other ranks replay what changes the batch (engine/lockstep.py).
         self.lockstep = lockstep or Lockstep()
-        self.cache = PrefixCache(options.cache_budget_bytes, MLXKVOps())
+        # Blocks or whole sequences (cache_setup.py); the engine brings one with a disk tier.
+        self.cache = (
+            cache if cache is not None else make_prefix_cache(model, options, distributed=self.lockstep.distributed)
+        )
         self.cache.on_drop = self.lockstep.dropped
         self.inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
         self.waiting: deque[Sequence] = deque()
@@ -158,6 +162,7 @@ class Scheduler:
         one bounded prefill chunk, so a cancel is seen at the next round, within one chunk.
         """
         stopping = self._drain_inbox()
+        self.cache.begin_step()  # the blocks the last step's lookups used may be evicted again
         self._drop_cancelled()
         self._admit()
         if self.running or self.staged:
@@ -174,6 +179,7 @@ class Scheduler:
         self.staged.clear()
         self._post()
         self.lockstep.stop()
+        self.cache.close()  # the disk writer finishes what it was handed
 
     def _drain_inbox(self) -> bool:
         while True:
@@ -254,10 +260,11 @@ class Scheduler:
         if self.vision is not None and self.vision.needed(seq, hit.cached_tokens):
             self.staged.append(self.vision.stage(seq, hit.cache, hit.cached_tokens))
         else:
-            self._join(seq, hit.cache, hit.cached_tokens, hit.entry)
+            self._join(seq, hit.cache, hit.cached_tokens, hit.source)
 
-    def _join(self, seq: Sequence, cache: list | None, cached: int, entry: int | None) -> None:
-        """Put ``seq`` in the batch, its first ``cached`` tokens' KV in ``cache``."""
+    def _join(self, seq: Sequence, cache: list | None, cached: int, source: tuple[int, ...]) -> None:
+        """Put ``seq`` in the batch, its first ``cached`` tokens' KV in ``cache`` (joined from the
+        prefix cache's ``source`` entry or blocks; empty when it was prefilled elsewhere)."""
         prompt, params = seq.prompt, seq.request.sampling
         stops = StopSequences(None if params.ignore_eos else [[t] for t in sorted(self.eos_ids)])
         processors = make_processors(params)
@@ -275,7 +282,7 @@ class Scheduler:
             logits_processors=[processors],
             stop_sequences=[stops],
         )
-        self.lockstep.inserted(uid, list(prompt[cached:]), cached, entry, params.max_tokens)
+        self.lockstep.inserted(uid, list(prompt[cached:]), cached, list(source) or None, params.max_tokens)
         seq.uid, seq.base = uid, cached
         self.running[uid] = seq
         if self.spec is not None:
@@ -296,7 +303,7 @@ class Scheduler:
                 seq.progress.prefilled_tokens = staged.pos
                 if staged.pos >= staged.end:
                     self.staged.remove(staged)
-                    self._join(seq, staged.cache, staged.pos, None)
+                    self._join(seq, staged.cache, staged.pos, ())
             except Exception as exc:  # one bad image must not take the batch down
                 log_event(logger, "engine.error", logging.ERROR, request_id=seq.request.request_id, error=repr(exc))
                 if staged in self.staged:
@@ -421,16 +428,14 @@ class Scheduler:
         assert seq.uid is not None  # only what ran in the batch has KV to keep
         uid = seq.uid
         try:
-            entry = self.cache.insert(
-                seq.cache_key(tokens), cache, owned=True
-            )  # extracted from the batch: fresh copies
+            pieces = self.cache.insert(seq.cache_key(tokens), cache, owned=True)  # extracted: fresh copies
         except Exception as exc:  # the cache is an optimisation: never fail a request over it
             log_event(logger, "cache.error", logging.WARNING, error=repr(exc))
             if self.lockstep.distributed:
                 raise  # entries dropped on the way were dropped on every rank: the ranks disagree now
             return
-        if entry is not None:
-            self.lockstep.stored(uid, entry, len(tokens))
+        if pieces:
+            self.lockstep.stored(uid, pieces)
 
     def _retire(
         self, seq: Sequence, reason: FinishReason, error: str | None = None, *, kind: str | None = None

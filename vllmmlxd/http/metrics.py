@@ -50,7 +50,13 @@ _CACHE_COUNTERS = (
     ("vllmmlxd_prefix_cache_hits_total", "Prompts that took a start from the prefix cache.", "hits"),
     ("vllmmlxd_prefix_cache_misses_total", "Prompts that found nothing in the prefix cache.", "misses"),
     ("vllmmlxd_prefix_cache_cached_tokens_total", "Prompt tokens taken from the prefix cache.", "cached_tokens"),
-    ("vllmmlxd_prefix_cache_evictions_total", "Entries evicted to keep the budget.", "evictions"),
+    ("vllmmlxd_prefix_cache_evictions_total", "Blocks (or whole entries) evicted to keep the budget.", "evictions"),
+)
+_DISK_COUNTERS = (
+    ("vllmmlxd_prefix_cache_disk_hits_total", "Prompts that took blocks from the disk tier.", "hits"),
+    ("vllmmlxd_prefix_cache_disk_blocks_read_total", "Blocks read back from the disk tier.", "blocks_read"),
+    ("vllmmlxd_prefix_cache_disk_blocks_written_total", "Blocks written to the disk tier.", "blocks_written"),
+    ("vllmmlxd_prefix_cache_disk_rejected_total", "Block files refused when read (damaged or foreign).", "rejected"),
 )
 
 
@@ -102,8 +108,27 @@ class EngineCollector:
             cache["budget_mb"] * 1024**2,
         )
         yield self._family(
-            GaugeMetricFamily, "vllmmlxd_prefix_cache_entries", "Sequences in the prefix cache.", cache["entries"]
+            GaugeMetricFamily,
+            "vllmmlxd_prefix_cache_entries",
+            "Blocks (or whole sequences) in the prefix cache.",
+            cache["entries"],
         )
+        disk = cache.get("disk")
+        if disk and "used_mb" in disk:  # only entries with a disk tier have these
+            for name, doc, key in _DISK_COUNTERS:
+                yield self._family(CounterMetricFamily, name, doc, disk[key])
+            yield self._family(
+                GaugeMetricFamily,
+                "vllmmlxd_prefix_cache_disk_bytes",
+                "Bytes of block files in the disk tier.",
+                disk["used_mb"] * 1024**2,
+            )
+            yield self._family(
+                GaugeMetricFamily,
+                "vllmmlxd_prefix_cache_disk_budget_bytes",
+                "The disk tier's byte budget.",
+                disk["budget_mb"] * 1024**2,
+            )
         yield from self._kv()
         yield from self._speculation()
         yield from self._distributed()

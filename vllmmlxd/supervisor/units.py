@@ -363,6 +363,8 @@ def runtime_fields(slot: Slot) -> dict:
             "cache_mb",
             "cache_budget_mb",
             "kv",
+            "cache_disk_mb",
+            "cache_disk_budget_mb",
             "embedding_model",
             "embedding_requests",
             "embedding_inputs",

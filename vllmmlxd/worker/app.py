@@ -232,6 +232,7 @@ def load(engine: Engine, mcp: McpHub | None = None) -> dict:
         "tokens_per_s": engine.stats.tokens_per_second(),
         "cache_mb": cache["memory_mb"],
         "cache_budget_mb": cache["budget_mb"],
+        **_disk_load(cache.get("disk")),
         **_embedding_load(getattr(engine, "embedder", None)),
         **({"vision": True} if engine.info.vision else {}),
         **({"kv": _kv_load(kv)} if (kv := kv_of(engine)) else {}),
@@ -250,6 +251,13 @@ def kv_of(engine: Engine) -> dict | None:
 def _kv_load(kv: dict) -> dict:
     """What ``vllmmlxctl status`` shows of the KV budget."""
     return {key: kv.get(key) for key in ("budget_mb", "reserved_mb", "held_mb", "running", "waiting")}
+
+
+def _disk_load(disk: dict | None) -> dict:
+    """The prefix cache's disk tier's use against its budget, for ``vllmmlxctl status``; nothing without one."""
+    if not disk or "used_mb" not in disk:
+        return {}
+    return {"cache_disk_mb": disk["used_mb"], "cache_disk_budget_mb": disk["budget_mb"]}
 
 
 def speculation_of(engine: Engine) -> dict | None:

@@ -55,7 +55,7 @@ def follow(config, key: str, state_dir) -> int:
         pid=os.getpid(),
         load_s=round(time.perf_counter() - started, 2),
     )
-    options = engine_options(config, read_machine_memory(working_set=False).physical or 0)
+    options = engine_options(config, read_machine_memory(working_set=False).physical or 0, state_dir=state_dir)
     replay = Replay(loaded.model, options, RingLink(joined.group))
     try:
         replay.run()

@@ -122,7 +122,7 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path):
         return embeds
     embedder = load_embedder(config.embedding_model, state_dir) if config.embedding_model else None
     machine = read_machine_memory(working_set=False)  # Metal's working set: asked of mlx by the engine
-    options = engine_options(config, machine.physical or 0, machine.source)
+    options = engine_options(config, machine.physical or 0, machine.source, state_dir=state_dir)
     if config.distributed is not None:
         engine = _rank_zero_engine(config, key, state_dir, options)
     else:

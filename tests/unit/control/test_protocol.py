@@ -104,6 +104,8 @@ def test_status_json_has_exactly_the_documented_keys():
             "cache_mb",
             "cache_budget_mb",
             "kv",
+            "cache_disk_mb",
+            "cache_disk_budget_mb",
             "load",
             "idle_unload_s",
             "idle_s",

@@ -98,6 +98,9 @@ def test_load_columns():
     header, row = render_status(status(busy), now=AT).splitlines()[:2]
     cells = dict(zip(header.split(), row.split()))
     assert (cells["RUN"], cells["WAIT"], cells["TOK/S"], cells["CACHE"]) == ("3", "1", "41.5", "12.3/4821M")
+    disk = model("llama", cache_mb=12.3, cache_budget_mb=4821.0, cache_disk_mb=1300.0, cache_disk_budget_mb=20480.0)
+    header, row = render_status(status(disk), now=AT).splitlines()[:2]
+    assert dict(zip(header.split(), row.split()))["CACHE"] == "12.3/4821M+1.27/20G"  # and its disk tier
 
 
 def test_blas_columns_and_the_libraries_beneath():

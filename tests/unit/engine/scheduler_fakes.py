@@ -133,6 +133,7 @@ class Harness:
         model: CountingModel | None = None,
         vision: FakeVision | None = None,
         kv_bytes: int | None = None,
+        paged: bool = True,
     ):
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock()
@@ -144,6 +145,7 @@ class Harness:
             cache_budget_bytes=int(cache_mb * 1024 * 1024),
             kv_budget_bytes=kv_bytes,
             kv_budget_source="max_kv_memory_mb" if kv_bytes is not None else "",
+            paged_cache=paged,
         )
         self.scheduler = Scheduler(self.model, {EOS}, options, self.stats, lockstep, vision=vision)
         self.scheduler.clock = self.clock

@@ -1,4 +1,5 @@
-"""prefix_cache.py: which entry a prompt reuses, and the byte budget, with fake KV objects.
+"""prefix_cache.py's EntryCache (whole sequences): which entry a prompt reuses, the byte budget and
+the entry cap, with fake KV objects.
 
 The KV operations are stand-ins (a cache is a list of token ids and its size is 10 bytes a
 token), so these tests are about the bookkeeping; tests/integration runs the real thing.
@@ -10,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllmmlxd.engine.prefix_cache import PrefixCache, common_prefix
+from vllmmlxd.engine.prefix_cache import EntryCache, common_prefix
 
 BYTES_PER_TOKEN = 10
 
@@ -41,7 +42,7 @@ def kv(tokens):
 
 
 def make(budget_tokens=1000, trimmable=True):
-    return PrefixCache(budget_tokens * BYTES_PER_TOKEN, FakeKV(trimmable))
+    return EntryCache(budget_tokens * BYTES_PER_TOKEN, FakeKV(trimmable))
 
 
 def test_a_miss_then_an_exact_hit_keeps_the_last_token_to_feed():
@@ -101,6 +102,14 @@ def test_least_recently_used_entries_go_first():
     assert cache.lookup([2] * 4 + [0]).hit_type == "none"
     assert cache.lookup([1] * 4 + [0]).hit_type == "prefix"
     assert cache.stats.evictions == 1
+
+
+def test_the_number_of_entries_is_capped_too():
+    cache = EntryCache(10**9, FakeKV(), max_entries=3)
+    for i in range(5):
+        assert cache.insert([i, i], kv([i, i])) is not None
+    assert len(cache) == 3 and cache.stats.evictions == 2
+    assert cache.lookup([0, 0, 9]).hit_type == "none" and cache.lookup([4, 4, 9]).hit_type == "prefix"
 
 
 def test_an_entry_larger_than_the_whole_budget_is_never_stored():

@@ -19,6 +19,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from vllmmlxd.engine.block_cache import BlockCache
 from vllmmlxd.engine.lockstep import (
     FRAME_BYTES,
     Frame,
@@ -110,8 +111,18 @@ class Pair:
             raise self.error
 
     def assert_same_cache(self) -> None:
-        leader = self.h.scheduler.cache._entries
-        assert set(self.follower.shadow) == set(leader)
+        cache = self.h.scheduler.cache
+        if isinstance(cache, BlockCache):
+            blocks = {n.id: n.payload for n in cache.tree.nodes.values()}
+            assert blocks and set(self.follower.shadow) == set(blocks)
+            for key, block in blocks.items():
+                ours = self.follower.shadow[key]
+                assert block.tokens == ours.tokens
+                for a, b in zip((*block.keys, *block.values), (*ours.keys, *ours.values)):
+                    assert mx.array_equal(a, b).item()
+            return
+        leader = cache._entries
+        assert leader and set(self.follower.shadow) == set(leader)
         for key, entry in leader.items():
             ours = self.follower.shadow[key]
             for a, b in zip(entry.cache, ours):
@@ -119,8 +130,9 @@ class Pair:
                 assert mx.array_equal(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :]).item()
 
 
-def test_the_follower_holds_rank_zeros_batch_and_cache_through_everything():
-    pair = Pair(max_num_seqs=4, prefill_step_size=32)
+@pytest.mark.parametrize("paged", [True, False], ids=["blocks", "whole-sequences"])
+def test_the_follower_holds_rank_zeros_batch_and_cache_through_everything(paged):
+    pair = Pair(max_num_seqs=4, prefill_step_size=32, paged=paged)
     h = pair.h
     base = counting(1, 70)
     seqs = [
@@ -149,8 +161,9 @@ def test_the_follower_holds_rank_zeros_batch_and_cache_through_everything():
     assert pair.follower.steps == h.stats.steps_executed
 
 
-def test_evictions_and_redundant_entries_are_dropped_on_the_follower_too():
-    pair = Pair(max_num_seqs=2, prefill_step_size=64, cache_mb=0.004)  # ~130 tokens of KV
+@pytest.mark.parametrize("paged", [True, False], ids=["blocks", "whole-sequences"])
+def test_evictions_and_redundant_entries_are_dropped_on_the_follower_too(paged):
+    pair = Pair(max_num_seqs=2, prefill_step_size=64, cache_mb=0.004, paged=paged)  # ~130 tokens of KV
     h = pair.h
     for i in range(6):
         h.finish(h.submit(counting(40 * i, 30), max_tokens=4))
@@ -187,8 +200,8 @@ def test_a_damaged_or_foreign_frame_is_an_error_not_a_guess():
 def test_an_op_that_does_not_fit_the_followers_batch_stops_it():
     hub = _Hub()
     follower = Replay(CountingModel(FakeClock()), Harness().options, FollowerLink(hub))
-    hub.frames.put(encode(Frame(Kind.IDLE, 1, {"ops": [["ins", 0, [1, 2, 3], 2, 41, 4]]})))
-    with pytest.raises(Diverged, match="entry 41 is not here"):
+    hub.frames.put(encode(Frame(Kind.IDLE, 1, {"ops": [["ins", 0, [1, 2, 3], 2, [41], 4]]})))
+    with pytest.raises(Diverged, match=r"pieces \[41\] are not here"):
         follower.follow_one()
     hub.frames.put(encode(Frame(Kind.IDLE, 5, {"ops": []})))
     with pytest.raises(Diverged, match="frame 5 after frame 1"):

@@ -1,0 +1,177 @@
+"""block_disk.py and block_file.py: blocks on disk, read back only when whole, right and ours, under a budget."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from vllmmlxd.engine.block_disk import DiskStore
+from vllmmlxd.engine.block_file import BlockFileError, Tensor, decode, encode
+
+FINGERPRINT = "ab" * 16
+
+
+def tensors(seed: int, n: int = 256) -> dict[str, Tensor]:
+    rng = np.random.default_rng(seed)
+    return {
+        "keys": Tensor("F32", (2, n), rng.standard_normal((2, n)).astype(np.float32)),
+        "values": Tensor("F32", (2, n), rng.standard_normal((2, n)).astype(np.float32)),
+    }
+
+
+def meta(i: int) -> dict[str, str]:
+    return {"parent": f"{i:032x}", "tokens": f"{i:016x}", "fingerprint": FINGERPRINT}
+
+
+def expect(i: int) -> dict[str, str]:
+    return {"parent": f"{i:032x}", "tokens": f"{i:016x}"}
+
+
+def name(i: int) -> str:
+    return f"{i:032x}"
+
+
+@pytest.fixture
+def store(tmp_path):
+    made: list[DiskStore] = []
+
+    def make(fingerprint: str = FINGERPRINT, budget: int = 10**9, **kw) -> DiskStore:
+        made.append(DiskStore(tmp_path / "kv", fingerprint, budget, **kw))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_a_block_file_is_safetensors_and_round_trips(store):
+    disk = store()
+    assert disk.put(name(1), tensors(1), meta(1)) and disk.flush()
+    path = disk.path(name(1))
+    assert path.parent.parent == disk.dir and path.name == name(1) + ".safetensors"
+    loaded = load_file(path)  # any safetensors reader opens it
+    assert np.array_equal(loaded["keys"], tensors(1)["keys"].data)
+    got = disk.get(name(1), expect(1))
+    assert (
+        got is not None
+        and np.frombuffer(got["values"].data, np.float32).tolist() == tensors(1)["values"].data.ravel().tolist()
+    )
+    assert disk.stats.reads == 1 and disk.known(name(1))
+
+
+def damage_data(raw: bytes) -> bytes:
+    raw = bytearray(raw)
+    raw[-5] ^= 0x40
+    return bytes(raw)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [damage_data, lambda raw: raw[: len(raw) // 2], lambda raw: b"not a block file", lambda raw: b"\xff" * 8 + raw[8:]],
+    ids=["flipped-bit", "truncated", "garbage", "bad-header-length"],
+)
+def test_a_damaged_file_is_a_miss_and_is_removed(store, damage):
+    disk = store()
+    disk.put(name(1), tensors(1), meta(1))
+    disk.flush()
+    path = disk.path(name(1))
+    path.write_bytes(damage(path.read_bytes()))
+    assert disk.get(name(1), expect(1)) is None
+    assert disk.flush() and not path.exists()
+    assert disk.stats.rejected == 1 and disk.stats.removed == 1 and not disk.known(name(1))
+
+
+def test_a_file_of_another_block_under_this_name_is_refused(store):
+    disk = store()
+    disk.put(name(1), tensors(1), meta(1))
+    disk.flush()
+    assert disk.get(name(1), expect(2)) is None  # its tokens are not the ones asked for
+    assert disk.flush() and not disk.path(name(1)).exists()
+
+
+def test_another_fingerprint_never_reads_these_blocks(store):
+    mine, other = store(), store(fingerprint="cd" * 16)
+    mine.put(name(1), tensors(1), meta(1))
+    mine.flush()
+    assert other.dir != mine.dir and other.get(name(1), expect(1)) is None  # not even listed there
+    # A file carried into the other's directory by hand says whose it is, and goes.
+    target = other.path(name(1))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(mine.path(name(1)).read_bytes())
+    assert other.get(name(1), expect(1)) is None and other.flush() and not target.exists()
+    assert mine.get(name(1), expect(1)) is not None
+
+
+def test_the_budget_holds_under_a_stream_of_distinct_blocks(store):
+    size = sum(memoryview(p).nbytes for p in encode(tensors(0), meta(0)))
+    disk = store(budget=10 * size)
+    for i in range(100):
+        assert disk.put(name(i), tensors(i), meta(i))
+        if i % 10 == 0:
+            assert disk.flush()
+            assert sum(f.stat().st_size for f in disk.dir.rglob("*.safetensors")) <= disk.budget_bytes
+    assert disk.flush()
+    on_disk = sum(f.stat().st_size for f in disk.dir.rglob("*.safetensors"))
+    assert on_disk == disk.nbytes <= disk.budget_bytes and disk.stats.evicted == 90
+    assert disk.get(name(99), expect(99)) is not None and disk.get(name(0), expect(0)) is None
+
+
+def test_a_block_read_recently_outlives_older_ones(store):
+    size = sum(memoryview(p).nbytes for p in encode(tensors(0), meta(0)))
+    disk = store(budget=3 * size)
+    for i in range(3):
+        disk.put(name(i), tensors(i), meta(i))
+    disk.flush()
+    old = time.time() - 100
+    for i in range(3):
+        os.utime(disk.path(name(i)), (old + i, old + i))  # 0 is the oldest...
+    assert disk.get(name(0), expect(0)) is not None  # ...until it is read
+    disk.put(name(3), tensors(3), meta(3))
+    disk.flush()
+    assert disk.path(name(0)).exists() and not disk.path(name(1)).exists()
+
+
+def test_a_new_store_counts_what_is_there_and_clears_stale_temporary_files(store):
+    first = store()
+    for i in range(4):
+        first.put(name(i), tensors(i), meta(i))
+    first.flush()
+    stale = first.path(name(9)).with_name("x.safetensors.123.tmp")
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_bytes(b"half a block")
+    os.utime(stale, (time.time() - 3600,) * 2)
+    second = store()
+    assert second.flush() and second.nbytes == first.nbytes and not stale.exists()
+    assert all(second.known(name(i)) for i in range(4))
+
+
+def test_a_writer_that_falls_behind_drops_blocks_rather_than_wait(store):
+    disk = store(queue_bytes=100)  # less than one block
+    assert not disk.put(name(1), tensors(1), meta(1))
+    assert disk.stats.dropped == 1 and disk.flush() and not disk.path(name(1)).exists()
+
+
+def test_decode_refuses_what_encode_did_not_write():
+    raw = b"".join(bytes(memoryview(p)) for p in encode(tensors(1), {"a": "b"}))
+    got, metadata = decode(raw)
+    assert metadata["a"] == "b" and got["keys"].shape == (2, 256)
+    with pytest.raises(BlockFileError, match="checksum"):
+        decode(damage_data(raw))
+    with pytest.raises(BlockFileError):
+        decode(raw + b"extra")
+
+
+def test_a_directory_given_is_used_as_it_is_and_its_own_subdirectory_is_private(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    disk = DiskStore(shared, FINGERPRINT, 10**9)
+    try:
+        assert shared.stat().st_mode & 0o777 == 0o755  # never tightened: it may be the user's own
+        assert disk.dir.stat().st_mode & 0o777 == 0o700
+    finally:
+        disk.close()
