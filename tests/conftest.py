@@ -80,7 +80,7 @@ LONGEST_FILES = {
     "tests/integration/test_slow_clients.py": 30,
     "tests/e2e/test_daemon_mcp.py": 25,
     "tests/integration/test_smollm2.py": 40,
-    "tests/integration/test_kv_admission.py": 65,  # tiny 18 s, then SmolLM2's 47 s (2026-12-02, alone)
+    "tests/integration/test_kv_admission.py": 30,  # tiny 10 s, then SmolLM2 20 s (2026-12-02, alone)
     "tests/integration/test_prefix_blocks.py": 30,
 }
 

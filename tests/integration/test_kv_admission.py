@@ -17,11 +17,11 @@ from vllmmlxd.engine.kv_budget import PEAK_COPIES
 
 PROMPT = "Once upon a time " * 10  # 41 tokens with builtin:tiny's tokenizer
 PROMPT_TOKENS = 41
-MAX_TOKENS = 300
+MAX_TOKENS = 120
 GROWTH = 256  # the positions mlx-lm's KV cache grows by, counted in each row
 ROW = (PROMPT_TOKENS + MAX_TOKENS + GROWTH) * 512  # one such request's KV, as the batch holds it
-BUDGET_MB = 0.7  # two rows (0.58 MB) fit, three (0.87 MB) do not
-LARGEST = int(BUDGET_MB * 2**20) // 512 - GROWTH  # prompt + max_tokens one request may have: 1,177
+BUDGET_MB = 0.5  # two rows (0.41 MB) fit, three (0.61 MB) do not
+LARGEST = int(BUDGET_MB * 2**20) // 512 - GROWTH  # prompt + max_tokens one request may have: 768
 EOS = 2
 # What the worker holds besides the KV: the interpreter, FastAPI, MLX and the BLAS (a ready
 # builtin:tiny worker measured 220-230 MB of RSS here), and its 12 MB of weights.
@@ -116,7 +116,7 @@ def test_a_request_that_can_never_fit_is_a_400_naming_the_numbers(server):
     error = r.json()["error"]
     assert error["code"] == "kv_budget_exceeded" and error["param"] == "max_tokens"
     assert f"{PROMPT_TOKENS} prompt + {asked:,} max_tokens tokens at 512 bytes a token" in error["message"]
-    assert f"KV budget is 0.7 MB (max_kv_memory_mb {BUDGET_MB:g}), room for {LARGEST:,} tokens" in error["message"]
+    assert f"KV budget is {BUDGET_MB:g} MB (max_kv_memory_mb {BUDGET_MB:g}), room for {LARGEST:,} tokens" in error["message"]
 
     r = httpx.post(
         server.url + "/v1/messages",
@@ -156,8 +156,8 @@ def test_a_real_models_memory_stays_within_twice_the_budget():
     four requests at once; the worker's RSS grows by at most twice the budget and a margin."""
     if not Path("/proc/self/status").exists():
         pytest.skip("reads the worker's memory from /proc (Linux)")
-    per_token, prompt_tokens, max_tokens = 46_080, 53, 100
-    row_mb = (prompt_tokens + max_tokens + GROWTH) * per_token / 2**20  # 18.0 MB
+    per_token, prompt_tokens, max_tokens = 46_080, 53, 40
+    row_mb = (prompt_tokens + max_tokens + GROWTH) * per_token / 2**20  # 15.3 MB
     budget_mb = 40.0  # two rows fit, three do not
     s = start_serve(
         "builtin:smollm2-135m-instruct",
