@@ -116,7 +116,10 @@ def test_a_request_that_can_never_fit_is_a_400_naming_the_numbers(server):
     error = r.json()["error"]
     assert error["code"] == "kv_budget_exceeded" and error["param"] == "max_tokens"
     assert f"{PROMPT_TOKENS} prompt + {asked:,} max_tokens tokens at 512 bytes a token" in error["message"]
-    assert f"KV budget is {BUDGET_MB:g} MB (max_kv_memory_mb {BUDGET_MB:g}), room for {LARGEST:,} tokens" in error["message"]
+    assert (
+        f"KV budget is {BUDGET_MB:g} MB (max_kv_memory_mb {BUDGET_MB:g}), room for {LARGEST:,} tokens"
+        in error["message"]
+    )
 
     r = httpx.post(
         server.url + "/v1/messages",
