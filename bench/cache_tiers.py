@@ -30,14 +30,13 @@ import time
 from pathlib import Path
 
 import httpx
-
 from common import REPO, cpu_name, write_section
 
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("VLLMMLXD_STATE_DIR", str(Path.home() / ".local/state/vllmmlxd"))
 
 from tests.support.daemon import free_port, make_daemon  # noqa: E402
-from tests.support.servers import start_serve  # noqa: E402
+from tests.support.servers import greedy_completion, start_serve  # noqa: E402
 
 LONG = "The shelves. " + " ".join(f"Rule {i}: item {i} is on shelf {i % 7}." for i in range(127))
 SYSTEM = " ".join(f"Rule {i}: item {i} is on shelf {i % 7}." for i in range(118))
@@ -49,18 +48,7 @@ AGREEMENT_PROMPTS = [
 
 
 def first_token(url: str, prompt: str) -> tuple[float, str]:
-    started, first, text = time.perf_counter(), None, ""
-    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=900) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                piece = json.loads(line[6:])["choices"][0]["text"]
-                if piece and first is None:
-                    first = time.perf_counter() - started
-                text += piece
-    assert first is not None
-    return first, text
+    return greedy_completion(url, prompt, timeout=900)
 
 
 def status(url: str) -> dict:

@@ -9,7 +9,6 @@ seconds, so the time to first token of a disk hit is measured against a cold one
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -19,6 +18,7 @@ import httpx
 import pytest
 
 from tests.support.daemon import Daemon, free_port, make_daemon, wait_gone
+from tests.support.servers import greedy_completion
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -59,17 +59,7 @@ def cache(ports: dict, name: str) -> dict:
 def complete(ports: dict, name: str, prompt: str = LONG) -> tuple[float, str, int]:
     """A greedy completion, streamed: (seconds to its first token, its text, prompt tokens from the cache)."""
     before = cache(ports, name)["cached_tokens"]
-    started, first, text = time.perf_counter(), None, ""
-    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", url(ports, name) + "/v1/completions", json=body, timeout=600) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                piece = json.loads(line[6:])["choices"][0]["text"]
-                if piece and first is None:
-                    first = time.perf_counter() - started
-                text += piece
-    assert first is not None
+    first, text = greedy_completion(url(ports, name), prompt)
     return first, text, cache(ports, name)["cached_tokens"] - before
 
 

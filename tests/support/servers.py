@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -76,3 +77,19 @@ def start_serve(model: str, *flags: str, port: int | None = None, env: dict | No
         server.stop()
         raise
     return server
+
+
+def greedy_completion(url: str, prompt: str, max_tokens: int = 8, timeout: float = 600) -> tuple[float, str]:
+    """A streamed greedy completion from ``url``'s worker: (seconds to its first token, its text)."""
+    started, first, text = time.perf_counter(), None, ""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=timeout) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                piece = json.loads(line[6:])["choices"][0]["text"]
+                if piece and first is None:
+                    first = time.perf_counter() - started
+                text += piece
+    assert first is not None
+    return first, text
