@@ -288,19 +288,19 @@ class Scheduler:
         if self.spec is not None:
             self.spec.rows[uid] = RowDrafting(enabled=params.speculative)
 
-    def _advance_staged(self, budget: int) -> tuple[int, bool]:
+    def _advance_staged(self, budget: int) -> tuple[int, bool, list[tuple[Sequence, int]]]:
         """A chunk of ``budget`` positions of every prompt prefilled from embeddings (the step
         timer's share of a prefilling sequence), or, for one of them at most, an image through
         the vision tower; those done join the batch. Returns (positions prefilled, whether the
-        tower ran)."""
+        tower ran, each prompt's new progress: published with the step's count)."""
         assert self.vision is not None  # only a vision model stages prompts
-        total, tower = 0, False
+        total, tower, progress = 0, False, []
         for staged in list(self.staged):
             seq = staged.seq
             try:
                 done, ran = self.vision.advance(staged, budget, tower=not tower)
                 total, tower = total + done, tower or ran
-                seq.progress.prefilled_tokens = staged.pos
+                progress.append((seq, staged.pos))
                 if staged.pos >= staged.end:
                     self.staged.remove(staged)
                     self._join(seq, staged.cache, staged.pos, ())
@@ -309,7 +309,7 @@ class Scheduler:
                 if staged in self.staged:
                     self.staged.remove(staged)
                 self._retire(seq, "error", str(exc))
-        return total, tower
+        return total, tower, progress
 
     def _step(self) -> None:
         prompts = sum(1 for s in self.running.values() if s.progress.first_token_at is None) + len(self.staged)
@@ -320,10 +320,11 @@ class Scheduler:
         self.lockstep.step(self.gen.prefill_step_size)
         started = self.clock()
         staged, tower = 0, False
+        staged_progress: list[tuple[Sequence, int]] = []
         try:
             if self.staged:
                 with mx.stream(self.gen.stream):
-                    staged, tower = self._advance_staged(self.gen.prefill_step_size)
+                    staged, tower, staged_progress = self._advance_staged(self.gen.prefill_step_size)
             prompt_responses, responses = self.gen.next()
         except Exception as exc:  # e.g. out of memory: every sequence of the batch fails, the engine lives on
             log_event(logger, "engine.error", logging.ERROR, running=len(self.running), error=repr(exc))
@@ -335,14 +336,18 @@ class Scheduler:
             self.gen = self._new_generator()
             return
         self.lockstep.finished([r.uid for r in responses if r.finish_reason is not None])
-        prefilled = self._note_prefill(prompt_responses) + staged
+        with self.stats.lock:
+            self.stats.steps_executed += 1
+            for joining, pos in staged_progress:
+                joining.progress.prefilled_tokens = pos
+            prefilled = self._note_prefill(prompt_responses) + staged
+        self._cache_prompts(prompt_responses)
         took = self.clock() - started
         self.stats.last_step_s = took
         if self.lockstep.distributed:
             self.stats.last_frame_at = time.monotonic()
         if not tower:  # a vision tower's step says nothing of what a decode step or a chunk costs
             self.timer.observe(took, decoded=bool(responses), prefilled=prefilled)
-        self.stats.steps_executed += 1
         self.stats.last_step_at = time.monotonic()  # read by /health's liveness check
         self._generated += len(responses)
         self.stats.generated.note(time.monotonic(), self._generated)
@@ -386,7 +391,7 @@ class Scheduler:
         return reason
 
     def _note_prefill(self, prompt_responses: list) -> int:
-        """Record prompt progress; cache each prompt as soon as it is prefilled. Returns tokens prefilled."""
+        """Record prompt progress. Returns tokens prefilled."""
         total = 0
         for response in prompt_responses:
             seq = self.running.get(response.uid)
@@ -395,6 +400,14 @@ class Scheduler:
             done = seq.base + response.progress[0]
             total += max(done - seq.progress.prefilled_tokens, 0)
             seq.progress.prefilled_tokens = done
+        return total
+
+    def _cache_prompts(self, prompt_responses: list) -> None:
+        """Cache each prompt as soon as it is prefilled, where a waiting request needs it."""
+        for response in prompt_responses:
+            seq = self.running.get(response.uid)
+            if seq is None:
+                continue
             # Copying a long prompt's KV takes a while: only when a waiting request needs it now
             # (otherwise the whole sequence is cached when it finishes).
             if response.end_of_prompt and seq.prompt_wanted and self.cache.enabled:
@@ -402,7 +415,6 @@ class Scheduler:
                 self.lockstep.extracted([response.uid])
                 if got is not None:
                     self._store(seq, got[1], got[0])
-        return total
 
     def _leave(self, seq: Sequence, reason: FinishReason, *, keep_kv: bool) -> None:
         """Take ``seq`` out of the batch now (its KV goes to the prefix cache when asked)."""

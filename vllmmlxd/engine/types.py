@@ -295,6 +295,9 @@ class RecentRate:
 class EngineStats:
     """Counters for /v1/status and /metrics; written by the engine thread, read anywhere."""
 
+    # Held while a step's count and its prompts' progress change, and while /v1/status reads them,
+    # so a reader never sees one step's progress beside the previous step's count.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     started: float = field(default_factory=time.time)
     steps_executed: int = 0
     num_running: int = 0

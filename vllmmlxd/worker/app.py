@@ -120,12 +120,14 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
     async def status(request: Request):
         ctx = live.capture(request)
         s = engine.stats
+        with s.lock:  # a step's count beside that step's progress, never the one before's
+            steps, requests = s.steps_executed, s.active_requests()
         return {
             "status": "running",
             "model": ctx.name,
             "source": engine.info.source,
             "uptime_s": round(time.time() - ctx.started, 1),
-            "steps_executed": s.steps_executed,
+            "steps_executed": steps,
             "num_running": s.num_running,
             "num_waiting": s.num_waiting,
             "tokens_per_second": s.tokens_per_second(),
@@ -139,7 +141,7 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
             "kv_budget": kv_of(engine),
             "speculative": speculation_of(engine),
             "runtime": ctx.runtime,
-            "requests": s.active_requests(),
+            "requests": requests,
             "embedding": ctx.embedder.describe() if ctx.embedder is not None else None,
             "distributed": distributed_of(engine),
         }

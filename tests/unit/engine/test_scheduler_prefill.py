@@ -146,3 +146,34 @@ def test_a_cancel_during_a_chunk_ends_the_work_with_that_chunk(cancel_at):
     assert h.clock.now - at <= A_SECOND  # so the work ended within a second of the cancel
     h.step()
     assert len(h.model.calls) == calls and not h.scheduler.running
+
+
+class Watching:
+    """A stand-in for the stats lock that notes (step count, the prompt's progress) as each
+    holder takes and gives it back."""
+
+    def __init__(self, h: Harness, seq):
+        self.h, self.seq, self.notes = h, seq, []
+
+    def note(self, when: str) -> None:
+        self.notes.append((when, self.h.stats.steps_executed, self.seq.progress.prefilled_tokens))
+
+    def __enter__(self):
+        self.note("taken")
+
+    def __exit__(self, *exc):
+        self.note("given")
+
+
+def test_a_step_changes_its_count_and_its_prompts_progress_together_under_the_stats_lock():
+    h = Harness(prefill_step_size=64)
+    seq = h.submit(counting(1, 300), max_tokens=2)
+    watching = h.stats.lock = Watching(h, seq)  # type: ignore[assignment]
+    Steps(h).prefill(seq)
+    notes = watching.notes
+    assert [w for w, _, _ in notes] == ["taken", "given"] * (len(notes) // 2) and len(notes) >= 8
+    # Between two holds (where /v1/status may read) neither changes: the next hold finds them as left.
+    assert all(a[1:] == b[1:] for a, b in zip(notes[1::2], notes[2::2], strict=False))
+    # Inside each hold the count moves by one, and the progress with it while the prompt is prefilled.
+    assert all(b[1] == a[1] + 1 for a, b in zip(notes[::2], notes[1::2], strict=True))
+    assert all(b[2] > a[2] for a, b in list(zip(notes[::2], notes[1::2], strict=True))[:-1])
