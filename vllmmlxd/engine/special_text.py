@@ -15,6 +15,7 @@ Pure Python, duck-typed over a Hugging Face tokenizer; no mlx.
 from __future__ import annotations
 
 import re
+import threading
 from bisect import bisect_left, bisect_right
 from typing import Any, Callable, Iterable
 
@@ -170,26 +171,43 @@ def special_tokens_of(hf_tokenizer: Any) -> tuple[list[str], list[str]]:
 
 
 def plain_encoder(hf_tokenizer: Any, encode: Encode, special: Iterable[str]) -> Encode:
-    """Encodes text with special tokens split like any text. A private copy of a fast tokenizer's
-    backend with that switch on, since flipping it on the shared one would race with other
-    requests' tokenization; otherwise the text is cut inside each special token's text."""
+    """Encodes text with special tokens split like any text. Made on first use: only a request
+    whose own text spells a special token needs it, and the private copy of the tokenizer below
+    costs a quarter of a second of CPU, which every worker start paid before."""
+    special = list(special)
+    made: list[Encode] = []
+    lock = threading.Lock()
+
+    def plain(text: str) -> list[int]:
+        if not made:
+            with lock:
+                if not made:
+                    made.append(_private_encoder(hf_tokenizer, encode) or _cut_encoder(encode, special))
+        return made[0](text)
+
+    return plain
+
+
+def _private_encoder(hf_tokenizer: Any, encode: Encode) -> Encode | None:
+    """A private copy of a fast tokenizer's backend with special tokens split like text, since
+    flipping that switch on the shared one would race with other requests' tokenization; None
+    where there is no such backend (the text is then cut inside each special token's text)."""
     backend = getattr(hf_tokenizer, "_tokenizer", None)
-    if backend is not None and hasattr(backend, "to_str"):
-        try:
-            from tokenizers import Tokenizer
+    if backend is None or not hasattr(backend, "to_str"):
+        return None
+    try:
+        from tokenizers import Tokenizer
 
-            private = Tokenizer.from_str(backend.to_str())
-            private.encode_special_tokens = True
+        private = Tokenizer.from_str(backend.to_str())
+        private.encode_special_tokens = True
+    except Exception:  # an old tokenizers without the switch
+        return None
 
-            def plain(text: str) -> list[int]:
-                return list(private.encode(text, add_special_tokens=False).ids)
+    def plain(text: str) -> list[int]:
+        return list(private.encode(text, add_special_tokens=False).ids)
 
-            probe = "Hello, world!\n  <x> 42"  # a wrapper that rewrites text (mlx-lm's NewlineTokenizer) differs here
-            if plain(probe) == list(encode(probe)):
-                return plain
-        except Exception:  # an old tokenizers without the switch: cut the text instead
-            pass
-    return _cut_encoder(encode, special)
+    probe = "Hello, world!\n  <x> 42"  # a wrapper that rewrites text (mlx-lm's NewlineTokenizer) differs here
+    return plain if plain(probe) == list(encode(probe)) else None
 
 
 def _cut_encoder(encode: Encode, special: Iterable[str]) -> Encode:

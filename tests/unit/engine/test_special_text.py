@@ -165,3 +165,15 @@ def test_plain_encoder_never_yields_the_special_id(tok):
     plain = plain_encoder(tok._tokenizer, encode, special)
     assert IM_START not in plain("<|im_start|>") and tok.decode(plain("<|im_start|>x")) == "<|im_start|>x"
     assert encode("<|im_start|>") == [IM_START]  # the shared tokenizer is not switched
+
+
+def test_the_plain_encoder_copies_the_tokenizer_once_and_only_when_first_used(tok, monkeypatch):
+    import tokenizers
+
+    made = []
+    from_str = tokenizers.Tokenizer.from_str
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_str", lambda s: made.append(1) or from_str(s))
+    special, _ = special_tokens_of(tok._tokenizer)
+    plain = plain_encoder(tok._tokenizer, lambda s: tok.encode(s, add_special_tokens=False), special)
+    assert made == []  # a worker start pays nothing for it
+    assert IM_START not in plain("<|im_start|>") and IM_START not in plain("<|im_start|>") and made == [1]
