@@ -103,15 +103,6 @@ def test_an_open_model_bound_beyond_loopback_is_warned_about():
         assert s.stop() == 0
 
 
-def test_the_environment_variable_gives_the_key():
-    s = start_serve("builtin:tiny", env={"VLLMMLXD_API_KEY": KEY})
-    try:
-        assert httpx.get(s.url + "/v1/models").status_code == 401
-        assert httpx.get(s.url + "/v1/models", headers={"x-api-key": KEY}).status_code == 200
-    finally:
-        assert s.stop() == 0
-
-
 def test_every_route_but_health_and_metrics_needs_the_key(keyed):
     """Routes enumerated from the app itself: a new route cannot be left open by mistake."""
     from tests.unit.http.test_metrics import FakeEngine  # a stand-in engine: only the routes are read

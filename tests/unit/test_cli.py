@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from vllmmlxd.cli import _serve_parser, serve_config
+from vllmmlxd.cli import _api_key, _serve_parser, serve_config
+from vllmmlxd.config.keys import key_digest
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -17,6 +18,21 @@ def parse(*argv: str) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.api_key = None
     return args
+
+
+def test_the_environment_variable_gives_the_key_and_only_one_way_may(tmp_path, monkeypatch):
+    sub = argparse.ArgumentParser().add_subparsers()
+    parser = _serve_parser(sub)
+    monkeypatch.setenv("VLLMMLXD_API_KEY", "sk-from-env")
+    args = parser.parse_args(["builtin:tiny"])
+    args.api_key = _api_key(args, parser)
+    assert serve_config(args).api_key.get_secret_value() == "sha256:" + key_digest("sk-from-env")
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-from-file\n")
+    with pytest.raises(SystemExit):  # the environment and a flag: which one was meant is not guessed
+        _api_key(parser.parse_args(["builtin:tiny", "--api-key-file", str(key_file)]), parser)
+    monkeypatch.setenv("VLLMMLXD_API_KEY", "")
+    assert _api_key(parser.parse_args(["builtin:tiny", "--api-key-file", str(key_file)]), parser) == "sk-from-file"
 
 
 def test_flags_left_out_take_the_entrys_defaults():
