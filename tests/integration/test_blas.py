@@ -41,7 +41,7 @@ def test_a_bogus_library_path_serves_on_bundled_with_a_warning(tmp_path):
 
 @pytest.mark.skipif(not INSTALLED, reason="no optimised BLAS installed")
 def test_auto_serves_on_a_real_library_with_every_core():
-    server = start_serve("builtin:tiny")
+    server = start_serve("builtin:tiny", threads=None)  # the default: as many threads as cores
     try:
         runtime = runtime_of(server)
     finally:

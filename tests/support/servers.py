@@ -60,9 +60,18 @@ def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout: floa
     raise TimeoutError(f"server not healthy after {timeout}s:\n{log_path.read_text()[-4000:]}")
 
 
-def start_serve(model: str, *flags: str, port: int | None = None, env: dict | None = None) -> Server:
-    """``vllmmlxd serve MODEL`` as a real subprocess, healthy on return."""
+def start_serve(
+    model: str, *flags: str, port: int | None = None, env: dict | None = None, threads: int | None = 1
+) -> Server:
+    """``vllmmlxd serve MODEL`` as a real subprocess, healthy on return.
+
+    On one BLAS thread unless ``--threads`` is among the flags or ``threads`` is None (the default
+    of every core): the suite runs three test processes and their workers on two cores, where a
+    second thread decodes no faster and costs 18-36% more CPU (SmolLM2, quiet and beside four busy
+    processes, 2026-12-02)."""
     port = port or free_port()
+    if threads is not None and "--threads" not in flags:
+        flags = (*flags, "--threads", str(threads))
     log = Path(tempfile.mkstemp(prefix="vllmmlxd-serve-", suffix=".log")[1])
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllmmlxd.cli", "serve", model, "--port", str(port), *flags],
