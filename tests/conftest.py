@@ -21,7 +21,8 @@ import_memo.install()  # as a worker does: transformers' table read back, not re
 
 class _Deferred(types.ModuleType):
     """A client SDK not imported yet: its name and file are known (hypothesis and pytest read every
-    loaded module's ``__file__``), and anything else imports it and answers from it."""
+    loaded module's ``__file__``), and anything else imports it and answers from it. Not
+    importlib.util.LazyLoader: that one imports on any attribute, ``__file__`` included."""
 
     def __getattr__(self, name: str):
         if sys.modules.get(self.__name__) is self:

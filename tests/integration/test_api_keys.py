@@ -50,7 +50,7 @@ models:
 def worker():
     sock = Path(tempfile.mkdtemp(prefix="vllmmlxd-keys-")) / "w.sock"
     port = free_port()
-    s = start_serve(MODEL, "--health-socket", str(sock), port=port)
+    s = start_serve(MODEL, "--health-socket", str(sock), port=port, threads=None)
     yield s, sock, port
     assert s.stop() == 0, s.log()[-3000:]
     log = s.log()

@@ -24,7 +24,7 @@ APP = "https://app.example"
 def server():
     folder = Path(tempfile.mkdtemp(prefix="vllmmlxd-browser-"))
     sock, port = folder / "w.sock", free_port()
-    s = start_serve(MODEL, "--health-socket", str(sock), port=port)
+    s = start_serve(MODEL, "--health-socket", str(sock), port=port, threads=None)
     yield s, sock, ResolvedModel(model=MODEL, served_model_name=MODEL, port=port)
     assert s.stop() == 0, s.log()[-3000:]
 

@@ -598,7 +598,7 @@ def test_workers_believe_the_client_the_gateway_names_and_no_local_program(gatew
     # An entry as the daemon hands it out with a gateway section: the daemon's token, no trusted loopback.
     sock = Path(tempfile.mkdtemp(prefix="vllmmlxd-gwtok-")) / "w.sock"
     port = free_port()
-    worker = start_serve("builtin:tiny", "--health-socket", str(sock), port=port)
+    worker = start_serve("builtin:tiny", "--health-socket", str(sock), port=port, threads=None)
     try:
         config = parse_config(
             f"gateway: {{trusted_proxies: [127.0.0.1]}}\nmodels:\n"

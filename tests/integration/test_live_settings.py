@@ -25,7 +25,9 @@ def worker():
     folder = Path(tempfile.mkdtemp(prefix="vllmmlxd-live-"))
     sock = folder / "w.sock"
     port = free_port()
-    s = start_serve(MODEL, "--api-key", KEY, "--rate-limit", "10000", "--health-socket", str(sock), port=port)
+    s = start_serve(
+        MODEL, "--api-key", KEY, "--rate-limit", "10000", "--health-socket", str(sock), port=port, threads=None
+    )
     base = ResolvedModel(model=MODEL, served_model_name=MODEL, port=port, api_key=KEY, rate_limit=10000)
     yield s, sock, base
     assert s.stop() == 0, s.log()[-3000:]

@@ -54,7 +54,9 @@ def http_server():
 def worker():
     sock = Path(tempfile.mkdtemp(prefix="vllmmlxd-mcp-")) / "w.sock"
     port = free_port()
-    s = start_serve("builtin:tiny", "--health-socket", str(sock), port=port, env={"MCP_TEST_KEY": HEADER_SECRET})
+    s = start_serve(
+        "builtin:tiny", "--health-socket", str(sock), port=port, threads=None, env={"MCP_TEST_KEY": HEADER_SECRET}
+    )
     yield s, sock, port
     assert s.stop() == 0, s.log()[-3000:]
 

@@ -27,7 +27,9 @@ def test_a_bare_server_name_runs_each_of_its_tools():
     mcp_file = folder / "mcp.json"
     mcp_file.write_text(json.dumps({"mcpServers": {"files": {"command": sys.executable, "args": [str(SERVER)]}}}))
     sock, port = folder / "w.sock", free_port()
-    s = start_serve(MODEL, "--mcp-config", str(mcp_file), "--health-socket", str(sock), "--timeout", "120", port=port)
+    s = start_serve(
+        MODEL, "--mcp-config", str(mcp_file), "--health-socket", str(sock), "--timeout", "120", port=port, threads=None
+    )
     try:
         config = ResolvedModel(
             model=MODEL,

@@ -68,10 +68,10 @@ def start_serve(
     On one BLAS thread unless ``--threads`` is among the flags or ``threads`` is None (the default
     of every core): the suite runs three test processes and their workers on two cores, where a
     second thread decodes no faster and costs 18-36% more CPU (SmolLM2, quiet and beside four busy
-    processes, 2026-12-02). A worker given a ``--health-socket`` keeps the default: its test
-    pushes whole entries through it as the daemon does, and threads cannot change live."""
+    processes, 2026-12-02). A test that pushes whole entries through ``--health-socket``, as the
+    daemon does, passes ``threads=None``: threads cannot change in a running worker."""
     port = port or free_port()
-    if threads is not None and "--threads" not in flags and "--health-socket" not in flags:
+    if threads is not None and "--threads" not in flags:
         flags = (*flags, "--threads", str(threads))
     log = Path(tempfile.mkstemp(prefix="vllmmlxd-serve-", suffix=".log")[1])
     proc = subprocess.Popen(
