@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from vllmmlxd.cli import _api_key, _serve_parser, serve_config
-from vllmmlxd.config.keys import key_digest
+from vllmmlxd.config.keys import DIGEST_PREFIX, key_digest
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -26,7 +26,7 @@ def test_the_environment_variable_gives_the_key_and_only_one_way_may(tmp_path, m
     monkeypatch.setenv("VLLMMLXD_API_KEY", "sk-from-env")
     args = parser.parse_args(["builtin:tiny"])
     args.api_key = _api_key(args, parser)
-    assert serve_config(args).api_key.get_secret_value() == "sha256:" + key_digest("sk-from-env")
+    assert serve_config(args).api_key.get_secret_value() == DIGEST_PREFIX + key_digest("sk-from-env")
     key_file = tmp_path / "key"
     key_file.write_text("sk-from-file\n")
     with pytest.raises(SystemExit):  # the environment and a flag: which one was meant is not guessed
