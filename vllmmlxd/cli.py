@@ -70,7 +70,11 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
         default="auto",
         help="Linux: the BLAS for float32 products: auto, mkl, blis, openblas, bundled or a library path",
     )
-    p.add_argument("--threads", type=int, help="BLAS threads (default: every core this process may use)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="BLAS threads (default: one fewer than the cores this process may use, at least one)",
+    )
     p.add_argument(
         "--continuous-batching",
         action=argparse.BooleanOptionalAction,

@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.daemon import free_port, make_daemon, model_entry, wait_gone
 from vllmmlxd.runtime.blas_find import FINDERS
+from vllmmlxd.runtime.cpus import default_threads
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -53,7 +54,7 @@ def test_two_workers_get_disjoint_shares_and_status_names_their_blas(daemon):
     a, b = models["a"], models["b"]
     assert expand(a["cpus"]).isdisjoint(expand(b["cpus"]))
     assert len(expand(a["cpus"])) + len(expand(b["cpus"])) == cores
-    assert a["threads"] == len(expand(a["cpus"])) and b["threads"] == 1  # bundled is single-threaded
+    assert a["threads"] == default_threads(len(expand(a["cpus"]))) and b["threads"] == 1  # bundled: one thread
     # The kernel agrees: each worker process is pinned to its share.
     assert expand(allowed_cpus(a["pid"])) == expand(a["cpus"])
     assert expand(allowed_cpus(b["pid"])) == expand(b["cpus"])
@@ -81,5 +82,6 @@ def test_two_workers_get_disjoint_shares_and_status_names_their_blas(daemon):
     assert daemon.ctl("restart", "a").returncode == 0
     after = daemon.models()["a"]
     assert after["pid"] != a_pid and expand(after["cpus"]) == set(os.sched_getaffinity(0))
-    assert after["threads"] == cores and expand(allowed_cpus(after["pid"])) == set(os.sched_getaffinity(0))
-    assert json.loads(daemon.ctl("status", "--json").stdout)["models"][0]["threads"] == cores
+    threads = default_threads(cores)
+    assert after["threads"] == threads and expand(allowed_cpus(after["pid"])) == set(os.sched_getaffinity(0))
+    assert json.loads(daemon.ctl("status", "--json").stdout)["models"][0]["threads"] == threads

@@ -200,7 +200,10 @@ class ModelConfig(EntryConfig):
         "auto", description="Linux: auto, mkl, blis, openblas, bundled or a path to a library exporting cblas_sgemm"
     )
     threads: int | None = Field(
-        None, ge=1, le=1024, description="BLAS threads (and cores on Linux); default: an even share"
+        None,
+        ge=1,
+        le=1024,
+        description="BLAS threads (and cores on Linux); default: an even share of the cores, one thread fewer",
     )
     continuous_batching: bool = Field(True, description="decode many requests together; false: one at a time")
     max_num_seqs: int = Field(16, ge=1, le=1024, description="requests decoded together at most (then they queue)")

@@ -28,9 +28,10 @@ class CpuShare:
 def plan_shares(requests: Mapping[str, int | None], cpus: Sequence[int]) -> dict[str, CpuShare]:
     """Split ``cpus`` between entries, in the order given.
 
-    An entry asking for ``threads`` gets that many cores; the others split what is left
-    evenly (earlier entries get the remainder), at least one core each. When the asks add
-    up to more cores than there are, shares wrap around and are marked ``oversubscribed``.
+    An entry asking for ``threads`` gets that many cores and threads; the others split what is
+    left evenly (earlier entries get the remainder), at least one core each, and run one thread
+    fewer than their cores (:func:`default_threads`). When the asks add up to more cores than
+    there are, shares wrap around and are marked ``oversubscribed``.
     """
     cpus = tuple(sorted(set(cpus)))
     if not requests or not cpus:
@@ -48,9 +49,20 @@ def plan_shares(requests: Mapping[str, int | None], cpus: Sequence[int]) -> dict
     for name, asked in requests.items():
         size = min(asked or sizes[name], len(cpus))
         share = tuple(sorted({cpus[(start + k) % len(cpus)] for k in range(size)}))
-        plan[name] = CpuShare(share, asked or size, oversubscribed=total > len(cpus))
+        plan[name] = CpuShare(share, asked or default_threads(size), oversubscribed=total > len(cpus))
         start += size
     return plan
+
+
+def default_threads(cores: int) -> int:
+    """BLAS threads for a worker on ``cores`` cores when none are asked for: one fewer, at least one.
+
+    The worker's own threads (the engine loop, HTTP, detokenizing) need a core too; a BLAS thread
+    that shares it is descheduled mid-product while its peers wait. On 2 cores one thread decoded
+    as fast as two, and held up far better beside busy processes (docs/benchmarks.md, "Noisy
+    neighbours").
+    """
+    return max(1, cores - 1)
 
 
 def format_cpus(cpus: Iterable[int]) -> str:

@@ -56,7 +56,7 @@ def _entry_from(line: bytes, key: str) -> ResolvedModel | None:
 
 def choose_blas(config: ResolvedModel, cpus: tuple[int, ...] | None, state_dir: Path) -> ActiveBlas:
     """Load the BLAS MLX will use (before mlx is imported), with this worker's thread count."""
-    threads = config.threads or len(cpus or cpu_shares.available_cpus())
+    threads = config.threads or cpu_shares.default_threads(len(cpus or cpu_shares.available_cpus()))
     return activate(config.blas, threads, memo_dir=state_dir / "blas")
 
 

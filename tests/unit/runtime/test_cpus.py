@@ -8,22 +8,26 @@ import sys
 
 import pytest
 
-from vllmmlxd.runtime.cpus import CpuShare, can_pin, format_cpus, parse_cpus, plan_shares
+from vllmmlxd.runtime.cpus import CpuShare, can_pin, default_threads, format_cpus, parse_cpus, plan_shares
 
 
 def cores(plan: dict[str, CpuShare]) -> dict[str, str]:
     return {name: share.render() for name, share in plan.items()}
 
 
-def test_one_worker_gets_every_core():
+def test_one_worker_gets_every_core_and_leaves_one_to_its_own_threads():
     plan = plan_shares({"a": None}, range(8))
-    assert cores(plan) == {"a": "0-7"} and plan["a"].threads == 8 and not plan["a"].oversubscribed
+    assert cores(plan) == {"a": "0-7"} and plan["a"].threads == 7 and not plan["a"].oversubscribed
+
+
+def test_the_default_thread_count_is_one_fewer_than_the_cores_and_never_zero():
+    assert [default_threads(n) for n in (1, 2, 3, 16)] == [1, 1, 2, 15]
 
 
 def test_even_split_is_disjoint_and_the_first_entries_take_the_remainder():
     plan = plan_shares({"a": None, "b": None, "c": None}, range(8))
     assert cores(plan) == {"a": "0-2", "b": "3-5", "c": "6-7"}
-    assert [s.threads for s in plan.values()] == [3, 3, 2]
+    assert [s.threads for s in plan.values()] == [2, 2, 1]
     assert not any(s.oversubscribed for s in plan.values())
 
 
