@@ -3,10 +3,10 @@
     python bench/join_stall.py [--model builtin:smollm2-135m-instruct] [--prompt-tokens 2000] [--runs 2]
 
 One `vllmmlxd serve` worker. A stream generates (greedy, `ignore_eos`); once it is decoding, a
-request with a prompt of about --prompt-tokens arrives. The stream's gaps between tokens, from
-when the prompt arrives until its first token: the worst against the median of the stream's
-gaps before it arrived. (The prefill itself is cut into chunks sized to about two decode steps;
-what is measured here is everything else a step does while a prompt joins.)
+request with a prompt of about --prompt-tokens arrives (a new one each run: cold). The stream's
+gaps between tokens, from when the prompt arrives until its last token (its chunks, its join
+into the batch, the step that stores it in the prefix cache): the worst against the median of
+the stream's gaps before it arrived. The stream is ended ten tokens after the prompt's first.
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ from tests.support.servers import start_serve  # noqa: E402
 WORDS = "the river keeps its own time and the town beside it learns the tides by heart".split()
 
 
-def long_prompt(tokens: int) -> str:
-    return " ".join(WORDS[i % len(WORDS)] + (str(i) if i % 7 == 0 else "") for i in range(int(tokens * 0.75)))
+def long_prompt(tokens: int, run: int) -> str:
+    """About ``tokens`` tokens, different for each ``run`` from its start: every run's prompt is cold."""
+    words = (WORDS[i % len(WORDS)] + (str(i) if i % 7 == 0 else "") for i in range(int(tokens * 0.75)))
+    return f"Run {run}. " + " ".join(words)
 
 
-def stream_times(url: str, body: dict, out: list[float], first: threading.Event | None = None) -> None:
+def stream_times(url: str, body: dict, out: list[float], first: threading.Event | None = None, until=None) -> None:
+    """Append each text chunk's arrival to ``out``; ``until()`` true ends the stream there (a cancel)."""
     body = {**body, "model": "m", "temperature": 0, "stream": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=1200) as r:
         for line in r.iter_lines():
@@ -44,13 +47,18 @@ def stream_times(url: str, body: dict, out: list[float], first: threading.Event 
                     out.append(time.perf_counter())
                     if first is not None:
                         first.set()
+                    if until is not None and until():
+                        break
 
 
-def measure(url: str, prompt_tokens: int) -> dict:
+def measure(url: str, prompt_tokens: int, run: int) -> dict:
     running: list[float] = []
     joined: list[float] = []
     stream = threading.Thread(
-        target=stream_times, args=(url, {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}, running)
+        target=stream_times,
+        args=(url, {"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True}, running),
+        # It streams until the long prompt's first token, and ten tokens more.
+        kwargs={"until": lambda: bool(joined) and sum(t > joined[0] for t in running) >= 10},
     )
     stream.start()
     while len(running) < 30:
@@ -58,13 +66,14 @@ def measure(url: str, prompt_tokens: int) -> dict:
     arrived = time.perf_counter()
     done = threading.Event()
     joiner = threading.Thread(
-        target=stream_times, args=(url, {"prompt": long_prompt(prompt_tokens), "max_tokens": 4}, joined, done)
+        target=stream_times, args=(url, {"prompt": long_prompt(prompt_tokens, run), "max_tokens": 4}, joined, done)
     )
     joiner.start()
     joiner.join()
     stream.join()
     before = [b - a for a, b in zip(running, running[1:]) if b < arrived]
-    during = [b - a for a, b in zip(running, running[1:]) if b >= arrived and a <= joined[0]]
+    # From its arrival to its last token: the join, and the step that stores it in the prefix cache.
+    during = [b - a for a, b in zip(running, running[1:]) if b >= arrived and a <= joined[-1]]
     return {"median": statistics.median(before[5:]), "worst": max(during), "ttft": joined[0] - arrived}
 
 
@@ -77,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     server = start_serve(args.model, "--timeout", "1200", *args.flags.split())
     try:
-        results = [measure(server.url, args.prompt_tokens) for _ in range(args.runs)]
+        results = [measure(server.url, args.prompt_tokens, run) for run in range(args.runs)]
     finally:
         server.stop()
     for r in results:

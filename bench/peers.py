@@ -358,8 +358,9 @@ class Client:
 
     RETRIED = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
-    def __init__(self, url: str, model: str, ignore_eos: bool):
+    def __init__(self, url: str, model: str, ignore_eos: bool, extra: dict | None = None):
         self.url, self.model, self.ignore_eos = url + "/v1/completions", model, ignore_eos
+        self.extra = extra or {}  # more request fields
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10),
                                       limits=httpx.Limits(max_connections=2 * MAX_CONCURRENCY))
         self.retries = 0
@@ -367,7 +368,7 @@ class Client:
     async def complete(self, prompt: str, max_tokens: int, on_chunk=None) -> Reply:
         """One request; ``on_chunk(n)`` after each chunk with text, and a true answer ends the stream there."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+                "stream_options": {"include_usage": True}, **self.extra}
         if self.ignore_eos:
             body["ignore_eos"] = True
         reply, usage = Reply(time.perf_counter(), []), None
