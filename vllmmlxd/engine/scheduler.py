@@ -319,6 +319,8 @@ class Scheduler:
         )
         self.lockstep.step(self.gen.prefill_step_size)
         started = self.clock()
+        if self.spec is not None:  # times the step before this one (speculative.StepCosts)
+            self.spec.costs.lap(started)
         staged, tower = 0, False
         staged_progress: list[tuple[Sequence, int]] = []
         try:
@@ -343,6 +345,9 @@ class Scheduler:
             prefilled = self._note_prefill(prompt_responses) + staged
         self._cache_prompts(prompt_responses)
         took = self.clock() - started
+        if self.spec is not None:
+            alone = not prefilled and not prompt_responses and not self.staged
+            self.spec.costs.ended(alone=alone and not any(r.finish_reason for r in responses))
         self.stats.last_step_s = took
         if self.lockstep.distributed:
             self.stats.last_frame_at = time.monotonic()

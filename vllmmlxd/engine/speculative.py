@@ -25,8 +25,11 @@ yields one to ``num_draft + 1`` tokens a sequence, where a plain step yields one
   by the difference into its left padding (mlx-lm's ``BatchKVCache`` keeps rows left-padded).
 - **Adaptive**: a row whose drafts keep failing pauses drafting for a growing number of steps;
   and the step's draft width is the one whose expected tokens per second is highest, from
-  each row's acceptance rate and the measured cost of a forward pass (``a + b * tokens``), so
-  a full batch on a compute-bound machine drafts less or not at all.
+  each row's acceptance rate (of the drafts it tried) and what this batch's own steps cost,
+  timed by the engine's loop (``StepCosts``: a plain step, and each drafted position a
+  verifying step adds; the prefill fit stands in until measured). So a full batch on a
+  compute-bound machine drafts less or not at all, and every few plain steps one drafts anyway
+  to measure again.
 
 Built on mlx-lm 0.32's ``GenerationBatch`` (its rows, caches, processors and stop matchers),
 whose one-token step runs unchanged when no row drafts.
@@ -46,6 +49,7 @@ Method = Literal["prompt-lookup", "draft"]
 PAUSE_AFTER = 3  # drafts rejected whole in a row before a row pauses drafting
 MAX_PAUSE = 64  # steps a row pauses at most
 PRIOR_ACCEPTANCE = 0.5  # what a row's acceptance is taken to be before it has drafted
+EXPLORE_EVERY = 8  # plain steps with drafts at hand after which one verifies anyway, to re-measure it
 
 
 @dataclass(frozen=True)
@@ -88,21 +92,75 @@ def expected_accepted(alpha: float, k: int) -> float:
     return alpha * (1 - alpha**k) / (1 - alpha)
 
 
-def best_width(drafts: list[int], alphas: list[float], cost: tuple[float, float] | None) -> int:
+def best_width(
+    drafts: list[int], alphas: list[float], cost: tuple[float, float] | None, *, drafting: bool = False
+) -> int:
     """The draft width (tokens verified a row, less one) that yields the most tokens per second:
-    a forward pass of ``T`` tokens costs ``a + b * T``; a row with ``n`` drafts at width ``K``
-    verifies ``min(n, K)`` of them. No cost measured yet: the widest."""
+    a step costs ``a + b * drafted`` (``a``: the plain step, ``b``: each drafted position it
+    verifies on top); a row with ``n`` drafts at width ``K`` verifies ``min(n, K)`` of them. No
+    cost measured yet: the widest. ``drafting``: the best width above 0."""
     widest = max(drafts, default=0)
     if cost is None or widest == 0:
         return widest
-    per_call, per_token = cost
+    plain, per_draft = cost
     rows = len(drafts)
 
     def rate(k: int) -> float:
         gained = sum(expected_accepted(a, min(n, k)) for n, a in zip(drafts, alphas))
-        return (rows + gained) / (per_call + per_token * rows * (k + 1))
+        return (rows + gained) / (plain + per_draft * rows * k)
 
-    return max(range(widest + 1), key=rate)
+    return max(range(1 if drafting else 0, widest + 1), key=rate)
+
+
+class StepCosts:
+    """What the batch's steps really cost, timed from one step's start to the next's: the
+    scheduler's work between them counts, and so does mlx-lm's overlap of a plain step's forward
+    pass with it (a verifying step waits for its logits). A plain step's seconds are kept by row
+    count; each drafted position a verifying step adds is priced against the plain step of as
+    many rows. A step that also prefilled, admitted or finished rows is not timed."""
+
+    def __init__(self, alpha: float = 0.2):
+        self.alpha = alpha
+        self.plain: dict[int, float] = {}
+        self.per_draft: float | None = None  # seconds a verified drafted position adds to a step
+        self.prior: float | None = None  # the same from the prefill fit, until measured
+        self.last: tuple[int, int] | None = None  # the step just run: (rows, drafted positions verified)
+        self._started: float | None = None
+        self._clean = False
+
+    def lap(self, now: float) -> None:
+        """A step starts at ``now``: the one before it is timed, if it was a step of its own."""
+        if self._started is not None and self._clean and self.last is not None:
+            rows, drafted = self.last
+            seconds = now - self._started
+            plain = self.plain.get(rows)
+            if not drafted:
+                self.plain[rows] = seconds if plain is None else plain + self.alpha * (seconds - plain)
+            elif plain is not None:
+                extra = max(seconds - plain, 0.0) / drafted
+                known = self.per_draft if self.per_draft is not None else self.prior
+                if known is not None:  # one slow step (a new shape's first run, a pause) moves it a little
+                    extra = min(extra, 2 * known)
+                self.per_draft = (
+                    extra if self.per_draft is None else self.per_draft + self.alpha * (extra - self.per_draft)
+                )
+        self._started, self._clean, self.last = now, False, None
+
+    def ended(self, *, alone: bool) -> None:
+        """The step ran; ``alone``: it only decoded (no prefill, no row joined or left)."""
+        self._clean = alone
+
+    def cost(self, rows: int, fit: tuple[float, float] | None) -> tuple[float, float] | None:
+        """(a plain step of ``rows`` rows, a drafted position) in seconds: measured where it was,
+        else from ``fit``, a forward pass's measured ``a + b * tokens``."""
+        plain = self.plain.get(rows)
+        if fit is not None:
+            self.prior = fit[1]
+            plain = plain if plain is not None else fit[0] + fit[1] * rows
+            return plain, self.per_draft if self.per_draft is not None else fit[1]
+        if plain is not None and self.per_draft is not None:
+            return plain, self.per_draft
+        return None
 
 
 @dataclass
@@ -143,7 +201,10 @@ class RowDrafting:
             return
         self.drafted += drafted
         self.accepted += accepted
-        self.alpha += 0.3 * (accepted / drafted - self.alpha)
+        # A draft is judged only once those before it were kept: after a rejection the rest were
+        # never tried, so the chance that a tried draft is kept is accepted / tried.
+        tried = accepted + (1 if accepted < drafted else 0)
+        self.alpha += 0.3 * (accepted / tried - self.alpha)
         if accepted:
             self.misses = 0
             return
@@ -226,7 +287,9 @@ class SpeculativeBatch(GenerationBatch):
     drafter: DraftModel | None  # method draft: the draft model; None: prompt lookup
     rows: dict[int, RowDrafting]  # by uid; the scheduler adds a row as it inserts it and drops it as it leaves
     stats: SpeculationStats
-    cost: Callable[[], tuple[float, float] | None]  # the measured cost of a forward pass
+    cost: Callable[[], tuple[float, float] | None]  # the measured cost of a prefill call: a + b * tokens
+    costs: StepCosts  # what its own steps cost (timed by the scheduler's loop)
+    plain_with_drafts: int  # plain steps in a row that had drafts at hand
 
     @classmethod
     def make(
@@ -239,6 +302,7 @@ class SpeculativeBatch(GenerationBatch):
     ) -> SpeculativeBatch:
         batch = cls.empty(model, fallback_sampler)
         batch.options, batch.rows, batch.stats, batch.cost = options, {}, SpeculationStats(), cost
+        batch.costs, batch.plain_with_drafts = StepCosts(), 0
         batch.drafter = DraftModel(draft_model) if draft_model is not None else None
         return batch
 
@@ -246,6 +310,7 @@ class SpeculativeBatch(GenerationBatch):
         if not self.uids:
             return []
         plan = self._plan()
+        self.costs.last = (len(self.uids), 0 if plan is None else sum(len(d) for d in plan[0]))
         if plan is None:
             if self.drafter is not None:  # drafts proposed and not verified: their tokens are not the rows'
                 for drafting in self.rows.values():
@@ -277,7 +342,13 @@ class SpeculativeBatch(GenerationBatch):
             pending = cast(list[int | None], cast(mx.array, self._next_tokens).tolist())
         drafts = [self._propose(i, row, pending[i]) for i, row in enumerate(rows)]
         alphas = [r.alpha if r is not None else 0.0 for r in rows]
-        width = best_width([len(d) for d in drafts], alphas, self.cost() if self.options.adaptive else None)
+        width = max((len(d) for d in drafts), default=0)
+        if self.options.adaptive and width:
+            # Now and then a step drafts though the costs say not to: they drift, and are re-measured.
+            explore = self.plain_with_drafts >= EXPLORE_EVERY
+            cost = self.costs.cost(len(rows), self.cost())
+            width = best_width([len(d) for d in drafts], alphas, cost, drafting=explore)
+            self.plain_with_drafts = 0 if width else self.plain_with_drafts + 1
         if width == 0:
             return None
         return [d[:width] for d in drafts], width

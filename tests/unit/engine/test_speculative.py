@@ -16,6 +16,7 @@ from vllmmlxd.engine.speculative import (
     PAUSE_AFTER,
     RowDrafting,
     SpeculationOptions,
+    StepCosts,
     best_width,
     expected_accepted,
     lookup_drafts,
@@ -42,11 +43,43 @@ def test_the_width_is_the_one_with_the_most_tokens_per_second():
     assert expected_accepted(0.5, 0) == 0 and expected_accepted(1.0, 4) == 4
     assert expected_accepted(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
     assert best_width([4, 2, 0], [0.9, 0.9, 0.1], None) == 4  # nothing measured yet: all of it
-    weight_bound = (0.040, 0.0001)  # a forward pass is mostly reading the weights: drafts are cheap
+    weight_bound = (0.040, 0.0001)  # (a plain step, a drafted position): reading the weights dominates
     assert best_width([4, 4], [0.8, 0.8], weight_bound) == 4
-    compute_bound = (0.001, 0.010)  # each token costs: with 16 rows, drafts that rarely land are not worth it
+    compute_bound = (0.016, 0.010)  # each token costs: with 16 rows, drafts that rarely land are not worth it
     assert best_width([4] * 16, [0.1] * 16, compute_bound) == 0
+    assert best_width([4] * 16, [0.1] * 16, compute_bound, drafting=True) >= 1  # exploring: the best above 0
     assert best_width([0, 0], [0.9, 0.9], weight_bound) == 0
+    one_thread_cpu = (0.050, 0.0095)  # SmolLM2 on one BLAS thread, measured: a plain step, a verified draft
+    assert best_width([8], [0.9], one_thread_cpu) >= 4 and best_width([8], [0.15], one_thread_cpu) == 0
+
+
+def test_step_costs_time_each_step_from_its_start_to_the_next_and_skip_steps_that_did_more():
+    costs = StepCosts(alpha=0.5)
+    assert costs.cost(1, None) is None and costs.cost(1, (0.02, 0.01)) == pytest.approx((0.03, 0.01))
+    for start, last, alone in [
+        (0.0, (2, 0), True),  # a plain step of 2 rows: 40 ms
+        (0.040, (2, 0), True),  # another: 60 ms
+        (0.100, (2, 8), True),  # verifying 8 drafted positions: 130 ms, 80 more than a plain step
+        (0.230, (2, 0), False),  # it also prefilled: not its own cost
+        (0.900, (2, 0), True),
+    ]:
+        costs.lap(start)
+        costs.last = last
+        costs.ended(alone=alone)
+    costs.lap(0.950)
+    assert costs.plain == {2: pytest.approx(0.050)}  # 40 ms, then 60 at alpha 0.5: 50; then 50 again
+    assert costs.per_draft == pytest.approx(0.080 / 8)
+    assert costs.cost(2, (1.0, 1.0)) == pytest.approx((0.050, 0.010))  # measured beats the prefill fit
+    assert costs.cost(3, (0.02, 0.01)) == pytest.approx((0.05, 0.010))  # no plain step of 3 rows yet
+
+
+def test_a_rows_acceptance_counts_only_the_drafts_that_were_tried():
+    row = RowDrafting(enabled=True, alpha=0.0)
+    row.record(8, 4)  # four kept, the fifth rejected, three never tried: 4 of 5
+    assert row.alpha == pytest.approx(0.3 * 4 / 5)
+    row = RowDrafting(enabled=True, alpha=0.0)
+    row.record(4, 4)  # all kept
+    assert row.alpha == pytest.approx(0.3)
 
 
 def test_a_row_whose_drafts_keep_failing_pauses_longer_each_time_and_an_acceptance_resets_it():
