@@ -55,8 +55,8 @@ def main() -> None:
 
     model = load_model(args.model, resolve_state_dir()).model
     layers = model.layers if hasattr(model, "layers") else model.model.layers
-    eager_blocks = [layer.__class__.__call__ for layer in layers]
     block_class = layers[0].__class__
+    eager_call = block_class.__call__
 
     def mlp_half(layer):
         def half(h):
@@ -74,7 +74,7 @@ def main() -> None:
                 layer._half = mlp_half(layer)
             block_class.__call__ = compiled_block_call
         else:
-            block_class.__call__ = eager_blocks[0]
+            block_class.__call__ = eager_call
 
     def run(batch: int, variant: str) -> tuple[float, list[list[int]]]:
         use(variant)

@@ -34,8 +34,7 @@ import time
 from pathlib import Path
 
 from common import REPO, cpu_name, write_section
-import httpx
-from peers import Client, Contender, launch, peer_blas_env, stop, wait_healthy
+from peers import Client, Contender, launch, peer_blas_env, reported_blas, stop, wait_healthy
 
 sys.path.insert(0, str(REPO))
 
@@ -61,16 +60,6 @@ def prepare(model: str) -> dict:
     )
     out = subprocess.run([sys.executable, "-c", code, model], capture_output=True, text=True, cwd=REPO, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def reported_blas(url: str) -> str | None:
-    """The library and threads a vllmmlxd worker says it runs (``runtime`` in /v1/status)."""
-    try:
-        runtime = httpx.get(url + "/v1/status", timeout=10).json().get("runtime") or {}
-    except (httpx.HTTPError, ValueError):
-        return None
-    threads = runtime.get("threads")
-    return f"{runtime['blas']}, {threads} thread{'s' if threads != 1 else ''}" if "blas" in runtime else None
 
 
 def contenders(names: list[str], blas: dict) -> list[tuple[str, Contender]]:
@@ -183,7 +172,7 @@ def render(rows: dict, args, blas: dict, cores: int) -> str:
         if "error" in r and not any(isinstance(k, tuple) for k in r):
             lines.append(f"| {label} | {r['error']} | | | | | | |")
             continue
-        cells = [f"{label} ({r['blas']})" if "blas" in r else label]
+        cells = [f"{label}: {r['blas']}" if "blas" in r else label]
         for kind in ("single", "16-way"):
             quiet, busy = r[("quiet", kind)]["tps"], r[("busy", kind)]["tps"]
             cells += [f"{quiet:.1f}", f"{busy:.1f}", f"{busy / quiet:.2f}x" if quiet else "-"]

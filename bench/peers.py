@@ -584,7 +584,8 @@ def last_line(log: Path) -> str:
 def reported_blas(url: str) -> str | None:
     try:
         runtime = httpx.get(url + "/v1/status", timeout=10).json().get("runtime") or {}
-        return f"{runtime['blas']} ({runtime.get('threads')} threads)" if "blas" in runtime else None
+        threads = runtime.get("threads")
+        return f"{runtime['blas']} ({threads} thread{'' if threads == 1 else 's'})" if "blas" in runtime else None
     except (httpx.HTTPError, ValueError):
         return None
 

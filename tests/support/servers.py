@@ -66,9 +66,9 @@ def start_serve(
     """``vllmmlxd serve MODEL`` as a real subprocess, healthy on return.
 
     On one BLAS thread unless ``--threads`` is among the flags or ``threads`` is None (the worker's
-    default: one fewer than the cores, on any machine): the suite runs three test processes and their workers on two cores, where a
-    second thread decodes no faster and costs 18-36% more CPU (SmolLM2, quiet and beside four busy
-    processes, 2026-12-02). A test that pushes whole entries through ``--health-socket``, as the
+    default: one fewer than the cores, on any machine): the suite runs three test processes and
+    their workers on two cores, where a second thread decodes no faster and costs 18-36% more CPU
+    (SmolLM2, quiet and beside four busy processes, 2026-12-02). A test that pushes whole entries through ``--health-socket``, as the
     daemon does, passes ``threads=None``: threads cannot change in a running worker."""
     port = port or free_port()
     if threads is not None and "--threads" not in flags:

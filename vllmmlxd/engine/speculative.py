@@ -117,13 +117,14 @@ class StepCosts:
     scheduler's work between them counts, and so does mlx-lm's overlap of a plain step's forward
     pass with it (a verifying step waits for its logits). A plain step's seconds are kept by row
     count; each drafted position a verifying step adds is priced against the plain step of as
-    many rows. A step that also prefilled, admitted or finished rows is not timed."""
+    many rows. A step that also prefilled, admitted or finished rows is not timed. Until a cost
+    is measured, ``prefill`` stands in: the step timer's fit of a forward pass, ``a + b * tokens``."""
 
-    def __init__(self, alpha: float = 0.2):
+    def __init__(self, prefill: Callable[[], tuple[float, float] | None] = lambda: None, alpha: float = 0.2):
+        self.prefill = prefill
         self.alpha = alpha
         self.plain: dict[int, float] = {}
         self.per_draft: float | None = None  # seconds a verified drafted position adds to a step
-        self.prior: float | None = None  # the same from the prefill fit, until measured
         self.last: tuple[int, int] | None = None  # the step just run: (rows, drafted positions verified)
         self._started: float | None = None
         self._clean = False
@@ -135,27 +136,30 @@ class StepCosts:
             seconds = now - self._started
             plain = self.plain.get(rows)
             if not drafted:
-                self.plain[rows] = seconds if plain is None else plain + self.alpha * (seconds - plain)
+                self.plain[rows] = self._moved(plain, seconds)
             elif plain is not None:
                 extra = max(seconds - plain, 0.0) / drafted
-                known = self.per_draft if self.per_draft is not None else self.prior
+                fit = self.prefill()
+                known = self.per_draft if self.per_draft is not None else fit[1] if fit is not None else None
                 if known is not None:  # one slow step (a new shape's first run, a pause) moves it a little
                     extra = min(extra, 2 * known)
-                self.per_draft = (
-                    extra if self.per_draft is None else self.per_draft + self.alpha * (extra - self.per_draft)
-                )
+                self.per_draft = self._moved(self.per_draft, extra)
         self._started, self._clean, self.last = now, False, None
 
     def ended(self, *, alone: bool) -> None:
         """The step ran; ``alone``: it only decoded (no prefill, no row joined or left)."""
         self._clean = alone
 
-    def cost(self, rows: int, fit: tuple[float, float] | None) -> tuple[float, float] | None:
+    def _moved(self, old: float | None, new: float) -> float:
+        """A moving average's next value."""
+        return new if old is None else old + self.alpha * (new - old)
+
+    def cost(self, rows: int) -> tuple[float, float] | None:
         """(a plain step of ``rows`` rows, a drafted position) in seconds: measured where it was,
-        else from ``fit``, a forward pass's measured ``a + b * tokens``."""
+        else from the prefill fit."""
         plain = self.plain.get(rows)
+        fit = self.prefill()
         if fit is not None:
-            self.prior = fit[1]
             plain = plain if plain is not None else fit[0] + fit[1] * rows
             return plain, self.per_draft if self.per_draft is not None else fit[1]
         if plain is not None and self.per_draft is not None:
@@ -287,8 +291,7 @@ class SpeculativeBatch(GenerationBatch):
     drafter: DraftModel | None  # method draft: the draft model; None: prompt lookup
     rows: dict[int, RowDrafting]  # by uid; the scheduler adds a row as it inserts it and drops it as it leaves
     stats: SpeculationStats
-    cost: Callable[[], tuple[float, float] | None]  # the measured cost of a prefill call: a + b * tokens
-    costs: StepCosts  # what its own steps cost (timed by the scheduler's loop)
+    costs: StepCosts  # what its own steps cost (timed by the scheduler's loop; the prefill fit before)
     plain_with_drafts: int  # plain steps in a row that had drafts at hand
 
     @classmethod
@@ -301,8 +304,8 @@ class SpeculativeBatch(GenerationBatch):
         draft_model: Any = None,
     ) -> SpeculativeBatch:
         batch = cls.empty(model, fallback_sampler)
-        batch.options, batch.rows, batch.stats, batch.cost = options, {}, SpeculationStats(), cost
-        batch.costs, batch.plain_with_drafts = StepCosts(), 0
+        batch.options, batch.rows, batch.stats = options, {}, SpeculationStats()
+        batch.costs, batch.plain_with_drafts = StepCosts(cost), 0
         batch.drafter = DraftModel(draft_model) if draft_model is not None else None
         return batch
 
@@ -346,8 +349,7 @@ class SpeculativeBatch(GenerationBatch):
         if self.options.adaptive and width:
             # Now and then a step drafts though the costs say not to: they drift, and are re-measured.
             explore = self.plain_with_drafts >= EXPLORE_EVERY
-            cost = self.costs.cost(len(rows), self.cost())
-            width = best_width([len(d) for d in drafts], alphas, cost, drafting=explore)
+            width = best_width([len(d) for d in drafts], alphas, self.costs.cost(len(rows)), drafting=explore)
             self.plain_with_drafts = 0 if width else self.plain_with_drafts + 1
         if width == 0:
             return None

@@ -58,9 +58,9 @@ def default_threads(cores: int) -> int:
     """BLAS threads for a worker on ``cores`` cores when none are asked for: one fewer, at least one.
 
     The worker's own threads (the engine loop, HTTP, detokenizing) need a core too; a BLAS thread
-    that shares it is descheduled mid-product while its peers wait. On 2 cores one thread decoded
-    as fast as two, and held up far better beside busy processes (docs/benchmarks.md, "Noisy
-    neighbours").
+    that shares it is descheduled mid-product while its peers wait. On 2 cores, beside busy
+    processes, one thread decoded 16-49% faster than two; quiet, two were up to a third faster
+    (docs/benchmarks.md, "Noisy neighbours"): the default holds up when the machine is shared.
     """
     return max(1, cores - 1)
 
