@@ -10,15 +10,13 @@ import numpy as np
 import pytest
 
 from tests.unit.engine.scheduler_fakes import CountingModel, FakeClock, Harness, decode_ids
+from vllmmlxd.engine.draft_width import StepCosts, best_width, expected_accepted
 from vllmmlxd.engine.options import EngineOptions
 from vllmmlxd.engine.speculative import (
     MAX_PAUSE,
     PAUSE_AFTER,
     RowDrafting,
     SpeculationOptions,
-    StepCosts,
-    best_width,
-    expected_accepted,
     lookup_drafts,
 )
 
