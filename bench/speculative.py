@@ -151,9 +151,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=300)
     parser.add_argument("--num-draft", type=int, default=8)
     parser.add_argument("--write", type=Path)
+    parser.add_argument("--flags", default="", help="more flags for vllmmlxd serve")
+    parser.add_argument("--only", help="run only the workloads whose label starts with this")
     args = parser.parse_args()
     flags = ("--speculative", "prompt-lookup", "--num-draft", str(args.num_draft), "--max-num-seqs", "8")
-    server = start_serve(args.model, *flags, "--timeout", "1200")
+    server = start_serve(args.model, *flags, "--timeout", "1200", *args.flags.split())
     rows = {}
     try:
         url = server.url
@@ -163,6 +165,8 @@ def main() -> None:
             "free-form (one stream)": {"messages": [{"role": "user", "content": FREE}], "max_tokens": args.tokens},
         }
         for label, body in workloads.items():
+            if args.only and not label.startswith(args.only):
+                continue
             on, off = [], []
             for _ in range(args.runs):
                 plain = stream(url, {**body, "speculative": False})
@@ -171,11 +175,12 @@ def main() -> None:
                 on.append(rate(drafted))
                 off.append(rate(plain))
             rows[label] = (statistics.median(off), statistics.median(on))
-        edits = [{"prompt": edit_prompt(i), "max_tokens": args.tokens} for i in range(8)]
-        off8, texts_off = together(url, [{**b, "speculative": False} for b in edits])
-        on8, texts_on = together(url, edits)
-        assert texts_on == texts_off, "8 edits: the greedy answers differ with speculation"
-        rows["8 edits at once (total)"] = (off8, on8)
+        if not args.only or "8 edits".startswith(args.only):
+            edits = [{"prompt": edit_prompt(i), "max_tokens": args.tokens} for i in range(8)]
+            off8, texts_off = together(url, [{**b, "speculative": False} for b in edits])
+            on8, texts_on = together(url, edits)
+            assert texts_on == texts_off, "8 edits: the greedy answers differ with speculation"
+            rows["8 edits at once (total)"] = (off8, on8)
         status = httpx.get(url + "/v1/status").json()["speculative"]
     finally:
         server.stop()

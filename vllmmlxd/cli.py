@@ -179,7 +179,7 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
         help="prompt-lookup: drafts from each request's own prompt and output; draft: a small model drafts",
     )
     spec.add_argument("--num-draft", type=int, help="tokens drafted per step at most (default 4)")
-    spec.add_argument("--ngram", type=int, help="prompt-lookup: tokens matched to find a draft (default 3)")
+    spec.add_argument("--ngram", type=int, help="prompt-lookup: tokens matched to find a draft (default 6)")
     spec.add_argument("--draft-model", metavar="SPEC", help="draft: the drafting model, of the same tokenizer")
     spec.add_argument(
         "--no-adaptive-speculation",

@@ -12,7 +12,7 @@ SPECULATIVE_METHODS = ("prompt-lookup", "draft")
 
 
 class SpeculativeConfig(Strict):
-    """``speculative: {method: prompt-lookup, num_draft: 4, ngram: 3}``, or
+    """``speculative: {method: prompt-lookup, num_draft: 4, ngram: 6}``, or
     ``{method: draft, draft_model: SPEC, num_draft: 3}``."""
 
     method: Literal["prompt-lookup", "draft"] = Field(
@@ -21,7 +21,7 @@ class SpeculativeConfig(Strict):
         "draft: a small model of the same tokenizer drafts",
     )
     num_draft: int = Field(4, ge=1, le=16, description="tokens drafted per step at most")
-    ngram: int = Field(3, ge=1, le=8, description="prompt-lookup: the last this-many tokens are looked up (down to 2)")
+    ngram: int = Field(6, ge=1, le=8, description="prompt-lookup: the last this-many tokens are looked up (down to 2)")
     draft_model: str | None = Field(None, description="draft: the drafting model (any model spec)")
     adaptive: bool = Field(
         True,

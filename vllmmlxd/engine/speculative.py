@@ -26,10 +26,9 @@ yields one to ``num_draft + 1`` tokens a sequence, where a plain step yields one
 - **Adaptive**: a row whose drafts keep failing pauses drafting for a growing number of steps;
   and the step's draft width is the one whose expected tokens per second is highest, from
   each row's acceptance rate (of the drafts it tried) and what this batch's own steps cost,
-  timed by the engine's loop (``StepCosts``: a plain step, and each drafted position a
-  verifying step adds; the prefill fit stands in until measured). So a full batch on a
-  compute-bound machine drafts less or not at all, and every few plain steps one drafts anyway
-  to measure again.
+  timed by the engine's loop (``StepCosts``: a plain step, and a verifying step by its width;
+  the prefill fit stands in until measured). So a full batch on a compute-bound machine drafts
+  less or not at all, and every few steps the runner-up width runs, to measure it again.
 
 Built on mlx-lm 0.32's ``GenerationBatch`` (its rows, caches, processors and stop matchers),
 whose one-token step runs unchanged when no row drafts.
@@ -51,7 +50,7 @@ Method = Literal["prompt-lookup", "draft"]
 PAUSE_AFTER = 3  # drafts rejected whole in a row before a row pauses drafting
 MAX_PAUSE = 64  # steps a row pauses at most
 PRIOR_ACCEPTANCE = 0.5  # what a row's acceptance is taken to be before it has drafted
-EXPLORE_EVERY = 8  # plain steps with drafts at hand after which one verifies anyway, to re-measure it
+EXPLORE_EVERY = 8  # every this-many steps with drafts at hand, the runner-up width runs, to measure it again
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ class SpeculationOptions:
 
     method: Method = "prompt-lookup"
     num_draft: int = 4  # tokens drafted a step at most
-    ngram: int = 3  # prompt lookup matches the last this-many tokens (down to 2)
+    ngram: int = 6  # prompt lookup matches the last this-many tokens (down to 2)
     adaptive: bool = True  # the width from costs and acceptance, rows pausing; False: always the widest
 
 
@@ -209,7 +208,7 @@ class SpeculativeBatch(GenerationBatch):
     rows: dict[int, RowDrafting]  # by uid; the scheduler adds a row as it inserts it and drops it as it leaves
     stats: SpeculationStats
     costs: StepCosts  # what its own steps cost (timed by the scheduler's loop; the prefill fit before)
-    plain_with_drafts: int  # plain steps in a row that had drafts at hand
+    decided: int  # steps that had drafts at hand
 
     @classmethod
     def make(
@@ -222,7 +221,7 @@ class SpeculativeBatch(GenerationBatch):
     ) -> SpeculativeBatch:
         batch = cls.empty(model, fallback_sampler)
         batch.options, batch.rows, batch.stats = options, {}, SpeculationStats()
-        batch.costs, batch.plain_with_drafts = StepCosts(cost), 0
+        batch.costs, batch.decided = StepCosts(cost), 0
         batch.drafter = DraftModel(draft_model) if draft_model is not None else None
         return batch
 
@@ -230,7 +229,7 @@ class SpeculativeBatch(GenerationBatch):
         if not self.uids:
             return []
         plan = self._plan()
-        self.costs.last = (len(self.uids), 0 if plan is None else sum(len(d) for d in plan[0]))
+        self.costs.last = (len(self.uids), 0 if plan is None else plan[1])
         if plan is None:
             if self.drafter is not None:  # drafts proposed and not verified: their tokens are not the rows'
                 for drafting in self.rows.values():
@@ -264,10 +263,13 @@ class SpeculativeBatch(GenerationBatch):
         alphas = [r.alpha if r is not None else 0.0 for r in rows]
         width = max((len(d) for d in drafts), default=0)
         if self.options.adaptive and width:
-            # Now and then a step drafts though the costs say not to: they drift, and are re-measured.
-            explore = self.plain_with_drafts >= EXPLORE_EVERY
-            width = best_width([len(d) for d in drafts], alphas, self.costs.cost(len(rows)), drafting=explore)
-            self.plain_with_drafts = 0 if width else self.plain_with_drafts + 1
+            widths, cost = [len(d) for d in drafts], self.costs.cost(len(rows))
+            width = best_width(widths, alphas, cost)
+            # Now and then the runner-up runs instead: costs drift (a busy machine, a longer
+            # context), and a width measured once in a slow moment would otherwise never be again.
+            self.decided += 1
+            if self.decided % EXPLORE_EVERY == 0:
+                width = best_width(widths, alphas, cost, avoid=width)
         if width == 0:
             return None
         return [d[:width] for d in drafts], width
