@@ -74,7 +74,7 @@ def measure(url: str, prompt_tokens: int, run: int) -> dict:
     before = [b - a for a, b in zip(running, running[1:]) if b < arrived]
     # From its arrival to its last token: the join, and the step that stores it in the prefix cache.
     during = [b - a for a, b in zip(running, running[1:]) if b >= arrived and a <= joined[-1]]
-    return {"median": statistics.median(before[5:]), "worst": max(during), "ttft": joined[0] - arrived}
+    return {"median": statistics.median(before[5:]), "worst": max(during), "ttft": joined[0] - arrived, "during": during}
 
 
 def main() -> None:
@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--flags", default="", help="more flags for vllmmlxd serve")
+    parser.add_argument("--gaps", action="store_true", help="print every gap while the prompt joins (ms)")
     args = parser.parse_args()
     server = start_serve(args.model, "--timeout", "1200", *args.flags.split())
     try:
@@ -94,6 +95,8 @@ def main() -> None:
             f"median gap {r['median'] * 1000:.0f} ms, worst while joining {r['worst'] * 1000:.0f} ms "
             f"({r['worst'] / r['median']:.1f}x), the prompt's first token after {r['ttft']:.1f} s"
         )
+        if args.gaps:
+            print(" ".join(f"{g * 1000:.0f}" for g in r["during"]))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import logging
 import queue
 import time
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -35,6 +35,7 @@ from .kv_probe import probe_layout
 from .lockstep import IDLE_FRAME_S, Lockstep
 from .options import EngineOptions
 from .prefix_cache import PromptCache, common_prefix
+from .row_groups import GroupedBatch, GroupedModel, groupable
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence
 from .speculative import RowDrafting, SpeculativeBatch, supports_speculation
@@ -93,8 +94,10 @@ class Scheduler:
         self.clock = time.perf_counter  # times steps for the step timer (a test's fake model brings its own)
 
     def _new_generator(self) -> BatchGenerator:
+        # Rows that join keep their KV apart (row_groups.py); a sharded model runs its own layers.
+        grouping = not self.lockstep.distributed and groupable(self.model)
         gen = BatchGenerator(
-            self.lockstep.wrap(self.model),
+            cast(Any, GroupedModel(self.model)) if grouping else self.lockstep.wrap(self.model),
             completion_batch_size=self.options.max_running,
             prefill_batch_size=min(self.options.max_running, PREFILL_BATCH),
             prefill_step_size=self.options.prefill_step_size,
@@ -103,7 +106,12 @@ class Scheduler:
         # Followers replay rank 0's batch token by token: a sharded entry does not speculate.
         if speculative is not None and not self.lockstep.distributed and supports_speculation(self.model):
             self.spec = SpeculativeBatch.make(gen.model, gen.sampler, speculative, self.timer.cost, self.draft)
+            self.spec.grouping = grouping
             gen._generation_batch = self.spec  # mlx-lm's generator keeps this batch for its life
+        elif grouping:
+            batch = GroupedBatch.empty(gen.model, gen.sampler)
+            batch.grouping = True
+            gen._generation_batch = batch
         return gen
 
     def _kv_budget(self) -> KvBudget:

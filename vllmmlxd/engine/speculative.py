@@ -41,10 +41,10 @@ from typing import Any, Callable, Literal, cast
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll, make_prompt_cache
 
 from .draft_width import StepCosts, best_width
+from .row_groups import GroupedBatch, row_groups
 
 Method = Literal["prompt-lookup", "draft"]
 PAUSE_AFTER = 3  # drafts rejected whole in a row before a row pauses drafting
@@ -200,7 +200,7 @@ class DraftModel:
             row.draft_len = history_len
 
 
-class SpeculativeBatch(GenerationBatch):
+class SpeculativeBatch(GroupedBatch):
     """mlx-lm's generation batch, whose step verifies drafts when rows have some."""
 
     options: SpeculationOptions
@@ -403,19 +403,23 @@ class SpeculativeBatch(GenerationBatch):
 
     def _trim(self, keep: list[int], written: int) -> None:
         """Each row keeps its first ``keep[i]`` of the ``written`` positions the step wrote."""
-        extra = [written - k for k in keep]
-        shared = min(extra)
-        for cache in self.prompt_cache:
-            assert isinstance(cache, BatchKVCache)  # supports_speculation
-            if shared:
-                cache.trim(shared)
-            more = [e - shared for e in extra]
-            if not any(more):
-                continue
-            shift = mx.array(more)
-            end = cache._idx  # the rows' written positions; the buffer past it is spare
-            keys, values = cast(mx.array, cache.keys), cast(mx.array, cache.values)
-            keys[..., :end, :] = dynamic_roll(keys[..., :end, :], shift[:, None], axis=2)
-            values[..., :end, :] = dynamic_roll(values[..., :end, :], shift[:, None], axis=2)
-            cache.left_padding = cache.left_padding + shift
-            cache.offset = cache.offset - shift
+        for layer in self.prompt_cache:
+            for cache, rows in row_groups(layer):
+                assert isinstance(cache, BatchKVCache)  # supports_speculation
+                _trim_rows(cache, [written - k for k in keep[rows]])
+
+
+def _trim_rows(cache: BatchKVCache, extra: list[int]) -> None:
+    """Drop the last ``extra[i]`` written positions of each row of ``cache``."""
+    shared = min(extra)
+    if shared:
+        cache.trim(shared)
+    more = [e - shared for e in extra]
+    if any(more):
+        shift = mx.array(more)
+        end = cache._idx  # the rows' written positions; the buffer past it is spare
+        keys, values = cast(mx.array, cache.keys), cast(mx.array, cache.values)
+        keys[..., :end, :] = dynamic_roll(keys[..., :end, :], shift[:, None], axis=2)
+        values[..., :end, :] = dynamic_roll(values[..., :end, :], shift[:, None], axis=2)
+        cache.left_padding = cache.left_padding + shift
+        cache.offset = cache.offset - shift

@@ -1,0 +1,69 @@
+"""Rows joining a running batch on builtin:tiny keep their KV in groups of their own: each
+greedy answer is the one it gets alone, with requests joining one by one (more than MAX_GROUPS
+of them, so neighbours merge), finishing in between (groups dropped), and speculating."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from vllmmlxd.engine import row_groups
+from vllmmlxd.engine.mlx_engine import MLXEngine
+from vllmmlxd.engine.options import EngineOptions
+from vllmmlxd.engine.speculative import SpeculationOptions
+from vllmmlxd.engine.types import GenerationRequest, SamplingParams, TextDelta
+
+ASKS = [f"Request {i}: " + " ".join(f"word{i * 7 + j}" for j in range(3 + 5 * i)) for i in range(7)]
+LENGTHS = [120, 12, 100, 8, 90, 80, 70]  # two finish while later ones join; five run together at the end
+
+
+@pytest.fixture(scope="module")
+def tiny(state_dir):
+    from vllmmlxd.engine.loader import load_model
+
+    return load_model("builtin:tiny", state_dir)
+
+
+def run(eng: MLXEngine, staggered: bool) -> list[str]:
+    async def one(i: int, started: list[asyncio.Event]) -> str:
+        if staggered and i:
+            await started[i - 1].wait()  # joins once the one before it is decoding
+        params = SamplingParams(max_tokens=LENGTHS[i], temperature=0.0, ignore_eos=True)
+        out = ""
+        async for event in eng.generate(GenerationRequest(eng.tokenize(ASKS[i]), params)):
+            if isinstance(event, TextDelta):
+                out += event.text
+                started[i].set()
+        return out
+
+    async def all_of() -> list[str]:
+        started = [asyncio.Event() for _ in ASKS]
+        return list(await asyncio.gather(*(one(i, started) for i in range(len(ASKS)))))
+
+    return asyncio.run(all_of())
+
+
+@pytest.fixture(scope="module")
+def alone(tiny):
+    eng = MLXEngine(tiny, options=EngineOptions(max_num_seqs=1))
+    try:
+        return run(eng, staggered=False)  # one at a time: no batch to join
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("spec", [None, SpeculationOptions(num_draft=3, adaptive=False)], ids=["plain", "lookup"])
+def test_requests_joining_one_by_one_answer_as_they_do_alone(tiny, alone, spec, monkeypatch):
+    joined: list[int] = []
+    extend = row_groups.GroupedKV.extend
+    monkeypatch.setattr(row_groups.GroupedKV, "extend", lambda self, other: (joined.append(1), extend(self, other)))
+    merge = row_groups.GroupedKV.merge
+    merged: list[int] = []
+    monkeypatch.setattr(row_groups.GroupedKV, "merge", lambda self, a, b: (merged.append(1), merge(self, a, b)))
+    eng = MLXEngine(tiny, options=EngineOptions(max_num_seqs=8, speculative=spec))
+    try:
+        assert run(eng, staggered=True) == alone
+    finally:
+        eng.close()
+    assert joined and merged  # rows joined as groups of their own, and past MAX_GROUPS neighbours merged
