@@ -76,6 +76,8 @@ def written(ports: dict, name: str, blocks: int, timeout: float = 30) -> dict:
 
 def replaced(d: Daemon, name: str, pid: int, what: str) -> None:
     d.wait_for(lambda ms: ms[name]["pid"] not in (None, pid) and ms[name]["state"] == "ready", 120, what)
+    # The old worker drains: until it exits it may still take a request (and answer from its memory).
+    assert wait_gone([pid], timeout=60), what
 
 
 def test_a_swap_and_a_crash_read_the_blocks_back_and_damaged_files_cost_only_a_prefill(setup):

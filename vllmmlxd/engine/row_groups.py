@@ -17,10 +17,12 @@ model keeps mlx-lm's single array (``groupable``).
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, cast
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationBatch
+from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
@@ -139,64 +141,100 @@ def row_groups(cache: Any) -> Iterator[tuple[BatchKVCache, slice]]:
         yield cache, slice(0, rows_of(cache))
 
 
+@dataclass
+class Segment:
+    """Rows that attend to one cache: ``tokens`` (B, L) and that cache's layers."""
+
+    tokens: mx.array
+    cache: list[Any]  # a BatchKVCache a layer
+
+
 class GroupedModel:
-    """The model as the batch calls it: over grouped caches, attention group by group."""
+    """The model as the batch calls it: over grouped caches, attention group by group; and with
+    a prompt's chunk riding along (``rider``), which the same pass prefills."""
 
     def __init__(self, model: Any):
         self.model = model
+        self.rider: Segment | None = None  # a prompt chunk waiting for the batch's next pass
+        self.rode = 0  # prompt tokens the passes since the scheduler last looked carried along
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
 
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **kwargs: Any) -> mx.array:
-        if not cache or not isinstance(cache[0], GroupedKV):
+        rider = self.rider
+        if not cache or kwargs or (rider is not None and cache is rider.cache):
             return self.model(inputs, cache=cache, **kwargs)
-        if len(cache[0].groups) == 1:
-            return self.model(inputs, cache=[c.groups[0] for c in cache], **kwargs)
-        return grouped_forward(self.model, inputs, cache)
+        grouped = isinstance(cache[0], GroupedKV)
+        if rider is None and not grouped:
+            return self.model(inputs, cache=cache)
+        if rider is None and len(cache[0].groups) == 1:
+            return self.model(inputs, cache=[c.groups[0] for c in cache])
+        self.rider = None
+        if rider is not None:
+            self.rode += rider.tokens.size
+        groups = (
+            [Segment(inputs[a:b], [c.groups[i] for c in cache]) for i, (a, b) in enumerate(cache[0].spans())]
+            if grouped
+            else [Segment(inputs, cache)]
+        )
+        return grouped_forward(self.model, groups, rider)
 
 
-def grouped_forward(model: Any, inputs: mx.array, cache: list[GroupedKV]) -> mx.array:
-    """The logits of ``inputs`` (rows in batch order), each group attending to its own KV."""
+def grouped_forward(model: Any, segments: list[Segment], rider: Segment | None = None) -> mx.array:
+    """The logits of the segments' rows (in order), each segment attending to its own KV; a
+    ``rider`` goes through the same pass (its KV written, no logits)."""
     inner = model.model
-    h = inner.embed_tokens(inputs)
-    spans = cache[0].spans()
-    # The masks are read before any layer writes: they are the same for every layer.
-    masks = [create_attention_mask(h[a:b], g) for g, (a, b) in zip(cache[0].groups, spans)]
-    for layer, layer_cache in zip(inner.layers, cache):
-        h = h + _attention(layer.self_attn, layer.input_layernorm(h), layer_cache.groups, spans, masks)
+    parts = [*segments, rider] if rider is not None else segments
+    hs = [inner.embed_tokens(p.tokens) for p in parts]
+    # Masks are read before any layer writes: the same for every layer.
+    masks = [create_attention_mask(h, p.cache[0]) for h, p in zip(hs, parts)]
+    shapes = [h.shape[:2] for h in hs]
+    h = mx.concatenate([x.reshape(-1, x.shape[-1]) for x in hs]) if len(hs) > 1 else hs[0].reshape(-1, hs[0].shape[-1])
+    for index, layer in enumerate(inner.layers):
+        caches = [p.cache[index] for p in parts]
+        h = h + _attention(layer.self_attn, layer.input_layernorm(h), shapes, caches, masks)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    out = inner.norm(h)
+    rows = sum(b * n for b, n in shapes[: len(segments)])
+    B, L = shapes[0] if len(segments) == 1 else (rows // shapes[0][1], shapes[0][1])
+    out = inner.norm(h[:rows].reshape(B, L, -1))
     if getattr(model.args, "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
         return inner.embed_tokens.as_linear(out)
     return model.lm_head(out)
 
 
 def _attention(
-    attn: Any, x: mx.array, groups: list[BatchKVCache], spans: list[tuple[int, int]], masks: list[Any]
+    attn: Any, x: mx.array, shapes: list[tuple[int, int]], caches: list[BatchKVCache], masks: list[Any]
 ) -> mx.array:
-    B, L, _ = x.shape
-    queries = attn.q_proj(x).reshape(B, L, attn.n_heads, -1)
-    keys = attn.k_proj(x).reshape(B, L, attn.n_kv_heads, -1)
-    if hasattr(attn, "q_norm"):  # qwen3 normalises each head
-        queries, keys = attn.q_norm(queries), attn.k_norm(keys)
-    queries, keys = queries.transpose(0, 2, 1, 3), keys.transpose(0, 2, 1, 3)
-    values = attn.v_proj(x).reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    outs = []
-    for g, (a, b), mask in zip(groups, spans, masks):
-        q = attn.rope(queries[a:b], offset=g.offset)
-        k, v = g.update_and_fetch(attn.rope(keys[a:b], offset=g.offset), values[a:b])
-        outs.append(scaled_dot_product_attention(q, k, v, cache=g, scale=attn.scale, mask=mask))
-    out = mx.concatenate(outs, axis=0) if len(outs) > 1 else outs[0]
-    return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+    """One layer's attention over the flattened rows ``x``: projections together, the rest a
+    segment at a time (``shapes``: each segment's (rows, length))."""
+    queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    outs, start = [], 0
+    for (B, L), cache, mask in zip(shapes, caches, masks):
+        end = start + B * L
+        q = queries[start:end].reshape(B, L, attn.n_heads, -1)
+        k = keys[start:end].reshape(B, L, attn.n_kv_heads, -1)
+        if hasattr(attn, "q_norm"):  # qwen3 normalises each head
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        v = values[start:end].reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
+        k, v = cache.update_and_fetch(attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset), v)
+        out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
+        outs.append(out.transpose(0, 2, 1, 3).reshape(B * L, -1))
+        start = end
+    return attn.o_proj(mx.concatenate(outs) if len(outs) > 1 else outs[0])
 
 
 class GroupedBatch(GenerationBatch):
     """mlx-lm's generation batch, whose rows joining later keep their KV apart (``GroupedKV``)."""
 
     grouping: bool = False  # set by the scheduler: the model is ``groupable`` and wrapped in ``GroupedModel``
+    priming: bool = False  # a joining batch whose rows' first pass is the batch's next one
+    primed: frozenset[int] = frozenset()  # rows (uids) that joined priming: their first pass is the next step
 
     def extend(self, batch: Any) -> None:
+        if getattr(batch, "priming", False):
+            self.primed = self.primed | set(batch.uids)
         joins = bool(self.prompt_cache) and bool(batch.prompt_cache)
         grouped = (
             self.grouping
@@ -213,8 +251,127 @@ class GroupedBatch(GenerationBatch):
                 for c in self.prompt_cache:
                     c.merge(first, first + 2)
 
+    def next(self) -> list[Any]:
+        """A step; rows that joined priming get their first pass in it, and what comes back for
+        them (their last prompt token, fed as their input) is no answer token: it is dropped,
+        and their counts and stop matchers are as if the step had not been."""
+        primed = self.primed
+        if not primed:
+            return super().next()
+        self.primed = frozenset()
+        rows = [i for i, uid in enumerate(self.uids) if uid in primed]
+        saved = {self.uids[i]: self._matchers[i] for i in rows}
+        for i in rows:  # none of them can finish on a prompt token
+            self.max_tokens[i] += 1
+            self._matchers[i] = cast(Any, _NEVER_STOPS)
+        responses = super().next()
+        for i, uid in enumerate(self.uids):
+            if uid in saved:
+                self.max_tokens[i] -= 1
+                self._num_tokens[i] -= 1
+                self._matchers[i] = saved[uid]
+        return [r for r in responses if r.uid not in primed]
+
+
+class _NeverStops:
+    """A stop matcher that matches nothing (a priming row's prompt token is not an answer)."""
+
+    def advance(self, token: int) -> bool:
+        return False
+
+
+_NEVER_STOPS = _NeverStops()
+
 
 def _cheapest_merge(groups: list[BatchKVCache]) -> int:
     """The first of the two neighbouring groups whose merged array is smallest (rows x positions)."""
     cost = [(rows_of(a) + rows_of(b)) * max(a.size(), b.size()) for a, b in zip(groups, groups[1:])]
     return cost.index(min(cost))
+
+
+def _never() -> bool:
+    return False
+
+
+class RidingPrompts(PromptProcessingBatch):
+    """mlx-lm's batch of prompts being prefilled, whose chunk rides on the running batch's next
+    pass when there is one: the chunk and the decode step read the weights once between them,
+    where two passes read them twice (a 4-token chunk beside one stream cost 2.5 decode steps).
+    The chunk is handed over (``GroupedModel.rider``) and runs at the start of the next step;
+    anything that reads or changes these prompts' KV before then runs it first, alone."""
+
+    decoding: Callable[[], bool] = staticmethod(_never)  # set by the scheduler: whether a batch runs
+    deferred = 0  # prompt tokens handed to the next pass since the scheduler last looked
+
+    def prompt(self, tokens: list[list[int]]) -> None:
+        self.flush()
+        model = self.model
+        lengths = {len(t) for t in tokens}
+        if not (
+            isinstance(model, GroupedModel) and tokens and len(lengths) == 1 and 0 not in lengths and self.decoding()
+        ):
+            super().prompt(tokens)
+            return
+        for held, new in zip(self.tokens, tokens):
+            held += new  # what the KV holds once the chunk has run, as mlx-lm keeps it
+        model.rider = Segment(mx.array(tokens), self.prompt_cache)
+        self.deferred += sum(lengths) * len(tokens)
+
+    def flush(self) -> None:
+        """Run a chunk still waiting for a pass, alone."""
+        model = self.model
+        rider = model.rider if isinstance(model, GroupedModel) else None
+        if rider is not None and rider.cache is self.prompt_cache:
+            model.rider = None
+            model.model(rider.tokens, cache=rider.cache)
+            mx.eval([c.state for c in rider.cache])
+
+    def extend(self, batch: Any) -> None:
+        self.flush()
+        super().extend(batch)
+
+    def split(self, indices: list[int]) -> Any:
+        self.flush()
+        if sorted(indices) != list(range(len(self.uids))):
+            return super().split(indices)
+        # Every prompt is done: the batch moves over whole, its KV uncopied (mlx-lm copies it all
+        # and filters both halves: for a long prompt a copy of its whole KV in the joining step).
+        moved = copy.copy(self)
+        self.uids, self.prompt_cache, self.tokens, self.samplers = [], [], [], []
+        self.logits_processors, self.max_tokens, self.stop_sequences = [], [], []
+        return moved
+
+    def filter(self, keep: list[int]) -> None:
+        self.flush()
+        super().filter(keep)
+
+    def extract_cache(self, idx: int) -> list[Any]:
+        self.flush()
+        return super().extract_cache(idx)
+
+    def generate(self, tokens: list[list[int]]) -> Any:
+        self.flush()
+        if self.decoding() and isinstance(self.model, GroupedModel) and all(len(t) == 1 for t in tokens):
+            return self._priming([t[0] for t in tokens])
+        riding, self.decoding = self.decoding, _never  # the new batch's first pass reads this KV now
+        try:
+            return super().generate(tokens)
+        finally:
+            self.decoding = riding
+
+    def _priming(self, last: list[int]) -> GroupedBatch:
+        """These prompts as a generation batch whose first pass has not run: it joins the running
+        batch and runs in its next pass (mlx-lm runs a pass of its own for it, here: a second
+        read of the weights in the joining step). The row is fed its last prompt token then."""
+        batch = GroupedBatch.__new__(GroupedBatch)
+        GenerationBatch.__init__(
+            batch, self.model, [], mx.array(last), self.prompt_cache, self.tokens, None,
+            self.fallback_sampler, None, self.stop_sequences, self.max_tokens,
+        )  # fmt: skip
+        batch.uids, batch.samplers, batch.logits_processors = self.uids, self.samplers, self.logits_processors
+        batch._num_tokens = [0] * len(self.uids)
+        batch._next_logprobs = [mx.zeros((0,)) for _ in self.uids]  # what comes back with the prompt token
+        batch.priming = True
+        self.uids, self.prompt_cache, self.tokens, self.samplers = [], [], [], []
+        self.logits_processors, self.max_tokens, self.stop_sequences = [], [], []
+        return batch

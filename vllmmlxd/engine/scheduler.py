@@ -35,11 +35,12 @@ from .kv_probe import probe_layout
 from .lockstep import IDLE_FRAME_S, Lockstep
 from .options import EngineOptions
 from .prefix_cache import PromptCache, common_prefix
-from .row_groups import GroupedBatch, GroupedModel, groupable
+from .row_groups import GroupedBatch, GroupedModel, RidingPrompts, groupable
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence
 from .speculative import RowDrafting, SpeculativeBatch, supports_speculation
 from .step_timer import StepTimer
+from .store_queue import StoreQueue
 from .types import EngineStats, FinishReason, WaitingFor
 from .vision_prefill import EmbeddingPrefill, Staged
 
@@ -89,6 +90,10 @@ class Scheduler:
         self.gen = self._new_generator()
         # Admission by KV bytes (kv_budget.py); the engine sets the default limit and swaps in live changes.
         self.kv = self._kv_budget()
+        # Finished sequences' KV goes into the block cache a few blocks a step (store_queue.py);
+        # a sharded entry's ranks store in lockstep, at once, as does the whole-sequence cache.
+        block = getattr(self.cache, "block", None)
+        self.stores = StoreQueue(self._insert_kv, block) if block and not self.lockstep.distributed else None
         self._retired: list[Sequence] = []  # finished this step, events not posted yet
         self._generated = 0  # tokens generated since start, for the recent rate
         self.clock = time.perf_counter  # times steps for the step timer (a test's fake model brings its own)
@@ -112,6 +117,11 @@ class Scheduler:
             batch = GroupedBatch.empty(gen.model, gen.sampler)
             batch.grouping = True
             gen._generation_batch = batch
+        self.timer.riding = grouping
+        if grouping:  # a prompt's chunk rides on the batch's pass (row_groups.RidingPrompts)
+            prompts = RidingPrompts.empty(gen.model, gen.sampler, prefill_step_size=self.options.prefill_step_size)
+            prompts.decoding = lambda: len(gen._generation_batch) > 0
+            gen._prompt_batch = prompts
         return gen
 
     def _kv_budget(self) -> KvBudget:
@@ -172,10 +182,16 @@ class Scheduler:
         stopping = self._drain_inbox()
         self.cache.begin_step()  # the blocks the last step's lookups used may be evicted again
         self._drop_cancelled()
+        # A request about to be admitted may want what they hold; and their KV, no longer reserved,
+        # is in the prefix cache's budget before another request's reservation takes its place.
+        if self.stores and self.waiting:
+            self.stores.advance(everything=True)
         self._admit()
         if self.running or self.staged:
             self._step()
             self._note_kv_held()
+        if self.stores:  # off the critical step: a few blocks while others stream, the rest when idle
+            self.stores.advance(everything=not self.running and not self.staged)
         self._post()
         return not stopping
 
@@ -326,6 +342,9 @@ class Scheduler:
             self.options.prefill_step_size, decoding=decoding, prompts=prompts
         )
         self.lockstep.step(self.gen.prefill_step_size)
+        riding = _riding(self.gen)
+        if riding is not None:
+            riding[0].rode = riding[1].deferred = 0
         started = self.clock()
         if self.spec is not None:  # times the step before this one (speculative.StepCosts)
             self.spec.costs.lap(started)
@@ -359,8 +378,12 @@ class Scheduler:
         self.stats.last_step_s = took
         if self.lockstep.distributed:
             self.stats.last_frame_at = time.monotonic()
+        if riding is not None:  # a chunk riding on a pass runs a step after its progress shows
+            ran = prefilled - riding[1].deferred + riding[0].rode
+        else:
+            ran = prefilled
         if not tower:  # a vision tower's step says nothing of what a decode step or a chunk costs
-            self.timer.observe(took, decoded=bool(responses), prefilled=prefilled)
+            self.timer.observe(took, decoded=bool(responses), prefilled=ran)
         self.stats.last_step_at = time.monotonic()  # read by /health's liveness check
         self._generated += len(responses)
         self.stats.generated.note(time.monotonic(), self._generated)
@@ -451,6 +474,9 @@ class Scheduler:
         if not tokens or not cache or not self.cache.enabled:
             return
         assert seq.uid is not None  # only what ran in the batch has KV to keep
+        if self.stores is not None:
+            self.stores.add(seq.cache_key(tokens), cache)
+            return
         uid = seq.uid
         try:
             pieces = self.cache.insert(seq.cache_key(tokens), cache, owned=True)  # extracted: fresh copies
@@ -461,6 +487,9 @@ class Scheduler:
             return
         if pieces:
             self.lockstep.stored(uid, pieces)
+
+    def _insert_kv(self, key: list[int], cache: list) -> None:
+        self.cache.insert(key, cache, owned=True)
 
     def _retire(
         self, seq: Sequence, reason: FinishReason, error: str | None = None, *, kind: str | None = None
@@ -535,4 +564,12 @@ def _shared_prefix_leader(seq: Sequence, prefilling: list[Sequence]) -> Sequence
     for other in prefilling:
         if common_prefix(np.asarray(other.prompt_key), prompt) >= SHARED_PREFIX_WAIT:
             return other
+    return None
+
+
+def _riding(gen: BatchGenerator) -> tuple[GroupedModel, RidingPrompts] | None:
+    """The generator's model and prompt batch, where prompt chunks ride on its passes."""
+    model, prompts = gen.model, gen._prompt_batch
+    if isinstance(model, GroupedModel) and isinstance(prompts, RidingPrompts):
+        return model, prompts
     return None

@@ -253,8 +253,8 @@ class SpeculativeBatch(GroupedBatch):
         verification like any wrong draft). So a step that finds nothing to draft is mlx-lm's
         own, still computed ahead. A draft model runs from the pending token: it waits for it."""
         rows = [self.rows.get(uid) for uid in self.uids]
-        if not any(r is not None and r.enabled for r in rows):
-            return None
+        if self.primed or not any(r is not None and r.enabled for r in rows):
+            return None  # (a row that just joined has its first pass in a plain step: row_groups)
         pending: list[int | None] = [None] * len(rows)
         if self.drafter is not None:
             mx.eval(self._next_tokens)

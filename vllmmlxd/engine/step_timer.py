@@ -20,6 +20,12 @@ not overlap its decode with the host's work as a decode-only step does. So while
 the chunk is also scaled by feedback: a step longer than ``1 + share`` decode steps shrinks the
 next chunks, a shorter one lets them grow back.
 
+When the chunk rides on the batch's decode pass (``riding``: engine/row_groups.py) it costs
+only its own tokens' compute, not a second read of the weights, so while others stream a step
+may prefill as little as one token, and its share is ``RIDING_SHARE`` (measured on a CPU: at
+1.5 decode steps, noise took single gaps to 3.3x); otherwise at least ``MIN_CHUNK``, which a
+second pass over the weights makes worth its cost.
+
 Before anything is measured a prompt starts with a few tokens: one cheap step tells the cost.
 The fit is trusted up to ``GROWTH`` times the largest step it has seen, so a fit from small
 noisy steps never sends a step far past the budget: a fast machine reaches its configured
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 MIN_CHUNK = 4  # prompt tokens per step at least (one a prompt when many share it), so prompts advance
 PREFILL_SHARE = 1.5  # a step's prefill may take this many decode steps: gaps stay under 3x, noise included
+RIDING_SHARE = 0.75  # the same for a chunk riding on the decode pass, whose size is finer (a token)
 MAX_STEP_S = 1.0  # a step's prefill takes about this long at most: progress and cancels stay live
 GROWTH = 4  # a step prefills at most this many times the most tokens measured in one step
 
@@ -48,6 +55,7 @@ class StepTimer:
         # Feedback on steps that prefill while others stream: the chunk is scaled by this.
         self.scale = 1.0
         self._target: float | None = None  # the step time the last chunk was sized to fill
+        self.riding = False  # set by the scheduler: a chunk beside a decoding batch rides on its pass
 
     def observe(self, seconds: float, *, decoded: bool, prefilled: int) -> None:
         """One step: how long it took, whether it decoded, how many prompt tokens it prefilled."""
@@ -87,13 +95,15 @@ class StepTimer:
     def budget_s(self, *, decoding: bool) -> float:
         """Seconds a step's prefill may take: about a second, less while others stream."""
         if decoding and self.decode_s is not None:
-            return min(self.max_step_s, self.share * self.decode_s)
+            share = min(self.share, RIDING_SHARE) if self.riding else self.share
+            return min(self.max_step_s, share * self.decode_s)
         return self.max_step_s
 
     def chunk(self, max_chunk: int, *, decoding: bool, prompts: int) -> int:
         """Prompt tokens per prefilling sequence this step, never above ``max_chunk``."""
         prompts = max(prompts, 1)
-        least = max(MIN_CHUNK // prompts, 1)  # a step advances by MIN_CHUNK tokens at least, in all
+        # A step advances by MIN_CHUNK tokens at least, in all (one when it rides on a decode pass).
+        least = max((1 if decoding and self.riding else MIN_CHUNK) // prompts, 1)
         cost = self.cost()
         if cost is None:
             return min(max_chunk, least * 2 if decoding else least)  # one cheap step to measure

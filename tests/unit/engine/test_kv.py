@@ -82,6 +82,15 @@ def test_blocks_cut_from_a_sequence_join_back_into_its_positions(dtype):
         assert mx.array_equal(got.values, want.values[..., :69, :]).item()
 
 
+def test_blocks_with_gaps_between_them_hold_their_own_positions():
+    ops = BlockKV()  # a follower cuts what rank 0 kept: some blocks of a run may have been evicted
+    source = random_cache(layers=2, positions=100, dtype=mx.float32)
+    for spans in ([(32, 64), (64, 96)], [(0, 32), (64, 96), (96, 100)]):
+        for block, (a, b) in zip(ops.cut(source, spans), spans):
+            want = mx.concatenate([c.keys[..., a:b, :] for c in source])
+            assert block.tokens == b - a and mx.array_equal(block.keys[0], want).item()
+
+
 def test_quantized_blocks_take_at_most_055x_the_bytes_and_stay_close():
     plain, eight = BlockKV(), BlockKV(bits=8, group_size=64)
     source = random_cache(layers=2, positions=64, dtype=mx.float16, dim=64)

@@ -17,8 +17,8 @@ from vllmmlxd.engine.row_groups import (
     GroupedBatch,
     GroupedKV,
     GroupedModel,
+    Segment,
     groupable,
-    grouped_forward,
 )
 
 
@@ -66,7 +66,7 @@ def test_a_step_over_groups_gives_each_row_its_own_logits(family):
     prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12, 13]]
     first, second = prefilled(model, prompts[:2]), prefilled(model, prompts[2:])
     cache = [GroupedKV([a, b]) for a, b in zip(first, second)]
-    logits = grouped_forward(model, mx.array([[20], [21], [22]]), cache)
+    logits = GroupedModel(model)(mx.array([[20], [21], [22]]), cache=cache)
     for row, (prompt, token) in enumerate(zip(prompts, [20, 21, 22])):
         np.testing.assert_allclose(np.array(logits[row, -1]), alone(model, prompt, token), atol=1e-4)
     # A second step reads what the first wrote, group by group.
@@ -75,6 +75,27 @@ def test_a_step_over_groups_gives_each_row_its_own_logits(family):
         cache_alone = prefilled(model, [prompt + [token]])
         want = np.array(model(mx.array([[23 + row]]), cache=cache_alone)[0, -1])
         np.testing.assert_allclose(np.array(again[row, -1]), want, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_prompt_chunk_riding_on_a_step_is_prefilled_as_it_is_alone(family):
+    model = small_model(family)
+    running = prefilled(model, [[1, 2, 3], [4, 5, 6, 7, 8]])
+    prompt = [9, 10, 11, 12, 13, 14]
+    riding, solo = prefilled(model, [prompt[:2]]), prefilled(model, [prompt[:2]])
+    grouped = GroupedModel(model)
+    grouped.rider = Segment(mx.array([prompt[2:]]), riding)
+    logits = grouped(mx.array([[20], [21]]), cache=running)
+    assert grouped.rider is None  # taken by the pass
+    np.testing.assert_allclose(np.array(logits[0, -1]), alone(model, [1, 2, 3], 20), atol=1e-4)
+    np.testing.assert_allclose(np.array(logits[1, -1]), alone(model, [4, 5, 6, 7, 8], 21), atol=1e-4)
+    model(mx.array([prompt[2:]]), cache=solo)
+    for a, b in zip(riding, solo):
+        np.testing.assert_allclose(np.array(a.keys[..., : a._idx, :]), np.array(b.keys[..., : b._idx, :]), atol=1e-4)
+        np.testing.assert_allclose(
+            np.array(a.values[..., : a._idx, :]), np.array(b.values[..., : b._idx, :]), atol=1e-4
+        )
+    assert logits.shape[:2] == (2, 1)
 
 
 def test_a_group_none_of_whose_rows_stay_is_dropped_without_touching_the_rest():

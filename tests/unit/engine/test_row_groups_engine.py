@@ -1,6 +1,7 @@
-"""Rows joining a running batch on builtin:tiny keep their KV in groups of their own: each
-greedy answer is the one it gets alone, with requests joining one by one (more than MAX_GROUPS
-of them, so neighbours merge), finishing in between (groups dropped), and speculating."""
+"""Rows joining a running batch on builtin:tiny keep their KV in groups of their own, and their
+prompts' chunks and first passes ride on the batch's passes: each greedy answer is the one it gets alone, with
+requests joining one by one (more than MAX_GROUPS of them, so neighbours merge), finishing in
+between (groups dropped), and speculating."""
 
 from __future__ import annotations
 
@@ -61,9 +62,24 @@ def test_requests_joining_one_by_one_answer_as_they_do_alone(tiny, alone, spec, 
     merge = row_groups.GroupedKV.merge
     merged: list[int] = []
     monkeypatch.setattr(row_groups.GroupedKV, "merge", lambda self, a, b: (merged.append(1), merge(self, a, b)))
+    forward = row_groups.grouped_forward
+    rode: list[int] = []
+
+    def spied(model, segments, rider=None):
+        rode.append(rider is not None)
+        return forward(model, segments, rider)
+
+    monkeypatch.setattr(row_groups, "grouped_forward", spied)
+    priming = row_groups.RidingPrompts._priming
+    primed: list[int] = []
+    monkeypatch.setattr(
+        row_groups.RidingPrompts, "_priming", lambda self, last: (primed.append(1), priming(self, last))[1]
+    )
     eng = MLXEngine(tiny, options=EngineOptions(max_num_seqs=8, speculative=spec))
     try:
         assert run(eng, staggered=True) == alone
     finally:
         eng.close()
     assert joined and merged  # rows joined as groups of their own, and past MAX_GROUPS neighbours merged
+    assert any(rode)  # prompts' chunks rode on the batch's passes
+    assert primed  # and joined with their first pass still to run, in the batch's next one

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllmmlxd.engine.step_timer import GROWTH, MIN_CHUNK, StepTimer
+from vllmmlxd.engine.step_timer import GROWTH, MIN_CHUNK, PREFILL_SHARE, RIDING_SHARE, StepTimer
 
 
 def machine(timer: StepTimer, decode: float, per_call: float, per_token: float, chunks) -> None:
@@ -122,3 +122,19 @@ def test_steps_that_come_in_short_let_the_chunks_grow_back():
         c = timer.chunk(512, decoding=True, prompts=1)
         timer.observe(0.100 + 0.050 + 0.010 * c, decoded=True, prefilled=c)  # the model is right again
     assert 0.9 <= timer.scale <= 1.1
+
+
+def test_a_chunk_riding_on_a_decode_pass_may_be_a_single_token():
+    # Riding, a chunk costs its own tokens only (no second read of the weights): where a token of
+    # it costs as much as the budget allows, one token a step, not MIN_CHUNK.
+    timer, plain = StepTimer(alpha=0.5), StepTimer(alpha=0.5)
+    timer.riding = True
+    assert timer.chunk(512, decoding=True, prompts=1) == 2 and timer.chunk(512, decoding=False, prompts=1) == MIN_CHUNK
+    for t in (timer, plain):
+        t.observe(0.050, decoded=True, prefilled=0)
+        for c in (1, 2, 1, 2):
+            t.observe(0.050 + 0.070 * c, decoded=True, prefilled=c)  # 70 ms a token: a decode step's share fits none
+    assert timer.chunk(512, decoding=True, prompts=1) == 1
+    assert plain.chunk(512, decoding=True, prompts=1) == MIN_CHUNK
+    assert timer.budget_s(decoding=True) == pytest.approx(RIDING_SHARE * 0.050)  # a smaller share riding
+    assert plain.budget_s(decoding=True) == pytest.approx(PREFILL_SHARE * 0.050)
