@@ -172,11 +172,12 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
         help="hosts on loopback or private addresses that image URLs may be fetched from",
     )
     images.add_argument("--image-url-timeout", type=float, default=10.0, help="seconds an image fetch may take")
-    spec = p.add_argument_group("speculative decoding (off unless --speculative is given)")
+    spec = p.add_argument_group("speculative decoding (prompt lookup, adaptive, unless --speculative off)")
     spec.add_argument(
         "--speculative",
-        choices=SPECULATIVE_METHODS,
-        help="prompt-lookup: drafts from each request's own prompt and output; draft: a small model drafts",
+        choices=(*SPECULATIVE_METHODS, "off"),
+        help="prompt-lookup (the default): drafts from each request's own prompt and output; "
+        "draft: a small model drafts; off",
     )
     spec.add_argument("--num-draft", type=int, help="tokens drafted per step at most (default 4)")
     spec.add_argument("--ngram", type=int, help="prompt-lookup: tokens matched to find a draft (default 6)")
@@ -281,14 +282,17 @@ def serve_config(args):
     if args.cache_disk_dir is not None or args.cache_disk_budget_gb is not None:
         disk = {"dir": args.cache_disk_dir, "budget_gb": args.cache_disk_budget_gb}
         given["cache_disk"] = {k: v for k, v in disk.items() if v is not None}
-    if args.speculative:
-        chosen = {
-            "num_draft": args.num_draft,
-            "ngram": args.ngram,
-            "draft_model": args.draft_model,
-            "adaptive": None if args.adaptive_speculation else False,
-        }
-        given["speculative"] = {"method": args.speculative, **{k: v for k, v in chosen.items() if v is not None}}
+    chosen = {
+        "num_draft": args.num_draft,
+        "ngram": args.ngram,
+        "draft_model": args.draft_model,
+        "adaptive": None if args.adaptive_speculation else False,
+    }
+    if args.speculative == "off":
+        given["speculative"] = False
+    elif args.speculative or any(v is not None for v in chosen.values()):
+        method = args.speculative or "prompt-lookup"
+        given["speculative"] = {"method": method, **{k: v for k, v in chosen.items() if v is not None}}
     return ResolvedModel(model=args.model, served_model_name=args.served_model_name or args.model, **given)
 
 
@@ -302,8 +306,12 @@ def _run_serve(args, parser: argparse.ArgumentParser) -> int:
     from .worker.main import serve
 
     args.api_key = _api_key(args, parser)
-    if not args.speculative and (args.num_draft or args.ngram or args.draft_model or not args.adaptive_speculation):
-        parser.error("--num-draft, --ngram, --draft-model and --no-adaptive-speculation need --speculative")
+    if args.speculative == "off" and (
+        args.num_draft or args.ngram or args.draft_model or not args.adaptive_speculation
+    ):
+        parser.error(
+            "--num-draft, --ngram, --draft-model and --no-adaptive-speculation do not go with --speculative off"
+        )
     try:
         config = serve_config(args)
     except ValidationError as exc:

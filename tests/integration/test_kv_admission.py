@@ -13,15 +13,18 @@ import httpx
 import pytest
 
 from tests.support.servers import start_serve
+from vllmmlxd.config.speculative import SpeculativeConfig
 from vllmmlxd.engine.kv_budget import PEAK_COPIES
 
 PROMPT = "Once upon a time " * 10  # 41 tokens with builtin:tiny's tokenizer
 PROMPT_TOKENS = 41
 MAX_TOKENS = 120
-GROWTH = 256  # the positions mlx-lm's KV cache grows by, counted in each row
+# The positions mlx-lm's KV cache grows by, counted in each row, and the draft positions a
+# verifying step writes before it trims (prompt lookup is on by default: num_draft 4).
+GROWTH = 256 + SpeculativeConfig().num_draft
 ROW = (PROMPT_TOKENS + MAX_TOKENS + GROWTH) * 512  # one such request's KV, as the batch holds it
 BUDGET_MB = 0.5  # two rows (0.41 MB) fit, three (0.61 MB) do not
-LARGEST = int(BUDGET_MB * 2**20) // 512 - GROWTH  # prompt + max_tokens one request may have: 768
+LARGEST = int(BUDGET_MB * 2**20) // 512 - GROWTH  # prompt + max_tokens one request may have: 764
 EOS = 2
 # What the worker holds besides the KV: the interpreter, FastAPI, MLX and the BLAS (a ready
 # builtin:tiny worker measured 220-230 MB of RSS here), and its 12 MB of weights.

@@ -114,3 +114,16 @@ def test_run_and_check_refuse_a_bad_entry_in_one_line_naming_the_key(tmp_path, c
     out, err = capsys.readouterr()
     [line] = err.splitlines()
     assert out == "" and line.startswith(f"{path}:") and says in line
+
+
+def test_prompt_lookup_is_on_unless_an_entry_or_a_flag_turns_it_off():
+    from vllmmlxd.config.entries import ModelConfig
+
+    default = serve_config(parse("builtin:tiny")).speculative
+    assert default is not None and default.method == "prompt-lookup" and default.adaptive
+    assert serve_config(parse("builtin:tiny", "--speculative", "off")).speculative is None
+    tuned = serve_config(parse("builtin:tiny", "--num-draft", "8")).speculative  # a field alone: prompt lookup's
+    assert tuned is not None and tuned.method == "prompt-lookup" and tuned.num_draft == 8
+    for off in (False, None, "off"):
+        assert ModelConfig(model="builtin:tiny", speculative=off).speculative is None
+    assert ModelConfig(model="builtin:tiny").speculative == default

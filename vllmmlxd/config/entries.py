@@ -255,8 +255,16 @@ class ModelConfig(EntryConfig):
         None, description="split the model over several ranks (hosts), started and supervised as one unit"
     )
     speculative: SpeculativeConfig | None = Field(
-        None, description="draft tokens and verify them together in one forward pass (off by default)"
+        default_factory=SpeculativeConfig,
+        description="draft tokens and verify them together in one forward pass: prompt lookup, adaptive, "
+        "unless set (false: off)",
     )
+
+    @field_validator("speculative", mode="before")
+    @classmethod
+    def _speculative_off(cls, v):
+        # `speculative: false` (or off, or null) turns the default prompt lookup off.
+        return None if v is False or v is None or (isinstance(v, str) and v.lower() == "off") else v
 
     @field_validator("model")
     @classmethod
