@@ -1,6 +1,6 @@
 """Rows joining a running batch on builtin:tiny keep their KV in groups of their own, and their
 prompts' chunks and first passes ride on the batch's passes: each greedy answer is the one it gets alone, with
-requests joining one by one (more than MAX_GROUPS of them, so neighbours merge), finishing in
+requests joining one by one (more groups than allowed, so neighbours merge), finishing in
 between (groups dropped), and speculating."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from vllmmlxd.engine.speculative import SpeculationOptions
 from vllmmlxd.engine.types import GenerationRequest, SamplingParams, TextDelta
 
 ASKS = [f"Request {i}: " + " ".join(f"word{i * 7 + j}" for j in range(3 + 5 * i)) for i in range(7)]
-LENGTHS = [120, 12, 100, 8, 90, 80, 70]  # two finish while later ones join; five run together at the end
+LENGTHS = [200, 12, 150, 8, 120, 100, 80]  # two finish while later ones join; the long ones overlap
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,8 @@ def alone(tiny):
 
 @pytest.mark.parametrize("spec", [None, SpeculationOptions(num_draft=3, adaptive=False)], ids=["plain", "lookup"])
 def test_requests_joining_one_by_one_answer_as_they_do_alone(tiny, alone, spec, monkeypatch):
+    # Two groups at most: a third row alive merges neighbours, whatever the machine's pace.
+    monkeypatch.setattr(row_groups, "MAX_GROUPS", 2)
     joined: list[int] = []
     extend = row_groups.GroupedKV.extend
     monkeypatch.setattr(row_groups.GroupedKV, "extend", lambda self, other: (joined.append(1), extend(self, other)))
@@ -80,6 +82,6 @@ def test_requests_joining_one_by_one_answer_as_they_do_alone(tiny, alone, spec, 
         assert run(eng, staggered=True) == alone
     finally:
         eng.close()
-    assert joined and merged  # rows joined as groups of their own, and past MAX_GROUPS neighbours merged
+    assert joined and merged  # rows joined as groups of their own, and past two groups neighbours merged
     assert any(rode)  # prompts' chunks rode on the batch's passes
     assert primed  # and joined with their first pass still to run, in the batch's next one
