@@ -13,6 +13,10 @@ the feed-forward block and the output head together; only attention runs group b
 with its own offsets and mask. That needs the layer written out, so it is done for the decoder
 families whose layers are the plain pre-norm kind (llama, mistral, qwen2, qwen3); any other
 model keeps mlx-lm's single array (``groupable``).
+
+The same pass carries more that mlx-lm runs in passes of their own: a prompt's chunk being
+prefilled rides along (``RidingPrompts``: its KV written, no logits), and a prompt that is done
+joins priming (its last token fed in the batch's next pass, what comes back for it dropped).
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 Requests arrive as :class:`Sequence` objects. Each step, sequences whose client went away
 leave the batch, waiting ones join it (up to ``max_running``; each first takes the longest
 start of its prompt from the prefix cache), and the batch advances by one decode step
-plus one chunk of every prompt still being prefilled. Finished sequences leave their KV in
-the prefix cache. The events of a step are posted to the asyncio loop in one call.
+plus one chunk of every prompt still being prefilled (for the families ``row_groups`` covers,
+in one pass, rows keeping their KV in groups). Finished sequences leave their KV in the
+prefix cache, a few blocks a step (``store_queue``). The events of a step are posted to the
+asyncio loop in one call.
 
 mlx-lm's BatchGenerator brings what is hard to get right (per-sequence samplers and logits
 processors, batched KV caches with padding, insert/remove at any step); two things it lacks
