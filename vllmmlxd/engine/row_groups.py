@@ -104,7 +104,9 @@ class GroupedKV:
 
     def extract(self, idx: int) -> KVCache:
         """Row ``idx``'s KV as a cache of its own. A row alone in its group is a view of that
-        group's buffer (its group is about to be dropped): no copy."""
+        group's buffer, not a copy: a finished row's group is dropped, so the view is all that
+        holds it (a row that runs on copies the buffer at its next write, as mlx-lm's extract
+        would have copied it now)."""
         g, local = self.locate(idx)
         if rows_of(g) > 1 or g.keys is None:
             return g.extract(local)
@@ -200,8 +202,8 @@ def grouped_forward(model: Any, segments: list[Segment], rider: Segment | None =
         h = h + _attention(layer.self_attn, layer.input_layernorm(h), shapes, caches, masks)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     rows = sum(b * n for b, n in shapes[: len(segments)])
-    B, L = shapes[0] if len(segments) == 1 else (rows // shapes[0][1], shapes[0][1])
-    out = inner.norm(h[:rows].reshape(B, L, -1))
+    length = shapes[0][1]  # every segment's rows are as long: they are the batch's
+    out = inner.norm(h[:rows].reshape(rows // length, length, -1))
     if getattr(model.args, "tie_word_embeddings", False) or not hasattr(model, "lm_head"):
         return inner.embed_tokens.as_linear(out)
     return model.lm_head(out)
@@ -319,7 +321,7 @@ class RidingPrompts(PromptProcessingBatch):
         for held, new in zip(self.tokens, tokens):
             held += new  # what the KV holds once the chunk has run, as mlx-lm keeps it
         model.rider = Segment(mx.array(tokens), self.prompt_cache)
-        self.deferred += sum(lengths) * len(tokens)
+        self.deferred += sum(len(t) for t in tokens)
 
     def flush(self) -> None:
         """Run a chunk still waiting for a pass, alone."""
@@ -341,8 +343,7 @@ class RidingPrompts(PromptProcessingBatch):
         # Every prompt is done: the batch moves over whole, its KV uncopied (mlx-lm copies it all
         # and filters both halves: for a long prompt a copy of its whole KV in the joining step).
         moved = copy.copy(self)
-        self.uids, self.prompt_cache, self.tokens, self.samplers = [], [], [], []
-        self.logits_processors, self.max_tokens, self.stop_sequences = [], [], []
+        self._handed_over()
         return moved
 
     def filter(self, keep: list[int]) -> None:
@@ -376,6 +377,10 @@ class RidingPrompts(PromptProcessingBatch):
         batch._num_tokens = [0] * len(self.uids)
         batch._next_logprobs = [mx.zeros((0,)) for _ in self.uids]  # what comes back with the prompt token
         batch.priming = True
+        self._handed_over()
+        return batch
+
+    def _handed_over(self) -> None:
+        """Its prompts (and their KV) now belong to another batch: this one holds none."""
         self.uids, self.prompt_cache, self.tokens, self.samplers = [], [], [], []
         self.logits_processors, self.max_tokens, self.stop_sequences = [], [], []
-        return batch
