@@ -17,12 +17,16 @@ left, until the real bytes of the stored arrays fit the budget and the blocks nu
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
 
 from .block_disk import DiskStore
 from .block_file import Tensor
 from .block_tree import DIGEST_BYTES, TOKEN_BYTES, BlockTree, Node, chain_digest, token_bytes
+from .checkpoints import Captures
 from .prefix_cache import CacheHit, CacheStats, HitType, Piece
+
+if TYPE_CHECKING:
+    from .layered_kv import LayeredKV
 
 # A conversation that leaves a shared start inside a block holds that block's shared part again,
 # so smaller blocks share more: at 32, at most 31 tokens of a system prompt are held twice.
@@ -38,15 +42,20 @@ MAX_BLOCKS = 50_000
 
 
 class BlockOps(Protocol):
-    """KV operations on blocks (``kv.BlockKV``; a fake one in unit tests)."""
+    """KV operations on blocks (``kv.BlockKV``, ``layered_kv.LayeredKV``; a fake one in unit tests)."""
 
     def blockable(self, cache: list[Any]) -> bool: ...
-    def positions(self, cache: list[Any]) -> int: ...
+    def positions(self, cache: list[Any]) -> int | None: ...
     def cut(self, cache: list[Any], spans: list[tuple[int, int]]) -> list[Any]: ...
     def join(self, blocks: list[Any], n: int) -> list[Any]: ...
     def nbytes(self, block: Any) -> int: ...
     def to_tensors(self, block: Any) -> dict[str, Tensor]: ...
     def from_tensors(self, tensors: dict[str, Tensor], tokens: int) -> Any: ...
+
+
+def state_name(node: Node) -> str:
+    """The disk tier's name of the checkpoint kept on ``node``."""
+    return chain_digest(node.digest, b"state").hex()
 
 
 class BlockCache:
@@ -78,6 +87,10 @@ class BlockCache:
         # ranks drop their copy of it (engine/lockstep.py).
         self.on_drop: Callable[[int], None] = lambda block: None
         self._fetched = 0
+        # A layered model's blocks (windowed layers' KV too) and its recurrent states' checkpoints.
+        self.layered = cast("LayeredKV", ops) if getattr(ops, "cache_layout", None) is not None else None
+        self.checkpointed = self.layered is not None and bool(self.layered.states)
+        self.state_hits = 0  # lookups that continued from a checkpoint
 
     @property
     def enabled(self) -> bool:
@@ -97,7 +110,8 @@ class BlockCache:
     # -- lookup -----------------------------------------------------------
 
     def lookup(self, tokens: list[int]) -> CacheHit:
-        """The longest cached start of ``tokens`` (at most all but the last token, which must be fed)."""
+        """The longest cached start of ``tokens`` (at most all but the last token, which must be
+        fed); a recurrent model's, up to the last checkpoint within it."""
         if not self.enabled:
             return CacheHit(None, 0, "none")
         self.stats.lookups += 1
@@ -105,24 +119,61 @@ class BlockCache:
         match = self.tree.match(token_bytes(tokens), self._fetch if self.disk is not None else None)
         nodes = match.nodes
         usable = min(match.tokens, len(tokens) - 1)
+        state = None
+        if self.checkpointed and usable > 0:
+            found = self._resume(match.path, usable)
+            usable, nodes = (nodes[found].end, nodes[: found + 1]) if found is not None else (0, [])
+            state = nodes[-1].state if nodes else None
         if usable <= 0:
             self._evict()  # blocks read back from disk count against the budget
-            return CacheHit(None, 0, "none")
-        last = nodes[-1]
+            return CacheHit(None, 0, "none", shared=match.tokens)
+        last = match.nodes[-1]
         if match.tail is None and not last.children:
             kind: HitType = "exact" if match.tokens == len(tokens) else "prefix"
         else:
             kind = "lcp"
         self.tree.touch(nodes, pin=True)
         needed = [n for n in nodes if n.start < usable]
-        cache = self.ops.join([n.payload for n in needed], usable)
+        payloads = [n.payload for n in needed]
+        if self.layered is not None:
+            cache = self.layered.join(payloads, usable, state)
+            self.state_hits += state is not None
+        else:
+            cache = self.ops.join(payloads, usable)
         self.stats.hits += 1
         self.stats.cached_tokens += usable
         if self._fetched:
             self.disk_hits += 1
             self.disk_tokens += sum(n.tokens for n in needed if n.on_disk)
         self._evict()
-        return CacheHit(cache, usable, kind, tuple(n.id for n in needed))
+        return CacheHit(cache, usable, kind, tuple(n.id for n in needed), shared=match.tokens)
+
+    def _resume(self, path: list[Node], usable: int) -> int | None:
+        """The deepest block of ``path`` ending within ``usable`` that holds a checkpoint (read
+        back from the disk tier for blocks that came from there), or None."""
+        for i in range(len(path) - 1, -1, -1):
+            node = path[i]
+            if node.end > usable:
+                continue
+            if node.state is None and node.on_disk and self.disk is not None:
+                self._fetch_state(node)
+            if node.state is not None:
+                return i
+        return None
+
+    def _fetch_state(self, node: Node) -> None:
+        assert self.disk is not None and self.layered is not None
+        name = state_name(node)
+        tensors = self.disk.get(name, {"state_of": node.digest.hex()})
+        if tensors is None:
+            return
+        try:
+            state = self.layered.state_from_tensors(tensors)
+        except ValueError as exc:  # right checksum, wrong arrays: written by another layout
+            self.disk.reject(name, str(exc))
+            return
+        self.tree.attach(node, state, self.layered.state_nbytes(state))
+        node.state_on_disk = True
 
     def _fetch(self, parent: Node, chunk: bytes) -> Node | None:
         """The full block ``chunk`` after ``parent`` from the disk tier, added to the tree; or None."""
@@ -143,15 +194,20 @@ class BlockCache:
 
     # -- insert -----------------------------------------------------------
 
-    def insert(self, tokens: list[int], cache: list[Any], *, owned: bool = False) -> list[Piece] | None:
+    def insert(
+        self, tokens: list[int], cache: list[Any], *, owned: bool = False, captures: Captures | None = None
+    ) -> list[Piece] | None:
         """Keep the KV of ``tokens``: the blocks not held yet are cut from ``cache`` (always copied:
-        ``owned`` changes nothing). Returns the new blocks as (id, start, end), or None if none."""
+        ``owned`` changes nothing), a layered model's with what the sequence ``captures``d on its
+        way (windowed KV, checkpoints). Returns the new blocks as (id, start, end), or None if none."""
         if not self.enabled or not tokens:
             return None
         if not self.ops.blockable(cache):
             self.unblockable += 1
             return None
-        key = token_bytes(tokens[: min(len(tokens), self.ops.positions(cache))])
+        held = self.ops.positions(cache)
+        n = len(tokens) if held is None else min(len(tokens), held)
+        key = token_bytes(tokens[:n])
         path, pos = self.tree.exact(key)
         parent = path[-1] if path else self.tree.root
         rest = key[pos:]
@@ -159,14 +215,20 @@ class BlockCache:
         covering = self.tree.covering(parent, rest) if 0 < len(rest) < step else None
         if not rest or covering is not None:
             self.tree.touch(path + ([covering] if covering is not None else []))
+            self._checkpoint(path, cache, captures, n)
             return None  # held already (a longer block starting with the rest serves it too)
         first, stop = parent.end, len(key) // TOKEN_BYTES
         spans = [(s, min(s + self.block, stop)) for s in range(first, stop, self.block)]
-        blocks = self.ops.cut(cache, spans)
+        if self.layered is not None:
+            blocks = self.layered.cut(cache, spans, captures)
+            spans = spans[: len(blocks)]
+        else:
+            blocks = self.ops.cut(cache, spans)
         sizes = [self.ops.nbytes(b) for b in blocks]
-        if sum(sizes) > self.budget_bytes:
-            self.stats.too_large += 1
+        if not blocks or sum(sizes) > self.budget_bytes:
+            self.stats.too_large += bool(blocks)
             self.tree.touch(path)
+            self._checkpoint(path, cache, captures, n)
             return None
         for leaf in self.tree.partial_starts(parent, rest[:step]):
             self._remove(leaf)  # a partial block this one extends: replaced
@@ -178,9 +240,38 @@ class BlockCache:
         self.tree.touch(path + new)
         self.stats.inserts += 1
         self._write(new)
+        self._checkpoint(path + new, cache, captures, n)
         self._evict()
         kept = [(n.id, n.start, n.end) for n in new if n.id in self.tree.nodes]
         return kept or None
+
+    def _checkpoint(self, nodes: list[Node], cache: list[Any], captures: Captures | None, n: int) -> None:
+        """Keep on each of ``nodes`` the state the sequence had after its last token, where it was
+        checkpointed there (or ``cache``'s own, at its end ``n``)."""
+        if not self.checkpointed or not nodes:
+            return
+        layered = cast("LayeredKV", self.layered)
+        for node in nodes:
+            if node.state is not None:
+                continue
+            state = captures.states.get(node.end) if captures is not None else None
+            if state is None and node.end == n:
+                state = layered.final_state(cache)
+            if state is None:
+                continue
+            self.tree.attach(node, state, layered.state_nbytes(state))
+            self._write_state(node)
+
+    def _write_state(self, node: Node) -> None:
+        """A full block's checkpoint to the disk tier (its block's file is written apart)."""
+        disk, layered = self.disk, self.layered
+        if disk is None or layered is None or node.state_on_disk or node.tokens < self.block:
+            return
+        if not disk.room(node.state_bytes):
+            return
+        meta = {"state_of": node.digest.hex(), "fingerprint": disk.fingerprint}
+        disk.put(state_name(node), layered.state_tensors(node.state), meta)
+        node.state_on_disk = True
 
     def _write(self, nodes: list[Node]) -> None:
         """New full blocks to the disk tier (host copies made here; the writer thread writes them)."""
@@ -222,6 +313,18 @@ class BlockCache:
         if self.disk is not None:
             self.disk.close()
 
+    def _layered_status(self) -> dict:
+        """What a layered model's blocks hold beyond attention KV: windows, checkpoints and their cost."""
+        if self.layered is None:
+            return {}
+        layout = self.layered.cache_layout
+        return {
+            "holds": layout.prefix_cache(self.block),
+            "checkpoints": self.tree.states if self.checkpointed else None,
+            "checkpoint_bytes": self.layered.state_bytes() if self.checkpointed else None,
+            "checkpoint_hits": self.state_hits if self.checkpointed else None,
+        }
+
     def describe(self) -> dict:
         """The ``cache`` block of /v1/status."""
         tree = self.tree
@@ -241,6 +344,7 @@ class BlockCache:
             "misses": self.stats.lookups - self.stats.hits,
             "cached_tokens": self.stats.cached_tokens,
             "evictions": self.stats.evictions,
+            **self._layered_status(),
             "disk": (
                 {**self.disk.describe(), "hits": self.disk_hits, "cached_tokens": self.disk_tokens}
                 if self.disk is not None

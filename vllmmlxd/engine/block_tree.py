@@ -63,6 +63,10 @@ class Node:
     nbytes: int = 0
     used: int = 0
     on_disk: bool = False  # read back from (so already in) the disk tier
+    # A recurrent model's state after this block's last token (a checkpoint: engine/checkpoints.py).
+    state: Any = None
+    state_bytes: int = 0
+    state_on_disk: bool = False  # its checkpoint is in the disk tier (written, or read back)
     children: dict[bytes, Node] = field(default_factory=dict)
     order: list[bytes] = field(default_factory=list)  # the children's keys, sorted
     partial_children: int = 0  # children shorter than a block (leaves a longer block may replace)
@@ -104,6 +108,7 @@ class BlockTree:
         self.pinned: set[int] = set()
         self.nbytes = 0
         self.tokens = 0
+        self.states = 0  # nodes holding a checkpoint
         self.probes = 0  # child lookups and key comparisons made by walks: their cost, counted (tests bound it)
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
@@ -216,11 +221,20 @@ class BlockTree:
         del parent.order[bisect_left(parent.order, node.key)]
         del self.nodes[node.id]
         self.pinned.discard(node.id)
-        self.nbytes -= node.nbytes
+        self.nbytes -= node.nbytes + node.state_bytes
         self.tokens -= node.tokens
-        node.payload = None
+        self.states -= node.state is not None
+        node.payload = node.state = None
         if parent is not self.root and not parent.children:
             heapq.heappush(self._heap, (parent.used, parent.id))
+
+    def attach(self, node: Node, state: Any, nbytes: int) -> None:
+        """Keep ``state`` (a checkpoint after ``node``'s last token) on ``node``."""
+        if node.state is not None:
+            return
+        node.state, node.state_bytes = state, nbytes
+        self.nbytes += nbytes
+        self.states += 1
 
     def touch(self, nodes: list[Node], *, pin: bool = False) -> None:
         """Stamp ``nodes`` (a path from the root) as just used; ``pin``: a lookup's path, kept this step."""
@@ -262,5 +276,5 @@ class BlockTree:
         self.nodes.clear()
         self.pinned.clear()
         self._heap.clear()
-        self.nbytes = self.tokens = 0
+        self.nbytes = self.tokens = self.states = 0
         return gone

@@ -1,4 +1,5 @@
-"""Which prefix cache an engine gets, settled at load: blocks (and their disk tier) or whole sequences."""
+"""Which prefix cache an engine gets, settled at load from the model's layout: blocks (and their
+disk tier) of attention KV, of a layered model's KV and checkpoints, or whole sequences."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from .block_cache import BLOCK_TOKENS, BlockCache
 from .block_disk import DiskStore
 from .block_file import VERSION
 from .fingerprint import cache_fingerprint, weights_fingerprint
-from .kv import BlockKV, MLXKVOps, blockable_model, probe_layout
+from .kv import BlockKV, MLXKVOps, probe_layout
+from .layered_kv import LayeredKV
+from .layout import CacheLayout, read_layout
 from .options import EngineOptions
 from .prefix_cache import EntryCache, PromptCache
 
@@ -20,16 +23,23 @@ logger = logging.getLogger("vllmmlxd.engine")
 
 
 def make_prefix_cache(
-    model: Any, options: EngineOptions, *, distributed: bool = False, weights: Path | str | None = None
+    model: Any,
+    options: EngineOptions,
+    *,
+    distributed: bool = False,
+    weights: Path | str | None = None,
+    layout: CacheLayout | None = None,
 ) -> PromptCache:
-    """The engine's prefix cache: blocks when the entry asks for them and the model's KV is plain
-    attention KV, else whole sequences. ``weights``: the model's folder (or hub repo id), which
-    keys the disk tier; a sharded entry's ranks each hold a share of the KV and have none."""
+    """The engine's prefix cache: blocks when the entry asks for them and the model's layers can
+    be held in blocks (``CacheLayout.prefix_cache``), else whole sequences. ``weights``: the
+    model's folder (or hub repo id), which keys the disk tier; a sharded entry's ranks each hold
+    a share of the KV and have none."""
     budget = options.cache_budget_bytes
-    ops = make_kv_ops(model, options)
-    if not isinstance(ops, BlockKV):
+    layout = layout or read_layout(model)
+    ops = make_kv_ops(model, options, layout, distributed=distributed)
+    if isinstance(ops, MLXKVOps):
         if options.paged_cache and budget:
-            log_event(logger, "cache.whole_sequences", reason="the model's KV is not plain attention KV in every layer")
+            log_event(logger, "cache.whole_sequences", reason=_whole_why(layout, distributed))
         return EntryCache(budget, ops)
     if options.cache_disk_dir is None or budget == 0:
         return BlockCache(budget, ops, kv_bits=options.kv_bits)
@@ -49,24 +59,48 @@ def make_prefix_cache(
     return cache
 
 
-def make_kv_ops(model: Any, options: EngineOptions) -> BlockKV | MLXKVOps:
-    """The KV operations of the engine's prefix cache: blocks (plain attention KV, paged cache on)
-    or whole sequences. A sharded entry's other ranks cut and join the same pieces with them."""
-    if options.paged_cache and blockable_model(model):
+def make_kv_ops(
+    model: Any, options: EngineOptions, layout: CacheLayout | None = None, *, distributed: bool = False
+) -> BlockKV | LayeredKV | MLXKVOps:
+    """The KV operations of the engine's prefix cache: blocks (plain attention KV, paged cache on;
+    a layered model's, except on a sharded entry) or whole sequences. A sharded entry's other
+    ranks cut and join the same pieces with them."""
+    layout = layout or read_layout(model)
+    kind = layout.prefix_cache(BLOCK_TOKENS) if options.paged_cache else "sequences"
+    if kind == "blocks":
         return BlockKV(options.kv_bits, options.kv_group_size)
+    if kind != "sequences" and not distributed:
+        return LayeredKV(layout, BLOCK_TOKENS, options.kv_bits, options.kv_group_size)
     return MLXKVOps()
 
 
-def _open_disk(model: Any, ops: BlockKV, options: EngineOptions, weights: Path | str | None) -> DiskStore | None:
+def _whole_why(layout: CacheLayout, distributed: bool) -> str:
+    if layout.prefix_cache(BLOCK_TOKENS) != "sequences":
+        return "a sharded entry's windowed or recurrent layers are not held in blocks"
+    opaque = ", ".join(layout.describe()["opaque"]) or "a window no longer than a block"
+    return f"the model's layers hold what blocks cannot ({opaque})"
+
+
+def _open_disk(
+    model: Any, ops: BlockKV | LayeredKV, options: EngineOptions, weights: Path | str | None
+) -> DiskStore | None:
     folder = _weights_folder(weights)
-    layout = probe_layout(model) if folder is not None else None
-    if folder is None or layout is None or options.cache_disk_dir is None:
+    if folder is None or options.cache_disk_dir is None:
         return None
-    ops.layout = layout  # blocks read back are checked against it
+    facts: dict[str, Any]
+    if isinstance(ops, LayeredKV):
+        # Blocks and checkpoints read back are checked against these shapes.
+        facts = {"layered": ops.cache_layout.describe(), **ops.probe(model).describe()}
+    else:
+        layout = probe_layout(model)
+        if layout is None:
+            return None
+        ops.layout = layout  # blocks read back are checked against it
+        facts = layout.describe()
     fingerprint = cache_fingerprint(
         weights_fingerprint(folder),
         {
-            **layout.describe(),
+            **facts,
             "kv_bits": options.kv_bits,
             "kv_group_size": options.kv_group_size if options.kv_bits else None,
             "block_tokens": BLOCK_TOKENS,

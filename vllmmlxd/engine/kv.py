@@ -112,11 +112,6 @@ class KVBlock:
     vdim: int
 
 
-def blockable_model(model: Any) -> bool:
-    """Whether the model's prompt cache is plain attention KV in every layer (KV that blocks can hold)."""
-    return all(type(c) is KVCache for c in make_prompt_cache(model))
-
-
 def probe_layout(model: Any) -> KVLayout | None:
     """The model's KV layout, from one token run through a fresh cache; None when it is not plain,
     uniform attention KV. Runs the model: not on a sharded entry's ranks (collectives)."""
@@ -159,21 +154,27 @@ class BlockKV:
         return int(cache[0].offset)
 
     def cut(self, cache: list[Any], spans: list[tuple[int, int]]) -> list[KVBlock]:
-        """Compact blocks of positions [start, end) for each span (consecutive), evaluated together.
-        Each layer's run is split once and each block joins its layers' pieces in one copy: a
-        slice a layer a block costs an op each, thousands for a long sequence (4x slower)."""
+        """Compact blocks of positions [start, end) for each span (consecutive), evaluated together."""
+        return self.cut_arrays([c.keys for c in cache], [c.values for c in cache], spans)
+
+    def cut_arrays(
+        self, layer_keys: list[mx.array], layer_values: list[mx.array], spans: list[tuple[int, int]], origin: int = 0
+    ) -> list[KVBlock]:
+        """``cut`` of layers' keys and values whose first position is ``origin``. Each layer's run
+        is split once and each block joins its layers' pieces in one copy: a slice a layer a
+        block costs an op each, thousands for a long sequence (4x slower)."""
         if not spans:
             return []
         keys: list[list[mx.array]]
         values: list[list[mx.array]]
         if all(a[1] == b[0] for a, b in zip(spans, spans[1:])):
-            first, stop = spans[0][0], spans[-1][1]
-            cuts = [start - first for start, _ in spans[1:]]
-            keys = [_split(c.keys[..., first:stop, :], cuts) for c in cache]
-            values = [_split(c.values[..., first:stop, :], cuts) for c in cache]
+            first, stop = spans[0][0] - origin, spans[-1][1] - origin
+            cuts = [start - origin - first for start, _ in spans[1:]]
+            keys = [_split(k[..., first:stop, :], cuts) for k in layer_keys]
+            values = [_split(v[..., first:stop, :], cuts) for v in layer_values]
         else:  # blocks with gaps between them (a follower's copy of what rank 0 kept)
-            keys = [[c.keys[..., a:b, :] for a, b in spans] for c in cache]
-            values = [[c.values[..., a:b, :] for a, b in spans] for c in cache]
+            keys = [[k[..., a - origin : b - origin, :] for a, b in spans] for k in layer_keys]
+            values = [[v[..., a - origin : b - origin, :] for a, b in spans] for v in layer_values]
         out = []
         for i, (start, end) in enumerate(spans):
             k = mx.concatenate([layer[i] for layer in keys], axis=0)
@@ -184,8 +185,7 @@ class BlockKV:
 
     def join(self, blocks: list[KVBlock], n: int) -> list[Any]:
         """A private per-layer cache of the first ``n`` positions the blocks hold, in order."""
-        k = self._concat([self._unpack(b.keys, b.tokens, b.kdim) for b in blocks], n)
-        v = self._concat([self._unpack(b.values, b.tokens, b.vdim) for b in blocks], n)
+        k, v = self.join_arrays(blocks, n)
         out = []
         for layer in range(k.shape[0]):
             c = KVCache()
@@ -194,37 +194,49 @@ class BlockKV:
         mx.eval([a for c in out for a in (c.keys, c.values)])
         return out
 
+    def join_arrays(self, blocks: list[KVBlock], n: int) -> tuple[mx.array, mx.array]:
+        """The blocks' keys and values, every layer stacked (L, H, n, D), first ``n`` positions."""
+        k = self._concat([self._unpack(b.keys, b.tokens, b.kdim) for b in blocks], n)
+        v = self._concat([self._unpack(b.values, b.tokens, b.vdim) for b in blocks], n)
+        return k, v
+
     def nbytes(self, block: KVBlock) -> int:
         return sum(a.nbytes for a in (*block.keys, *block.values))
 
-    def to_tensors(self, block: KVBlock) -> dict[str, Tensor]:
+    def to_tensors(self, block: KVBlock, prefix: str = "") -> dict[str, Tensor]:
         """Host copies of the block's arrays (on the engine thread: the disk writer gets bytes, not arrays)."""
         out = {}
         for part, arrays in (("keys", block.keys), ("values", block.values)):
             for suffix, a in zip(_PARTS if self.bits else ("",), arrays):
-                raw = np.array(a.view(mx.uint8), copy=True)  # bfloat16 too: numpy has no such dtype
-                out[part + suffix] = Tensor(_dtype_name_safetensors(a.dtype), tuple(a.shape), raw)
+                out[prefix + part + suffix] = host_tensor(a)
         return out
 
     def from_tensors(self, tensors: dict[str, Tensor], tokens: int) -> KVBlock:
         """A block read back; ValueError unless every array is what this layout's block must be."""
-        layout = self.layout
-        if layout is None:
+        if self.layout is None:
             raise ValueError("no KV layout to check a block against")
+        block = self.read(tensors, tokens, self.layout)
+        if len(tensors) != self.arrays:
+            raise ValueError("arrays this block does not have")
+        mx.eval([*block.keys, *block.values])
+        return block
+
+    @property
+    def arrays(self) -> int:
+        """Arrays a block holds (keys and values, each in three parts when quantized)."""
+        return 6 if self.bits else 2
+
+    def read(self, tensors: dict[str, Tensor], tokens: int, layout: KVLayout, prefix: str = "") -> KVBlock:
+        """The block of ``layout`` among ``tensors`` (names after ``prefix``), its arrays not evaluated;
+        ValueError unless each is what such a block must hold."""
         parts = {}
         for part, dim in (("keys", layout.kdim), ("values", layout.vdim)):
             arrays = []
             for suffix, (dtype, shape) in zip(_PARTS if self.bits else ("",), self._shapes(layout, tokens, dim)):
-                t = tensors.get(part + suffix)
-                if t is None or t.dtype != dtype or t.shape != shape:
-                    raise ValueError(f"{part + suffix}: not a {dtype}{list(shape)}")
-                arrays.append(mx.array(np.frombuffer(t.data, np.uint8)).view(_DTYPES[dtype]).reshape(shape))
+                name = prefix + part + suffix
+                arrays.append(device_array(tensors.get(name), name, dtype, shape))
             parts[part] = tuple(arrays)
-        if len(tensors) != sum(len(p) for p in parts.values()):
-            raise ValueError("arrays this block does not have")
-        block = KVBlock(tokens, parts["keys"], parts["values"], layout.kdim, layout.vdim)
-        mx.eval([*block.keys, *block.values])
-        return block
+        return KVBlock(tokens, parts["keys"], parts["values"], layout.kdim, layout.vdim)
 
     def _shapes(self, layout: KVLayout, tokens: int, dim: int) -> list[tuple[str, tuple[int, ...]]]:
         lead = (layout.layers, layout.heads)
@@ -264,6 +276,18 @@ _DTYPES_BY_NAME = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.
 
 def _padded(n: int, group: int) -> int:
     return -(-n // group) * group
+
+
+def host_tensor(a: mx.array) -> Tensor:
+    """A host copy of ``a`` as the disk tier writes it (bfloat16 too: numpy has no such dtype)."""
+    return Tensor(_dtype_name_safetensors(a.dtype), tuple(a.shape), np.array(a.view(mx.uint8), copy=True))
+
+
+def device_array(t: Tensor | None, name: str, dtype: str, shape: tuple[int, ...]) -> mx.array:
+    """A tensor read back as an array; ValueError unless it is a ``dtype`` of ``shape``."""
+    if t is None or t.dtype != dtype or t.shape != shape:
+        raise ValueError(f"{name}: not a {dtype}{list(shape)}")
+    return mx.array(np.frombuffer(t.data, np.uint8)).view(_DTYPES[dtype]).reshape(shape)
 
 
 def _dtype_name(dtype: Any) -> str:

@@ -54,6 +54,9 @@ class CacheHit:
     cached_tokens: int
     hit_type: HitType
     source: tuple[int, ...] = ()  # the ids of the entry or blocks it was copied from, in order
+    # Tokens the prompt shares with what is stored, where that is more than it could continue
+    # from (a recurrent model continues from a checkpoint only): where to checkpoint this time.
+    shared: int = 0
 
 
 @dataclass

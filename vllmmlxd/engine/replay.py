@@ -33,7 +33,7 @@ class Replay:
         from .lockstep import FollowRankZero
 
         self.link = link
-        self.kv = ops or make_kv_ops(model, options)  # the same kind of pieces as rank 0's cache
+        self.kv = ops or make_kv_ops(model, options, distributed=True)  # the same kind of pieces as rank 0's cache
         self.gen = BatchGenerator(
             FollowRankZero(model, link),  # type: ignore[arg-type]  # the model's own surface, wrapped
             completion_batch_size=options.max_running,

@@ -30,20 +30,24 @@ import numpy as np
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ..log import log_event
+from .batch_rows import row_layers
 from .cache_setup import make_prefix_cache
+from .checkpoints import Captures, checkpoint_positions, segments
 from .constraint import Grammars
 from .kv_budget import GROWTH_STEP, KvBudget, KvLayout
 from .kv_probe import probe_layout
+from .layout import read_layout
 from .lockstep import IDLE_FRAME_S, Lockstep
 from .options import EngineOptions
 from .prefix_cache import PromptCache, common_prefix
 from .row_groups import GroupedBatch, GroupedModel, RidingPrompts, groupable
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence
-from .speculative import RowDrafting, SpeculativeBatch, supports_speculation
+from .speculative import RowDrafting, SpeculativeBatch
 from .step_timer import StepTimer
 from .store_queue import StoreQueue
 from .types import EngineStats, FinishReason, WaitingFor
+from .upstream_fixes import apply_all as apply_upstream_fixes
 from .vision_prefill import EmbeddingPrefill, Staged
 
 logger = logging.getLogger("vllmmlxd.engine")
@@ -68,6 +72,7 @@ class Scheduler:
         draft: Any = None,
         cache: PromptCache | None = None,
     ):
+        apply_upstream_fixes()  # mlx-lm bugs carried here until mlx-lm has the fix (upstream_fixes.py)
         self.model = model
         self.draft = draft  # speculative: the draft model, with method draft
         self.eos_ids = eos_ids
@@ -75,10 +80,16 @@ class Scheduler:
         self.stats = stats
         # A sharded model's other ranks replay what changes the batch (engine/lockstep.py).
         self.lockstep = lockstep or Lockstep()
+        # What the model's layers keep between tokens, read once: the features below branch on it.
+        self.layout = read_layout(model)
         # Blocks or whole sequences (cache_setup.py); the engine brings one with a disk tier.
         self.cache = (
-            cache if cache is not None else make_prefix_cache(model, options, distributed=self.lockstep.distributed)
+            cache
+            if cache is not None
+            else make_prefix_cache(model, options, distributed=self.lockstep.distributed, layout=self.layout)
         )
+        # A layered model's blocks need what a row's windowed and recurrent layers held on its way.
+        self.layered = getattr(self.cache, "layered", None)
         self.cache.on_drop = self.lockstep.dropped
         self.inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
         self.waiting: deque[Sequence] = deque()
@@ -111,7 +122,7 @@ class Scheduler:
         )
         speculative = self.options.speculative
         # Followers replay rank 0's batch token by token: a sharded entry does not speculate.
-        if speculative is not None and not self.lockstep.distributed and supports_speculation(self.model):
+        if speculative is not None and not self.lockstep.distributed and self.layout.speculation() is None:
             self.spec = SpeculativeBatch.make(gen.model, gen.sampler, speculative, self.timer.cost, self.draft)
             self.spec.grouping = grouping
             gen._generation_batch = self.spec  # mlx-lm's generator keeps this batch for its life
@@ -283,6 +294,7 @@ class Scheduler:
     def _insert(self, seq: Sequence) -> None:
         hit = self.cache.lookup(seq.prompt_key)
         seq.start(hit.cached_tokens, hit.hit_type)
+        seq.shared = hit.shared
         if self.vision is not None and self.vision.needed(seq, hit.cached_tokens):
             self.staged.append(self.vision.stage(seq, hit.cache, hit.cached_tokens))
         else:
@@ -299,8 +311,8 @@ class Scheduler:
                 raise ValueError("constrained decoding is not available")
             # Last: a logit bias after the grammar's mask could re-enable a forbidden token.
             processors.append(self.grammars.processor(seq.request.constraint, seq.request.request_id, prompt))
-        (uid,) = self.gen.insert(
-            [prompt[cached:]],
+        (uid,) = self.gen.insert_segments(
+            [self._segments(seq, cached)],
             max_tokens=[params.max_tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[list(prompt[:cached])],
@@ -313,6 +325,30 @@ class Scheduler:
         self.running[uid] = seq
         if self.spec is not None:
             self.spec.rows[uid] = RowDrafting(enabled=params.speculative)
+
+    def _segments(self, seq: Sequence, cached: int) -> list[list[int]]:
+        """The prompt's uncached tokens, split where a layered model checkpoints its state."""
+        if self.layered is None or not self.cache.enabled:
+            return [seq.prompt[cached:]]
+        positions: list[int] = []
+        if self.layered.states:
+            positions = checkpoint_positions(cached, len(seq.prompt), self.layered.block, seq.shared or None)
+        seq.captures = Captures(checkpoints=frozenset(positions))
+        return segments(seq.prompt, cached, positions)
+
+    def _capture(self, prompt_responses: list) -> None:
+        """What the rows being prefilled hold in their windowed and recurrent layers now (a layered
+        model's blocks are cut from it when the sequence is stored)."""
+        layered = self.layered
+        if layered is None:
+            return
+        for response in prompt_responses:
+            seq = self.running.get(response.uid)
+            if seq is None or seq.captures is None:
+                continue
+            got = row_layers(self.gen, response.uid, (*layered.windows, *layered.states))
+            if got is not None:
+                layered.capture(got[1], got[0], seq.captures)
 
     def _advance_staged(self, budget: int) -> tuple[int, bool, list[tuple[Sequence, int]]]:
         """A chunk of ``budget`` positions of every prompt prefilled from embeddings (the step
@@ -372,6 +408,7 @@ class Scheduler:
             for joining, pos in staged_progress:
                 joining.progress.prefilled_tokens = pos
             prefilled = self._note_prefill(prompt_responses) + staged
+        self._capture(prompt_responses)
         self._cache_prompts(prompt_responses)
         took = self.clock() - started
         if self.spec is not None:
@@ -477,11 +514,11 @@ class Scheduler:
             return
         assert seq.uid is not None  # only what ran in the batch has KV to keep
         if self.stores is not None:
-            self.stores.add(seq.cache_key(tokens), cache)
+            self.stores.add(seq.cache_key(tokens), cache, seq.captures)
             return
         uid = seq.uid
         try:
-            pieces = self.cache.insert(seq.cache_key(tokens), cache, owned=True)  # extracted: fresh copies
+            pieces = self._insert_kv(seq.cache_key(tokens), cache, seq.captures)
         except Exception as exc:  # the cache is an optimisation: never fail a request over it
             log_event(logger, "cache.error", logging.WARNING, error=repr(exc))
             if self.lockstep.distributed:
@@ -490,8 +527,10 @@ class Scheduler:
         if pieces:
             self.lockstep.stored(uid, pieces)
 
-    def _insert_kv(self, key: list[int], cache: list) -> None:
-        self.cache.insert(key, cache, owned=True)
+    def _insert_kv(self, key: list[int], cache: list, captures: Captures | None = None) -> Any:
+        if captures is not None:  # a layered model's block cache: what the sequence captured on its way
+            return self.cache.insert(key, cache, owned=True, captures=captures)  # type: ignore[call-arg]
+        return self.cache.insert(key, cache, owned=True)  # extracted: fresh copies
 
     def _retire(
         self, seq: Sequence, reason: FinishReason, error: str | None = None, *, kind: str | None = None

@@ -108,6 +108,8 @@ class Sequence:
         self.prompt_key = prompt_key(request)  # the prompt as the prefix cache knows it
         self.finished: FinishReason | None = None
         self.prompt_wanted = False  # a waiting request shares its start: cache the prompt once prefilled
+        self.shared = 0  # prompt tokens the prefix cache shares with it (more than it continued from, maybe)
+        self.captures: Any = None  # a layered model's windowed KV and checkpoints (checkpoints.Captures)
         self._detok = detokenizer
         self._eos = eos_ids
         self._special = special_ids

@@ -41,7 +41,7 @@ from typing import Any, Callable, Literal, cast
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, dynamic_roll, make_prompt_cache
 
 from .draft_width import StepCosts, best_width
 from .row_groups import GroupedBatch, row_groups
@@ -149,15 +149,6 @@ class SpeculationStats:
 def token_of(x: mx.array) -> int:
     """An array's one token id (mlx types ``item()`` as any scalar)."""
     return int(cast(int, x.item()))
-
-
-def supports_speculation(model: Any) -> bool:
-    """Speculation rewinds a row's KV, which plain attention caches allow (not sliding windows,
-    recurrent state or quantized caches)."""
-    try:
-        return all(type(c) is KVCache for c in make_prompt_cache(model))
-    except Exception:  # a model whose cache cannot be made outside a batch
-        return False
 
 
 class DraftModel:
@@ -405,7 +396,7 @@ class SpeculativeBatch(GroupedBatch):
         """Each row keeps its first ``keep[i]`` of the ``written`` positions the step wrote."""
         for layer in self.prompt_cache:
             for cache, rows in row_groups(layer):
-                assert isinstance(cache, BatchKVCache)  # supports_speculation
+                assert isinstance(cache, BatchKVCache)  # layout.CacheLayout.speculation: plain attention
                 _trim_rows(cache, [written - k for k in keep[rows]])
 
 

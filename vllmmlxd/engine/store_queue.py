@@ -27,13 +27,14 @@ STEP_BLOCKS = 8  # blocks cut into the cache a step while streams run
 class _Pending:
     key: list[int]  # the cache key of every position the KV holds
     cache: list[Any]
+    captures: Any = None  # a layered model's windowed KV and checkpoints (checkpoints.Captures)
     done: int = 0  # positions inserted so far
 
 
 class StoreQueue:
     """Sequences to store, oldest first; ``insert`` is the block cache's."""
 
-    def __init__(self, insert: Callable[[list[int], list[Any]], Any], block: int, blocks: int = STEP_BLOCKS):
+    def __init__(self, insert: Callable[[list[int], list[Any], Any], Any], block: int, blocks: int = STEP_BLOCKS):
         self.insert = insert
         self.block = block
         self.blocks = blocks
@@ -42,8 +43,8 @@ class StoreQueue:
     def __len__(self) -> int:
         return len(self.pending)
 
-    def add(self, key: list[int], cache: list[Any]) -> None:
-        self.pending.append(_Pending(key, cache))
+    def add(self, key: list[int], cache: list[Any], captures: Any = None) -> None:
+        self.pending.append(_Pending(key, cache, captures))
 
     def advance(self, *, everything: bool = False) -> None:
         """Insert the next ``blocks`` blocks (every block left, with ``everything``)."""
@@ -54,7 +55,7 @@ class StoreQueue:
             take = left if everything else min(left, room)
             upto = min(len(head.key), head.done + take * self.block)
             try:
-                self.insert(head.key[:upto], head.cache)
+                self.insert(head.key[:upto], head.cache, head.captures)
             except Exception as exc:  # the cache is an optimisation: never fail a request over it
                 log_event(logger, "cache.error", logging.WARNING, error=repr(exc))
                 upto = len(head.key)

@@ -8,7 +8,7 @@ from vllmmlxd.engine.store_queue import StoreQueue
 
 def test_each_step_inserts_a_few_more_blocks_of_the_oldest_sequence_first():
     calls: list[tuple[str, int]] = []
-    queue = StoreQueue(lambda key, cache: calls.append((cache, len(key))), block=4, blocks=2)
+    queue = StoreQueue(lambda key, cache, captures: calls.append((cache, len(key))), block=4, blocks=2)
     queue.add(list(range(19)), "first")  # 4 blocks and 3 positions
     queue.add(list(range(6)), "second")
     queue.advance()
@@ -23,7 +23,7 @@ def test_each_step_inserts_a_few_more_blocks_of_the_oldest_sequence_first():
 def test_everything_at_once_when_asked_and_a_failure_drops_only_that_sequence():
     calls: list[tuple[str, int]] = []
 
-    def insert(key, cache):
+    def insert(key, cache, captures):
         calls.append((cache, len(key)))
         if cache == "broken":
             raise RuntimeError("no room")

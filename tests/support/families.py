@@ -1,0 +1,272 @@
+"""Tiny random-weight models of the families people run, built with mlx-lm's own model classes.
+
+Each family is a config small enough to run a forward pass in about a millisecond on a CPU,
+and shaped like the real thing where the engine can tell: which layers are full attention,
+sliding windows (a window shorter than the test prompts) or recurrent state; experts; latent
+attention. ``build`` makes one in float32 or at 4 bits with bfloat16 activations (mlx-lm's
+quantization, as a community conversion is); ``save`` writes it as a model folder mlx-lm
+loads, with builtin:tiny's tokenizer when a test serves it through the API.
+
+Random weights give near-ties between the top two tokens; the output layer is scaled
+(``HEAD_SCALE``) so most of a reference's margins are wide, and the fidelity harness states
+how it treats the rest (tests/support/fidelity.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.utils import _get_classes, quantize_model
+
+Precision = Literal["float32", "q4"]
+PRECISIONS: tuple[Precision, ...] = ("float32", "q4")
+VOCAB = 512
+WINDOW = 64  # the sliding-window families' window: shorter than the harness's prompts, wider than a block
+
+_BASE: dict[str, Any] = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=32768,
+    tie_word_embeddings=False,
+)
+_HYBRID = dict(
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=2,
+)
+
+# The config of each family (model_type: what mlx-lm builds it from), as tiny as its code allows.
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": dict(_BASE, model_type="llama", num_hidden_layers=2),
+    "qwen3": dict(_BASE, model_type="qwen3", num_hidden_layers=2),
+    "phi3": dict(_BASE, model_type="phi3", num_hidden_layers=2),
+    "qwen3_moe": dict(
+        _BASE,
+        model_type="qwen3_moe",
+        num_hidden_layers=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        moe_intermediate_size=64,
+        norm_topk_prob=True,
+    ),
+    "glm4_moe": dict(
+        _BASE,
+        model_type="glm4_moe",
+        num_hidden_layers=2,
+        moe_intermediate_size=64,
+        norm_topk_prob=True,
+        n_group=1,
+        topk_group=1,
+        n_shared_experts=1,
+        n_routed_experts=4,
+        routed_scaling_factor=1.0,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        rope_scaling=None,
+        use_qk_norm=True,
+        attention_bias=False,
+        partial_rotary_factor=0.5,
+    ),
+    "deepseek_v3": dict(
+        _BASE,
+        model_type="deepseek_v3",
+        num_hidden_layers=2,
+        moe_intermediate_size=64,
+        n_shared_experts=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        qk_nope_head_dim=16,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=1,
+        moe_layer_freq=1,
+    ),
+    "gemma3_text": dict(
+        _BASE,
+        model_type="gemma3_text",
+        num_hidden_layers=3,
+        sliding_window=WINDOW,
+        sliding_window_pattern=3,
+        query_pre_attn_scalar=16,
+        rope_local_base_freq=10000.0,
+    ),
+    "gemma4_text": dict(
+        _BASE,
+        model_type="gemma4_text",
+        num_hidden_layers=4,
+        global_head_dim=32,
+        num_kv_shared_layers=1,
+        vocab_size_per_layer_input=VOCAB,
+        hidden_size_per_layer_input=16,
+        sliding_window=WINDOW,
+        sliding_window_pattern=2,
+        tie_word_embeddings=True,
+    ),
+    "gpt_oss": dict(
+        _BASE,
+        model_type="gpt_oss",
+        num_hidden_layers=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
+    "qwen3_next": dict(
+        _BASE,
+        **_HYBRID,
+        model_type="qwen3_next",
+        num_hidden_layers=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        shared_expert_intermediate_size=64,
+        mlp_only_layers=[],
+        moe_intermediate_size=64,
+        partial_rotary_factor=0.25,
+    ),
+    "qwen3_5": dict(
+        model_type="qwen3_5",
+        tie_word_embeddings=False,
+        text_config=dict(
+            _BASE,
+            **_HYBRID,
+            model_type="qwen3_5_text",
+            num_hidden_layers=4,
+            rope_parameters={
+                "type": "default",
+                "mrope_section": [1, 1, 0],
+                "rope_theta": 10000,
+                "partial_rotary_factor": 0.25,
+            },
+        ),
+    ),
+    "lfm2": dict(
+        _BASE,
+        model_type="lfm2",
+        num_hidden_layers=3,
+        norm_eps=1e-5,
+        conv_bias=False,
+        conv_L_cache=3,
+        block_dim=64,
+        block_multiple_of=16,
+        block_ffn_dim_multiplier=1.0,
+        block_auto_adjust_ff_dim=False,
+        block_ff_dim=128,
+        layer_types=["conv", "full_attention", "conv"],
+    ),
+    "nemotron_h": dict(
+        _BASE,
+        model_type="nemotron_h",
+        num_hidden_layers=4,
+        attention_bias=False,
+        mamba_num_heads=4,
+        mamba_head_dim=16,
+        mamba_proj_bias=False,
+        ssm_state_size=16,
+        conv_kernel=4,
+        n_groups=1,
+        mlp_bias=False,
+        layer_norm_epsilon=1e-5,
+        use_bias=False,
+        use_conv_bias=True,
+        # Three Mamba-2 layers of four: what a row's state holds shows in the logits (a tie otherwise).
+        hybrid_override_pattern=["M", "M", "M", "*"],
+    ),
+}
+# The output layer's scale: wider margins between the top two tokens in float32 (gemma4's logits are
+# soft-capped; lfm2's head is its embedding, and larger it makes the model repeat a few tokens).
+HEAD_SCALE = {"gemma4_text": 1.0, "lfm2": 0.5}
+DEFAULT_HEAD_SCALE = 8.0
+GROUP_SIZE = 32  # the 4-bit families' quantization groups (64 would not divide every tiny layer)
+
+
+def config_of(family: str, *, vocab: int = VOCAB) -> dict[str, Any]:
+    config = copy.deepcopy(FAMILIES[family])
+    inner = config.get("text_config", config)
+    inner["vocab_size"] = vocab
+    if "vocab_size_per_layer_input" in inner:
+        inner["vocab_size_per_layer_input"] = vocab
+    return config
+
+
+def make(family: str, precision: Precision, *, vocab: int = VOCAB, seed: int = 0) -> tuple[nn.Module, dict[str, Any]]:
+    """A fresh model of ``family`` (weights drawn from ``seed``) and its config (with its quantization)."""
+    config = config_of(family, vocab=vocab)
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    head = output_layer(model)
+    head.weight = head.weight * HEAD_SCALE.get(family, DEFAULT_HEAD_SCALE)
+    if precision == "q4":
+        model.set_dtype(mx.bfloat16)
+        model, config = quantize_model(model, config, GROUP_SIZE, 4)
+    mx.eval(model.parameters())
+    return model, config
+
+
+@lru_cache(maxsize=None)
+def build(family: str, precision: Precision) -> nn.Module:
+    """``make``, once per process."""
+    return make(family, precision)[0]
+
+
+def output_layer(model: nn.Module) -> Any:
+    """The layer whose rows are the logits: the head, or the tied embedding."""
+    for owner in (model, getattr(model, "language_model", None)):
+        head = getattr(owner, "lm_head", None) if owner is not None else None
+        if head is not None:
+            return head
+    for _, module in model.named_modules():
+        if hasattr(module, "embed_tokens"):
+            return module.embed_tokens
+    raise ValueError("no output layer")
+
+
+def save(family: str, precision: Precision, dest: Path, *, tokenizer_from: Path | None = None) -> Path:
+    """``family`` as a model folder mlx-lm loads (config.json, model.safetensors and, from
+    ``tokenizer_from``, a tokenizer whose size sets the vocabulary); made once."""
+    if (dest / "config.json").exists():
+        return dest
+    vocab = VOCAB
+    if tokenizer_from is not None:
+        vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
+    model, config = make(family, precision, vocab=vocab)
+    tmp = dest.with_name(dest.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
+    if tokenizer_from is not None:
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+            if (tokenizer_from / name).exists():
+                shutil.copy(tokenizer_from / name, tmp / name)
+        source = json.loads((tokenizer_from / "config.json").read_text())
+        for key in ("eos_token_id", "bos_token_id"):
+            if key in source:
+                config[key] = source[key]
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    tmp.rename(dest)
+    return dest

@@ -1,0 +1,41 @@
+"""Fidelity harness (tests/support/fidelity.py), sliding-window families: their prefix cache's
+blocks hold the windowed layers' KV too, and a sequence continues from any position."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.families import PRECISIONS
+from tests.support.fidelity import check
+from tests.support.fidelity_checks import assert_faithful
+from vllmmlxd.engine import layered_kv, upstream_fixes
+
+FAMILIES = ("gemma3_text", "gemma4_text", "gpt_oss")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_engine_path_answers_as_mlx_lm_does(family, precision, tmp_path):
+    assert_faithful(check(family, precision, tmp_path))
+
+
+def test_the_harness_fails_an_engine_whose_window_misses_a_block(tmp_path, monkeypatch):
+    join = layered_kv.LayeredKV._join_windows
+
+    def short(self, blocks, n, out):  # the window's oldest block is left out
+        join(self, blocks, n, out)
+        for i in self.windows:
+            c = out[i]
+            if c.keys is not None and c.keys.shape[2] > self.block:
+                c.keys, c.values = c.keys[..., self.block :, :], c.values[..., self.block :, :]
+                c._idx = c.keys.shape[2]
+
+    monkeypatch.setattr(layered_kv.LayeredKV, "_join_windows", short)
+    report = check("gemma3_text", "float32", tmp_path)
+    assert {d.path for d in report.failures} & {"again", "extended", "disk"}, report.departures
+
+
+def test_the_harness_fails_mlx_lm_s_batched_window_without_its_carried_fix(tmp_path):
+    with upstream_fixes.unapplied("batch_rotating_mask_after_rotation"):
+        report = check("gemma4_text", "float32", tmp_path)
+    assert report.failures, "mlx-lm's batched window masks rows right after a one-token chunk: see upstream_fixes"

@@ -1,0 +1,45 @@
+"""A model's layout, read from its own cache objects (engine/layout.py): what each family's layers
+keep, how its prefix cache holds them, and whether it may speculate."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.families import build
+from vllmmlxd.engine.layout import CacheLayout, LayerCache, read_layout
+
+KINDS = {
+    "llama": ("blocks", None),
+    "qwen3_moe": ("blocks", None),
+    "deepseek_v3": ("blocks", None),
+    "gemma3_text": ("blocks+windows", "sliding-window"),
+    "gpt_oss": ("blocks+windows", "sliding-window"),
+    "qwen3_5": ("blocks+checkpoints", "recurrent"),
+    "nemotron_h": ("blocks+checkpoints", "recurrent"),
+    "lfm2": ("blocks+checkpoints", "recurrent"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(KINDS))
+def test_each_family_is_held_and_speculates_by_what_its_layers_keep(family):
+    layout = read_layout(build(family, "float32"))
+    held, not_speculating = KINDS[family]
+    assert layout.family == family and layout.prefix_cache(32) == held
+    why = layout.speculation()
+    assert (why is None) if not_speculating is None else (not_speculating in why)
+
+
+def test_windows_and_states_are_read_with_their_sizes():
+    gemma = read_layout(build("gemma3_text", "float32"))
+    assert [layer.kind for layer in gemma.layers] == ["window", "window", "attention"]
+    assert gemma.widest_window == 64 and gemma.describe()["windows"] == [64]
+    qwen = read_layout(build("qwen3_5", "q4"))
+    assert [layer.arrays for layer in qwen.layers if layer.kind == "state"] == [2, 2]
+    assert qwen.dtype == "bfloat16" and qwen.describe()["layers"] == {"state": 2, "attention": 2}
+
+
+def test_what_blocks_cannot_hold_is_kept_whole():
+    opaque = CacheLayout("x", (LayerCache("attention"), LayerCache("other", name="ChunkedKVCache")))
+    assert opaque.prefix_cache(32) == "sequences" and "opaque" in (opaque.speculation() or "")
+    narrow = CacheLayout("x", (LayerCache("attention"), LayerCache("window", window=16)))
+    assert narrow.prefix_cache(32) == "sequences"  # a block would leave the window before it is whole
