@@ -260,9 +260,12 @@ def save(family: str, precision: Precision, dest: Path, *, tokenizer_from: Path 
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
     if tokenizer_from is not None:
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        for name in ("tokenizer.json", "special_tokens_map.json", "generation_config.json"):
             if (tokenizer_from / name).exists():
                 shutil.copy(tokenizer_from / name, tmp / name)
+        tokenizer_config = json.loads((tokenizer_from / "tokenizer_config.json").read_text())
+        tokenizer_config["model_max_length"] = _BASE["max_position_embeddings"]  # the family's context, not tiny's
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
         source = json.loads((tokenizer_from / "config.json").read_text())
         for key in ("eos_token_id", "bos_token_id"):
             if key in source:

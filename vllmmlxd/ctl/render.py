@@ -203,11 +203,13 @@ def _embedding_lines(models: Sequence[ModelStatus]) -> list[str]:
 
 
 def _speculation_lines(models: Sequence[ModelStatus]) -> list[str]:
-    """``llama speculates (prompt-lookup): 81% of 1,204 drafted tokens accepted``."""
+    """``llama speculates (prompt-lookup): 81% of 1,204 drafted tokens accepted``, or why it does not."""
     lines = []
     for m in models:
         spec = getattr(m, "speculative", None)
-        if spec:
+        if spec and spec.get("off"):
+            lines.append(f"{m.name} does not speculate: {spec['off']}")
+        elif spec:
             drafted = spec.get("drafted_tokens", 0)
             rate = (
                 f"{spec.get('acceptance_rate', 0):.0%} of {drafted:,} drafted tokens accepted"

@@ -404,8 +404,11 @@ class MLXEngine:
         """The entry's speculative decoding (method, draft width, tokens drafted and accepted since
         start); None when it does not speculate."""
         spec, options = self._scheduler.spec, self.options.speculative
-        if spec is None or options is None:
+        if options is None:
             return None
+        if spec is None:  # asked for, and the model's layout (or a sharded entry) cannot: say why
+            why = self._scheduler.features()["speculation"]
+            return {"method": options.method, "num_draft": options.num_draft, **(why or {})}
         stats = spec.stats
         return {
             "method": options.method,
@@ -419,6 +422,11 @@ class MLXEngine:
     def cache_status(self) -> dict:
         """The prefix cache's ``cache`` block of /v1/status."""
         return self._scheduler.cache.describe()
+
+    def layout_status(self) -> dict:
+        """The ``layout`` block of /v1/status: what the model's layers keep, and what the engine
+        does with them (its batch, its prefix cache, speculation: off, and why, where it cannot)."""
+        return self._scheduler.features()
 
     def close(self) -> None:
         if self.embedder is not None:

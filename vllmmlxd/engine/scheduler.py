@@ -114,6 +114,7 @@ class Scheduler:
     def _new_generator(self) -> BatchGenerator:
         # Rows that join keep their KV apart (row_groups.py); a sharded model runs its own layers.
         grouping = not self.lockstep.distributed and groupable(self.model)
+        self.grouping = grouping
         gen = BatchGenerator(
             cast(Any, GroupedModel(self.model)) if grouping else self.lockstep.wrap(self.model),
             completion_batch_size=self.options.max_running,
@@ -136,6 +137,21 @@ class Scheduler:
             prompts.decoding = lambda: len(gen._generation_batch) > 0
             gen._prompt_batch = prompts
         return gen
+
+    def features(self) -> dict:
+        """What the engine does for this model's layout, and why not where it does not (the
+        ``layout`` block of /v1/status): its batch's layout, its prefix cache, speculation."""
+        spec_off = self.layout.speculation()
+        if self.lockstep.distributed:
+            spec_off = "a sharded entry's followers replay rank 0's batch token by token"
+        kind = self.layered.cache_layout.prefix_cache(self.layered.block) if self.layered is not None else None
+        cache = getattr(self.cache, "block", None)
+        return {
+            **self.layout.describe(),
+            "batching": "row groups" if self.grouping else "one padded batch",
+            "prefix_cache": kind or ("blocks" if cache else "sequences"),
+            "speculation": None if spec_off is None else {"off": spec_off},
+        }
 
     def _kv_budget(self) -> KvBudget:
         """The model's KV layout (and its draft model's, which keeps a cache a row), and the

@@ -155,10 +155,10 @@ class EngineCollector:
                 yield self._family(GaugeMetricFamily, name, doc, kv[key] * scale)
 
     def _speculation(self) -> Iterator[Metric]:
-        """Draft tokens verified and accepted, for an entry that speculates."""
+        """Draft tokens verified and accepted, for an entry that speculates (not one whose model cannot)."""
         status = getattr(self._engine, "speculation_status", None)
         spec = status() if status is not None else None
-        if not spec:
+        if not spec or spec.get("off"):
             return
         for name, doc, key in (
             ("vllmmlxd_speculative_drafted_tokens", "Draft tokens verified.", "drafted_tokens"),

@@ -140,6 +140,7 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
             "cache": engine.cache_status(),
             "kv_budget": kv_of(engine),
             "speculative": speculation_of(engine),
+            "layout": layout_of(engine),
             "runtime": ctx.runtime,
             "requests": requests,
             "embedding": ctx.embedder.describe() if ctx.embedder is not None else None,
@@ -265,6 +266,12 @@ def _disk_load(disk: dict | None) -> dict:
 def speculation_of(engine: Engine) -> dict | None:
     """The engine's speculative decoding counters (``MLXEngine.speculation_status``); None: off."""
     status = getattr(engine, "speculation_status", None)
+    return status() if status is not None else None
+
+
+def layout_of(engine: Engine) -> dict | None:
+    """What the model's layers keep and what the engine does with them (``MLXEngine.layout_status``)."""
+    status = getattr(engine, "layout_status", None)
     return status() if status is not None else None
 
 

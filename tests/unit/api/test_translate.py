@@ -199,7 +199,12 @@ def test_fold_and_response_shapes_agree():
     body = encode.chat_response("id1", 1, "m", f)
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
     assert body["choices"][0]["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert body["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert encode.completion_response("id2", 1, "m", f)["choices"][0]["text"] == "Hello"
 
 
@@ -218,7 +223,12 @@ def test_reasoning_is_apart_from_the_answer_in_both_paths():
     assert deltas[0] == {"role": "assistant", "content": ""}
     assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
     assert "".join(d.get("content", "") for d in deltas) == message["content"]
-    assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 5,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert enc.end() == ["data: [DONE]\n\n"]
 
 

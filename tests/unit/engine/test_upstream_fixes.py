@@ -19,7 +19,9 @@ def _nemotron_state_gap() -> float:
     short, long = rng.integers(1, 500, size=40).tolist(), rng.integers(1, 500, size=48).tolist()
     alone = make_prompt_cache(model)
     model(mx.array([short]), cache=alone)
-    batch = [c.merge([a, b]) for c, a, b in zip(make_prompt_cache(model), make_prompt_cache(model), make_prompt_cache(model))]
+    batch = [
+        c.merge([a, b]) for c, a, b in zip(make_prompt_cache(model), make_prompt_cache(model), make_prompt_cache(model))
+    ]
     for c in batch:
         c.prepare(lengths=[40, 48], right_padding=[8, 0])
     model(mx.array([short + [0] * 8, long]), cache=batch)

@@ -46,11 +46,14 @@ def finish_reason(reason: str) -> str:
     return reason if reason in ("length", "tool_calls") else "stop"
 
 
-def usage_dict(usage: Usage) -> dict[str, int]:
+def usage_dict(usage: Usage) -> dict:
+    """OpenAI's usage object; the prompt tokens served from the prefix cache as its
+    ``prompt_tokens_details.cached_tokens`` says them."""
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
 
 
