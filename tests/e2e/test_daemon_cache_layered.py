@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.daemon import Daemon, free_port, make_daemon, wait_gone
+from tests.support.daemon import free_port, make_daemon, wait_gone
 from tests.support.families import save
 from vllmmlxd.engine.builtin import ensure_builtin
 
