@@ -203,18 +203,22 @@ DEFAULT_HEAD_SCALE = 8.0
 GROUP_SIZE = 32  # the 4-bit families' quantization groups (64 would not divide every tiny layer)
 
 
-def config_of(family: str, *, vocab: int = VOCAB) -> dict[str, Any]:
+def config_of(family: str, *, vocab: int = VOCAB, **sizes: Any) -> dict[str, Any]:
+    """``family``'s config with ``vocab`` tokens and any ``sizes`` changed (a benchmark's larger model)."""
     config = copy.deepcopy(FAMILIES[family])
     inner = config.get("text_config", config)
+    inner.update(sizes)
     inner["vocab_size"] = vocab
     if "vocab_size_per_layer_input" in inner:
         inner["vocab_size_per_layer_input"] = vocab
     return config
 
 
-def make(family: str, precision: Precision, *, vocab: int = VOCAB, seed: int = 0) -> tuple[nn.Module, dict[str, Any]]:
+def make(
+    family: str, precision: Precision, *, vocab: int = VOCAB, seed: int = 0, **sizes: Any
+) -> tuple[nn.Module, dict[str, Any]]:
     """A fresh model of ``family`` (weights drawn from ``seed``) and its config (with its quantization)."""
-    config = config_of(family, vocab=vocab)
+    config = config_of(family, vocab=vocab, **sizes)
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
@@ -245,7 +249,7 @@ def output_layer(model: nn.Module) -> Any:
     raise ValueError("no output layer")
 
 
-def save(family: str, precision: Precision, dest: Path, *, tokenizer_from: Path | None = None) -> Path:
+def save(family: str, precision: Precision, dest: Path, *, tokenizer_from: Path | None = None, **sizes: Any) -> Path:
     """``family`` as a model folder mlx-lm loads (config.json, model.safetensors and, from
     ``tokenizer_from``, a tokenizer whose size sets the vocabulary); made once."""
     if (dest / "config.json").exists():
@@ -253,7 +257,7 @@ def save(family: str, precision: Precision, dest: Path, *, tokenizer_from: Path 
     vocab = VOCAB
     if tokenizer_from is not None:
         vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
-    model, config = make(family, precision, vocab=vocab)
+    model, config = make(family, precision, vocab=vocab, **sizes)
     tmp = dest.with_name(dest.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -51,7 +51,7 @@ def has_images(messages: list[dict]) -> bool:
 
 def thinking_on(ctx: ServingContext, template_kwargs: dict | None) -> bool:
     """Will the model reason first? (A reasoning parser, and thinking not switched off by the request.)"""
-    return bool(ctx.config.reasoning_parser) and (template_kwargs or {}).get("enable_thinking", True) is not False
+    return ctx.engine.info.reasoning and (template_kwargs or {}).get("enable_thinking", True) is not False
 
 
 def tool_plan(

@@ -23,6 +23,7 @@ from ..errors import KvBudgetExceeded, ModelLoadError, Overloaded
 from ..log import log_event
 from ..parsers.reasoning import make_reasoning_parser
 from ..parsers.tools import tool_parser_class
+from ..parsers.tools.harmony import HarmonyParser
 from ..parsers.tools.instructions import calls_as_text, with_tool_instructions
 from .cache_setup import make_prefix_cache
 from .constraint import Grammars
@@ -62,6 +63,13 @@ def _usable_memory(physical: int, source: str) -> tuple[int | None, str]:
     if working_set and (not physical or working_set < physical):
         return working_set, "Metal's working set"
     return (physical or None), source or "physical"
+
+
+def thinking_of(message: dict) -> dict:
+    """``message`` with its ``reasoning_content`` also as ``thinking``, where a template looks for it."""
+    if "reasoning_content" in message and "thinking" not in message:
+        return {**message, "thinking": message["reasoning_content"]}
+    return message
 
 
 def check_draft_model(draft: "LoadedModel", target: "LoadedModel") -> None:
@@ -106,6 +114,7 @@ class MLXEngine:
             tool_parser=tool_parser,
             template_switches=template_switches(getattr(self.tokenizer, "chat_template", None)),
             vision=loaded.vision is not None,
+            reasoning=bool(self.options.reasoning_parser) or tool_parser == "harmony",
         )
         if has_template:
             self._refuse_unsafe_template()
@@ -184,6 +193,8 @@ class MLXEngine:
         # mlx-lm would default enable_thinking to "the vocabulary has a <think> token"; a template
         # that reads the flag should see thinking allowed unless the request turns it off.
         kwargs = {"enable_thinking": True, **(template_kwargs or {})}
+        if self._tool_parser is HarmonyParser:  # GPT-OSS's template reads a turn's reasoning as ``thinking``
+            messages = [thinking_of(m) for m in messages]
         if tools and not self._template_has_tools:
             messages = with_tool_instructions(calls_as_text(messages, self._tool_parser), tools, self._tool_parser)
         elif tools:
@@ -315,14 +326,21 @@ class MLXEngine:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def _parser_for(self, request: GenerationRequest) -> Chain | None:
+    def _parser_for(self, request: GenerationRequest) -> Chain | HarmonyParser | None:
         """The request's output parser: reasoning (told how the prompt ends: a template may open
-        <think>), then tool calls out of the answer when tools were offered and calls are read."""
+        <think>), then tool calls out of the answer when tools were offered and calls are read.
+        A model that speaks harmony (GPT-OSS) has one parser for all three: its channels."""
+        use = request.tool_use
+        if self._tool_parser is HarmonyParser:
+            if not request.reasoning and use is None:
+                return None  # a raw completion: the text as generated
+            tail = self._decode(request.prompt_tokens[-PROMPT_TAIL_TOKENS:])[-PROMPT_TAIL_CHARS:]
+            offered = list(use.tools) if use is not None else None
+            return HarmonyParser(offered, calls=use is not None and use.parse_calls, prompt_tail=tail)
         reasoning = None
         if request.reasoning and self.options.reasoning_parser:
             tail = self._decode(request.prompt_tokens[-PROMPT_TAIL_TOKENS:])[-PROMPT_TAIL_CHARS:]
             reasoning = make_reasoning_parser(self.options.reasoning_parser, tail)
-        use = request.tool_use
         tools = self._tool_parser(list(use.tools)) if use is not None and use.parse_calls else None
         return Chain(reasoning, tools) if reasoning or tools else None
 

@@ -187,6 +187,7 @@ class ModelInfo:
     # The chat template's switches a request may set (chat_template_kwargs), read at load.
     template_switches: frozenset[str] = frozenset({"enable_thinking"})
     vision: bool = False  # a vision-language model (loaded through mlx-vlm)
+    reasoning: bool = False  # its reasoning comes apart from its answer (a reasoning parser, or harmony's channels)
 
 
 @dataclass

@@ -43,7 +43,7 @@ PREFIX = "/ollama"
 
 
 def model_of(ctx: ServingContext) -> tr.Model:
-    return tr.Model(ctx.name, bool(ctx.config.reasoning_parser))
+    return tr.Model(ctx.name, ctx.engine.info.reasoning)
 
 
 def facts_of(ctx: ServingContext) -> describe.Facts:
@@ -73,7 +73,7 @@ def facts_of(ctx: ServingContext) -> describe.Facts:
         capabilities=describe.capabilities(
             generates=not embeds_only,
             tools=info.tool_parser is not None,
-            thinking=bool(config.reasoning_parser),
+            thinking=info.reasoning,
             vision=info.vision,
             embeds=ctx.embedder is not None,
         ),

@@ -108,7 +108,14 @@ def chat_messages(req: ResponsesRequest, history: list[dict[str, Any]]) -> list[
         _add_item(out, item, f"previous_response_id's input[{i}]")
     for i, item in enumerate(input_items(req)):
         _add_item(out, item, f"input[{i}]")
+    # Reasoning no call or answer followed: nothing to carry it to the template.
+    out = [m for m in out if not (m["role"] == "assistant" and m.get(_REASONING_ONLY))]
+    for m in out:
+        m.pop(_REASONING_ONLY, None)
     return [ChatMessage.model_validate(m) for m in out]
+
+
+_REASONING_ONLY = "_reasoning_only"  # an assistant turn holding an earlier reasoning item alone, so far
 
 
 def _add_item(out: list[dict[str, Any]], item: Any, where: str) -> None:
@@ -119,7 +126,12 @@ def _add_item(out: list[dict[str, Any]], item: Any, where: str) -> None:
         role = item.get("role")
         if role not in ("user", "assistant", "system", "developer"):
             raise InvalidRequest(f"{where}.role must be user, assistant, system or developer", param=f"{where}.role")
-        out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+        content = _text(item.get("content"), f"{where}.content")
+        last = out[-1] if out else None
+        if role == "assistant" and last is not None and last.pop(_REASONING_ONLY, False):
+            last["content"] = content  # the answer its reasoning came before
+        else:
+            out.append({"role": role, "content": content})
     elif kind == "function_call":
         call = {
             "id": _string(item, "call_id", where),
@@ -130,7 +142,8 @@ def _add_item(out: list[dict[str, Any]], item: Any, where: str) -> None:
         if last is not None and last["role"] == "assistant" and "tool_calls" in last:
             last["tool_calls"].append(call)  # consecutive calls: one assistant turn
         elif last is not None and last["role"] == "assistant" and not last.get("tool_calls"):
-            last["tool_calls"] = [call]  # the text the calls came with
+            last.pop(_REASONING_ONLY, None)
+            last["tool_calls"] = [call]  # the text (or reasoning) the calls came with
         else:
             out.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif kind == "function_call_output":
@@ -138,12 +151,27 @@ def _add_item(out: list[dict[str, Any]], item: Any, where: str) -> None:
         text = output if isinstance(output, str) else _text(output, f"{where}.output")
         out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": text})
     elif kind == "reasoning":
-        return  # the model's earlier thinking: templates drop it from past turns
+        # The model's earlier thinking, for the turn it came before: templates that render it
+        # (GPT-OSS's, before a call whose result follows) read it as that turn's reasoning.
+        text = _reasoning_text(item)
+        if text:
+            out.append({"role": "assistant", "content": None, "reasoning_content": text, _REASONING_ONLY: True})
     else:
         raise InvalidRequest(
             f"{where}.type {kind!r} is not supported; use message, function_call, function_call_output or reasoning",
             param=f"{where}.type",
         )
+
+
+def _reasoning_text(item: dict) -> str:
+    """A reasoning item's text: its reasoning text parts, else its summary's."""
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if isinstance(parts, list):
+            text = "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+            if text:
+                return text
+    return ""
 
 
 def _called(item: dict, where: str) -> str:

@@ -16,6 +16,7 @@ TOOL_PARSERS: tuple[str, ...] = (
     "functionary",
     "glm47",
     "granite",
+    "harmony",
     "hermes",
     "kimi",
     "llama",

@@ -14,7 +14,7 @@ special tokens), for the engine to resolve ``auto`` when it loads a model.
 
 from __future__ import annotations
 
-from vllmmlxd.parsers.tools import deepseek, hermes, kimi, llama, mistral, qwen
+from vllmmlxd.parsers.tools import deepseek, harmony, hermes, kimi, llama, mistral, qwen
 from vllmmlxd.parsers.tools.base import Piece, ToolParser
 
 # Start marker -> the family that reads from it.
@@ -106,6 +106,8 @@ def family_for_template(chat_template: str | None, vocab: set[str] | None = None
     """The tool-call family a model writes, from its chat template, else its (special) tokens;
     None when neither tells."""
     template = chat_template or ""
+    if harmony.CHANNEL in template or harmony.speaks_harmony(vocab):  # GPT-OSS: channels, whatever else it says
+        return "harmony"
     for family, signs in _TEMPLATE_SIGNS:
         # Qwen3-Coder's XML lives inside <tool_call>; other "<function=" formats are not Qwen's.
         if family == "qwen" and "<tool_call>" not in template:

@@ -1,0 +1,158 @@
+"""The prefix cache of models that are not all attention: time to first token of a resend, an
+agent's next turn and a new chat on the same system prompt, from memory and after a restart from
+disk, against the same prompts cold; what a checkpoint costs.
+
+    python bench/cache_layered.py [--write docs/benchmarks.md]
+
+Two random-weight models made with mlx-lm's own classes at 4 bits with bfloat16 activations
+(tests/support/families.py at a larger size: 8 layers, 512 wide, builtin:tiny's 49,152-token
+vocabulary): a Qwen3.5-shaped one (6 gated-delta layers, 2 attention) and a Gemma-3-shaped one
+(6 sliding-window layers of 512 tokens, 2 global). On the real daemon, each model twice: with
+the prefix cache and its disk tier, and with no cache (the cold side, same machine, same run).
+Requests are chat completions, greedy, 16 tokens, streamed; TTFT as the client sees it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from common import REPO, cpu_name, write_section
+
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("VLLMMLXD_STATE_DIR", str(Path.home() / ".local/state/vllmmlxd"))
+
+from tests.e2e.test_daemon_cache_layered import FIRST, OTHER  # noqa: E402
+from tests.support.daemon import free_port, make_daemon  # noqa: E402
+from tests.support.families import save  # noqa: E402
+
+SIZES = {
+    "qwen3_5": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                    num_key_value_heads=2, head_dim=64, linear_num_value_heads=8, linear_num_key_heads=4,
+                    linear_key_head_dim=64, linear_value_head_dim=64, full_attention_interval=4),
+    "gemma3_text": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                        num_key_value_heads=2, head_dim=64, query_pre_attn_scalar=64, sliding_window=512,
+                        sliding_window_pattern=4),
+}  # fmt: skip
+
+
+def chat(url: str, messages: list[dict]) -> tuple[float, str, int, int]:
+    """(TTFT, text, prompt tokens, prompt tokens from the cache) of a streamed greedy chat."""
+    body = {"messages": messages, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    started, first, text, usage = time.perf_counter(), None, "", {}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=900) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices", []):
+                delta = choice["delta"]
+                if first is None and (set(delta) - {"role"} or choice.get("finish_reason")):
+                    first = time.perf_counter() - started  # the first token's chunk, whatever it decoded to
+                text += delta.get("content") or ""
+    assert first is not None
+    return first, text, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+
+
+def run(family: str, folder: Path) -> tuple[list[tuple], dict]:
+    from vllmmlxd.engine.builtin import ensure_builtin
+
+    d = make_daemon()
+    path = str(save(family, "q4", folder / family, tokenizer_from=ensure_builtin("tiny", d.state_dir), **SIZES[family]))
+    ports = {"cached": free_port(), "cold": free_port()}
+    entries = {
+        "cached": {"model": path, "port": ports["cached"], "cache_disk": {"dir": str(d.dir / "kv"), "budget_gb": 4}},
+        "cold": {"model": path, "port": ports["cold"], "cache_memory_mb": 0},
+    }
+    d.write(entries)
+    d.start()
+    rows = []
+    try:
+        d.wait_ready(set(entries), timeout=900)
+        url = {k: f"http://127.0.0.1:{p}" for k, p in ports.items()}
+        _, answer, _, _ = chat(url["cached"], FIRST)
+        turn = [*FIRST, {"role": "assistant", "content": answer}, {"role": "user", "content": "Thanks. And item 41?"}]
+        asks = [("resend", FIRST), ("next turn", turn), ("new chat, same system prompt", OTHER)]
+        cold = {what: chat(url["cold"], messages) for what, messages in asks}
+        for when in ("memory", "disk (after vllmmlxctl restart)"):
+            if when.startswith("disk"):
+                time.sleep(3)  # the disk writer catches up
+                pid = d.models()["cached"]["pid"]
+                assert d.ctl("restart", "cached").returncode == 0
+                d.wait_for(lambda ms: ms["cached"]["pid"] not in (None, pid) and ms["cached"]["state"] == "ready",
+                           600, "restart")  # fmt: skip
+            for what, messages in asks:
+                ttft, text, tokens, cached = chat(url["cached"], messages)
+                c_ttft, c_text, _, _ = cold[what]
+                rows.append((what, when, tokens, cached, ttft, c_ttft, text == c_text))
+                print(family, rows[-1], file=sys.stderr)
+        status = httpx.get(url["cached"] + "/v1/status", timeout=30).json()
+        return rows, {"cache": status["cache"], "layout": status["layout"]}
+    finally:
+        d.stop()
+        shutil.rmtree(d.dir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", type=Path, help="replace this benchmark's section of a markdown file")
+    args = parser.parse_args()
+    folder = Path(os.environ["VLLMMLXD_STATE_DIR"]) / "bench-models"
+    import mlx.core as mx
+
+    lines = [
+        "## Prefix cache of hybrid and sliding-window models (`bench/cache_layered.py`)",
+        "",
+        f"- Date: {time.strftime('%Y-%m-%d')}; command: `python bench/cache_layered.py`",
+        f"- Machine: {platform.system()} {platform.machine()}, {cpu_name()}, {os.cpu_count()} cores, MLX {mx.__version__}",
+        "- Models: random weights, mlx-lm's own classes, 4-bit with bfloat16 activations, 8 layers x 512, "
+        "49,152-token vocabulary: Qwen3.5-shaped (6 gated-delta + 2 attention layers), Gemma-3-shaped "
+        "(6 sliding-window layers of 512 tokens + 2 global). Greedy, 16 tokens, streamed.",
+        "- Cold: the same prompt on the same model with no cache, in the same run.",
+        "",
+    ]
+    for family, label in (("qwen3_5", "Qwen3.5-shaped (checkpoints)"), ("gemma3_text", "Gemma-3-shaped (windows)")):
+        rows, status = run(family, folder)
+        cache = status["cache"]
+        lines += [
+            f"**{label}**: prefix cache `{cache['holds']}`",
+            "",
+            "| request | from | prompt tokens | from the cache | TTFT | cold TTFT | vs cold | same answer as cold |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for what, when, tokens, cached, ttft, cold, same in rows:
+            lines.append(
+                f"| {what} | {when} | {tokens:,} | {cached:,} ({cached / tokens:.0%}) | {ttft:.3f} s | "
+                f"{cold:.3f} s | {ttft / cold:.2f}x | {'yes' if same else 'NO'} |"
+            )
+        lines.append("")
+        if cache.get("checkpoints") is not None:
+            lines.append(
+                f"Checkpoints: {cache['checkpoints']} held at the end, {cache['checkpoint_bytes'] / 1024**2:.2f} MB each "
+                f"(every recurrent layer's state, one row); the cache held {cache['memory_mb']:.1f} MB in all for "
+                f"{cache['tokens']:,} tokens of blocks."
+            )
+        else:
+            lines.append(
+                f"Blocks hold the windowed layers' KV beside the global layers': {cache['kv_bytes_per_token']:,} "
+                f"bytes a token in all ({cache['memory_mb']:.1f} MB for {cache['tokens']:,} tokens)."
+            )
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        write_section(args.write, lines[0], text)
+
+
+if __name__ == "__main__":
+    main()
