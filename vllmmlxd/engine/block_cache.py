@@ -91,6 +91,7 @@ class BlockCache:
         self.layered = cast("LayeredKV", ops) if getattr(ops, "cache_layout", None) is not None else None
         self.checkpointed = self.layered is not None and bool(self.layered.states)
         self.state_hits = 0  # lookups that continued from a checkpoint
+        self.state_evictions = 0  # checkpoints dropped from blocks that stayed
 
     @property
     def enabled(self) -> bool:
@@ -155,7 +156,7 @@ class BlockCache:
             node = path[i]
             if node.end > usable:
                 continue
-            if node.state is None and node.on_disk and self.disk is not None:
+            if node.state is None and (node.on_disk or node.state_on_disk) and self.disk is not None:
                 self._fetch_state(node)
             if node.state is not None:
                 return i
@@ -292,9 +293,18 @@ class BlockCache:
     # -- eviction ---------------------------------------------------------
 
     def _evict(self) -> None:
+        """Least recently used first: leaf blocks (with their checkpoints), and a recurrent model's
+        checkpoints on inner blocks, which go before a leaf used as recently (their blocks stay:
+        a conversation keeps its KV and its last state longest)."""
         tree = self.tree
         while tree.nbytes > self.budget_bytes or len(tree) > self.max_blocks:
-            leaf = tree.oldest_leaf() or tree.oldest_leaf(pinned_too=True)
+            leaf = tree.oldest_leaf()
+            inner = tree.oldest_inner_state() if self.checkpointed and tree.nbytes > self.budget_bytes else None
+            if inner is not None and (leaf is None or inner.used <= leaf.used):
+                tree.detach(inner)
+                self.state_evictions += 1
+                continue
+            leaf = leaf or tree.oldest_leaf(pinned_too=True)
             if leaf is None:
                 break
             self._remove(leaf)
@@ -323,6 +333,7 @@ class BlockCache:
             "checkpoints": self.tree.states if self.checkpointed else None,
             "checkpoint_bytes": self.layered.state_bytes() if self.checkpointed else None,
             "checkpoint_hits": self.state_hits if self.checkpointed else None,
+            "checkpoint_evictions": self.state_evictions if self.checkpointed else None,
         }
 
     def describe(self) -> dict:

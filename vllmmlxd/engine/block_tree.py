@@ -113,6 +113,7 @@ class BlockTree:
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
         self._heap: list[tuple[int, int]] = []  # (used, id) of leaves; stale entries skipped when popped
+        self._state_heap: list[tuple[int, int]] = []  # (used, id) of nodes holding a checkpoint, likewise
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -235,6 +236,34 @@ class BlockTree:
         node.state, node.state_bytes = state, nbytes
         self.nbytes += nbytes
         self.states += 1
+        heapq.heappush(self._state_heap, (node.used, node.id))
+
+    def detach(self, node: Node) -> None:
+        """Drop ``node``'s checkpoint, keeping its block."""
+        if node.state is None:
+            return
+        self.nbytes -= node.state_bytes
+        self.states -= 1
+        node.state, node.state_bytes = None, 0
+
+    def oldest_inner_state(self) -> Node | None:
+        """The least recently used checkpoint on a block others depend on (a leaf's goes with it),
+        not pinned; None when there is none."""
+        skipped, found = [], None
+        while self._state_heap:
+            used, key = heapq.heappop(self._state_heap)
+            node = self.nodes.get(key)
+            if node is None or node.state is None or node.used != used or not node.children:
+                continue  # gone, dropped, touched since (pushed again then), or a leaf
+            if key in self.pinned:
+                skipped.append((used, key))
+                continue
+            found = node
+            heapq.heappush(self._state_heap, (used, key))
+            break
+        for item in skipped:
+            heapq.heappush(self._state_heap, item)
+        return found
 
     def touch(self, nodes: list[Node], *, pin: bool = False) -> None:
         """Stamp ``nodes`` (a path from the root) as just used; ``pin``: a lookup's path, kept this step."""
@@ -243,11 +272,16 @@ class BlockTree:
             node.used = tick
             if pin:
                 self.pinned.add(node.id)
+            if node.state is not None:
+                heapq.heappush(self._state_heap, (tick, node.id))
         if nodes and not nodes[-1].children:
             heapq.heappush(self._heap, (tick, nodes[-1].id))
         if len(self._heap) > 2 * len(self.nodes) + 64:  # stale entries: rebuild from the leaves
             self._heap = [(n.used, n.id) for n in self.nodes.values() if not n.children]
             heapq.heapify(self._heap)
+        if len(self._state_heap) > 2 * self.states + 64:
+            self._state_heap = [(n.used, n.id) for n in self.nodes.values() if n.state is not None]
+            heapq.heapify(self._state_heap)
 
     def oldest_leaf(self, *, pinned_too: bool = False) -> Node | None:
         """The least recently used leaf, pinned ones only when ``pinned_too``; None when there is none."""
@@ -276,5 +310,6 @@ class BlockTree:
         self.nodes.clear()
         self.pinned.clear()
         self._heap.clear()
+        self._state_heap.clear()
         self.nbytes = self.tokens = self.states = 0
         return gone

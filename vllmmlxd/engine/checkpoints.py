@@ -58,6 +58,23 @@ def checkpoint_positions(start: int, prompt: int, block: int, hint: int | None =
     return sorted(out)
 
 
+def checkpoint_count(prompt: int, block: int) -> int:
+    """How many checkpoints a prompt of ``prompt`` tokens makes from scratch, at most (the last
+    block end may be one of the others), in closed form: below ``2 x RATIO`` times the first
+    spacing every multiple of it, then each doubling of the position at twice the spacing."""
+    last = (prompt - 1) // block * block
+    if last <= 0:
+        return 0
+    first = spacing(0, block)
+    count = min(last, 2 * RATIO * first - 1) // first
+    step, low = 2 * first, 2 * RATIO * first
+    while low <= last:
+        high = min(last, 2 * low - 1)
+        count += high // step - (low - 1) // step
+        step, low = step * 2, low * 2
+    return count + 1
+
+
 def segments(tokens: list[int], start: int, positions: list[int]) -> list[list[int]]:
     """``tokens[start:]`` cut at ``positions`` (absolute): mlx-lm's prompt segments."""
     out, at = [], start

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from .checkpoints import checkpoint_count
+
 MIB = 1 << 20
 GROWTH_STEP = 256  # mlx-lm's KVCache and BatchKVCache allocate this many positions at a time
 # The default budget leaves this share of usable memory (at least MARGIN_MIN) to what is not KV:
@@ -51,13 +53,18 @@ class LayerKv:
 
 @dataclass(frozen=True)
 class KvLayout:
-    """What one sequence's KV costs, layer by layer (the draft model's layers too, when one runs)."""
+    """What one sequence's KV costs, layer by layer (the draft model's layers too, when one runs);
+    for a model whose recurrent state the prefix cache checkpoints on the prompt's way, the
+    checkpoints' copies (``checkpoint_bytes`` each, ``checkpoints.checkpoint_count`` of them)."""
 
     layers: tuple[LayerKv, ...]
+    checkpoint_bytes: int = 0
+    block: int = 32  # the prefix cache's block, where checkpoints are taken
 
     def bytes_for(self, tokens: int) -> int:
         """The KV of one sequence of ``tokens`` tokens."""
-        return sum(layer.bytes_for(tokens) for layer in self.layers)
+        kept = sum(layer.bytes_for(tokens) for layer in self.layers)
+        return kept + (self.checkpoint_bytes * checkpoint_count(tokens, self.block) if self.checkpoint_bytes else 0)
 
     @property
     def per_token(self) -> int:

@@ -23,6 +23,7 @@ import logging
 import queue
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any, cast
 
 import mlx.core as mx
@@ -34,7 +35,7 @@ from .batch_rows import row_layers
 from .cache_setup import make_prefix_cache
 from .checkpoints import Captures, checkpoint_positions, segments
 from .constraint import Grammars
-from .kv_budget import GROWTH_STEP, KvBudget, KvLayout
+from .kv_budget import GROWTH_STEP, KvBudget, KvLayout, LayerKv
 from .kv_probe import probe_layout
 from .layout import read_layout
 from .lockstep import IDLE_FRAME_S, Lockstep
@@ -89,7 +90,7 @@ class Scheduler:
             else make_prefix_cache(model, options, distributed=self.lockstep.distributed, layout=self.layout)
         )
         # A layered model's blocks need what a row's windowed and recurrent layers held on its way.
-        self.layered = getattr(self.cache, "layered", None)
+        self.layered = getattr(self.cache, "layered", None) if self.cache.enabled else None
         self.cache.on_drop = self.lockstep.dropped
         self.inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
         self.waiting: deque[Sequence] = deque()
@@ -158,9 +159,10 @@ class Scheduler:
         entry's explicit limit; no limit when the layout cannot be read."""
         try:
             layers = probe_layout(self.model).layers
+            layout: KvLayout | None = self._captured(layers)
             if self.spec is not None and self.draft is not None:
-                layers += probe_layout(self.draft).layers
-            layout: KvLayout | None = KvLayout(layers)
+                assert layout is not None
+                layout = replace(layout, layers=layout.layers + probe_layout(self.draft).layers)
         except Exception as exc:  # a family whose cache cannot be made outside a batch: admitted by count only
             log_event(logger, "kv.layout_unknown", logging.WARNING, error=repr(exc))
             layout = None
@@ -172,6 +174,17 @@ class Scheduler:
         if self.options.kv_budget_bytes is not None:
             budget = budget.with_limit(self.options.kv_budget_bytes, self.options.kv_budget_source)
         return budget
+
+    def _captured(self, layers: tuple[LayerKv, ...]) -> KvLayout:
+        """``layers``, and what a layered model's prompt holds on its way into the prefix cache
+        (``checkpoints.Captures``): each windowed layer's KV of every position, and the
+        recurrent state's checkpoints."""
+        if self.layered is None or len(layers) != len(self.layout.layers):
+            return KvLayout(layers)
+        kinds = [spec.kind for spec in self.layout.layers]
+        windows = tuple(LayerKv(layer.per_token) for layer, kind in zip(layers, kinds) if kind == "window")
+        state = sum(layer.fixed for layer, kind in zip(layers, kinds) if kind == "state")
+        return KvLayout(layers + windows, checkpoint_bytes=state, block=self.layered.block)
 
     # -- the thread -------------------------------------------------------
 
@@ -344,7 +357,7 @@ class Scheduler:
 
     def _segments(self, seq: Sequence, cached: int) -> list[list[int]]:
         """The prompt's uncached tokens, split where a layered model checkpoints its state."""
-        if self.layered is None or not self.cache.enabled:
+        if self.layered is None:
             return [seq.prompt[cached:]]
         positions: list[int] = []
         if self.layered.states:

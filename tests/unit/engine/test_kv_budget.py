@@ -105,3 +105,30 @@ def test_the_default_is_what_is_left_after_weights_cache_worker_and_margin():
 def test_an_explicit_budget_in_mb(value):
     limit, source = explicit_limit(value)
     assert limit == int(value * MIB) and source == f"max_kv_memory_mb {value:g}"
+
+
+def test_a_layered_model_reserves_its_prompt_s_windowed_kv_and_checkpoints_too():
+    from tests.support.families import build
+    from vllmmlxd.engine.checkpoints import checkpoint_count
+    from vllmmlxd.engine.kv_probe import probe_layout
+    from vllmmlxd.engine.options import EngineOptions
+    from vllmmlxd.engine.scheduler import Scheduler
+    from vllmmlxd.engine.types import EngineStats
+
+    for family in ("qwen3_5", "gemma3_text"):
+        model = build(family, "float32")
+        plain = KvLayout(probe_layout(model).layers)
+        cached = Scheduler(model, set(), EngineOptions(cache_budget_bytes=1 << 20), EngineStats()).kv.layout
+        uncached = Scheduler(model, set(), EngineOptions(cache_budget_bytes=0), EngineStats()).kv.layout
+        assert uncached == plain and cached is not None
+        state = sum(layer.fixed for layer in plain.layers)
+        windowed = (
+            plain.bytes_for(2000)
+            - plain.bytes_for(0)
+            - sum(layer.per_token * 2000 for layer in plain.layers if layer.cap is None)
+        )
+        extra = cached.bytes_for(2000) - plain.bytes_for(2000)
+        if family == "qwen3_5":
+            assert state > 0 and extra == state * checkpoint_count(2000, 32)
+        else:
+            assert state == 0 and extra == sum(layer.per_token for layer in plain.layers if layer.cap) * 2000 > windowed
