@@ -6,7 +6,8 @@ same four prompts of unequal lengths (so prefills are batched with right padding
 enough that windows slide and prompts take several chunks), whose second halves repeat their
 first (so prompt lookup drafts, where the family speculates):
 
-- ``batched``: the four at once, continuous batching and speculation as served by default;
+- ``batched``: the four at once, continuous batching and speculation as served by default (the
+  rows joining one by one keep their KV in groups, merged past two);
 - ``again``: the same four again (prefix cache hits: blocks, windows, checkpoints);
 - ``extended``: each prompt, its answer and a new turn (an agent's next request);
 - ``shared``: a new request sharing a start with each (a new chat on the same system prompt);
@@ -26,11 +27,12 @@ other departure fails. On the CPU backend the suite runs on, float32 paths agree
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import mlx.core as mx
 import numpy as np
@@ -38,6 +40,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from tests.support.families import VOCAB, Precision, build, save
+from vllmmlxd.engine import row_groups
 from vllmmlxd.engine.cache_setup import make_prefix_cache
 from vllmmlxd.engine.checkpoints import checkpoint_positions
 from vllmmlxd.engine.detokenize import IncrementalDetokenizer
@@ -241,8 +244,25 @@ def options(tmp: Path | None, **overrides: Any) -> EngineOptions:
     return EngineOptions(**settings)
 
 
+@contextlib.contextmanager
+def few_groups() -> Iterator[None]:
+    """Rows in KV groups merge past two groups (four by default): the harness's four prompts,
+    joining one by one, then merge their groups too."""
+    held = row_groups.MAX_GROUPS
+    row_groups.MAX_GROUPS = 2
+    try:
+        yield
+    finally:
+        row_groups.MAX_GROUPS = held
+
+
 def check(family: str, precision: Precision, tmp: Path) -> Report:
     """Every path of the engine on ``family`` at ``precision``, against the reference."""
+    with few_groups():
+        return _check(family, precision, tmp)
+
+
+def _check(family: str, precision: Precision, tmp: Path) -> Report:
     model = build(family, precision)
     layout = read_layout(model)
     report = Report(family, precision, prefix_cache=layout.prefix_cache(BLOCK), speculates=layout.speculation() is None)

@@ -16,6 +16,7 @@ TOOL_PARSERS = (  # as vllmmlxd/parsers/tools has them (a test keeps them equal)
     "functionary",
     "glm47",
     "granite",
+    "harmony",
     "hermes",
     "kimi",
     "llama",

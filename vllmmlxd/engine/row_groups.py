@@ -11,8 +11,11 @@ with more than ``MAX_GROUPS`` groups merges two small neighbours (a cheap copy).
 The forward pass still reads the weights once a step: every row goes through the projections,
 the feed-forward block and the output head together; only attention runs group by group, each
 with its own offsets and mask. That needs the layer written out, so it is done for the decoder
-families whose layers are the plain pre-norm kind (llama, mistral, qwen2, qwen3); any other
-model keeps mlx-lm's single array (``groupable``).
+families whose layers are the plain pre-norm kind (llama, mistral, qwen2, qwen3). Other
+families run their own forward pass over the grouped caches, each attention module group by
+group (``grouped_attention.py``): the feed-forward, experts and head still read the weights once
+for every row, but no prompt chunk rides along. A model neither covers keeps mlx-lm's single
+array.
 
 The same pass carries more that mlx-lm runs in passes of their own: a prompt's chunk being
 prefilled rides along (``RidingPrompts``: its KV written, no logits), and a prompt that is done
@@ -28,7 +31,7 @@ from typing import Any, Callable, Iterator, cast
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache
 
 MAX_GROUPS = 4  # attention runs once a group a layer: past this many, two small neighbours merge
 FAMILIES = ("mlx_lm.models.llama", "mlx_lm.models.mistral", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
@@ -53,6 +56,17 @@ def groupable(model: Any) -> bool:
 
 def rows_of(cache: BatchKVCache) -> int:
     return int(cache.offset.shape[0])
+
+
+# The batched caches a layer's rows can be split into groups of (sliding windows too).
+GROUPED_KINDS = (BatchKVCache, BatchRotatingKVCache)
+
+
+@dataclass
+class GroupedMask:
+    """A grouped layer's mask: one per group (each group's rows have their own offsets and padding)."""
+
+    parts: list[Any]
 
 
 class GroupedKV:
@@ -96,6 +110,11 @@ class GroupedKV:
             merged.extend(g)
         self.groups[first:stop] = [merged]
 
+    def make_mask(self, N: int, **kwargs: Any) -> GroupedMask:
+        """Each group's own mask (a model builds one from a layer's cache and hands it to every
+        layer of that kind: the attention modules take their group's part)."""
+        return GroupedMask([g.make_mask(N, **kwargs) for g in self.groups])
+
     def locate(self, idx: int) -> tuple[BatchKVCache, int]:
         for g, (start, end) in zip(self.groups, self.spans()):
             if start <= idx < end:
@@ -108,7 +127,7 @@ class GroupedKV:
         holds it (a row that runs on copies the buffer at its next write, as mlx-lm's extract
         would have copied it now)."""
         g, local = self.locate(idx)
-        if rows_of(g) > 1 or g.keys is None:
+        if rows_of(g) > 1 or g.keys is None or type(g) is not BatchKVCache:
             return g.extract(local)
         start = int(g.left_padding[0].item())
         cache = KVCache()
@@ -159,8 +178,10 @@ class GroupedModel:
     """The model as the batch calls it: over grouped caches, attention group by group; and with
     a prompt's chunk riding along (``rider``), which the same pass prefills."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, *, written: bool = True):
         self.model = model
+        # False: the model's own forward runs over the grouped caches (grouped_attention.py).
+        self.written = written
         self.rider: Segment | None = None  # a prompt chunk waiting for the batch's next pass
         self.rode = 0  # prompt tokens the passes since the scheduler last looked carried along
 
@@ -169,7 +190,7 @@ class GroupedModel:
 
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **kwargs: Any) -> mx.array:
         rider = self.rider
-        if not cache or kwargs or (rider is not None and cache is rider.cache):
+        if not self.written or not cache or kwargs or (rider is not None and cache is rider.cache):
             return self.model(inputs, cache=cache, **kwargs)
         grouped = isinstance(cache[0], GroupedKV)
         if rider is None and not grouped:
@@ -242,19 +263,26 @@ class GroupedBatch(GenerationBatch):
         if getattr(batch, "priming", False):
             self.primed = self.primed | set(batch.uids)
         joins = bool(self.prompt_cache) and bool(batch.prompt_cache)
+        # Layers of attention KV (or a window) keep the joining rows apart; a recurrent state is
+        # the same size at any length, and joins by mlx-lm's own concatenation.
         grouped = (
             self.grouping
             and joins
-            and all(type(c) is BatchKVCache or isinstance(c, GroupedKV) for c in self.prompt_cache)
-            and all(type(c) is BatchKVCache for c in batch.prompt_cache)
+            and len(self.prompt_cache) == len(batch.prompt_cache)
+            and any(isinstance(c, (*GROUPED_KINDS, GroupedKV)) for c in self.prompt_cache)
+            and all(
+                isinstance(mine, (*GROUPED_KINDS, GroupedKV)) == isinstance(theirs, GROUPED_KINDS)
+                for mine, theirs in zip(self.prompt_cache, batch.prompt_cache)
+            )
         )
         if grouped:
-            self.prompt_cache = [c if isinstance(c, GroupedKV) else GroupedKV([c]) for c in self.prompt_cache]
+            self.prompt_cache = [GroupedKV([c]) if isinstance(c, GROUPED_KINDS) else c for c in self.prompt_cache]
         super().extend(batch)
         if grouped:
-            while len(self.prompt_cache[0].groups) > MAX_GROUPS:
-                first = _cheapest_merge(self.prompt_cache[0].groups)
-                for c in self.prompt_cache:
+            layers = [c for c in self.prompt_cache if isinstance(c, GroupedKV)]
+            while len(layers[0].groups) > MAX_GROUPS:
+                first = _cheapest_merge(layers[0].groups)
+                for c in layers:
                     c.merge(first, first + 2)
 
     def next(self) -> list[Any]:

@@ -41,6 +41,7 @@ from .layout import read_layout
 from .lockstep import IDLE_FRAME_S, Lockstep
 from .options import EngineOptions
 from .prefix_cache import PromptCache, common_prefix
+from .grouped_attention import wrap_attention
 from .row_groups import GroupedBatch, GroupedModel, RidingPrompts, groupable
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence
@@ -113,11 +114,16 @@ class Scheduler:
         self.clock = time.perf_counter  # times steps for the step timer (a test's fake model brings its own)
 
     def _new_generator(self) -> BatchGenerator:
-        # Rows that join keep their KV apart (row_groups.py); a sharded model runs its own layers.
-        grouping = not self.lockstep.distributed and groupable(self.model)
-        self.grouping = grouping
+        # Rows that join keep their KV apart: the pass written out for the plain decoders
+        # (row_groups.py), else each attention module group by group in the model's own pass
+        # (grouped_attention.py). A sharded model runs its own layers; a vision model's prompts
+        # are staged apart.
+        own = not self.lockstep.distributed and self.vision is None
+        written = own and groupable(self.model)
+        grouping = written or (own and wrap_attention(self.model, self.layout))
+        self.grouping, self.riding = grouping, written
         gen = BatchGenerator(
-            cast(Any, GroupedModel(self.model)) if grouping else self.lockstep.wrap(self.model),
+            cast(Any, GroupedModel(self.model, written=written)) if grouping else self.lockstep.wrap(self.model),
             completion_batch_size=self.options.max_running,
             prefill_batch_size=min(self.options.max_running, PREFILL_BATCH),
             prefill_step_size=self.options.prefill_step_size,
@@ -132,8 +138,8 @@ class Scheduler:
             batch = GroupedBatch.empty(gen.model, gen.sampler)
             batch.grouping = True
             gen._generation_batch = batch
-        self.timer.riding = grouping
-        if grouping:  # a prompt's chunk rides on the batch's pass (row_groups.RidingPrompts)
+        self.timer.riding = written
+        if written:  # a prompt's chunk rides on the batch's pass (row_groups.RidingPrompts)
             prompts = RidingPrompts.empty(gen.model, gen.sampler, prefill_step_size=self.options.prefill_step_size)
             prompts.decoding = lambda: len(gen._generation_batch) > 0
             gen._prompt_batch = prompts
@@ -149,7 +155,13 @@ class Scheduler:
         cache = getattr(self.cache, "block", None)
         return {
             **self.layout.describe(),
-            "batching": "row groups" if self.grouping else "one padded batch",
+            "batching": (
+                "row groups, prompt chunks riding on the decode pass"
+                if self.riding
+                else "row groups"
+                if self.grouping
+                else "one padded batch"
+            ),
             "prefix_cache": kind or ("blocks" if cache else "sequences"),
             "speculation": None if spec_off is None else {"off": spec_off},
         }

@@ -8,7 +8,7 @@ import pytest
 from tests.support.families import PRECISIONS
 from tests.support.fidelity import check
 from tests.support.fidelity_checks import assert_faithful
-from vllmmlxd.engine import layered_kv, upstream_fixes
+from vllmmlxd.engine import layered_kv, row_groups, upstream_fixes
 
 FAMILIES = ("gemma3_text", "gemma4_text", "gpt_oss")
 
@@ -39,3 +39,15 @@ def test_the_harness_fails_mlx_lm_s_batched_window_without_its_carried_fix(tmp_p
     with upstream_fixes.unapplied("batch_rotating_mask_after_rotation"):
         report = check("gemma4_text", "float32", tmp_path)
     assert report.failures, "mlx-lm's batched window masks rows right after a one-token chunk: see upstream_fixes"
+
+
+def test_the_harness_fails_an_engine_whose_row_groups_take_each_other_s_masks(tmp_path, monkeypatch):
+    make_mask = row_groups.GroupedKV.make_mask
+
+    def swapped(self, N, **kwargs):  # the groups' masks in the wrong order
+        mask = make_mask(self, N, **kwargs)
+        return row_groups.GroupedMask(mask.parts[::-1])
+
+    monkeypatch.setattr(row_groups.GroupedKV, "make_mask", swapped)
+    report = check("gemma3_text", "float32", tmp_path)
+    assert {d.path for d in report.failures} & {"batched", "again", "extended"}, report.departures

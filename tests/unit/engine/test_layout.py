@@ -43,3 +43,25 @@ def test_what_blocks_cannot_hold_is_kept_whole():
     assert opaque.prefix_cache(32) == "sequences" and "opaque" in (opaque.speculation() or "")
     narrow = CacheLayout("x", (LayerCache("attention"), LayerCache("window", window=16)))
     assert narrow.prefix_cache(32) == "sequences"  # a block would leave the window before it is whole
+
+
+@pytest.mark.parametrize(
+    "family,batching",
+    [
+        ("llama", "row groups, prompt chunks riding on the decode pass"),
+        ("qwen3_moe", "row groups"),
+        ("deepseek_v3", "row groups"),
+        ("gemma3_text", "row groups"),
+        ("gpt_oss", "row groups"),
+        ("qwen3_5", "row groups"),
+        ("nemotron_h", "row groups"),
+        ("gemma4_text", "one padded batch"),  # layers that share an earlier layer's KV
+    ],
+)
+def test_rows_join_in_groups_wherever_the_layers_allow(family, batching):
+    from vllmmlxd.engine.options import EngineOptions
+    from vllmmlxd.engine.scheduler import Scheduler
+    from vllmmlxd.engine.types import EngineStats
+
+    scheduler = Scheduler(build(family, "float32"), set(), EngineOptions(), EngineStats())
+    assert scheduler.features()["batching"] == batching
