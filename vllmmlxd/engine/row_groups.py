@@ -72,7 +72,7 @@ class GroupedMask:
 class GroupedKV:
     """One layer's KV for the batch: its rows, in order, split over ``groups``."""
 
-    def __init__(self, groups: list[BatchKVCache]):
+    def __init__(self, groups: list[Any]):  # BatchKVCache, or a window's BatchRotatingKVCache
         self.groups = groups
 
     def spans(self) -> list[tuple[int, int]]:

@@ -35,13 +35,13 @@ from .batch_rows import row_layers
 from .cache_setup import make_prefix_cache
 from .checkpoints import Captures, checkpoint_positions, segments
 from .constraint import Grammars
+from .grouped_attention import wrap_attention
 from .kv_budget import GROWTH_STEP, KvBudget, KvLayout, LayerKv
 from .kv_probe import probe_layout
 from .layout import read_layout
 from .lockstep import IDLE_FRAME_S, Lockstep
 from .options import EngineOptions
 from .prefix_cache import PromptCache, common_prefix
-from .grouped_attention import wrap_attention
 from .row_groups import GroupedBatch, GroupedModel, RidingPrompts, groupable
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence
