@@ -391,6 +391,21 @@ class Scheduler:
             if got is not None:
                 layered.capture(got[1], got[0], seq.captures)
 
+    def _capture_decoding(self, seq: Sequence) -> None:
+        """A long answer's windowed KV, before it leaves the window: its blocks, every so often
+        (the window less a block: each block is whole in the window at one of these steps)."""
+        layered = self.layered
+        assert layered is not None and seq.uid is not None
+        windows = [layered.cache_layout.layers[i].window or 0 for i in layered.windows]
+        if not windows:
+            return
+        every = max(layered.block, (min(windows) - layered.block) // layered.block * layered.block)
+        if seq.produced % every:
+            return
+        got = row_layers(self.gen, seq.uid, layered.windows)
+        if got is not None:
+            layered.capture_windows(got[1], seq.captures)
+
     def _advance_staged(self, budget: int) -> tuple[int, bool, list[tuple[Sequence, int]]]:
         """A chunk of ``budget`` positions of every prompt prefilled from embeddings (the step
         timer's share of a prefilling sequence), or, for one of them at most, an image through
@@ -479,6 +494,8 @@ class Scheduler:
                 self._retire(seq, reason)
             elif reason is not None:
                 self._leave(seq, reason, keep_kv=True)
+            elif seq.captures is not None:
+                self._capture_decoding(seq)
         if self.spec is not None:  # each request's drafting so far, for /v1/status
             for uid, seq in self.running.items():
                 row = self.spec.rows.get(uid)

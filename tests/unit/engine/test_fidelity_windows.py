@@ -51,3 +51,22 @@ def test_the_harness_fails_an_engine_whose_row_groups_take_each_other_s_masks(tm
     monkeypatch.setattr(row_groups.GroupedKV, "make_mask", swapped)
     report = check("gemma3_text", "float32", tmp_path)
     assert {d.path for d in report.failures} & {"batched", "again", "extended"}, report.departures
+
+
+def test_a_long_answer_s_next_turn_reuses_all_of_it_though_the_answer_outgrew_the_window(monkeypatch):
+    from tests.support import fidelity
+    from tests.support.families import WINDOW, build
+
+    monkeypatch.setattr(fidelity, "GENERATE", 150)  # longer than the window (64) twice over
+    model = build("gemma3_text", "float32")
+    prompt = fidelity.prompts()[1]
+    driver = fidelity.Driver(model, fidelity.options(None))
+    try:
+        [answer], _ = driver.run([prompt])
+        turn = prompt + answer + [5, 6, 7]
+        [again], [cached] = driver.run([turn])
+    finally:
+        driver.close()
+    assert len(answer) == 150 > 2 * WINDOW
+    assert cached == len(prompt) + len(answer)  # the answer's blocks were cut while in the window
+    assert again == list(fidelity.reference(model, turn, 150).tokens)
