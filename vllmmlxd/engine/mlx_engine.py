@@ -158,6 +158,16 @@ class MLXEngine:
             cache=make_prefix_cache(self.model, self.options, distributed=distributed, weights=loaded.path),
         )
         self._scheduler.on_admit = self._admitted
+        features = self._scheduler.features()
+        log_event(
+            logger,
+            "engine.layout",
+            family=features["family"],
+            layers=",".join(f"{kind}:{n}" for kind, n in features["layers"].items()),
+            batching=features["batching"],
+            prefix_cache=features["prefix_cache"],
+            speculation_off=(features["speculation"] or {}).get("off"),
+        )
         self._held_at_start = mx.get_active_memory()  # the weights (and draft, embedder): what a default budget leaves
         self._kv_mb: object = _NOT_SET  # the max_kv_memory_mb the budget was made from
         self.set_kv_budget(None if self.options.kv_budget_bytes is None else self.options.kv_budget_bytes / 2**20)
