@@ -220,9 +220,12 @@ def test_check_constraint_refuses_bad_grammars_quickly(engine):
         "$ref": "#/$defs/n",
     }
     for schema, why in ((deep, "recursion limit"), (wide, "too large"), (huge, "too long to compile")):
+        grammar = json_grammar(schema)
         started = time.perf_counter()
-        error = engine.check_constraint(Constraint(json_grammar(schema)))
-        assert time.perf_counter() - started < 1.0 and why in (error or ""), error
+        error = engine.check_constraint(Constraint(grammar))
+        # The compile budget (0.5 s) and what a loaded two-core machine adds to waking up after
+        # it (1.05 s was seen); the huge schema's whole compile takes 3.4 s on a quiet one.
+        assert time.perf_counter() - started < 2.0 and why in (error or ""), error
 
 
 def test_a_request_with_a_bad_grammar_ends_with_an_error_not_the_batch(engine):
