@@ -117,6 +117,12 @@ LONGEST_FILES = {
     "tests/integration/test_smollm2.py": 40,
     "tests/integration/test_kv_admission.py": 30,  # tiny 10 s, then SmolLM2 20 s (2026-12-02, alone)
     "tests/integration/test_prefix_blocks.py": 30,
+    # Measured alone (2026-12-03): the fidelity harness and the layered caches on the daemon.
+    "tests/unit/engine/test_fidelity_recurrent.py": 40,
+    "tests/unit/engine/test_fidelity_windows.py": 32,
+    "tests/unit/engine/test_fidelity_attention.py": 26,
+    "tests/e2e/test_daemon_cache_layered.py": 36,
+    "tests/e2e/test_daemon_sharded_families.py": 21,
 }
 
 

@@ -28,7 +28,7 @@ def test_the_harness_fails_an_engine_that_continues_from_a_checkpoint_of_another
         return join(self, blocks, n, tuple(tuple(mx.zeros_like(a) for a in layer) for layer in state or ()) or None)
 
     monkeypatch.setattr(layered_kv.LayeredKV, "join", stale)
-    report = check("qwen3_5", "float32", tmp_path)
+    report = check("qwen3_5", "float32", tmp_path, paths=("again", "extended"))
     assert {d.path for d in report.failures} >= {"again", "extended"}, report.departures
 
 
