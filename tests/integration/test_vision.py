@@ -10,6 +10,7 @@ chosen to make certain (black and white, 24 greedy tokens)."""
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import json
 import signal
@@ -227,10 +228,22 @@ def test_too_many_images_in_a_conversation_is_a_400_in_anthropics_shape(server):
     assert "has 4 images; this model takes at most 3" in r.json()["error"]["message"]
 
 
+# 32 MB of zeros in ~32 KB: within the entry's 50 KB as sent, a body a worker must never inflate.
+BOMB = gzip.compress(bytes(32 * 1024 * 1024), compresslevel=9)
+
+
 @pytest.fixture(scope="module")
 def pictures():
-    with serving({"/a.png": (200, {"Content-Type": "image/png"}, picture("noise"))}) as port:
+    bomb = (200, {"Content-Type": "image/png", "Content-Encoding": "gzip"}, BOMB)
+    with serving({"/a.png": (200, {"Content-Type": "image/png"}, picture("noise")), "/bomb.png": bomb}) as port:
         yield port
+
+
+def test_a_compressed_image_body_is_refused_without_being_inflated(oa, pictures):
+    with pytest.raises(openai.BadRequestError) as err:
+        oa_ask(oa, {"type": "image_url", "image_url": {"url": f"http://127.0.0.1:{pictures}/bomb.png"}})
+    assert "gzip-encoded body" in err.value.message and "never inflated" in err.value.message
+    assert oa_ask(oa, oa_image(picture("black")), max_tokens=2).choices[0].finish_reason in ("stop", "length")
 
 
 def test_an_image_url_is_fetched_from_a_listed_host_only(oa, pictures):

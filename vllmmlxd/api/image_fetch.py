@@ -5,7 +5,9 @@ resolved here, every address it resolved to must pass ``images.url_verdict`` (gl
 entry lists the host in ``allowed_image_hosts``), and the connection goes to the address that was
 checked, never to a second lookup's answer (a name that changes its answer between the check and
 the connection gets nowhere). Redirects are followed a few times, each hop checked the same way.
-The body is read within ``max_image_mb`` and the whole fetch within ``image_url_timeout``.
+The body is read within ``max_image_mb`` and the whole fetch within ``image_url_timeout``. It is
+asked for unencoded and read as it comes: a compressed body is refused, never inflated (16 KB of
+zstd would otherwise become a gigabyte before any size check could see it).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ async def _follow(url: str, where: str, limits: ImageLimits, hosts: tuple[str, .
             request = client.build_request(
                 "GET",
                 pinned,
-                headers={"Host": host_header, "Accept": "image/*"},
+                headers={"Host": host_header, "Accept": "image/*", "Accept-Encoding": "identity"},
                 extensions={"sni_hostname": parts.hostname} if parts.scheme == "https" else {},
             )
             response = await client.send(request, stream=True)
@@ -91,12 +93,19 @@ def _netloc(address: str, port: int | None) -> str:
 
 
 async def _body(response: httpx.Response, where: str, limits: ImageLimits) -> bytes:
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise InvalidRequest(
+            f"{where}: the image URL answered with a {encoding}-encoded body; images are fetched unencoded "
+            "(Accept-Encoding: identity) and a compressed body is never inflated",
+            param=where,
+        )
     too_big = PayloadTooLarge(f"{where}: the image is larger than this model's {limits.max_bytes:,} bytes", param=where)
     declared = response.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limits.max_bytes:
         raise too_big
     data = bytearray()
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.aiter_raw():  # the bytes as sent: nothing is decoded
         data += chunk
         if len(data) > limits.max_bytes:
             raise too_big
