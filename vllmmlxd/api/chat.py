@@ -17,7 +17,7 @@ from typing import Any, AsyncGenerator, Protocol
 from starlette.requests import Request
 
 from ..engine.types import Finished, RenderedPrompt, TextDelta, ToolCallDelta
-from .context import ServingContext
+from .context import ServingContext, owner_of
 from .image_input import resolve_images
 from .prompt import make_generation, render_template, thinking_on, tool_plan
 from .stream import Folded, Generation, StreamEncoder, fold, open_events, stream
@@ -89,6 +89,7 @@ async def serve_chat(ctx: ServingContext, request: Request, turn: ChatTurn, enco
         tools=plan,
         output=turn.output,
         after_reasoning=thinking_on(ctx, prompt.template_kwargs),
+        owner=owner_of(request),
     )
     gen: Generation = turn_request
     if offered:

@@ -27,6 +27,13 @@ if TYPE_CHECKING:
     from ..mcp.hub import McpHub
 
 
+def owner_of(request: Request) -> str | None:
+    """Whose a request's data is (its stored responses, its progress in /v1/status): the key it
+    authenticated with, None on an open entry."""
+    caller = getattr(request.state, "caller", None)
+    return caller.key_name if caller is not None else None
+
+
 @dataclass
 class ServingContext:
     engine: Engine

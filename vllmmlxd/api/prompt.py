@@ -83,6 +83,7 @@ async def make_generation(
     tools: ToolPlan | None = None,
     output: OutputFormat | None = None,
     after_reasoning: bool = False,
+    owner: str | None = None,
 ) -> GenerationRequest:
     """The engine request for ``prompt``: sampling merged with the model's defaults, the request's id,
     its tools, and the grammar it is held to (a forced tool call wins over an output format)."""
@@ -114,6 +115,7 @@ async def make_generation(
         reasoning=reasoning,
         tool_use=use,
         constraint=constraint,
+        owner=owner,
     )
 
 

@@ -304,6 +304,7 @@ class ToolLoop:
             tools=tools,
             output=self.output,
             after_reasoning=after,
+            owner=self.first.owner,
         )
         return gen
 

@@ -102,7 +102,9 @@ class Sequence:
         self.request = request
         self.loop = loop
         self.events: asyncio.Queue[EngineEvent] = asyncio.Queue()
-        self.progress = RequestProgress(request.request_id, len(request.prompt_tokens), request.sampling.max_tokens)
+        self.progress = RequestProgress(
+            request.request_id, len(request.prompt_tokens), request.sampling.max_tokens, owner=request.owner
+        )
         self.uid: int | None = None  # its id in the batch, once it runs
         self.base = 0  # prompt tokens it joined the batch with as cache (the batch's progress counts from here)
         self.prompt_key = prompt_key(request)  # the prompt as the prefix cache knows it

@@ -115,6 +115,7 @@ class GenerationRequest:
     tool_use: ToolUse | None = None  # tools were offered: run the model's tool-call parser
     constraint: Constraint | None = None  # held to a grammar while decoding
     images: tuple[ImageSpan, ...] = ()  # a vision model's images, placed among ``prompt_tokens``
+    owner: str | None = None  # the key it came with (None on an open entry): who may see its progress
     cancelled: threading.Event = field(default_factory=threading.Event)
     created: float = field(default_factory=time.monotonic)
 
@@ -209,6 +210,7 @@ class RequestProgress:
     accepted_tokens: int = 0
     queue_position: int | None = None  # 1 for the next to run, while it waits in the engine's queue
     waiting_for: WaitingFor | None = None
+    owner: str | None = None  # the key it came with: /v1/status shows a key its own requests only
 
     @property
     def phase(self) -> Literal["queued", "prefill", "generation"]:
@@ -325,9 +327,10 @@ class EngineStats:
     kv_held_bytes: int = 0
     kv_peak_held_bytes: int = 0
 
-    def active_requests(self) -> list[dict]:
-        """Snapshots of the requests queued or running, oldest first."""
-        return [r.snapshot() for r in list(self.requests.values())]
+    def active_requests(self, owner: str | None = None) -> list[dict]:
+        """Snapshots of the requests ``owner`` (a key's name; None on an open entry) has queued or
+        running, oldest first: another key's are none of its business."""
+        return [r.snapshot() for r in list(self.requests.values()) if r.owner == owner]
 
     def tokens_per_second(self, now: float | None = None) -> float:
         """Generated tokens per second over the last few seconds, all requests together."""

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..api.anthropic.routes import make_router as make_anthropic_router
-from ..api.context import LiveContext
+from ..api.context import LiveContext, owner_of
 from ..api.errors import install_error_handlers
 from ..api.mcp_routes import make_router as make_mcp_router
 from ..api.ollama.routes import make_router as make_ollama_router
@@ -121,7 +121,7 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
         ctx = live.capture(request)
         s = engine.stats
         with s.lock:  # a step's count beside that step's progress, never the one before's
-            steps, requests = s.steps_executed, s.active_requests()
+            steps, requests = s.steps_executed, s.active_requests(owner_of(request))
         return {
             "status": "running",
             "model": ctx.name,

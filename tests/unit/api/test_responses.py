@@ -117,16 +117,28 @@ def test_earlier_output_becomes_the_next_turns_input():
     assert listed[0]["id"] == "in_abc_0" and listed[0]["content"] == [{"type": "input_text", "text": "x"}]
 
 
-def test_a_response_id_names_the_model_that_made_it():
+def test_a_response_id_names_the_model_that_made_it_and_is_the_server_s_own():
     from vllmmlxd.api.responses.ids import id_prefix, response_id, response_tag, tag_of
 
-    ours = id_prefix("tiny") + "abc"
-    assert response_id("tiny", ours) == ours  # served under its own id: kept
-    derived = response_id("tiny", "client-chosen-id")
-    assert derived.startswith(id_prefix("tiny")) and derived == response_id("tiny", "client-chosen-id")
-    assert response_id("tiny") != response_id("tiny")
-    assert tag_of(derived) == response_tag("tiny") != response_tag("other")
+    made = response_id("tiny")
+    assert made.startswith(id_prefix("tiny")) and len(made) == len(id_prefix("tiny")) + 32
+    assert len({response_id("tiny") for _ in range(100)}) == 100  # 128 random bits each
+    assert tag_of(made) == response_tag("tiny") != response_tag("other")
     assert tag_of("resp_short") is None and tag_of("chatcmpl-1") is None
+
+
+def test_a_put_never_replaces_what_another_key_stored_and_the_bytes_add_up():
+    from vllmmlxd.api.responses.store import ResponseStore
+
+    store = ResponseStore(max_responses=10, max_bytes=10_000)
+    assert store.put("alice", {"id": "resp_1", "output": ["mine"]}, [])
+    held = store.nbytes
+    assert not store.put("bob", {"id": "resp_1", "output": ["theirs"]}, [])
+    assert store.get("alice", "resp_1").response["output"] == ["mine"] and store.get("bob", "resp_1") is None
+    assert store.nbytes == held
+    for _ in range(50):  # replacing one's own entry again and again leaks no bytes
+        assert store.put("alice", {"id": "resp_1", "output": ["again"]}, [])
+    assert store.nbytes == held + len('"again"') - len('"mine"') and len(store) == 1
 
 
 NAMESPACE = {

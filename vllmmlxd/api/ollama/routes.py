@@ -29,7 +29,7 @@ from ...http.activity import Activity, idle_limit
 from ...runtime.weights import folder_weights
 from ..body import read_json, unless_disconnected, validate
 from ..chat import serve_chat
-from ..context import LiveContext, ServingContext
+from ..context import LiveContext, ServingContext, owner_of
 from ..openai.embeddings import embedder_for, fit_lengths, parse_input
 from ..prompt import make_generation
 from ..stream import fold, stream
@@ -132,7 +132,7 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
         # The prompt as written: no template, no reasoning parser (nothing opened a <think>).
         tokens = await asyncio.to_thread(ctx.engine.tokenize, req.prompt)
         rid = ctx.request_id(request, tr.ID_PREFIX)
-        gen = await make_generation(ctx, sampling, tokens, rid, reasoning=False, output=output)
+        gen = await make_generation(ctx, sampling, tokens, rid, reasoning=False, output=output, owner=owner_of(request))
         if req.streamed:
             return stream(ctx, request, gen, encoding.stream_encoder(rid, len(tokens)))
         folded = await fold(ctx, request, gen)

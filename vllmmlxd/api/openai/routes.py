@@ -17,7 +17,7 @@ from starlette.requests import Request
 from ...errors import InvalidRequest, ModelNotFound
 from ..body import read_json, validate
 from ..chat import serve_chat
-from ..context import LiveContext, ServingContext
+from ..context import LiveContext, ServingContext, owner_of
 from ..prompt import make_generation
 from ..stream import fold, stream
 from . import encode
@@ -64,7 +64,9 @@ def make_router(live: LiveContext) -> APIRouter:
         if any(not 0 <= t < ctx.engine.info.vocab_size for t in tokens):
             raise InvalidRequest("prompt token ids must be inside the vocabulary", param="prompt")
         rid = ctx.request_id(request, "cmpl-")
-        gen = await make_generation(ctx, tr.sampling_request(req), tokens, rid, reasoning=False)
+        gen = await make_generation(
+            ctx, tr.sampling_request(req), tokens, rid, reasoning=False, owner=owner_of(request)
+        )
         created = int(time.time())
         if req.stream:
             return stream(

@@ -171,9 +171,10 @@ class ResponsesEncoding:
         self._ids: dict[str, str] = {}
 
     def response_id(self, rid: str) -> str:
-        """The response's id: tagged with the model (``ids.py``), whatever request id it was served under."""
+        """The response served under request ``rid``: an id minted once for it (``ids.py``), never the
+        request's own (a client may choose that one, and /v1/status shows it)."""
         if rid not in self._ids:
-            self._ids[rid] = response_id(self.shape.model, rid)
+            self._ids[rid] = response_id(self.shape.model)
         return self._ids[rid]
 
     def stream_encoder(self, rid: str, prompt_tokens: int) -> "ResponsesStreamEncoder":

@@ -1,11 +1,13 @@
 """Response ids that say which model made them: ``resp_<tag>_<random>``, the tag a short hash of
 the served model's name. Stored responses live in the worker that made them, so the gateway
-sends a retrieve, a delete or a ``previous_response_id`` to the model the tag names. Pure."""
+sends a retrieve, a delete or a ``previous_response_id`` to the model the tag names. The random
+part is the server's own, 128 bits from the system's source: never a client's header, never the
+request's id (which ``/v1/status`` and the logs show), so an id cannot be guessed or chosen."""
 
 from __future__ import annotations
 
 import hashlib
-import uuid
+import secrets
 
 PREFIX = "resp_"
 
@@ -19,14 +21,9 @@ def id_prefix(served_name: str) -> str:
     return f"{PREFIX}{response_tag(served_name)}_"
 
 
-def response_id(served_name: str, request_id: str | None = None) -> str:
-    """The id of ``served_name``'s response served under ``request_id``: the request id itself when
-    it is one of ours (no client ``x-request-id``), else one made from it; a new one without."""
-    prefix = id_prefix(served_name)
-    if request_id and request_id.startswith(prefix):
-        return request_id
-    body = hashlib.sha256(request_id.encode()).hexdigest()[:32] if request_id else uuid.uuid4().hex
-    return prefix + body
+def response_id(served_name: str) -> str:
+    """A new id for one of ``served_name``'s responses."""
+    return id_prefix(served_name) + secrets.token_hex(16)
 
 
 def tag_of(response_id: str) -> str | None:

@@ -19,18 +19,14 @@ from starlette.requests import Request
 from ...errors import InvalidRequest, NotFound
 from ..body import read_json, validate
 from ..chat import serve_chat
-from ..context import LiveContext
+from ..context import LiveContext, owner_of
 from . import translate as tr
 from .encode import ResponsesEncoding
 from .ids import id_prefix
 from .protocol import ResponsesRequest
 from .store import ResponseStore, Stored, as_input, with_ids
 
-
-def owner(request: Request) -> str | None:
-    """Whose responses a request may see: the key it authenticated with (None on an open entry)."""
-    caller = getattr(request.state, "caller", None)
-    return caller.key_name if caller is not None else None
+owner = owner_of  # whose responses a request may see: the key it authenticated with (None on an open entry)
 
 
 def make_router(live: LiveContext, store: ResponseStore | None = None) -> APIRouter:

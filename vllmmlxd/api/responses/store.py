@@ -39,14 +39,20 @@ class ResponseStore:
         self.max_responses, self.max_bytes = max_responses, max_bytes
         self._evict()
 
-    def put(self, owner: str | None, response: dict[str, Any], input_items: list[dict[str, Any]]) -> None:
+    def put(self, owner: str | None, response: dict[str, Any], input_items: list[dict[str, Any]]) -> bool:
+        """Keep ``owner``'s response; False when it is not kept (too large, none kept, or its id
+        is another owner's: a put never replaces what another key stored)."""
         size = len(json.dumps(response)) + len(json.dumps(input_items))
         if size > self.max_bytes or self.max_responses == 0:
-            return  # one conversation bigger than the whole store, or none kept
+            return False  # one conversation bigger than the whole store, or none kept
+        held = self._items.get(response["id"])
+        if held is not None and held.owner != owner:
+            return False
         self.delete(owner, response["id"])
         self._items[response["id"]] = Stored(owner, response, input_items, size)
         self.nbytes += size
         self._evict()
+        return True
 
     def _evict(self) -> None:
         while self._items and (len(self._items) > self.max_responses or self.nbytes > self.max_bytes):
