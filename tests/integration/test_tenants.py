@@ -19,26 +19,42 @@ from tests.support.gateway import Gateway
 from tests.support.servers import free_port, start_serve
 from vllmmlxd.config.keys import key_digest
 from vllmmlxd.config.load import parse_config
+from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.supervisor.live import push_settings
 
 ALICE, BOB = "alice-tenant-k3y", "bob-tenant-k3y"
 MODEL = "builtin:tiny"
 
 
-@pytest.fixture(scope="module")
-def urls():
-    sock = Path(tempfile.mkdtemp(prefix="vllmmlxd-tenants-")) / "w.sock"
-    port = free_port()
-    worker = start_serve(MODEL, "--health-socket", str(sock), port=port, threads=None)
+def settings(port: int, scope: str = "key") -> ResolvedModel:
     text = f"""
 api_keys:
   alice: {{key: {ALICE}}}
   bob: {{key: {BOB}}}
 models:
-  m: {{model: {MODEL}, served_model_name: m, port: {port}, api_keys: [alice, bob]}}
+  m: {{model: {MODEL}, served_model_name: m, port: {port}, api_keys: [alice, bob], cache_scope: {scope}}}
 """
-    ok, detail = asyncio.run(push_settings(sock, parse_config(text).config.models["m"]))
+    return parse_config(text).config.models["m"]
+
+
+def push(sock: Path, config: ResolvedModel) -> None:
+    ok, detail = asyncio.run(push_settings(sock, config))
     assert ok, detail
+
+
+@pytest.fixture(scope="module")
+def worker():
+    sock = Path(tempfile.mkdtemp(prefix="vllmmlxd-tenants-")) / "w.sock"
+    port = free_port()
+    worker = start_serve(MODEL, "--health-socket", str(sock), port=port, threads=None)
+    push(sock, settings(port))
+    yield worker, sock, port
+    assert worker.stop() == 0, worker.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def urls(worker):
+    worker, _, _ = worker
     grants = [{"name": n, "sha256": key_digest(k), "allowed": True} for n, k in (("alice", ALICE), ("bob", BOB))]
     route = {"name": "m", "served_model_name": "m", "url": worker.url, "state": "ready", "api_keys": ["alice", "bob"]}
     gw_port = free_port()
@@ -49,7 +65,6 @@ models:
     yield {"worker": worker.url, "gateway": gateway.url}
     gateway.proc.terminate()
     gateway.wait()
-    assert worker.stop() == 0, worker.log()[-3000:]
 
 
 def call(url: str, key: str, method: str, path: str, **kw) -> httpx.Response:
@@ -102,3 +117,33 @@ def test_v1_status_shows_a_key_its_own_requests_only(urls):
         assert his["requests"] == [] and "alice-secret-1" not in str(his)
     finally:
         thread.join(120)
+
+
+# ~600 tokens a key's conversations start with: what another key must not learn it sent.
+SECRET = "Internal notes. " + " ".join(f"Account {i} holds {i * 37 % 1000} credits." for i in range(60))
+
+
+def cached(url: str, key: str, text: str, **extra) -> int:
+    body = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 1, **extra}
+    r = call(url, key, "POST", "/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.mark.parametrize("via", ["worker", "gateway"])
+def test_a_key_s_prompts_hit_only_its_own_prefix_cache_unless_the_entry_shares_it(worker, urls, via):
+    _, sock, port = worker
+    url = urls[via]
+    secret = f"{via}: {SECRET} The PIN is 4821."
+    template = 32  # a block at most: the chat template's opening, which every conversation of a key shares
+    assert cached(url, ALICE, secret) < template
+    assert cached(url, BOB, secret.replace("4821", "1111")) < template  # its guess learns nothing
+    assert cached(url, ALICE, secret) > 500  # alice's own resend is a hit
+    assert cached(url, ALICE, secret, cache_salt="project-b") < template  # her own salt keeps it apart further
+    push(sock, settings(port, scope="entry"))  # live: the next requests share the entry's cache
+    try:
+        assert cached(url, BOB, secret.replace("4821", "1111")) < template  # stored under alice's key
+        assert cached(url, BOB, f"{via} shared: {SECRET} Ask 1.") < template
+        assert cached(url, ALICE, f"{via} shared: {SECRET} Ask 2.") > 500  # a shared system prompt
+    finally:
+        push(sock, settings(port))

@@ -73,6 +73,14 @@ def kv_room(engine: object) -> int | None:
     return room() if room is not None else None
 
 
+def cache_salt(scope: str, owner: str | None, requested: str | None) -> str | None:
+    """What a request's prefix-cache entries are salted with: its key's name where the entry keeps
+    each key's cache apart (``cache_scope: key``, the default), and the request's own
+    ``cache_salt``; None (shared with every unsalted request of the entry) when neither applies."""
+    parts = [f"key:{owner}" if scope == "key" and owner is not None else "", f"salt:{requested}" if requested else ""]
+    return "\0".join(p for p in parts if p) or None
+
+
 async def make_generation(
     ctx: ServingContext,
     sampling: SamplingRequest,
@@ -116,6 +124,7 @@ async def make_generation(
         tool_use=use,
         constraint=constraint,
         owner=owner,
+        cache_salt=cache_salt(ctx.config.cache_scope, owner, sampling.cache_salt),
     )
 
 

@@ -45,6 +45,7 @@ class SamplingRequest:
     ignore_eos: bool = False
     speculative: bool = True  # False: this request opts out of the entry's speculative decoding
     context_window: int | None = None  # the request's own context (Ollama's num_ctx), within the model's
+    cache_salt: str | None = None  # the prefix cache shares this request's KV only with the same salt
 
 
 def resolve_sampling(

@@ -45,6 +45,7 @@ LIVE_FIELDS = frozenset(
         *IMAGE_FIELDS,
         "stored_responses",
         "stored_responses_mb",
+        "cache_scope",  # read per request: the salt of its prefix-cache entries
         "api_keys",
         "key_grants",
         "tokens_per_minute",

@@ -216,6 +216,12 @@ class ModelConfig(EntryConfig):
     cache_memory_mb: int | None = Field(
         None, ge=0, description="prefix cache budget in MB (0: no cache); unset: cache_memory_percent"
     )
+    cache_scope: Literal["key", "entry"] = Field(
+        "key",
+        description="key: each API key's prompts hit only its own prefix cache (and disk tier); entry: every key "
+        "of the entry shares it, so a shared system prompt hits across keys and a key's cached_tokens can tell "
+        "what another key sent",
+    )
     cache_memory_percent: float = Field(
         0.20, gt=0, le=1, description="prefix cache budget as a fraction of physical memory"
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import hashlib
 import time
 from typing import Any, Callable, Protocol
 
@@ -142,7 +143,7 @@ class Sequence:
 
     def cache_key(self, tokens: list[int]) -> list[int]:
         """``tokens`` (its prompt, then what it generated) as the prefix cache keys them."""
-        if not self.request.images:
+        if not self.request.images and self.request.cache_salt is None:
             return list(tokens)
         n = min(len(tokens), len(self.prompt))
         return self.prompt_key[:n] + list(tokens[n:])
@@ -234,8 +235,14 @@ class Sequence:
 def prompt_key(request: GenerationRequest) -> list[int]:
     """The prompt's ids, each image's span replaced by a negative id drawn from its pixels' hash
     (never a real token): the prefix cache then tells two images apart even where their tokens,
-    all placeholders, are the same, and knows the same image sent again."""
+    all placeholders, are the same, and knows the same image sent again. A salted request's first
+    id is replaced by one drawn from the salt and that id: every block the cache holds of it
+    chains from that first one (its name on disk too), so no request of another salt ever shares
+    one, and the KV of each position stays where it was."""
     key = list(request.prompt_tokens)
     for span in request.images:
         key[span.start : span.end] = [-(1 + int(span.key[:15], 16))] * span.length
+    if request.cache_salt is not None and key:
+        digest = hashlib.blake2b(f"{request.cache_salt}\0{key[0]}".encode(), digest_size=8).digest()
+        key[0] = -(1 + (int.from_bytes(digest, "big") >> 2))
     return key

@@ -116,6 +116,9 @@ class GenerationRequest:
     constraint: Constraint | None = None  # held to a grammar while decoding
     images: tuple[ImageSpan, ...] = ()  # a vision model's images, placed among ``prompt_tokens``
     owner: str | None = None  # the key it came with (None on an open entry): who may see its progress
+    # The prefix cache shares KV only between requests of one salt (the key's, by the entry's
+    # cache_scope, and the request's own cache_salt); None: with every unsalted request.
+    cache_salt: str | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     created: float = field(default_factory=time.monotonic)
 

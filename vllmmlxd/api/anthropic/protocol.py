@@ -178,6 +178,7 @@ class MessagesRequest(CountTokensRequest):
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0, le=10)
     speculative: bool = True  # false: no speculative decoding for this request
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # the prefix cache's, as OpenAI's
 
 
 def error_body(type_: str, message: str) -> dict:

@@ -138,6 +138,7 @@ def sampling_request(req: MessagesRequest) -> SamplingRequest:
         min_p=req.min_p,
         repetition_penalty=req.repetition_penalty,
         speculative=req.speculative,
+        cache_salt=req.cache_salt,
     )
 
 

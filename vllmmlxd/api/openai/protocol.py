@@ -40,6 +40,8 @@ class SamplingExtensions(_Lenient):
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
     speculative: bool = True  # false: no speculative decoding for this request (the entry's otherwise)
+    # vLLM's extension: the request's prefix-cache hits are only with requests of the same salt.
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
 
     @field_validator("logit_bias")
     @classmethod

@@ -59,6 +59,7 @@ def extended_sampling(req: Any, max_tokens: int | None) -> SamplingRequest:
         logit_bias=dict(req.logit_bias or {}),
         ignore_eos=req.ignore_eos,
         speculative=req.speculative,
+        cache_salt=req.cache_salt,
     )
 
 
