@@ -184,12 +184,23 @@ def url_verdict(url: str, addresses: Iterable[str], *, allow: bool, allowed_host
     if not found:
         return f"the host {host!r} of the image URL does not resolve"
     for address in found:
-        if address is None or not address.is_global or address.is_multicast:
+        if address is None or not address.is_global or address.is_multicast or _embeds_or_deprecated(address):
             return (
                 f"the image URL's host {host!r} is on a loopback, private or reserved address; "
                 "list it in allowed_image_hosts to fetch from it"
             )
     return None
+
+
+# IPv6 ranges Python's ``is_global`` calls global that reach IPv4 (or nothing) by other routes:
+# IPv4-compatible (::a.b.c.d), NAT64 (well-known and local-use), 6to4, Teredo, and site-local.
+_REFUSED_V6 = tuple(
+    ipaddress.ip_network(n) for n in ("::/96", "64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "2001::/32", "fec0::/10")
+)
+
+
+def _embeds_or_deprecated(address: Address) -> bool:
+    return isinstance(address, ipaddress.IPv6Address) and any(address in net for net in _REFUSED_V6)
 
 
 def _address(text: str) -> Address | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import platform
+import re
 import socket
 import sys
 from pathlib import Path
@@ -30,6 +31,12 @@ BUILTIN_SHAPES = {
     "tiny": ModelShape("llama", layers=2, heads=4, kv_heads=2, intermediate=128),
     "smollm2-135m-instruct": ModelShape("llama", layers=30, heads=9, kv_heads=3, intermediate=1536),
 }
+
+
+# A host as ssh takes it: an optional user@, then a name or an address; never an option.
+HOST_NAME = re.compile(
+    r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?(?:[A-Za-z0-9_][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.%]+\]|[0-9A-Fa-f:.]+)"
+)
 
 
 def is_this_host(host: str) -> bool:
@@ -55,6 +62,18 @@ class RankHost(Strict):
     rdma: tuple[str | None, ...] | None = Field(
         None, description="jaccl: this host's RDMA device towards each rank (null for itself)"
     )
+
+    @field_validator("host")
+    @classmethod
+    def _a_host_name(cls, v: str) -> str:
+        # It reaches ssh's command line: a name starting with "-" would be read as an option there
+        # (-oProxyCommand=...), and spaces or quotes are no host's.
+        if not HOST_NAME.fullmatch(v):
+            raise ValueError(
+                f"{v!r} is not a host name or address (letters, digits, '.', '-', '_', ':', '[', ']', "
+                "an optional user@, not starting with '-')"
+            )
+        return v
 
     @property
     def local(self) -> bool:

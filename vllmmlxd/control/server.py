@@ -98,6 +98,8 @@ def make_control_app(target: ControlTarget) -> FastAPI:
 
     @app.delete("/store/models/{name:path}")
     async def remove(name: str) -> JSONResponse:
+        if ".." in name.split("/") or name.startswith("/"):
+            return _error(404, f"{name!r} is not a model of the store")
         try:
             result = await target.remove(name)
         except NotInStore as e:

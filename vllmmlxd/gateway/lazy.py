@@ -114,7 +114,8 @@ class DaemonClient:
     async def remove_model(self, name: str) -> httpx.Response:
         """``DELETE /store/models/NAME`` (200 removed; 404 not in the store; 409 in use or being pulled)."""
         async with self._client(self._socket(), 60.0) as client:
-            return await client.delete(f"/store/models/{quote(name, safe='/:')}")
+            # Every separator escaped: no name becomes another path of the control API.
+            return await client.delete(f"/store/models/{quote(name, safe='')}")
 
 
 async def _statuses(response: httpx.Response) -> AsyncIterator[dict]:

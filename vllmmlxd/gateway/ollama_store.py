@@ -94,14 +94,22 @@ def pull_ask(name: object) -> PullAsk:
     return PullAsk(base, tag)
 
 
+# What a store name may be (as ``vllmmlxctl models`` lists it: org/name, or a folder's name): never
+# a path of the control API (``../pulls/ID``), which the name goes into.
+STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,95}(?:/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+
+
 def store_name(name: object) -> str:
     """The store's name for what ``/api/delete`` names (as ``vllmmlxctl models`` lists it); a ``:latest``
-    tag is dropped, and another tag is a 400: the store keeps one copy of a repo."""
+    tag is dropped, and another tag is a 400: the store keeps one copy of a repo. A name that is no
+    store name (a path, ``..``) is a 400."""
     text = _text(name).removesuffix(":" + LATEST)
     last = text.rsplit("/", 1)[-1]
     if "/" in text and ":" in last:
         repo = text.rpartition(":")[0]
         raise InvalidRequest(f"the store keeps one copy of each repo, whatever its revision: delete {repo}")
+    if not STORE_NAME.fullmatch(text) or ".." in text:
+        raise InvalidRequest(f"{text!r} is not a model of the store (org/name, as vllmmlxctl models lists it)")
     return text
 
 

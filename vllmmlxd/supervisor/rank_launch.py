@@ -66,5 +66,6 @@ def remote_script(argv: list[str], env: dict[str, str], files: dict[str, str]) -
 
 
 def ssh_argv(ssh: str, host: str, script: str) -> list[str]:
-    """The local command that runs ``script`` on ``host``."""
-    return [*shlex.split(ssh), *SSH_OPTIONS, host, script]
+    """The local command that runs ``script`` on ``host`` (after ``--``: ssh reads no option from
+    it, whatever the config checked)."""
+    return [*shlex.split(ssh), *SSH_OPTIONS, "--", host, script]

@@ -130,6 +130,11 @@ def test_a_data_url_must_be_base64_with_a_type():
         ("ftp://x.example/a.png", ["93.184.216.34"], (), "http:// or https://"),
         ("https://user:pw@x.example/a.png", ["93.184.216.34"], (), "credentials"),
         ("https://nowhere.example/a.png", [], (), "does not resolve"),
+        # IPv6 forms of IPv4 (and deprecated ranges) that Python's is_global calls global (issue 37).
+        *[
+            ("http://x.example/a.png", [v6], (), "loopback, private or reserved")
+            for v6 in ("::7f00:1", "64:ff9b::a00:1", "64:ff9b:1::1", "2002:7f00:1::1", "2001:0:4136:e378::1", "fec0::1")
+        ],
     ],
 )
 def test_which_image_urls_may_be_fetched(url, addresses, allowed, refused):

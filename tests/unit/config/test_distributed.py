@@ -51,6 +51,9 @@ def test_a_remote_host_with_its_address_python_and_memory():
     "fields, error",
     [
         ({"distributed": {"hosts": ["127.0.0.1"]}}, "at least 2 hosts"),
+        # ssh would read it as an option (issue 37); no host name has a space or a quote either.
+        ({"distributed": {"hosts": ["127.0.0.1", "-oProxyCommand=touch /tmp/x"]}}, "not a host name"),
+        ({"distributed": {"hosts": ["127.0.0.1", "studio 2"]}}, "not a host name"),
         ({"distributed": {"hosts": ["studio-2.local", "127.0.0.1"]}}, "rank 0 .* runs here: put 127.0.0.1"),
         ({"distributed": {"hosts": LOCAL2, "backend": "nccl"}}, "'ring', 'jaccl' or 'auto'"),
         ({"distributed": {"hosts": LOCAL2, "backend": "jaccl"}}, "jaccl needs each host's RDMA devices"),

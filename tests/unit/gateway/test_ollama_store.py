@@ -86,6 +86,13 @@ def test_a_delete_names_what_the_store_lists_without_a_tag():
         store_name("org/m:v2")
 
 
+@pytest.mark.parametrize("name", ["../pulls/abc", "org/../../pulls/abc", "/etc", "org/m/extra", "a b", "org/.."])
+def test_a_delete_of_something_that_is_no_store_name_is_refused_before_the_control_api(name):
+    # {"model": "../pulls/ID"} went into the control API's path and cancelled a pull (issue 37).
+    with pytest.raises(InvalidRequest, match="is not a model of the store"):
+        store_name(name)
+
+
 def test_an_open_config_lets_anyone_pull_and_a_keyed_one_only_a_key_for_every_model():
     require_store_rights(build_table(GatewaySpec(routes=(route("a"), route("b")))), None, "pulling a model")
     require_store_rights(build_table(GatewaySpec()), None, "pulling a model")  # no models yet

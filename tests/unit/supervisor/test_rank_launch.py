@@ -123,8 +123,8 @@ def test_ssh_argv_splits_the_setting_and_runs_without_a_terminal():
     """``ssh: "/path/fake-ssh -p 2222"``: its words, then -T and BatchMode=yes, the host, the script."""
     argv = rank_launch.ssh_argv("/path/fake-ssh -p 2222", "studio-2.local", "set -e; exec x")
     assert argv[:3] == ["/path/fake-ssh", "-p", "2222"]
-    assert argv[-2:] == ["studio-2.local", "set -e; exec x"]
-    options = argv[3:-2]
+    assert argv[-3:] == ["--", "studio-2.local", "set -e; exec x"]  # no host is ever read as an option
+    options = argv[3:-3]
     assert "-T" in options and "-tt" not in options
     assert options[options.index("BatchMode=yes") - 1] == "-o"
     assert rank_launch.ssh_argv("ssh", "h", "s")[0] == "ssh"
