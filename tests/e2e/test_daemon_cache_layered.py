@@ -48,9 +48,9 @@ def setup(tmp_path_factory):
     d = make_daemon()
     folder = tmp_path_factory.mktemp("models")
     tiny = ensure_builtin("tiny", d.state_dir)
-    ports, entries = {}, {}
+    ports, entries, paths = {}, {}, {}
     for name, family in FAMILIES.items():
-        path = str(save(family, "float32", folder / family, tokenizer_from=tiny))
+        path = paths[name] = str(save(family, "float32", folder / family, tokenizer_from=tiny))
         for suffix, cache in (
             ("", {"cache_disk": {"dir": str(d.dir / "kv"), "budget_gb": 1}}),
             ("-cold", {"cache_memory_mb": 0}),
@@ -60,7 +60,7 @@ def setup(tmp_path_factory):
     d.write(entries)
     d.start()
     d.wait_ready(set(entries), timeout=300)
-    yield d, ports
+    yield d, ports, paths
     d.stop()
 
 
@@ -105,11 +105,12 @@ def written(ports: dict, name: str, files: int, timeout: float = 60) -> None:
 def test_resends_next_turns_and_new_chats_reuse_nine_tenths_from_memory_and_after_a_restart_from_disk(setup, name):
     from mlx_lm.utils import load_tokenizer
 
-    d, ports = setup
+    d, ports, paths = setup
     status = httpx.get(f"http://127.0.0.1:{ports[name]}/v1/status", timeout=30).json()
     held = {"hybrid": "blocks+checkpoints", "windows": "blocks+windows"}[name]
     assert status["layout"]["prefix_cache"] == held and status["cache"]["holds"] == held
-    tokenizer = load_tokenizer(Path(status["source"]))
+    assert status["source"] == FAMILIES[name]  # the folder's name, never the operator's path
+    tokenizer = load_tokenizer(Path(paths[name]))
     answer, prompt_tokens, cached = chat(ports, name, FIRST)
     assert cached == 0 and prompt_tokens > 1900
     turn = [*FIRST, {"role": "assistant", "content": answer}, {"role": "user", "content": "Thanks. And item 41?"}]

@@ -115,6 +115,7 @@ def test_v1_status_shows_a_key_its_own_requests_only(urls):
         assert [r["request_id"] for r in hers] == ["alice-secret-1"]
         his = call(url, BOB, "GET", "/v1/status").json()
         assert his["requests"] == [] and "alice-secret-1" not in str(his)
+        assert his["source"] == MODEL  # a model's name, never the operator's path
     finally:
         thread.join(120)
 

@@ -9,6 +9,7 @@ end under the settings it started with, and never sees half of an update.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -25,6 +26,18 @@ from ..http.request_id import new_request_id
 
 if TYPE_CHECKING:
     from ..mcp.hub import McpHub
+
+
+def shown_source(source: str) -> str:
+    """Where a model came from, as a client may be told it: a hub id or a builtin as written, a
+    folder by its name (the store's ``hub-ORG--NAME`` as ``ORG/NAME``), never the operator's path."""
+    if "/" not in source.replace("\\", "/") or (not source.startswith(("/", "~", ".")) and source.count("/") == 1):
+        return source  # builtin:NAME, org/name, a GGUF file's name
+    name = source.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    if name.startswith("hub-") and "--" in name:
+        return name[len("hub-") :].replace("--", "/", 1)
+    builtin = re.fullmatch(r"builtin-(.+)-v\d+", name)
+    return f"builtin:{builtin.group(1)}" if builtin else name
 
 
 def owner_of(request: Request) -> str | None:

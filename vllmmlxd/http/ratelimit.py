@@ -48,7 +48,8 @@ class RateStore:
     """The moving windows of one worker, bounded to ``max_tracked`` clients (least recent forgotten)."""
 
     def __init__(self, max_tracked: int = MAX_TRACKED):
-        self.limiter = MovingWindowRateLimiter(MemoryStorage())
+        self.storage = MemoryStorage()
+        self.limiter = MovingWindowRateLimiter(self.storage)
         self.max_tracked = max_tracked
         self._seen: OrderedDict[str, set[RateLimitItem]] = OrderedDict()
 
@@ -60,7 +61,14 @@ class RateStore:
         while len(self._seen) > self.max_tracked:
             old, old_items = self._seen.popitem(last=False)
             for item in old_items:
-                self.limiter.clear(item, old)
+                self._forget(item.key_for(old))
+
+    def _forget(self, key: str) -> None:
+        """Drop one window, under the key's lock: ``limits``' memory storage expires events on a
+        thread of its own, holding that lock, and its ``clear`` takes none (5.8: the expiry read a
+        window another thread had just dropped, and its thread died on a KeyError)."""
+        with self.storage.locks[key]:
+            self.storage.clear(key)
 
     @property
     def tracked(self) -> int:

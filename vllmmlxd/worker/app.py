@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..api.anthropic.routes import make_router as make_anthropic_router
-from ..api.context import LiveContext, owner_of
+from ..api.context import LiveContext, owner_of, shown_source
 from ..api.errors import install_error_handlers
 from ..api.mcp_routes import make_router as make_mcp_router
 from ..api.ollama.routes import make_router as make_ollama_router
@@ -125,7 +125,7 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
         return {
             "status": "running",
             "model": ctx.name,
-            "source": engine.info.source,
+            "source": shown_source(engine.info.source),
             "uptime_s": round(time.time() - ctx.started, 1),
             "steps_executed": steps,
             "num_running": s.num_running,

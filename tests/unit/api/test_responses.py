@@ -224,3 +224,14 @@ def test_new_bounds_apply_at_once_and_zero_keeps_none():
     store.bound(0, store.max_bytes)
     store.put("k", {"id": "resp_9", "output": []}, [])
     assert len(store) == 0 and store.nbytes == 0
+
+
+def test_a_client_is_told_a_model_s_name_never_the_operator_s_path():
+    from vllmmlxd.api.context import shown_source
+
+    assert shown_source("builtin:tiny") == "builtin:tiny" and shown_source("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
+    assert shown_source("/home/op/.local/state/vllmmlxd/models/hub-mlx-community--Qwen3-0.6B-4bit") == (
+        "mlx-community/Qwen3-0.6B-4bit"
+    )
+    assert shown_source("/srv/models/my-llama") == "my-llama" and shown_source("~/m/llama.gguf") == "llama.gguf"
+    assert shown_source("./models/x/") == "x" and shown_source("/s/models/builtin-tiny-v3") == "builtin:tiny"

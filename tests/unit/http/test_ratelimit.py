@@ -99,6 +99,27 @@ def test_the_store_forgets_the_least_recent_clients_past_its_bound(clock):
     assert len(store.limiter.storage.events) <= 100  # the windows themselves are dropped too
 
 
+def test_a_forgotten_window_waits_for_the_storage_s_expiry_thread_to_let_go_of_it():
+    # limits' memory storage expires events on a thread of its own under a per-key lock, and its
+    # clear takes none: dropping a window mid-expiry killed that thread with a KeyError (issue 37).
+    import threading
+
+    store = RateStore(max_tracked=1)
+    item = RateLimitItemPerMinute(5)
+    store.limiter.hit(item, "a")
+    store.touch("a", [item])
+    key = item.key_for("a")
+    expiring = store.storage.locks[key]
+    expiring.acquire()  # the expiry thread, inside its section for this key
+    forgetting = threading.Thread(target=store.touch, args=("b", [item]))  # past the bound: "a" goes
+    forgetting.start()
+    forgetting.join(0.2)
+    assert forgetting.is_alive(), "the window was dropped under the expiry thread's feet"
+    expiring.release()
+    forgetting.join(5)
+    assert not forgetting.is_alive() and key not in store.storage.events
+
+
 @pytest.mark.parametrize("seconds,text", [(0, "0s"), (0.2, "1s"), (59, "59s"), (65, "1m5s"), (7203, "2h0m3s")])
 def test_reset_times_read_as_openai_writes_them(seconds, text):
     assert format_reset(seconds) == text

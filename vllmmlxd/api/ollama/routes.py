@@ -29,7 +29,7 @@ from ...http.activity import Activity, idle_limit
 from ...runtime.weights import folder_weights
 from ..body import read_json, unless_disconnected, validate
 from ..chat import serve_chat
-from ..context import LiveContext, ServingContext, owner_of
+from ..context import LiveContext, ServingContext, owner_of, shown_source
 from ..openai.embeddings import embedder_for, fit_lengths, parse_input
 from ..prompt import make_generation
 from ..stream import fold, stream
@@ -64,7 +64,7 @@ def facts_of(ctx: ServingContext) -> describe.Facts:
     parameters += [("num_predict", config.max_tokens), ("num_ctx", info.context_length)]
     return describe.Facts(
         name=ctx.name,
-        source=info.source,
+        source=shown_source(info.source),
         context_length=info.context_length,
         template=template if isinstance(template, str) else None,
         family=str(model_config.get("model_type") or ""),
@@ -202,7 +202,9 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
         models = [describe.tag_entry(ctx.name, when, size=facts.size_bytes, family=facts.family, source=facts.source)]
         embedder = ctx.embedder
         if embedder is not None and embedder.info.name != ctx.name:
-            models.append(describe.tag_entry(embedder.info.name, when, family="bert", source=embedder.info.source))
+            models.append(
+                describe.tag_entry(embedder.info.name, when, family="bert", source=shown_source(embedder.info.source))
+            )
         return {"models": models}
 
     @router.get(PREFIX + "/api/version")
