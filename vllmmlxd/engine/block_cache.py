@@ -180,7 +180,7 @@ class BlockCache:
         """The full block ``chunk`` after ``parent`` from the disk tier, added to the tree; or None."""
         assert self.disk is not None
         name = self._name(parent, chunk)
-        tensors = self.disk.get(name, {"parent": parent.digest.hex(), "tokens": chunk.hex()})
+        tensors = self.disk.get(name, {"parent": parent.digest.hex(), "tokens": self.disk.seal(chunk)})
         if tensors is None:
             return None
         try:
@@ -283,7 +283,11 @@ class BlockCache:
             if node.tokens < self.block or node.on_disk or self.disk.known(name) or not self.disk.room(node.nbytes):
                 continue
             assert node.parent is not None
-            meta = {"parent": node.parent.digest.hex(), "tokens": node.key.hex(), "fingerprint": self.disk.fingerprint}
+            meta = {
+                "parent": node.parent.digest.hex(),
+                "tokens": self.disk.seal(node.key),  # keyed: the file never holds the prompt's ids
+                "fingerprint": self.disk.fingerprint,
+            }
             self.disk.put(name, self.ops.to_tensors(node.payload), meta)
 
     @staticmethod

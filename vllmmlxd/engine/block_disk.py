@@ -14,14 +14,24 @@ is least recently used first by mtime (a read touches its file), and the sizes a
 start and every ``RESCAN_S`` (another worker of the same model, during a swap, writes here too).
 A file that fails a check when read (truncated, damaged, foreign) is a miss, and goes to the
 writer to be removed. No mlx here: tensors are bytes (``block_file``).
+
+The directory is trusted only as far as it is private: files are opened without following a
+symbolic link (a planted link never redirects a read or a write), created 0600 in 0700
+directories of this user's (a group- or world-writable one is tightened when it is ours and
+refused when it is not: the tier is then off, with the reason), and every block is sealed with
+a keyed hash under the install's secret (``ROOT/.block-key``, made once, 0600), so a block this
+install did not write is refused. A block's metadata holds its tokens only as that keyed hash.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import logging
 import os
 import queue
+import secrets
+import stat
 import threading
 import time
 from collections import deque
@@ -37,6 +47,65 @@ SUFFIX = ".safetensors"
 QUEUE_BYTES = 256 * 1024**2  # host copies waiting for the writer at most; past that, new blocks are not written
 RESCAN_S = 60.0
 STALE_TMP_S = 600.0  # a temporary file this old was left by a writer that died
+KEY_NAME = ".block-key"
+KEY_BYTES = 32
+NOFOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def dir_verdict(mode: int, owner: int, me: int) -> str:
+    """What to do with an existing directory of the tier: "ok", "tighten" (ours, but others may
+    write in it) or "refuse" (someone else's that others may write in)."""
+    if not mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "ok"
+    return "tighten" if owner == me else "refuse"
+
+
+def _private_dir(path: Path, *, ours: bool) -> None:
+    """Make ``path`` a directory others cannot write in (created 0700 when absent); OSError with
+    the reason when it cannot be. ``ours``: the tier's own subdirectory, which must not be a link
+    and must be this user's (the root may be a link the operator made, to another disk)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(path) if ours else os.stat(path)
+    me = os.geteuid()
+    if not stat.S_ISDIR(info.st_mode):
+        raise OSError(f"{path} is not a directory")
+    if ours and info.st_uid != me:
+        raise OSError(f"{path} belongs to uid {info.st_uid}, not to this service's user")
+    verdict = dir_verdict(info.st_mode, info.st_uid, me)
+    if verdict == "refuse":
+        raise OSError(f"{path} is writable by other users and not this service's: give the tier a private directory")
+    if verdict == "tighten":
+        os.chmod(path, 0o700)
+        log_event(logger, "cache.disk_dir_tightened", logging.WARNING, dir=str(path), was=oct(info.st_mode & 0o777))
+
+
+def install_secret(root: Path) -> bytes:
+    """The key every block of this install is sealed with, made on first use. Made under a
+    temporary name and linked into place, so two workers starting at once agree on one key."""
+    path = root / KEY_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
+    except FileNotFoundError:
+        tmp = root / f"{KEY_NAME}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(KEY_BYTES))
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another worker made it first: theirs is the key
+        finally:
+            _unlink(tmp)
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        key = f.read(KEY_BYTES + 1)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise OSError(f"{path} must be a regular file of this service's user, mode 0600")
+    if len(key) != KEY_BYTES:
+        raise OSError(f"{path} is not a block key (remove it: a new one is made, and old blocks are dropped)")
+    return key
 
 
 @dataclass
@@ -69,8 +138,9 @@ class DiskStore:
         self.queue_bytes = queue_bytes
         self.rescan_s = rescan_s
         self.stats = DiskStats()
-        # Created private; an existing directory is left as it is (it may be one the user shares).
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _private_dir(self.root, ours=False)
+        self._key = install_secret(self.root)
+        _private_dir(self.dir, ours=True)
         # The writer's state: the files it knows and their sizes, an LRU heap by mtime, the total.
         self._index: dict[str, int] = {}
         self._heap: list[tuple[float, str]] = []
@@ -86,6 +156,10 @@ class DiskStore:
     def path(self, name: str) -> Path:
         return self.dir / name[:2] / (name + SUFFIX)
 
+    def seal(self, data: bytes) -> str:
+        """``data`` (a block's tokens) as the metadata holds it: a keyed hash, never the ids."""
+        return hashlib.blake2b(data, digest_size=16, key=self._key).hexdigest()
+
     def known(self, name: str) -> bool:
         """Whether the block is on disk as far as the writer knows (a read of its index: may lag)."""
         return name in self._index
@@ -95,26 +169,41 @@ class DiskStore:
     def get(self, name: str, expect: dict[str, str]) -> dict[str, Tensor] | None:
         """The block ``name``'s tensors, if its file is here and passes every check (its metadata
         must hold ``expect``); a bad file is a miss and is removed."""
-        path = self.path(name)
         try:
-            raw = path.read_bytes()
-        except OSError:
+            fd = self._open(name, name + SUFFIX, os.O_RDONLY)
+        except FileNotFoundError:
             return None  # not there (or gone meanwhile: another worker's writer evicted it)
-        try:
-            tensors, meta = decode(raw)
-            wrong = [k for k, v in {"fingerprint": self.fingerprint, **expect}.items() if meta.get(k) != v]
-            if wrong:
-                raise BlockFileError(f"not this block: {', '.join(wrong)} differ")
-        except BlockFileError as exc:
-            self.reject(name, str(exc))
+        except OSError as exc:  # a link where a block should be (ELOOP), or a shard that is one
+            self.reject(name, exc.strerror or "cannot be opened")
             return None
-        try:
-            os.utime(path)  # recently used: the writer's budget keeps it longer
-        except OSError:
-            pass
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(fd)
+            try:
+                if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                    raise BlockFileError("not a regular file of this service's user")
+                raw = f.read()
+                tensors, meta = decode(raw, self._key)
+                wrong = [k for k, v in {"fingerprint": self.fingerprint, **expect}.items() if meta.get(k) != v]
+                if wrong:
+                    raise BlockFileError(f"not this block: {', '.join(wrong)} differ")
+            except (BlockFileError, OSError) as exc:
+                self.reject(name, str(exc))
+                return None
+            try:
+                os.utime(fd)  # recently used: the writer's budget keeps it longer
+            except OSError:
+                pass
         self.stats.reads += 1
         self.stats.read_bytes += len(raw)
         return tensors
+
+    def _open(self, name: str, file: str, flags: int, mode: int = 0o600) -> int:
+        """``file`` in block ``name``'s shard directory, opened with no link followed on the way."""
+        shard = os.open(self.dir / name[:2], os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+        try:
+            return os.open(file, flags | NOFOLLOW, mode, dir_fd=shard)
+        finally:
+            os.close(shard)
 
     def reject(self, name: str, why: str) -> None:
         """A file found bad: counted, logged, and removed by the writer."""
@@ -233,19 +322,21 @@ class DiskStore:
 
     def _write(self, name: str, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
         path = self.path(name)
-        if name in self._index or path.exists():
+        if name in self._index or os.path.lexists(path):
             return  # written before (by this worker, or another of the same model)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp = f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
-            path.parent.mkdir(mode=0o700, exist_ok=True)
-            parts = encode(tensors, metadata)
-            with open(tmp, "wb") as f:
-                for part in parts:
+            shard = path.parent
+            if not os.path.lexists(shard):
+                shard.mkdir(mode=0o700, exist_ok=True)
+            fd = self._open(name, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # never through a planted link
+            with os.fdopen(fd, "wb") as f:
+                for part in encode(tensors, metadata, self._key):
                     f.write(part)
-            os.replace(tmp, path)
-            info = path.stat()
+            os.replace(shard / tmp, path)  # a link planted under the real name is replaced, not followed
+            info = path.lstat()
         except (OSError, BlockFileError) as exc:
-            _unlink(tmp)
+            _unlink(path.parent / tmp)
             self.stats.errors += 1
             log_event(logger, "cache.disk_write_failed", logging.WARNING, block=name, error=repr(exc))
             return
@@ -263,7 +354,7 @@ class DiskStore:
             if name not in self._index:
                 continue
             try:
-                now = self.path(name).stat().st_mtime
+                now = self.path(name).lstat().st_mtime
             except OSError:
                 self.nbytes -= self._index.pop(name)  # removed by someone else
                 continue

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from vllmmlxd.engine.block_cache import BlockCache
 from vllmmlxd.engine.block_disk import DiskStore
-from vllmmlxd.engine.block_file import Tensor
+from vllmmlxd.engine.block_file import Tensor, decode
 
 BYTES_PER_TOKEN = 10
 
@@ -345,3 +345,14 @@ def test_a_block_read_back_replaces_the_partial_block_it_extends(disk):
     put(fresh, [1, 2, 3, 4, 5, 6])  # the first block, and a partial [5, 6]
     hit = fresh.lookup(list(range(1, 10)))
     assert hit.cached_tokens == 8 and len(fresh) == 2 and fresh.tree.tokens == 8
+
+
+def test_a_block_file_holds_its_tokens_only_as_a_keyed_hash(disk):
+    cache = make(block=4, disk=disk)
+    put(cache, [101, 202, 303, 404, 505])
+    assert disk.flush() and disk.stats.written == 1
+    (path,) = disk.dir.rglob("*.safetensors")
+    _, metadata = decode(path.read_bytes(), disk._key)
+    chunk = cache.tree.nodes[1].key  # the first full block's tokens
+    assert metadata["tokens"] == disk.seal(chunk)
+    assert chunk.hex() not in path.read_bytes().decode("latin-1")

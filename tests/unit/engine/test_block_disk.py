@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from vllmmlxd.engine.block_disk import DiskStore
+from vllmmlxd.engine.block_disk import DiskStore, dir_verdict
 from vllmmlxd.engine.block_file import BlockFileError, Tensor, decode, encode
 
 FINGERPRINT = "ab" * 16
@@ -175,3 +176,89 @@ def test_a_directory_given_is_used_as_it_is_and_its_own_subdirectory_is_private(
         assert disk.dir.stat().st_mode & 0o777 == 0o700
     finally:
         disk.close()
+
+
+# -- the directory is trusted only as far as it is private ---------------------------------
+
+
+def test_a_link_planted_where_a_block_or_a_temporary_file_goes_redirects_nothing(store, tmp_path):
+    disk = store()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file")
+    path = disk.path(name(1))
+    path.parent.mkdir(exist_ok=True)
+    # The names a writer of the old layout used for its temporary file, and the block's own name.
+    for planted in (path.with_name(f"{path.name}.{os.getpid()}.tmp"), disk.path(name(2))):
+        planted.symlink_to(victim)
+    disk.put(name(1), tensors(1), meta(1))
+    disk.put(name(2), tensors(2), meta(2))
+    assert disk.flush() and victim.read_text() == "the user's own file"
+    assert path.is_file() and not path.is_symlink()
+
+
+def test_a_block_behind_a_link_is_never_read_and_the_link_goes(store, tmp_path):
+    disk = store()
+    disk.put(name(1), tensors(1), meta(1))
+    assert disk.flush()
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    disk.path(name(1)).rename(elsewhere)  # a good block, reached only through a link
+    disk.path(name(1)).symlink_to(elsewhere)
+    assert disk.get(name(1), expect(1)) is None and disk.stats.rejected == 1
+    assert disk.flush() and not os.path.lexists(disk.path(name(1))) and elsewhere.exists()
+
+
+@pytest.mark.parametrize("key", [b"", b"k" * 32], ids=["unkeyed", "another-install"])
+def test_a_forged_block_is_refused(store, key):
+    disk = store()
+    path = disk.path(name(1))
+    path.parent.mkdir(exist_ok=True)
+    forged = {**meta(1), "format": "vllmmlxd-kv-block"}
+    path.write_bytes(b"".join(bytes(memoryview(p)) for p in encode(tensors(7), forged, key)))
+    assert disk.get(name(1), expect(1)) is None and disk.stats.rejected == 1
+
+
+def test_files_are_private_and_the_key_is_the_install_s(store, tmp_path):
+    first = store()
+    first.put(name(1), tensors(1), meta(1))
+    assert first.flush()
+    assert first.path(name(1)).stat().st_mode & 0o777 == 0o600
+    assert first.path(name(1)).parent.stat().st_mode & 0o777 == 0o700
+    key = tmp_path / "kv" / ".block-key"
+    assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_bytes()) == 32
+    second = store(fingerprint="cd" * 16)  # another model of the same install: the same key
+    assert second.seal(b"abc") == first.seal(b"abc") != hashlib.blake2b(b"abc", digest_size=16).hexdigest()
+
+
+def test_a_group_or_world_writable_directory_of_ours_is_tightened(tmp_path, caplog):
+    root = tmp_path / "open"
+    root.mkdir()
+    os.chmod(root, 0o777)
+    disk = DiskStore(root, FINGERPRINT, 10**9)
+    try:
+        assert root.stat().st_mode & 0o777 == 0o700
+        assert "cache.disk_dir_tightened" in caplog.text
+    finally:
+        disk.close()
+
+
+@pytest.mark.parametrize(
+    "mode,owner,verdict",
+    [(0o755, 1, "ok"), (0o700, 2, "ok"), (0o777, 1, "tighten"), (0o770, 1, "tighten"), (0o1777, 2, "refuse")],
+)
+def test_who_may_write_in_a_directory_decides_its_fate(mode, owner, verdict):
+    assert dir_verdict(mode, owner, me=1) == verdict
+
+
+@pytest.mark.parametrize("how", ["loose-mode", "link", "short"])
+def test_a_key_file_that_is_not_private_turns_the_tier_off_with_the_reason(tmp_path, how):
+    root = tmp_path / "kv"
+    root.mkdir(mode=0o700)
+    key = root / ".block-key"
+    if how == "link":
+        (tmp_path / "k").write_bytes(b"k" * 32)
+        key.symlink_to(tmp_path / "k")
+    else:
+        key.write_bytes(b"k" * (32 if how == "loose-mode" else 5))
+        os.chmod(key, 0o644 if how == "loose-mode" else 0o600)
+    with pytest.raises(OSError):
+        DiskStore(root, FINGERPRINT, 10**9)
