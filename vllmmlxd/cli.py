@@ -162,6 +162,18 @@ def _serve_parser(sub) -> argparse.ArgumentParser:
         "--max-image-pixels", type=int, default=40_000_000, help="an image's width x height at most (default 40M)"
     )
     images.add_argument(
+        "--max-request-image-pixels",
+        type=int,
+        default=100_000_000,
+        help="a request's images' width x height together at most (default 100M)",
+    )
+    images.add_argument(
+        "--image-pixel-budget",
+        type=int,
+        default=200_000_000,
+        help="decoded image pixels the worker holds at once, all requests together (default 200M)",
+    )
+    images.add_argument(
         "--allow-image-urls", action="store_true", help="fetch http(s) image URLs (default: images as data only)"
     )
     images.add_argument(

@@ -27,7 +27,16 @@ from tests.support.files_server import serving
 from tests.support.gateway import Gateway
 from tests.support.servers import free_port, start_serve
 
-LIMITS = ("--max-images", "3", "--max-image-mb", "0.05", "--max-image-pixels", "40000")
+LIMITS = (
+    "--max-images",
+    "3",
+    "--max-image-mb",
+    "0.05",
+    "--max-image-pixels",
+    "40000",
+    "--max-request-image-pixels",
+    "50000",
+)
 
 
 @pytest.fixture(scope="module")
@@ -226,6 +235,16 @@ def test_too_many_images_in_a_conversation_is_a_400_in_anthropics_shape(server):
     r = httpx.post(server.url + "/v1/messages", json=body)
     assert r.status_code == 400 and r.json()["type"] == "error"
     assert "has 4 images; this model takes at most 3" in r.json()["error"]["message"]
+
+
+def test_images_within_the_per_image_limit_are_refused_together_when_the_request_is_over(oa, server):
+    # The shape of the finding (16 PNGs of 6000x6000 decoded before admission), scaled to this entry.
+    part = oa_image(picture("black", size=(180, 150)))  # 27,000 pixels: within 40,000 alone
+    with pytest.raises(openai.BadRequestError) as err:
+        oa_ask(oa, part, part)
+    assert "2 images have 54,000 pixels together" in err.value.message
+    assert httpx.get(server.url + "/v1/status").json()["images"]["held"] == 0  # nothing decoded, nothing held
+    assert oa_ask(oa, part, max_tokens=2).choices[0].finish_reason in ("stop", "length")
 
 
 # 32 MB of zeros in ~32 KB: within the entry's 50 KB as sent, a body a worker must never inflate.

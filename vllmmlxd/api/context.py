@@ -23,6 +23,7 @@ from ..errors import ModelNotFound
 from ..http.access import Access
 from ..http.ratelimit import Quotas, RateStore
 from ..http.request_id import new_request_id
+from .image_budget import PixelBudget
 
 if TYPE_CHECKING:
     from ..mcp.hub import McpHub
@@ -58,6 +59,7 @@ class ServingContext:
     quotas: Quotas | None = None  # request and token limits (likewise)
     embedder: Embedder | None = None  # the entry's embedding model (/v1/embeddings), if it has one
     mcp: McpHub | None = None  # the worker's MCP clients: one hub for its life, reconfigured on swaps
+    pixels: PixelBudget | None = None  # decoded image pixels the worker holds at once (vision models)
 
     @property
     def name(self) -> str:
@@ -109,6 +111,7 @@ class LiveContext:
         # One store of rate windows for the worker's life: an unchanged limit keeps its budget
         # across settings pushes, a changed one starts fresh.
         self.rates = RateStore()
+        self.pixels = PixelBudget(config.image_pixel_budget)  # one budget for the worker's life, resized on swaps
         self._ctx = ServingContext(
             engine=engine,
             config=config,
@@ -118,6 +121,7 @@ class LiveContext:
             quotas=Quotas(config, self.rates),
             embedder=embedder,
             mcp=mcp,
+            pixels=self.pixels,
         )
 
     @property
@@ -126,6 +130,8 @@ class LiveContext:
 
     def swap(self, config: ResolvedModel) -> ServingContext:
         """Serve new requests under ``config``; requests already running keep theirs."""
+        self.pixels.capacity = config.image_pixel_budget
+        self.pixels.give(0)  # a larger budget lets waiting requests on
         # One attribute assignment on the event loop: a request sees the old context or the new one.
         self._ctx = dataclasses.replace(
             self._ctx, config=config, access=Access(config), quotas=Quotas(config, self.rates)

@@ -3,9 +3,11 @@ the engine's processor takes: the step of the chat pipeline between translating 
 
 A text model refuses any image, naming itself. For a vision model every image of the whole
 conversation is counted against the entry's ``max_images``, read (a data URL, base64 data, or a
-fetched ``http(s)`` URL when ``allow_image_urls`` is on) within ``max_image_mb``, and decoded
-within ``max_image_pixels``, off the event loop. Done once per request: a tool loop or a
-truncation renders the same decoded images again.
+fetched ``http(s)`` URL when ``allow_image_urls`` is on) within ``max_image_mb``, measured from
+their headers within ``max_image_pixels`` each and ``max_request_image_pixels`` together, then
+decoded off the event loop once the worker's decode budget (``image_budget``) has room for
+them; each decoded image holds its share of the budget until it is freed. Done once per
+request: a tool loop or a truncation renders the same decoded images again.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ..engine.types import DecodedImage
 from ..errors import InvalidRequest
 from . import images
 from .context import ServingContext
+from .image_budget import PixelBudget
 from .image_fetch import fetch
 from .images import ImageLimits, ImageRef, Source
 from .turn import ChatPrompt
@@ -27,7 +30,9 @@ MB = 1024 * 1024
 
 def limits_of(ctx: ServingContext) -> ImageLimits:
     config = ctx.config
-    return ImageLimits(int(config.max_image_mb * MB), config.max_image_pixels, config.max_images)
+    return ImageLimits(
+        int(config.max_image_mb * MB), config.max_image_pixels, config.max_images, config.max_request_image_pixels
+    )
 
 
 def refs_in(messages: list[dict[str, Any]]) -> list[ImageRef]:
@@ -55,9 +60,29 @@ async def resolve_images(ctx: ServingContext, prompt: ChatPrompt) -> ChatPrompt:
     limits = limits_of(ctx)
     images.count_checked(refs, limits)  # before anything is read or fetched
     sources = [await _source(ctx, ref, limits) for ref in refs]
-    decoded = await asyncio.to_thread(lambda: [images.decode(s, limits) for s in sources])
+    sizes = await asyncio.to_thread(lambda: [images.canvas(s, limits) for s in sources])
+    images.total_checked(sources, sizes, limits)  # before a pixel is decoded
+    decoded = await _decoded(ctx.pixels, sources, sum(sizes), limits)
     by_ref = dict(zip(map(id, refs), decoded))
     return replace(prompt, messages=[_with_images(m, by_ref) for m in prompt.messages])
+
+
+async def _decoded(budget: PixelBudget | None, sources: list[Source], pixels: int, limits: ImageLimits):
+    """The sources decoded once the worker's budget has room for ``pixels``; each image then holds
+    its own share until it is freed, and what none holds (a failed decode) goes back at once."""
+    if budget is None:
+        return await asyncio.to_thread(lambda: [images.decode(s, limits) for s in sources])
+    await budget.take(pixels)
+    held = 0
+    try:
+        decoded = await asyncio.to_thread(lambda: [images.decode(s, limits) for s in sources])
+        for image in decoded:
+            share = min(image.width * image.height, pixels - held)
+            budget.hold(image, share)
+            held += share
+        return decoded
+    finally:
+        budget.give(pixels - held)
 
 
 async def _source(ctx: ServingContext, ref: ImageRef, limits: ImageLimits) -> Source:

@@ -7,8 +7,10 @@ knows a family's wire shape.
 - The bytes' own format, from their first bytes (PNG, JPEG, WebP, GIF), must be the one declared:
   a client that labels a GIF ``image/png`` gets a 400 naming both, never a guess.
 - Limits (:class:`ImageLimits`): bytes per image (413), images per request (400), and pixels: an
-  image larger than ``max_pixels`` is a 400 before it is decoded (a small file can claim a huge
-  canvas). Images within the limit are resized by the model's processor, not refused.
+  image larger than ``max_pixels``, or a request whose images together are larger than
+  ``max_request_pixels``, is a 400 before any is decoded (a small file can claim a huge canvas:
+  :func:`canvas` reads the header only). Images within the limits are resized by the model's
+  processor, not refused. What a worker decodes at once is bounded too (``image_budget``).
 - Decoding (:func:`decode`): Pillow, EXIF orientation applied, a GIF's first frame, RGB.
   Truncated or undecodable data is a 400 naming the part.
 - :attr:`DecodedImage.key`: sha256 of the decoded pixels and their size, which the prefix cache keys an
@@ -29,8 +31,9 @@ import io
 import ipaddress
 import re
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 from urllib.parse import urlsplit
 
 from ..engine.types import DecodedImage
@@ -45,6 +48,7 @@ class ImageLimits:
     max_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 40_000_000  # width x height before resizing: a 8000 x 5000 photo
     max_images: int = 16  # per request, every turn of the conversation counted
+    max_request_pixels: int = 100_000_000  # every image of a request together
 
 
 @dataclass(frozen=True)
@@ -136,30 +140,64 @@ def count_checked(parts: Sequence[ImageRef | Source], limits: ImageLimits) -> No
         )
 
 
+def canvas(source: Source, limits: ImageLimits) -> int:
+    """The image's width x height, from its header alone; a 400 naming it when it is over the
+    per-image limit or cannot be read."""
+    from PIL import Image as PILImage
+
+    with _decoding(source, limits) as too_many:
+        with PILImage.open(io.BytesIO(source.data)) as opened:
+            width, height = opened.size
+        if width * height > limits.max_pixels:
+            raise InvalidRequest(f"{too_many} ({width}x{height})", param=source.where)
+    return width * height
+
+
+def total_checked(sources: Sequence[Source], sizes: Sequence[int], limits: ImageLimits) -> None:
+    """A request's images, all together, within ``max_request_pixels``."""
+    total = sum(sizes)
+    if total > limits.max_request_pixels:
+        raise InvalidRequest(
+            f"the request's {len(sizes)} images have {total:,} pixels together; this model takes at most "
+            f"{limits.max_request_pixels:,} per request",
+            param=sources[-1].where,
+        )
+
+
 def decode(source: Source, limits: ImageLimits) -> DecodedImage:
     """The source's pixels, upright and RGB; a 400 naming it when they cannot be had."""
     from PIL import Image as PILImage
-    from PIL import ImageOps, UnidentifiedImageError
+    from PIL import ImageOps
 
-    where = source.where
-    too_many = f"{where}: the image has more pixels than this model's {limits.max_pixels:,} per image"
-    try:
-        with warnings.catch_warnings():
-            # Pillow's own bomb check (far above ours) is turned into the same refusal.
-            warnings.simplefilter("error", PILImage.DecompressionBombWarning)
-            opened = PILImage.open(io.BytesIO(source.data))
-            width, height = opened.size  # from the header: refused before its pixels are decoded
-            if width * height > limits.max_pixels:
-                raise InvalidRequest(f"{too_many} ({width}x{height})", param=where)
-            opened.seek(0)  # a GIF's (or an animated WebP's) first frame
-            rgb = ImageOps.exif_transpose(opened).convert("RGB")
-            rgb.load()
-    except (PILImage.DecompressionBombWarning, PILImage.DecompressionBombError):
-        raise InvalidRequest(too_many, param=where) from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError):
-        raise InvalidRequest(f"{where}: the image data is truncated or cannot be decoded", param=where) from None
+    with _decoding(source, limits) as too_many:
+        opened = PILImage.open(io.BytesIO(source.data))
+        width, height = opened.size  # from the header: refused before its pixels are decoded
+        if width * height > limits.max_pixels:
+            raise InvalidRequest(f"{too_many} ({width}x{height})", param=source.where)
+        opened.seek(0)  # a GIF's (or an animated WebP's) first frame
+        rgb = ImageOps.exif_transpose(opened).convert("RGB")
+        rgb.load()
     digest = hashlib.sha256(f"rgb8:{rgb.width}x{rgb.height}:".encode() + rgb.tobytes()).hexdigest()
     return DecodedImage(rgb, rgb.width, rgb.height, digest)
+
+
+@contextmanager
+def _decoding(source: Source, limits: ImageLimits) -> Iterator[str]:
+    """Pillow's failures as a 400 naming the part (its own bomb check, far above ours, as ours)."""
+    from PIL import Image as PILImage
+    from PIL import UnidentifiedImageError
+
+    too_many = f"{source.where}: the image has more pixels than this model's {limits.max_pixels:,} per image"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PILImage.DecompressionBombWarning)
+            yield too_many
+    except (PILImage.DecompressionBombWarning, PILImage.DecompressionBombError):
+        raise InvalidRequest(too_many, param=source.where) from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError):
+        raise InvalidRequest(
+            f"{source.where}: the image data is truncated or cannot be decoded", param=source.where
+        ) from None
 
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address

@@ -36,6 +36,8 @@ IMAGE_FIELDS = (
     "max_images",
     "max_image_mb",
     "max_image_pixels",
+    "max_request_image_pixels",
+    "image_pixel_budget",
     "allow_image_urls",
     "allowed_image_hosts",
     "image_url_timeout",
@@ -168,6 +170,15 @@ class ModelConfig(EntryConfig):
     max_image_mb: float = Field(20.0, gt=0, description="vision models: an image's size at most (413 above)")
     max_image_pixels: int = Field(
         40_000_000, ge=1, description="vision models: an image's width x height at most, before the model resizes it"
+    )
+    max_request_image_pixels: int = Field(
+        100_000_000, ge=1, description="vision models: a request's images' width x height together at most (400 above)"
+    )
+    image_pixel_budget: int = Field(
+        200_000_000,
+        ge=1,
+        description="vision models: decoded image pixels the worker holds at once, every request together (about 3 "
+        "bytes each); a request waits for room, 503 after 30 s",
     )
     allow_image_urls: bool = Field(False, description="vision models: fetch http(s) image URLs; off: data only")
     allowed_image_hosts: tuple[str, ...] = Field(

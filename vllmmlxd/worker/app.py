@@ -136,6 +136,8 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
             "total_completion_tokens": s.total_completion_tokens,
             "context_length": engine.info.context_length,
             "vision": engine.info.vision,
+            # Decoded image pixels held (the worker's, every key's together: a count, no content).
+            "images": ctx.pixels.describe() if engine.info.vision and ctx.pixels is not None else None,
             "metal": engine.memory(),
             "cache": engine.cache_status(),
             "kv_budget": kv_of(engine),
