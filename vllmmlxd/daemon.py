@@ -66,7 +66,7 @@ class Daemon:
         )
         self.control_socket = control_socket_path(daemon_cfg.control_socket, state_dir)
         # Pulls into the model store: `vllmmlxctl pull`, the gateway's /api/pull and download: true share them.
-        self.pulls = Pulls(state_dir)
+        self.pulls = Pulls(state_dir, max_running=daemon_cfg.max_pulls, max_queued=daemon_cfg.max_waiting_pulls)
         # The gateway asks the daemon's control socket for lazy models to load.
         self.supervisor = Supervisor(
             loaded,
@@ -106,6 +106,7 @@ class Daemon:
         """The daemon section in force, applied in this one place: log level, watching, worker settings."""
         logging.getLogger().setLevel(applied.log_level.upper())
         self.supervisor.use_daemon_config(applied)
+        self.pulls.limit(applied.max_pulls, applied.max_waiting_pulls)
         self._set_watching(applied.watch)
 
     async def run(self) -> int:

@@ -24,6 +24,10 @@ class StoreError(VllmmlxdError):
     not fit the disk or failed, a model that is in use or not there."""
 
 
+class StoreBusy(StoreError):
+    """Too many pulls are running and waiting: try again once some have ended."""
+
+
 class RequestError(VllmmlxdError):
     """A client request that cannot be served; carries the HTTP status to answer with."""
 

@@ -8,12 +8,13 @@ import asyncio
 import hashlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.support.hub import StandInHub
-from vllmmlxd.errors import StoreError
+from vllmmlxd.errors import StoreBusy, StoreError
 from vllmmlxd.runtime.weights import model_folder
 from vllmmlxd.store.catalog import list_models
 from vllmmlxd.store.layout import MARKER, store_copy, work_folder
@@ -208,3 +209,64 @@ def test_the_hub_token_never_shows_in_a_pulls_error(hub, tmp_path, monkeypatch, 
     _, final = pull(tmp_path)
     assert final.state == "failed" and token not in repr(final) and token not in caplog.text
     assert final.error.startswith(f"{hub.url} answered: ") and "Bearer <token>" in final.error, final.error
+
+
+def test_pulls_started_at_once_are_admitted_one_at_a_time_against_the_same_free_space(hub, tiny, tmp_path):
+    # The finding: two 40 GB pulls admitted with 68.6 GB free. Each of these claims 60% of the room.
+    room = shutil.disk_usage(tmp_path).free - 10**9
+    hub.add_folder("org/twin", tiny)
+    hub.faults.claimed_size[WEIGHTS] = int(0.6 * room)
+    hub.faults.rate[WEIGHTS] = 1_000  # the admitted one is still downloading when the other is asked
+
+    async def main():
+        pulls = Pulls(tmp_path)
+        both = [pulls.start(Source(REPO)), pulls.start(Source("org/twin"))]  # the same moment
+        refused = await asyncio.wait_for(both[1].wait(), 60)
+        first = both[0].view()
+        await pulls.close()
+        return first, refused
+
+    first, refused = asyncio.run(main())
+    assert first.state == "downloading" and first.total_bytes is not None, first
+    assert refused.state == "failed" and refused.refused, refused
+    assert "is promised to pulls running now" in refused.error, refused.error
+
+
+def test_pulls_past_the_cap_wait_their_turn_and_past_the_queue_are_refused(hub, tiny, tmp_path):
+    hub.faults.rate[WEIGHTS] = 4_000_000
+    hub.add_folder("org/second", tiny)
+
+    async def main():
+        pulls = Pulls(tmp_path, max_running=1, max_queued=1)
+        first = pulls.start(Source(REPO))
+        second = pulls.start(Source("org/second"))
+        assert first.view().state == "resolving" and second.view().state == "queued"
+        with pytest.raises(
+            StoreBusy, match=r"1 pulls are running and 1 waiting \(max_pulls: 1, max_waiting_pulls: 1\)"
+        ):
+            pulls.start(Source("org/third"))
+        await asyncio.sleep(0.5)
+        assert second.view().state == "queued" and second.proc is None  # no child while it waits
+        await pulls.cancel(first.id)
+        final = await asyncio.wait_for(second.wait(), 60)
+        return final
+
+    final = asyncio.run(main())
+    assert final.state == "done", final
+
+
+def test_a_queued_pull_can_be_cancelled_and_a_higher_cap_lets_waiting_pulls_go(hub, tiny, tmp_path):
+    hub.faults.rate[WEIGHTS] = 1_000
+    hub.add_folder("org/second", tiny)
+    hub.add_folder("org/third", tiny)
+
+    async def main():
+        pulls = Pulls(tmp_path, max_running=1, max_queued=4)
+        pulls.start(Source(REPO))
+        second, third = pulls.start(Source("org/second")), pulls.start(Source("org/third"))
+        assert (await pulls.cancel(second.id)).state == "cancelled"
+        pulls.limit(2, 4)  # a reload raised max_pulls
+        assert third.view().state == "resolving"
+        await pulls.close()
+
+    asyncio.run(main())

@@ -26,7 +26,7 @@ from vllmmlxd.control.protocol import (
     StoreResponse,
 )
 from vllmmlxd.control.server import ControlServer, make_control_app, serve_control
-from vllmmlxd.errors import StoreError
+from vllmmlxd.errors import StoreBusy, StoreError
 from vllmmlxd.store.catalog import NotInStore
 
 
@@ -64,6 +64,7 @@ class FakeTarget:
             pull_status("done", 4_000_000_000, commit="c" * 40, path="/s/models/hub-org--m"),
         ]
         self.pull_conflict: str | None = None
+        self.pulls_busy: str | None = None
         self.stored = [
             StoredModelStatus(name="org/m", kind="pulled", source="org/m @ cccc", path="/s/m", size_bytes=4 * 10**9),
             StoredModelStatus(
@@ -126,6 +127,8 @@ class FakeTarget:
         self.calls.append(("pull", source.repo, source.revision))
         if self.pull_conflict:
             raise StoreError(self.pull_conflict)
+        if self.pulls_busy:
+            raise StoreBusy(self.pulls_busy)
         return self.pull_script[0]
 
     def pulls(self) -> list[PullStatus]:

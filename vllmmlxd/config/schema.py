@@ -68,6 +68,8 @@ class DaemonConfig(_Strict):
     drain_timeout: float = Field(30.0, ge=0)
     watch: bool = True
     memory_reserve_mb: int = Field(2048, ge=0, description="memory left to the system; the models must fit in the rest")
+    max_pulls: int = Field(2, ge=1, description="downloads into the model store running at once; more wait their turn")
+    max_waiting_pulls: int = Field(8, ge=0, description="downloads waiting for a turn at most; more are refused (503)")
 
 
 class Config(_Strict):

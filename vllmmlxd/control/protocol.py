@@ -90,7 +90,7 @@ class PullStatus(_Wire):
     id: str
     repo: str  # org/name
     revision: str | None = None  # as asked; None: the repo's default branch
-    state: str  # resolving, downloading, verifying, installing, then done, failed or cancelled
+    state: str  # queued, resolving, downloading, verifying, installing, then done, failed or cancelled
     commit: str | None = None  # the commit the revision was at
     total_bytes: int | None = None  # of the files it downloads (known once the hub listed them)
     done_bytes: int = 0  # on disk, with what an interrupted pull had finished

@@ -30,7 +30,7 @@ from vllmmlxd.control.protocol import (
     PullsResponse,
     PullStatus,
 )
-from vllmmlxd.errors import StoreError
+from vllmmlxd.errors import StoreBusy, StoreError
 from vllmmlxd.log import log_event
 from vllmmlxd.sockets import bind_unix
 from vllmmlxd.store.catalog import NotInStore
@@ -116,6 +116,8 @@ def make_control_app(target: ControlTarget) -> FastAPI:
             return _error(422, str(e))
         try:
             status = await target.pull(source)
+        except StoreBusy as e:
+            return _error(503, str(e))
         except StoreError as e:
             return _error(409, str(e))
         return JSONResponse(status.model_dump(mode="json"))

@@ -350,6 +350,8 @@ def format_size(n: float | None) -> str:
 
 def pull_progress(p: PullStatus) -> str:
     """What a pull is doing, in words: ``37% of 4.27 GB, 12.5 MB/s, 2m48s left``, ``verifying checksums``."""
+    if p.state == "queued":
+        return "waiting for other pulls to finish"
     if p.state == "resolving":
         return "asking the hub for its files"
     if p.state == "verifying":

@@ -153,7 +153,7 @@ _MODEL_SHOWN = (
 _GROUP_MEMBER_SHOWN = ("name", "state", "running", "waiting")
 # A pull's progress, as a downloading entry's and as the store's pulls under way (no path, no error text).
 _PULL_SHOWN = ("repo", "revision", "state", "percent", "done_bytes", "total_bytes", "bytes_per_s", "eta_s")
-_PULLS_RUNNING = ("resolving", "downloading", "verifying", "installing")
+_PULLS_RUNNING = ("queued", "resolving", "downloading", "verifying", "installing")
 _MCP_SHOWN = ("name", "transport", "state", "tools", "connects")
 
 

@@ -26,6 +26,7 @@ GGUF_TAG_RE = re.compile(r"^(?:I?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)
 # Ollama's own registry, by the first part of a name (registry.ollama.ai/library/llama3, library/llama3).
 OLLAMA_REGISTRY = frozenset({"registry.ollama.ai", "ollama.com", "www.ollama.com", "library"})
 RUNNING = {
+    "queued": "waiting for other pulls to finish",
     "resolving": "pulling manifest",
     "verifying": "verifying sha256 digest",
     "installing": "writing manifest",

@@ -6,6 +6,9 @@ with an ``event``:
 
 - ``resolving``: asking the hub which commit the revision is;
 - ``listed``: ``commit``, ``files``, ``total`` bytes, ``have`` (finished by an earlier pull);
+  with ``--reserved -`` it then reads one line on stdin, ``{"reserved": BYTES}``: what the
+  daemon's other admitted pulls still have to write, as the daemon knows it at that moment;
+- ``admitted``: it fits the disk, the download starts;
 - ``progress``: ``done`` bytes (at most four a second);
 - ``verifying``, then ``installing``;
 - ``done``: ``path`` (the store's folder), ``total``, ``already`` (that commit was there);
@@ -113,9 +116,10 @@ def report_progress(counter: Counter, emit: Emit, stop: threading.Event) -> None
             emit("progress", done=last)
 
 
-def pull(repo: str, revision: str | None, state_dir: Path, emit: Emit, reserved: int = 0) -> Path:
+def pull(repo: str, revision: str | None, state_dir: Path, emit: Emit, reserved: int | Callable[[], int] = 0) -> Path:
     """Download ``repo`` at ``revision`` into the store; the store's folder. ``reserved``: bytes other
-    running pulls still have to write (disk admission counts them as taken)."""
+    running pulls still have to write (disk admission counts them as taken), or how to ask for them
+    once this pull's own size is known."""
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.hf_api import RepoFile
     from huggingface_hub.utils import filter_repo_objects
@@ -140,7 +144,9 @@ def pull(repo: str, revision: str | None, state_dir: Path, emit: Emit, reserved:
     have = sum(files[p].size for p in finished)
     total = sum(f.size for f in files.values())
     emit("listed", commit=commit, files=len(files), total=total, have=have)
-    admit(repo, work, models_dir(state_dir), total, have, (len(files) - len(finished), len(files)), reserved)
+    others = reserved() if callable(reserved) else reserved
+    admit(repo, work, models_dir(state_dir), total, have, (len(files) - len(finished), len(files)), others)
+    emit("admitted")
 
     counter = Counter(have)
     stop = threading.Event()
@@ -329,11 +335,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--repo", required=True)
     parser.add_argument("--revision")
-    parser.add_argument("--reserved", type=int, default=0, help="bytes other running pulls still have to write")
+    parser.add_argument(
+        "--reserved",
+        default="0",
+        help="bytes other running pulls still have to write; '-': ask the daemon on stdin once listed",
+    )
     args = parser.parse_args(argv)
     emit = emitter()
     try:
-        pull(args.repo, args.revision, Path(args.state_dir), emit, args.reserved)
+        reserved = _ask_reserved if args.reserved == "-" else int(args.reserved)
+        pull(args.repo, args.revision, Path(args.state_dir), emit, reserved)
         return 0
     except Exception as exc:  # every failure is one line for the daemon, never a traceback
         from huggingface_hub import get_token
@@ -341,6 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         message = redact(describe(exc, args.repo, args.revision), [get_token(), os.environ.get("HF_TOKEN")])
         emit("failed", error=message, refused=isinstance(exc, Refused), missing=names_nothing(exc))
         return EXIT_REFUSED if isinstance(exc, Refused) else EXIT_FAILED
+
+
+def _ask_reserved() -> int:
+    """The daemon's answer to ``listed``: what its other admitted pulls still have to write."""
+    line = sys.stdin.readline()
+    try:
+        return max(int(json.loads(line)["reserved"]), 0)
+    except (ValueError, KeyError, TypeError):
+        raise StoreError("the daemon did not say what other pulls have reserved") from None
 
 
 if __name__ == "__main__":

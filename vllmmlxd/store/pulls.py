@@ -6,6 +6,13 @@ belongs to the daemon, not to who asked: a follower that goes away stops followi
 download (``cancel`` does). Each pull's state is written by its own task only (reading the child's
 ``fetch.py`` lines); followers read ``view()`` snapshots, woken at each change.
 
+At most ``max_running`` pulls run at once (each a child process and a share of the network);
+more wait, ``queued``, first come first served, and past ``max_queued`` waiting a new one is
+refused (``StoreBusy``): no caller starts pulls without bound. Disk admission happens in one
+place at a time: a pull's child lists the repo, then asks the daemon (on stdin) what the other
+admitted pulls still have to write, and answers ``admitted`` or refused before the next pull is
+asked; so two pulls started at once are never admitted against the same free space.
+
 Why a child process: a cancelled or shut-down pull is a killed process (a thread in the middle of
 ``snapshot_download`` cannot be stopped, and would hold the daemon's exit until its file ends), and
 huggingface_hub and its HTTP stack stay out of the daemon.
@@ -28,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from vllmmlxd.errors import StoreError
+from vllmmlxd.errors import StoreBusy, StoreError
 from vllmmlxd.log import log_event
 
 from .progress import Rate, eta_s, percent
@@ -36,10 +43,12 @@ from .sources import Source
 
 logger = logging.getLogger("vllmmlxd.store")
 
-PullState = Literal["resolving", "downloading", "verifying", "installing", "done", "failed", "cancelled"]
+PullState = Literal["queued", "resolving", "downloading", "verifying", "installing", "done", "failed", "cancelled"]
 ENDED: frozenset[str] = frozenset({"done", "failed", "cancelled"})
 KEEP_ENDED = 20  # ended pulls kept for status and late followers, newest last
 STOP_GRACE_S = 5.0
+MAX_RUNNING = 2  # pulls downloading at once (the daemon section's max_pulls)
+MAX_QUEUED = 8  # pulls waiting for one of those (max_waiting_pulls); more are refused
 
 
 @dataclass(frozen=True)
@@ -73,10 +82,10 @@ class PullView:
 class Pull:
     """One pull: its child process's lines become its state (written by its own task only)."""
 
-    def __init__(self, pull_id: str, source: Source):
+    def __init__(self, pull_id: str, source: Source, state: PullState = "resolving"):
         self.id = pull_id
         self.source = source
-        self.state: PullState = "resolving"
+        self.state: PullState = state
         self.commit: str | None = None
         self.total: int | None = None
         self.done = 0
@@ -94,6 +103,9 @@ class Pull:
         self._version = 0
         self._wake = asyncio.Event()
         self._finished = asyncio.Event()
+        self.turn = asyncio.Event()  # set once it may run (at once, or when a running pull ends)
+        if state != "queued":
+            self.turn.set()
 
     @property
     def repo(self) -> str:
@@ -190,17 +202,32 @@ class Pull:
 class Pulls:
     """Every pull of this daemon: the running ones, and the last ended ones (see the module)."""
 
-    def __init__(self, state_dir: Path, python: str = sys.executable, keep_ended: int = KEEP_ENDED):
+    def __init__(
+        self,
+        state_dir: Path,
+        python: str = sys.executable,
+        keep_ended: int = KEEP_ENDED,
+        max_running: int = MAX_RUNNING,
+        max_queued: int = MAX_QUEUED,
+    ):
         self.state_dir = state_dir
         self.python = python
+        self.max_running, self.max_queued = max_running, max_queued
         self._pulls: dict[str, Pull] = {}
         self._ended: deque[str] = deque()
         self._keep_ended = keep_ended
         self._seq = itertools.count(1)
+        self._admission = asyncio.Lock()  # one disk admission at a time (see the module)
+
+    def limit(self, max_running: int, max_queued: int) -> None:
+        """New caps (a reload); a higher one lets waiting pulls go at once."""
+        self.max_running, self.max_queued = max_running, max_queued
+        self._promote()
 
     def start(self, source: Source) -> Pull:
-        """Start pulling ``source``, or join the pull of that repo under way; ``StoreError`` when one
-        under way pulls another revision."""
+        """Start pulling ``source`` (now, or queued behind the running ones), or join the pull of that
+        repo under way; ``StoreError`` when one under way pulls another revision, ``StoreBusy`` when
+        too many wait already."""
         running = self.running(source.repo)
         if running is not None:
             if running.source.revision != source.revision:
@@ -209,10 +236,30 @@ class Pulls:
                     f"or cancel it (vllmmlxctl pull --cancel {running.repo}) to pull {source.render()}"
                 )
             return running
-        pull = Pull(f"{next(self._seq)}-{secrets.token_hex(3)}", source)
+        queued = self._queued()
+        now = not queued and len(self._active()) < self.max_running
+        if not now and len(queued) >= self.max_queued:
+            raise StoreBusy(
+                f"{len(self._active())} pulls are running and {len(queued)} waiting (max_pulls: "
+                f"{self.max_running}, max_waiting_pulls: {self.max_queued}): pull {source.render()} once some have ended"
+            )
+        pull = Pull(f"{next(self._seq)}-{secrets.token_hex(3)}", source, "resolving" if now else "queued")
         self._pulls[pull.id] = pull
         pull.task = asyncio.get_running_loop().create_task(self._run(pull), name=f"pull-{pull.id}")
         return pull
+
+    def _active(self) -> list[Pull]:
+        return [p for p in self._pulls.values() if p.running and p.state != "queued"]
+
+    def _queued(self) -> list[Pull]:
+        return [p for p in self._pulls.values() if p.state == "queued"]  # in order of arrival
+
+    def _promote(self) -> None:
+        """Let waiting pulls run, first come first served, while there are slots (on the event loop)."""
+        for pull in self._queued()[: max(self.max_running - len(self._active()), 0)]:
+            pull.state = "resolving"
+            pull.turn.set()
+            pull.changed()
 
     def get(self, pull_id: str) -> Pull:
         """The pull with that id (running, or among the last ended); KeyError otherwise."""
@@ -229,7 +276,12 @@ class Pulls:
     async def cancel(self, pull_id: str) -> PullView:
         """Stop a running pull (the files it finished stay for the next one); its view."""
         pull = self.get(pull_id)
-        if pull.running and pull.task is not None:
+        if pull.state == "queued" and pull.task is not None:
+            # Ended here, not by a cancel: a task cancelled before its first step runs no finally.
+            pull.end("cancelled", "cancelled")
+            pull.turn.set()  # its task wakes, sees it ended, and leaves the queue
+            await pull.task
+        elif pull.running and pull.task is not None:
             pull.task.cancel()  # its own task stops the child and ends it "cancelled"
             with contextlib.suppress(asyncio.CancelledError):
                 await pull.task
@@ -241,32 +293,37 @@ class Pulls:
         await asyncio.gather(*(self.cancel(p.id) for p in running), return_exceptions=True)
 
     def _reserved(self, but: Pull) -> int:
-        """What the other running pulls still have to write (disk admission counts it as taken)."""
+        """What the other running pulls still have to write (disk admission counts it as taken): every
+        admitted pull's size is known, since admission takes one pull at a time, after its listing."""
         return sum(max((p.total or 0) - p.done, 0) for p in self._pulls.values() if p.running and p is not but)
 
     async def _run(self, pull: Pull) -> None:
-        """The pull's own task: run the child, read its lines into the pull, end it."""
-        started = time.monotonic()
-        log_event(logger, "pull.started", id=pull.id, repo=pull.repo, revision=pull.source.revision)
-        argv = [self.python, "-m", "vllmmlxd.store.fetch", "--state-dir", str(self.state_dir), "--repo", pull.repo]
-        argv += ["--revision", pull.source.revision] if pull.source.revision else []
-        argv += ["--reserved", str(self._reserved(pull))]
+        """The pull's own task: wait for its turn, run the child, read its lines into the pull, end it."""
         stderr: deque[str] = deque(maxlen=20)
+        started = time.monotonic()
         try:
-            pull.proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,  # a Ctrl-C at the daemon's terminal is the daemon's to handle
-                env={**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"},
-            )
-            assert pull.proc.stdout is not None and pull.proc.stderr is not None
-            drain = asyncio.create_task(_keep_tail(pull.proc.stderr, stderr))
-            async for raw in pull.proc.stdout:
-                with contextlib.suppress(ValueError, AttributeError):
-                    pull.apply(json.loads(raw))
-            await pull.proc.wait()
+            await pull.turn.wait()
+            if not pull.running:
+                return  # cancelled while it waited
+            log_event(logger, "pull.started", id=pull.id, repo=pull.repo, revision=pull.source.revision)
+            argv = [self.python, "-m", "vllmmlxd.store.fetch", "--state-dir", str(self.state_dir)]
+            argv += ["--repo", pull.repo, "--reserved", "-"]
+            argv += ["--revision", pull.source.revision] if pull.source.revision else []
+            async with self._admission:  # until this pull is admitted or has ended
+                proc = await _spawn(pull, argv)
+                assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+                drain = asyncio.create_task(_keep_tail(proc.stderr, stderr))
+                async for line in _lines(proc.stdout):
+                    pull.apply(line)
+                    if line.get("event") == "listed":
+                        proc.stdin.write(json.dumps({"reserved": self._reserved(pull)}).encode() + b"\n")
+                        with contextlib.suppress(ConnectionError):
+                            await proc.stdin.drain()
+                    if line.get("event") in ("admitted", "done", "failed"):
+                        break
+            async for line in _lines(proc.stdout):
+                pull.apply(line)
+            await proc.wait()
             await drain
         except OSError as exc:
             pull.end("failed", f"cannot start the download: {exc}")
@@ -278,6 +335,7 @@ class Pulls:
             if pull.running:  # the child ended without saying how: its last words say why
                 pull.end("failed", _redact(_last_words(stderr) or f"the download exited with {_code(pull)}"))
             self._ended_one(pull)
+            self._promote()
             _log_end(pull, time.monotonic() - started)
 
     async def _stop(self, pull: Pull) -> None:
@@ -297,6 +355,36 @@ class Pulls:
         self._ended.append(pull.id)
         while len(self._ended) > self._keep_ended:
             self._pulls.pop(self._ended.popleft(), None)
+
+
+async def _spawn(pull: Pull, argv: list[str]) -> asyncio.subprocess.Process:
+    """Start the pull's child. A cancel while it starts waits for it to be started, so that it can be
+    stopped: cancelling asyncio's half-made process itself can wait forever for it to end."""
+    creating = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C at the daemon's terminal is the daemon's to handle
+            env={**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"},
+        )
+    )
+    try:
+        pull.proc = await asyncio.shield(creating)
+    except asyncio.CancelledError:
+        pull.proc = await creating
+        raise
+    return pull.proc
+
+
+async def _lines(stream: asyncio.StreamReader) -> AsyncIterator[dict]:
+    """The child's JSON lines (anything else skipped), until it closes its stdout."""
+    async for raw in stream:
+        with contextlib.suppress(ValueError):
+            line = json.loads(raw)
+            if isinstance(line, dict):
+                yield line
 
 
 async def _keep_tail(stream: asyncio.StreamReader, tail: deque[str]) -> None:

@@ -196,3 +196,11 @@ def test_the_store_lists_and_removes_models_refusing_one_in_use(http, target):
     r = http.delete("/store/models/org/m")  # a repo id's '/' as it is, or quoted
     assert r.status_code == 200 and r.json()["message"] == "removed org/m (4.00 GB)"
     assert ("remove", "org/m") in target.calls
+
+
+def test_a_pull_past_the_daemon_s_caps_is_503_saying_why(http, target):
+    target.pulls_busy = (
+        "2 pulls are running and 8 waiting (max_pulls: 2, max_waiting_pulls: 8): pull org/m once some have ended"
+    )
+    r = http.post("/store/pulls", json={"source": "org/m"})
+    assert r.status_code == 503 and "max_waiting_pulls: 8" in r.json()["error"]
