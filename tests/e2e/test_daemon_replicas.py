@@ -141,3 +141,33 @@ def test_kill_9_of_a_replica_under_load_fails_no_request_and_it_comes_back(repli
     health = replicas.http.get("/api/health").json()["groups"]["tiny"]
     assert health["state"] == "ready" and set(health["members"]) == {"a", "b"}
     assert "group tiny: ready; a ready" in d.ctl("status").stdout
+
+
+def test_a_keys_rate_limit_holds_for_the_whole_set_when_the_gateway_counts_it(replicas):
+    # The finding: each member counted a key's rate_limit on its own, so two members gave it twice
+    # as many requests. With gateway.groups.tiny the gateway counts the key for the set as a whole
+    # (members named directly count there too); each member keeps its own count as well.
+    d = replicas.d
+    models = {
+        name: model_entry(port, group="tiny", cache_memory_mb=64, api_keys=["alice"])
+        for name, port in replicas.ports.items()
+    }
+    keys = {"alice": {"key": "alice-secret", "models": ["*"], "rate_limit": "3/minute"}}
+    d.write(models, api_keys=keys, gateway={"port": replicas.gateway_port, "groups": {"tiny": {}}})
+    assert d.ctl("reload").returncode == 0, d.log()[-2000:]
+    auth = {"Authorization": "Bearer alice-secret"}
+
+    def ask(model: str) -> httpx.Response:
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        return replicas.http.post("/v1/chat/completions", json=body, headers=auth)
+
+    deadline = time.monotonic() + 30
+    while ask("tiny").status_code == 401:  # until the pushed keys reach the gateway and workers
+        assert time.monotonic() < deadline, "the key never took effect"
+        time.sleep(0.2)
+    answers = [ask("tiny"), ask("a")]  # with the one above: three, the key's budget
+    assert [r.status_code for r in answers] == [200, 200], [r.text for r in answers]
+    over = ask("tiny")
+    assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1, over.text
+    assert over.json()["error"]["type"] == "rate_limit_error" and "key 'alice'" in over.json()["error"]["message"]
+    assert ask("b").status_code == 429  # a member by its name is the same set's budget

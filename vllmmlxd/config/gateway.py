@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from .base import Strict as _Strict
-from .keys import KeyGrant
+from .keys import KeyGrant, check_rate
 
 # A route's state, as the gateway shows it (`/v1/models`, `/api/health`, the web page):
 # a local model's supervisor state, `idle` (a lazy model ready with nothing running),
@@ -38,6 +38,23 @@ ROUTE_STATES = (
 )
 
 
+class GroupLimits(_Strict):
+    """``gateway.groups.NAME``: a replica set's request limits, counted by the gateway for the whole set
+    (each member's own limits count per member, so without these a set multiplies them)."""
+
+    rate_limit: int | str = Field(
+        0,
+        description="requests per client (key name, else address) to the set, all members together: per minute, "
+        "or text like '120/minute'; 0: none",
+    )
+    key_limits: bool = Field(True, description="also count each named key's own rate_limit for the set as a whole")
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate(cls, v):
+        return check_rate(v)
+
+
 class GatewayConfig(_Strict):
     """``gateway:``: one origin for every model (its own supervised process)."""
 
@@ -55,6 +72,9 @@ class GatewayConfig(_Strict):
     cors_origins: tuple[str, ...] = Field((), description="web origins allowed to call the gateway from a browser")
     max_connections: int = Field(1024, ge=1, description="open connections at most; more get 503")
     max_body_mb: float = Field(16.0, gt=0, description="request bodies above this get 413")
+    groups: dict[str, GroupLimits] = Field(
+        default_factory=dict, description="replica sets' request limits, counted here for the whole set"
+    )
     ollama_port: int | None = Field(
         None, ge=1, le=65535, description="also serve Ollama's API on this port of the same host (11434 is Ollama's)"
     )

@@ -28,7 +28,7 @@ from .entries import (  # noqa: F401 - the entry kinds are imported from here to
     resolve,
 )
 from .gateway import GatewayConfig
-from .groups import check_groups
+from .groups import check_groups, members_by_group
 from .keys import ApiKeyConfig, KeyGrant
 from .mcp import MCP_TOOL_SEPARATOR, McpServerConfig, check_mcp_server_names, load_mcp_file
 from .names import BLAS_NAMES, BUILTIN_MODELS, BUILTIN_PREFIX, REASONING_PARSERS, TOOL_PARSERS  # noqa: F401
@@ -148,7 +148,11 @@ class Config(_Strict):
     @field_validator("models")
     @classmethod
     def _replica_sets(cls, models: dict[str, EntryConfig], info):
-        check_groups(models, info.data.get("gateway") is not None)
+        gateway = info.data.get("gateway")
+        check_groups(models, gateway is not None)
+        unknown = set(gateway.groups) - set(members_by_group(models)) if gateway is not None else set()
+        if unknown:  # a group's name is a value: counted, never shown
+            raise ValueError(f"gateway.groups has {len(unknown)} name(s) that no model's group is")
         return models
 
     @field_validator("models")

@@ -216,7 +216,7 @@ def make_router(gateway: Gateway) -> APIRouter:
             request.scope[FAMILY_KEY] = "ollama"  # answered in the shape its client reads
             raise InvalidRequest(ollama_elsewhere(table.spec.gateway.ollama_port), code="ollama_port")
         target = table.resolve(data.get("model"), key=presented_key(request))
-        table.access_of(target).identify(request)
+        gateway.admit(request, target)
         body = translate(data)
         return await gateway.dispatch(request, target, path, body, json.dumps(body).encode())
 

@@ -26,8 +26,9 @@ from starlette.types import Receive, Scope, Send
 from ..api.body import read_body
 from ..config.gateway import Route
 from ..errors import InvalidRequest, NotFound, Overloaded, RequestError, RequestTimeout
-from ..http.access import presented_key
+from ..http.access import Caller, presented_key
 from ..http.error_shapes import anthropic_error, is_anthropic, openai_error
+from ..http.ratelimit import GroupQuotas, RateStore
 from ..log import log_event
 from .balance import Replicas, affinity_key, estimate_tokens, fallback
 from .lazy import DaemonClient
@@ -119,6 +120,8 @@ class Gateway:
         self.client = new_client()
         self.daemon = DaemonClient(lambda: self.table.spec)
         self.replicas = Replicas()  # members' load, ejections, affinity: written on this loop only
+        self.rates = RateStore()  # replica sets' windows, for the gateway's life (kept across swaps)
+        self.group_quotas = group_quotas(table, self.rates)
         self.started = time.time()
         self.in_flight = 0
         self.total = 0
@@ -126,6 +129,7 @@ class Gateway:
     def swap(self, table: Table) -> None:
         old, self.table = self.table, table  # one assignment on the loop: requests hold the table they took
         self.replicas.swapped(old, table)
+        self.group_quotas = group_quotas(table, self.rates)
         swapped, self._swapped = self._swapped, asyncio.Event()
         swapped.set()
 
@@ -147,6 +151,16 @@ class Gateway:
             route = now
         return route
 
+    def admit(self, request: Request, target: Target) -> Caller:
+        """The caller (its key checked: 401/403); a request to a replica set, or to one of its members by
+        name, also spends the set's own windows, counted here for the whole set (429 over them)."""
+        caller = self.table.access_of(target).identify(request)
+        group = target.name if isinstance(target, ReplicaSet) else target.group
+        quotas = self.group_quotas.get(group) if group is not None else None
+        if quotas is not None:
+            quotas.admit(caller)
+        return caller
+
     @property
     def max_body_bytes(self) -> int:
         return int(self.table.spec.gateway.max_body_mb * 1024 * 1024)
@@ -164,7 +178,7 @@ class Gateway:
         # A conversation stored in one worker goes back to that worker, whatever model it names.
         made_by = table.by_response(stored, key) if isinstance(stored, str) else None
         target = made_by or table.resolve(data.get("model"), embeddings, key)
-        table.access_of(target).identify(request)
+        self.admit(request, target)
         # A worker's Ollama paths (an upstream's, through this main port) stream NDJSON, not SSE.
         return await self.dispatch(request, target, path, data, raw, sse=not path.startswith("/ollama/"))
 
@@ -292,6 +306,11 @@ class Gateway:
         return request_headers(
             request.headers.raw, peer, token=token, client=self.table.client_address(request) if token else None
         )
+
+
+def group_quotas(table: Table, store: RateStore) -> dict[str, GroupQuotas]:
+    """The windows of each replica set the gateway section limits."""
+    return {name: GroupQuotas(name, limits, store) for name, limits in table.spec.gateway.groups.items()}
 
 
 def refusal(route: Route, exc: BaseException) -> RequestError:

@@ -146,7 +146,7 @@ def create_ollama_app(gateway: Gateway) -> FastAPI:
             if rename is not None:
                 data = {**data, "model": rename}
                 raw = json.dumps(data).encode()
-            table.access_of(target).identify(request)
+            gateway.admit(request, target)
             return await gateway.dispatch(request, target, WORKER_PREFIX + path, data, raw, sse=False)
 
         return endpoint

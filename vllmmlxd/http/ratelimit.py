@@ -24,6 +24,7 @@ from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 from starlette.types import Scope
 
+from ..config.gateway import GroupLimits
 from ..config.schema import ResolvedModel
 from ..errors import RateLimited
 from .access import Caller
@@ -153,6 +154,24 @@ class Quotas:
             headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, remaining))
             headers[f"x-ratelimit-reset-{kind}"] = format_reset(reset)
         return headers
+
+
+class GroupQuotas(Quotas):
+    """A replica set's request windows, counted by the gateway for the set as a whole: per client, and
+    (``key_limits``) each named key's own ``rate_limit``. The members count their own windows too."""
+
+    def __init__(self, group: str, limits: GroupLimits, store: RateStore):
+        self.store = store
+        self.group = group
+        self._requests = rate_items(limits.rate_limit)
+        self._keys = limits.key_limits
+
+    def limits(self, caller: Caller) -> tuple[list[_Limit], list[_Limit]]:
+        prefix = f"group|{self.group}|"
+        requests = [_Limit(i, prefix + caller.identity) for i in self._requests]
+        if self._keys and caller.key is not None:
+            requests += [_Limit(i, prefix + "key|" + caller.key.name) for i in rate_items(caller.key.rate_limit)]
+        return requests, []
 
 
 def _period(item: RateLimitItem) -> str:

@@ -7,11 +7,13 @@ import time
 import pytest
 from limits import RateLimitItemPerMinute
 
+from vllmmlxd.config.gateway import GroupLimits
+from vllmmlxd.config.keys import KeyGrant
 from vllmmlxd.config.load import parse_config
 from vllmmlxd.config.schema import ModelConfig
-from vllmmlxd.errors import RateLimited
+from vllmmlxd.errors import ConfigError, RateLimited
 from vllmmlxd.http.access import Caller
-from vllmmlxd.http.ratelimit import Quotas, RateStore, format_reset, rate_items
+from vllmmlxd.http.ratelimit import GroupQuotas, Quotas, RateStore, format_reset, rate_items
 
 
 class Clock:
@@ -129,3 +131,35 @@ def test_rate_text_becomes_limits_items():
     assert rate_items(60) == (RateLimitItemPerMinute(60),)
     assert [str(i) for i in rate_items("5/second;100/hour")] == ["5 per 1 second", "100 per 1 hour"]
     assert rate_items(0) == ()
+
+
+def test_a_replica_sets_windows_are_counted_per_client_and_per_key_for_the_whole_set(clock):
+    store = RateStore()
+    alice = Caller(identity="key:alice", key=KeyGrant(name="alice", sha256="0" * 64, allowed=True, rate_limit=2))
+    both = GroupQuotas("tiny", GroupLimits(rate_limit=3), store)
+    for _ in range(2):
+        both.admit(alice)
+    with pytest.raises(RateLimited, match="2 requests per minute reached for key 'alice'"):
+        both.admit(alice)  # the key's own limit, for the set as a whole
+    for _ in range(3):
+        both.admit(ADDR)
+    with pytest.raises(RateLimited, match="3 requests per minute reached for this client"):
+        both.admit(ADDR)
+    clients_only = GroupQuotas("other", GroupLimits(rate_limit=5, key_limits=False), store)
+    for _ in range(5):
+        clients_only.admit(alice)  # another set, its own windows; the key's limit not counted here
+    with pytest.raises(RateLimited):
+        clients_only.admit(alice)
+
+
+def test_gateway_groups_must_name_groups_of_the_models():
+    text = """
+gateway: {port: 8080}
+models:
+  a: {model: builtin:tiny, port: 8001, group: tiny}
+  b: {model: builtin:tiny, port: 8002, group: tiny}
+"""
+    ok = parse_config(text.replace("{port: 8080}", "{port: 8080, groups: {tiny: {rate_limit: '10/minute'}}}"), "c")
+    assert ok.config.gateway.groups["tiny"].rate_limit == "10/minute"
+    with pytest.raises(ConfigError, match="gateway.groups has 1 name"):
+        parse_config(text.replace("{port: 8080}", "{port: 8080, groups: {tinny: {}}}"), "c")
