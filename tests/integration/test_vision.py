@@ -274,7 +274,7 @@ def test_an_image_url_is_fetched_from_a_listed_host_only(oa, pictures):
     assert "allowed_image_hosts" in err.value.message
 
 
-def test_the_gateway_routes_image_requests_like_any_other(server, oa):
+def test_the_gateway_routes_image_requests_like_any_other(server, oa, pictures):
     port = free_port()
     route = {"name": "eyes", "served_model_name": "tiny-vlm", "url": server.url, "state": "ready"}
     gw = Gateway({"gateway": {"host": "127.0.0.1", "port": port}, "routes": [route], "version": 1}, port)
@@ -282,6 +282,14 @@ def test_the_gateway_routes_image_requests_like_any_other(server, oa):
         via = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=60)
         direct = oa_ask(oa, oa_image(picture("noise"))).choices[0].message.content
         assert oa_ask(via, oa_image(picture("noise")), model="tiny-vlm").choices[0].message.content == direct
+        # The compression bomb, through the gateway: refused by the worker, never inflated.
+        with pytest.raises(openai.BadRequestError) as err:
+            oa_ask(
+                via,
+                {"type": "image_url", "image_url": {"url": f"http://127.0.0.1:{pictures}/bomb.png"}},
+                model="tiny-vlm",
+            )
+        assert "never inflated" in err.value.message
     finally:
         gw.proc.send_signal(signal.SIGTERM)
         assert gw.wait() == 0, gw.log()[-3000:]
