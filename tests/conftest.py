@@ -19,12 +19,19 @@ os.environ.setdefault("VLLMMLXD_STATE_DIR", str(REPO / ".state"))
 import_memo.install()  # as a worker does: transformers' table read back, not rebuilt (a second a process)
 
 
+_PROBED = frozenset({"_mock_name", "__wrapped__", "__bases__", "__test__"})
+
+
 class _Deferred(types.ModuleType):
     """A client SDK not imported yet: its name and file are known (hypothesis and pytest read every
     loaded module's ``__file__``), and anything else imports it and answers from it. Not
     importlib.util.LazyLoader: that one imports on any attribute, ``__file__`` included."""
 
     def __getattr__(self, name: str):
+        if (
+            name in _PROBED
+        ):  # what pytest and its plugins ask of every module-level name while collecting: no module has them
+            raise AttributeError(name)
         if sys.modules.get(self.__name__) is self:
             del sys.modules[self.__name__]
             importlib.import_module(self.__name__)

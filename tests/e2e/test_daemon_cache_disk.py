@@ -1,10 +1,10 @@
 """The prefix cache's disk tier on the real daemon: a resent prompt is a disk hit after a restart, a
-swap or a crash (and far faster than its cold prefill), a damaged block file costs only a prefill
-(the answer is the cold one), and another model sharing the directory never reads the blocks.
+swap or a crash, a damaged block file costs only a prefill (the answer is the cold one), and another
+model sharing the directory never reads the blocks.
 
-Two entries share one ``cache_disk`` directory: ``a`` (builtin:tiny, fast: the swap, the crash
-and the damaged files) and ``b`` (SmolLM2-135M, whose cold prefill of ~2,000 tokens takes many
-seconds, so the time to first token of a disk hit is measured against a cold one there).
+Two entries share one ``cache_disk`` directory: ``a`` (builtin:tiny) and ``b`` (a random-weight
+qwen3 speaking tiny's tokenizer: the same tokens, so the same chain of block names, another model).
+How much faster a disk hit is than a cold prefill is measured in bench/cache_tiers.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import httpx
 import pytest
 
 from tests.support.daemon import Daemon, free_port, make_daemon, wait_gone
+from tests.support.families import save
 from tests.support.servers import greedy_completion
+from vllmmlxd.engine.builtin import ensure_builtin
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -34,7 +36,7 @@ def setup():
     entries = {
         "a": {"model": "builtin:tiny", "port": ports["a"], "cache_disk": {"dir": str(kv), "budget_gb": 1}},
         "b": {
-            "model": "builtin:smollm2-135m-instruct",
+            "model": str(save("qwen3", "float32", d.dir / "qwen3", tokenizer_from=ensure_builtin("tiny", d.state_dir))),
             "port": ports["b"],
             "cache_disk": {"dir": str(kv), "budget_gb": 1},
         },
@@ -130,17 +132,15 @@ def test_another_model_sharing_the_directory_never_reads_the_blocks(setup):
     assert {f: f.stat().st_mtime_ns for f in theirs.rglob("*.safetensors")} == times
 
 
-@pytest.mark.slow
-def test_a_resend_after_a_restart_is_a_disk_hit_at_a_fraction_of_the_cold_time_to_first_token(setup):
+def test_a_resend_after_a_restart_is_a_disk_hit_with_the_cold_answer(setup):
     d, ports, _, _ = setup
     prompt = "The shelves. " + LONG  # nothing of it in b's cache yet
-    cold_s, cold, served = complete(ports, "b", prompt)
+    _, cold, served = complete(ports, "b", prompt)
     assert served == 0
-    written(ports, "b", 1900 // 32, timeout=120)
+    written(ports, "b", 1900 // 32)
     pid = d.models()["b"]["pid"]
     assert d.ctl("restart", "b").returncode == 0
     replaced(d, "b", pid, "the restart")
-    hit_s, text, served = complete(ports, "b", prompt)
+    _, text, served = complete(ports, "b", prompt)
     assert served >= 1900 and cache(ports, "b")["disk"]["hits"] == 1
-    assert hit_s <= 0.15 * cold_s, (hit_s, cold_s)
     assert text == cold

@@ -1,13 +1,14 @@
 """Unit tests of the Anthropic encoder: the frames' order and shapes, read back by the official SDK's
 own event models and stream accumulator, and the whole message as the fold of the same events."""
 
+from __future__ import annotations
+
+import functools
 import json
 
 import anthropic
 import httpx2
 import pytest
-from anthropic.lib.streaming._messages import accumulate_event
-from anthropic.types import Message, RawMessageStreamEvent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
@@ -16,8 +17,21 @@ from vllmmlxd.api.anthropic.encode import LOCAL_SIGNATURE, MessagesStreamEncoder
 from vllmmlxd.api.stream import Folded
 from vllmmlxd.engine.types import Finished, ReasoningDelta, TextDelta, Usage
 
-EVENT = TypeAdapter(RawMessageStreamEvent)
 DONE = Finished("stop", Usage(7, 3))
+
+
+@functools.cache
+def sdk():
+    """The SDK's message model, its event adapter and its stream accumulator. Imported by the first
+    test that reads with them: every test process imports this file to collect it."""
+    from anthropic.lib.streaming._messages import accumulate_event
+    from anthropic.types import Message, RawMessageStreamEvent
+
+    return Message, TypeAdapter(RawMessageStreamEvent), accumulate_event
+
+
+def message(body):
+    return sdk()[0].model_validate(body)
 
 
 def encode(events, error=None):
@@ -59,14 +73,15 @@ def fold(events):
     return folded
 
 
-def accumulated(frames) -> Message:
+def accumulated(frames):
     """The message the SDK's own accumulator builds from the frames, each event validated strictly first."""
+    _, event, accumulate = sdk()
     snapshot = None
     for obj in parse(frames):
         if obj["type"] in ("ping", "error"):
             continue  # the SDK's Stream skips pings and raises errors before accumulating
-        snapshot = accumulate_event(event=EVENT.validate_python(obj), current_snapshot=snapshot, json_bufs={})
-    return Message.model_validate(snapshot.to_dict())
+        snapshot = accumulate(event=event.validate_python(obj), current_snapshot=snapshot, json_bufs={})
+    return message(snapshot.to_dict())
 
 
 def sdk_client(body: bytes, content_type: str) -> anthropic.Anthropic:
@@ -148,7 +163,7 @@ def test_reasoning_then_text_are_two_blocks_in_order():
         {"type": "thinking", "thinking": "think more", "signature": LOCAL_SIGNATURE},
         {"type": "text", "text": "Paris"},
     ]
-    assert accumulated(frames) == Message.model_validate(body)
+    assert accumulated(frames) == message(body)
 
 
 def test_reasoning_that_never_ends_is_closed_with_the_message():
@@ -168,7 +183,7 @@ def test_reasoning_that_never_ends_is_closed_with_the_message():
     )
     body = message_response("msg_1", "local-model", fold(events))
     assert [b["type"] for b in body["content"]] == ["thinking"] and body["stop_reason"] == "max_tokens"
-    assert accumulated(frames) == Message.model_validate(body)
+    assert accumulated(frames) == message(body)
 
 
 def test_empty_output_is_one_empty_text_block_both_ways():
@@ -177,7 +192,7 @@ def test_empty_output_is_one_empty_text_block_both_ways():
     assert outline(frames) == START + ["content_block_start:text", "content_block_stop"] + END
     body = message_response("msg_1", "local-model", fold(events))
     assert body["content"] == [{"type": "text", "text": ""}]
-    assert accumulated(frames) == Message.model_validate(body)
+    assert accumulated(frames) == message(body)
 
 
 @pytest.mark.parametrize(
@@ -242,7 +257,7 @@ def test_the_sdk_reads_the_stream_and_the_body_as_the_same_message():
         json.dumps(message_response("msg_1", "local-model", fold(events))).encode(), "application/json"
     ).messages.create(**ASK)
     assert texts == ["Hello", ", world"]
-    assert Message.model_validate(streamed.to_dict()) == whole
+    assert message(streamed.to_dict()) == whole
     assert whole.content[0].type == "thinking" and whole.content[1].text == "Hello, world"
     assert (whole.stop_reason, whole.stop_sequence, whole.usage.output_tokens) == ("stop_sequence", "\n\n", 6)
 
@@ -266,4 +281,4 @@ def test_the_whole_message_is_the_fold_of_the_stream(reasoning, text, finished):
         for d in data
         if d["type"] == "content_block_delta"
     )  # no empty deltas
-    assert accumulated(frames) == Message.model_validate(message_response("msg_1", "local-model", fold(events)))
+    assert accumulated(frames) == message(message_response("msg_1", "local-model", fold(events)))

@@ -9,11 +9,6 @@ import json
 from dataclasses import dataclass, field
 
 import openai
-from anthropic._models import construct_type
-from anthropic.lib.streaming._messages import accumulate_event
-from anthropic.types import Message, RawMessageStreamEvent
-from openai.lib.streaming._deltas import accumulate_delta
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from starlette.requests import Request
 
 from vllmmlxd.api.anthropic.encode import MessagesStreamEncoder, message_response
@@ -318,6 +313,8 @@ LOOPED = [
 
 
 def test_openai_whole_response_lists_executed_calls_apart_from_tool_calls():
+    from openai.types.chat import ChatCompletion  # imported here: every test process collects this file
+
     folded = Folded()
     for event in LOOPED:
         folded.add(event)
@@ -335,6 +332,9 @@ def test_openai_whole_response_lists_executed_calls_apart_from_tool_calls():
 
 
 def test_openai_stream_carries_the_same_in_mcp_calls_deltas():
+    from openai.lib.streaming._deltas import accumulate_delta
+    from openai.types.chat import ChatCompletionChunk
+
     enc = ChatStreamEncoder("chatcmpl-1", 1, "m", True)
     frames = enc.start()
     for event in LOOPED:
@@ -359,6 +359,7 @@ def test_openai_stream_carries_the_same_in_mcp_calls_deltas():
 def test_openai_stream_helper_reads_a_looped_stream():
     # openai's ChatCompletionStreamState is what client.chat.completions.stream() runs on.
     from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
 
     enc = ChatStreamEncoder("chatcmpl-1", 1, "m", False)
     state = ChatCompletionStreamState()
@@ -378,6 +379,10 @@ def anthropic_frames(events):
 
 
 def test_anthropic_message_and_stream_show_server_tool_use_and_results():
+    from anthropic._models import construct_type
+    from anthropic.lib.streaming._messages import accumulate_event
+    from anthropic.types import Message, RawMessageStreamEvent
+
     folded = Folded()
     for event in LOOPED:
         folded.add(event)
