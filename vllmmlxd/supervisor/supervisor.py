@@ -22,7 +22,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Callable, assert_never
 
 from .. import __version__
 from ..config.diff import ReloadPlan
@@ -34,11 +34,12 @@ from ..log import log_event
 from ..store.layout import not_downloaded, pull_hint
 from ..store.pulls import Pull, Pulls
 from ..store.sources import Source
+from . import messages as m
 from . import states
 from .gateway import GATEWAY, Publication, build_spec
 from .loads import Loads
 from .memory import Capacity, entry_footprints, load_memory_plan, read_capacity
-from .operations import Msg, Operations, fail, resolve
+from .operations import Operations, fail, resolve
 from .reload import plan_shares, prepare, swap_or_say_why
 from .slot import PushSettings, Slot, SlotSettings
 from .units import Absent, GatewayUnit, ModelUnit, Unit, UpstreamUnit, group_views
@@ -78,12 +79,12 @@ class Supervisor:
         self.pulls = pulls if pulls is not None else Pulls(settings.state_dir)
         self._reload_after: set[str] = set()  # pulls a refused reload waits for: it runs again once they end
         self._on_change_outer = on_change
-        self._queue: asyncio.Queue[Msg] = asyncio.Queue()
+        self._queue: asyncio.Queue[m.Msg] = asyncio.Queue()
         self.ops = Operations(self._post)  # what runs beside the task, and the units it is on
         # Late-bound: a test stands in for the machine's memory by replacing _footprints.
         self.loads = Loads(self.entry_units, self.ops, lambda: self._footprints())
         self._reloading = False
-        self._reloads: list[Msg] = []  # reloads asked for while one runs: one after the other
+        self._reloads: list[m.Reload] = []  # reloads asked for while one runs: one after the other
         self._publication = Publication()
         self._publishing = False
         self._change_queued = False
@@ -96,51 +97,52 @@ class Supervisor:
     async def start_all(self) -> None:
         """Create every unit and start the eager ones (and the gateway); returns when each is ready or
         failed. Lazy entries wait unloaded; upstream entries start their health checks."""
-        await self._call("start_all")
+        await self._call(m.StartAll())
 
     async def reload(self, dry_run: bool = False, file: str | None = None) -> ReloadReply:
         """Re-read the config file and apply the difference (or only show it); ``file``: preview that
         file against what runs instead (dry runs only)."""
-        return await self._call("reload", value=(dry_run, file))
+        return await self._call(m.Reload(dry_run, file))
 
     async def load(self, name: str) -> ActionReply:
         """Make ``name`` serve (the gateway asks, for a request that needs it): start a lazy model that is not
         loaded, unloading idle lazy ones first if memory needs it; answers once it is ready, or why not."""
-        return await self._call("load", name)
+        return await self._call(m.Load(name))
 
     async def start(self, name: str) -> ActionReply:
-        return await self._call("start", name)
+        return await self._call(m.Start(name))
 
     async def stop(self, name: str) -> ActionReply:
-        return await self._call("stop", name)
+        return await self._call(m.Stop(name))
 
     async def restart(self, name: str) -> ActionReply:
-        return await self._call("restart", name)
+        return await self._call(m.Restart(name))
 
     def use_daemon_config(self, daemon: DaemonConfig) -> None:
         """Workers started from now on get this drain timeout and log level."""
-        self._post(Msg("daemon_config", value=daemon))
+        self._post(m.UseDaemonConfig(daemon))
 
     def note_config_missing(self, missing: bool) -> None:
-        self._post(Msg("config_missing", value=missing))
+        self._post(m.ConfigMissing(missing))
 
     async def stop_all(self) -> None:
         """Shut every unit down in parallel: starting workers are killed, ready ones drain; sockets close."""
         if self._task is not None and not self._task.done():
-            await self._call("shutdown")
+            await self._call(m.Shutdown())
 
     def kill_all(self) -> list[int]:
         """SIGKILL whatever worker is left, in every unit; their pids."""
         return [pid for unit in self.units.values() for pid in unit.kill_all()]
 
-    async def _call(self, kind: str, name: str = "", value: Any = None) -> Any:
+    async def _call(self, call: m.Calls) -> Any:
         if self._task is not None and self._task.done():
             raise RuntimeError("the supervisor has stopped")
-        future = asyncio.get_running_loop().create_future()
-        self._post(Msg(kind, future, name, value))
+        future = call.future
+        assert future is not None  # made with the call
+        self._post(call)
         return await future
 
-    def _post(self, msg: Msg) -> None:
+    def _post(self, msg: m.Msg) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="supervisor")
         self._queue.put_nowait(msg)
@@ -149,7 +151,7 @@ class Supervisor:
         """A unit's news (its actor calls this): one "changed" message however many come at once."""
         if not self._change_queued:
             self._change_queued = True
-            self._post(Msg("changed"))
+            self._post(m.Changed())
 
     # -- reads: plain data, from any task --------------------------------------------------------
 
@@ -228,31 +230,67 @@ class Supervisor:
         while True:
             msg = await self._queue.get()
             try:
-                handler = getattr(self, f"_on_{msg.kind}")
-                result = handler(msg)
-                if asyncio.iscoroutine(result):
-                    await result
+                if isinstance(msg, m.Call):
+                    await self._on_call(msg)
+                else:
+                    await self._on_news(msg)
             except Exception as exc:  # a bug here must not leave the daemon without its supervisor
-                log_event(
-                    logger, "supervisor.error", logging.ERROR, kind=msg.kind, error=f"{type(exc).__name__}: {exc}"
-                )
-                fail(msg.future, exc)
-            if msg.kind == "shutdown":
+                kind = type(msg).__name__
+                log_event(logger, "supervisor.error", logging.ERROR, kind=kind, error=f"{type(exc).__name__}: {exc}")
+                if isinstance(msg, m.Call):
+                    fail(msg.future, exc)
+            if isinstance(msg, m.Shutdown):
                 return
+
+    async def _on_call(self, call: m.Calls) -> None:
+        match call:
+            case m.StartAll():
+                self._start_all(call.future)
+            case m.Reload():
+                await self._reload(call)
+            case m.Load(name):
+                await self._load(name, call.future)
+            case m.Start(name):
+                await self._start(name, call.future)
+            case m.Stop(name):
+                self._stop(name, call.future)
+            case m.Restart(name):
+                await self._restart(name, call.future)
+            case m.Shutdown():
+                await self._shutdown(call.future)
+            case _:
+                assert_never(call)
+
+    async def _on_news(self, news: m.News) -> None:
+        match news:
+            case m.Changed():
+                self._change_queued = False
+                self._on_change_outer()
+                self._publish()
+            case m.OpDone(op_id, result, error):
+                self.ops.finish(op_id, result, error)
+                self._changed()
+            case m.UseDaemonConfig(daemon):
+                self._use_daemon_config(daemon)
+            case m.ConfigMissing(missing):
+                self.config_missing = missing
+            case m.Fetched(name, pull):
+                await self._fetched(name, pull)
+            case m.PulledForReload(pull_id, done):
+                self._pulled_for_reload(pull_id, done)
+            case m.Published(content, ok):
+                self._published(content, ok)
+            case m.Demand(name):  # a request on an unloaded model's own port (answered 503): load it
+                log_event(logger, "model.demanded", model=name, reason="a request on its port")
+                await self._load(name, None)
+            case m.IdleTick():
+                self.loads.tick()
+            case _:
+                assert_never(news)
 
     # -- messages --------------------------------------------------------------------------------
 
-    def _on_op_done(self, msg: Msg) -> None:
-        self.ops.finish(*msg.value)
-        self._changed()
-
-    def _on_changed(self, msg: Msg) -> None:
-        self._change_queued = False
-        self._on_change_outer()
-        self._publish()
-
-    def _on_daemon_config(self, msg: Msg) -> None:
-        daemon: DaemonConfig = msg.value
+    def _use_daemon_config(self, daemon: DaemonConfig) -> None:
         self.settings = dataclasses.replace(
             self.settings, drain_timeout=daemon.drain_timeout, log_level=daemon.log_level
         )
@@ -260,10 +298,7 @@ class Supervisor:
             if isinstance(unit, (ModelUnit, GatewayUnit)):
                 unit.slot.use_settings(self.settings)
 
-    def _on_config_missing(self, msg: Msg) -> None:
-        self.config_missing = msg.value
-
-    def _on_start_all(self, msg: Msg) -> None:
+    def _start_all(self, future: asyncio.Future[Any] | None) -> None:
         for name, entry in self.loaded.config.models.items():
             self._add_entry(name, entry)
         if self.loaded.config.gateway is not None:
@@ -274,7 +309,7 @@ class Supervisor:
             for u in self.units.values()
             if isinstance(u, GatewayUnit) or isinstance(u, ModelUnit) and not u.lazy and u.absent is None
         ]
-        self.ops.start({}, asyncio.gather(*starting), lambda _r, _e: resolve(msg.future, None))
+        self.ops.start({}, asyncio.gather(*starting), lambda _r, _e: resolve(future, None))
         self._changed()
 
     def _add_entry(self, name: str, config: Resolved, sock: socket.socket | None = None) -> None:
@@ -295,7 +330,7 @@ class Supervisor:
                 sock=sock,
                 push_settings=self.push_settings,
                 lazy=config.load == "lazy",
-                on_demand=lambda: self._post(Msg("demand", name=name)),
+                on_demand=lambda: self._post(m.Demand(name)),
             ),
         )
         self._check_files(self.units[name])
@@ -344,12 +379,12 @@ class Supervisor:
 
     async def _when_fetched(self, name: str, pull: Pull) -> None:
         await pull.wait()
-        self._post(Msg("fetched", name=name, value=pull))
+        self._post(m.Fetched(name, pull))
 
-    async def _on_fetched(self, msg: Msg) -> None:
+    async def _fetched(self, name: str, pull: Pull) -> None:
         """A unit's pull ended: once its model is here an eager model starts (a lazy one waits unloaded),
         through memory admission: the plan that let it in counted a model not downloaded as 0."""
-        unit, pull = self.entry_units().get(msg.name), msg.value
+        unit = self.entry_units().get(name)
         done = pull.view().state == "done"
         if not isinstance(unit, ModelUnit) or unit.absent is None or unit.absent.pull is not pull:
             return  # removed or changed meanwhile
@@ -357,7 +392,7 @@ class Supervisor:
         if done:
             unit.absent = None
             if not unit.lazy:
-                await self.loads.admit(msg.name, None, start=True)
+                await self.loads.admit(name, None, start=True)
 
     def _absent_reply(self, unit: ModelUnit) -> ActionReply | None:
         """Before a start, restart or load: look again (pulled since?); why not, while its model is not here."""
@@ -378,16 +413,15 @@ class Supervisor:
 
         async def wait() -> None:
             final = await pull.wait()
-            self._post(Msg("pulled_for_reload", value=(pull.id, final.state == "done")))
+            self._post(m.PulledForReload(pull.id, final.state == "done"))
 
         self.ops.track(wait())
 
-    def _on_pulled_for_reload(self, msg: Msg) -> None:
-        pull_id, done = msg.value
+    def _pulled_for_reload(self, pull_id: str, done: bool) -> None:
         self._reload_after.discard(pull_id)
         if done:
             log_event(logger, "reload.after_download", pull=pull_id)
-            self._post(Msg("reload", value=(False, None)))
+            self._post(m.Reload(future=None))
 
     # -- the gateway's routing table -------------------------------------------------------------
 
@@ -420,12 +454,11 @@ class Supervisor:
                 log_event(logger, "gateway.routes", logging.DEBUG, version=spec.version, routes=len(spec.routes))
             else:
                 log_event(logger, "gateway.push_failed", logging.WARNING, pid=gateway.slot.pid, error=why)
-            self._post(Msg("published", value=(spec.config_hash(), ok)))
+            self._post(m.Published(spec.config_hash(), ok))
 
         self.ops.track(hand_over())
 
-    def _on_published(self, msg: Msg) -> None:
-        content, ok = msg.value
+    def _published(self, content: str, ok: bool) -> None:
         self._publishing = False
         if ok:
             self._publication.applied = content
@@ -433,19 +466,11 @@ class Supervisor:
 
     # -- loads and idle unloads ------------------------------------------------------------------
 
-    def _on_demand(self, msg: Msg) -> Awaitable[None]:
-        """A request on an unloaded model's own port (answered 503): load it, as the gateway would."""
-        log_event(logger, "model.demanded", model=msg.name, reason="a request on its port")
-        return self._on_load(msg)
-
-    async def _on_load(self, msg: Msg) -> None:
-        unit = self.entry_units().get(msg.name)
+    async def _load(self, name: str, future: asyncio.Future[Any] | None) -> None:
+        unit = self.entry_units().get(name)
         if isinstance(unit, ModelUnit) and unit.absent is not None:
             self._absent_reply(unit)  # pulled since? The plan reads what it finds.
-        await self.loads.admit(msg.name, msg.future, start=False)
-
-    def _on_tick(self, msg: Msg) -> None:
-        self.loads.tick()
+        await self.loads.admit(name, future, start=False)
 
     def _footprints(self) -> tuple[Capacity, dict[str, int]]:
         """The machine's usable memory and every model unit's footprint (reads model files: off the task)."""
@@ -456,67 +481,56 @@ class Supervisor:
 
     # -- start, stop, restart --------------------------------------------------------------------
 
-    def _model(self, msg: Msg) -> ModelUnit | None:
+    def _model(self, name: str, future: asyncio.Future[Any] | None) -> ModelUnit | None:
         """The model unit a command names, or None after answering why not."""
-        unit = self.entry_units().get(msg.name)
+        unit = self.entry_units().get(name)
         if unit is None:
-            fail(
-                msg.future, KeyError(f"no model named {msg.name!r}; models: {', '.join(self.entry_units()) or 'none'}")
-            )
+            fail(future, KeyError(f"no model named {name!r}; models: {', '.join(self.entry_units()) or 'none'}"))
             return None
         if isinstance(unit, UpstreamUnit):
-            resolve(
-                msg.future,
-                ActionReply(
-                    False,
-                    msg.name,
-                    f"{msg.name} is served by {unit.config.upstream}: start, stop and restart it on that host",
-                ),
-            )
+            why = f"{name} is served by {unit.config.upstream}: start, stop and restart it on that host"
+            resolve(future, ActionReply(False, name, why))
             return None
         return unit
 
-    async def _on_start(self, msg: Msg) -> None:
-        unit = self._model(msg)
+    async def _start(self, name: str, future: asyncio.Future[Any] | None) -> None:
+        unit = self._model(name, future)
         if unit is None:
             return
         if (absent := self._absent_reply(unit)) is not None:
-            resolve(msg.future, absent)
+            resolve(future, absent)
             return
         if unit.lazy:  # through memory admission, as a request would load it
-            await self.loads.admit(msg.name, msg.future, start=True)
+            await self.loads.admit(name, future, start=True)
             return
 
         async def work() -> None:
             ok = await unit.slot.start()
-            resolve(
-                msg.future,
-                ActionReply(ok, msg.name, "ready" if ok else f"did not become ready: {unit.slot.last_error}"),
-            )
+            resolve(future, ActionReply(ok, name, "ready" if ok else f"did not become ready: {unit.slot.last_error}"))
 
         self.ops.track(work())
 
-    def _on_stop(self, msg: Msg) -> None:
-        unit = self._model(msg)
+    def _stop(self, name: str, future: asyncio.Future[Any] | None) -> None:
+        unit = self._model(name, future)
         if unit is None:
             return
 
         async def work() -> None:
             ok = await unit.slot.stop()  # stopped on purpose: no request loads it again until `start`
-            resolve(msg.future, ActionReply(ok, msg.name, "stopped" if ok else "could not be stopped"))
+            resolve(future, ActionReply(ok, name, "stopped" if ok else "could not be stopped"))
 
-        self.ops.start({msg.name: "stopping"}, work())
+        self.ops.start({name: "stopping"}, work())
 
-    async def _on_restart(self, msg: Msg) -> None:
-        unit = self._model(msg)
+    async def _restart(self, name: str, future: asyncio.Future[Any] | None) -> None:
+        unit = self._model(name, future)
         if unit is None:
             return
         if (absent := self._absent_reply(unit)) is not None:
-            resolve(msg.future, absent)
+            resolve(future, absent)
             return
-        replacing = {msg.name: unit.config} if unit.slot.pid is not None else {}
+        replacing = {name: unit.config} if unit.slot.pid is not None else {}
         memory = await asyncio.to_thread(load_memory_plan, self.running_config(), self.settings.state_dir, replacing)
-        swap = swap_or_say_why(memory, msg.name, unit.config)
+        swap = swap_or_say_why(memory, name, unit.config)
         distributed = getattr(unit.config, "distributed", None) is not None
 
         async def work() -> None:
@@ -532,14 +546,14 @@ class Supervisor:
                 if ok
                 else f"did not become ready: {unit.slot.last_error}"
             )
-            resolve(msg.future, ActionReply(ok, msg.name, message))
+            resolve(future, ActionReply(ok, name, message))
 
         self.ops.track(work())
 
     # -- reload ----------------------------------------------------------------------------------
 
-    async def _on_reload(self, msg: Msg) -> None:
-        dry_run, file = msg.value
+    async def _reload(self, msg: m.Reload) -> None:
+        dry_run, file = msg.dry_run, msg.file
         if self._reloading:  # one at a time, in the order asked
             self._reloads.append(msg)
             return
@@ -551,11 +565,11 @@ class Supervisor:
         self._reloading = True
         run.start(lambda reply: self._finish_reload(msg, reply, file))
 
-    def _reply(self, msg: Msg, reply: ReloadReply, file: str | None) -> None:
+    def _reply(self, msg: m.Reload, reply: ReloadReply, file: str | None) -> None:
         # config_path names a previewed file only (vllmmlxctl reads it as "this is the file I read").
         resolve(msg.future, dataclasses.replace(reply, config_path=str(file) if file else None))
 
-    def _finish_reload(self, msg: Msg, reply: ReloadReply, file: str | None) -> None:
+    def _finish_reload(self, msg: m.Reload, reply: ReloadReply, file: str | None) -> None:
         """In the task, once a reload's operations are done: record it, answer, and take the next one."""
         self.last_reload = ReloadRecord(ok=reply.ok, at=time.time(), error=reply.error, plan=reply.plan)
         self._reply(msg, reply, file)
@@ -580,7 +594,7 @@ class Supervisor:
 
     # -- the end ---------------------------------------------------------------------------------
 
-    async def _on_shutdown(self, msg: Msg) -> None:
+    async def _shutdown(self, future: asyncio.Future[Any] | None) -> None:
         self._closing = True
         if self._ticker is not None:
             self._ticker.cancel()
@@ -590,4 +604,4 @@ class Supervisor:
         for name, result in zip(units, results):
             if isinstance(result, BaseException):
                 log_event(logger, "slot.shutdown_failed", logging.ERROR, model=name.lstrip(":"), error=repr(result))
-        resolve(msg.future, None)
+        resolve(future, None)
