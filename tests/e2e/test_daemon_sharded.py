@@ -1,5 +1,7 @@
-"""Sharded entries on the real daemon: SmolLM2 as 2 ranks on loopback with MLX's ring backend,
-split by pipeline and by tensor, beside the same model in one process.
+"""Sharded entries on the real daemon: a llama as 2 ranks on loopback with MLX's ring backend,
+split by pipeline and by tensor, beside the same model in one process. The model is
+tests/support/families.py's (4 layers, random weights whose top two tokens are far apart)
+speaking builtin:tiny's tokenizer.
 
 Greedy output of each split equals the single process's (token for token by pipeline; the first
 8 tokens by tensor, whose sums run in another order); both API families, streaming, 4 concurrent
@@ -22,10 +24,12 @@ import httpx
 import pytest
 
 from tests.support.daemon import free_port, make_daemon, wait_gone
+from tests.support.families import save
+from vllmmlxd.engine.builtin import ensure_builtin
 
 pytestmark = pytest.mark.timeout(400)
 PROMPTS = ["Explain unified memory in two sentences."]
-SMOLLM2 = "builtin:smollm2-135m-instruct"
+LAYERS = 4  # the families' llama: 4 attention heads, 2 KV heads of 16 dimensions
 
 
 def free_ring_ports() -> int:
@@ -41,8 +45,8 @@ def free_ring_ports() -> int:
     raise RuntimeError("no two free ports in a row")
 
 
-def entry(port: int, **extra) -> dict:
-    return {"model": SMOLLM2, "port": port, "threads": 1, "cache_memory_mb": 64, **extra}
+def entry(model: str, port: int, **extra) -> dict:
+    return {"model": model, "port": port, "threads": 1, "cache_memory_mb": 64, **extra}
 
 
 def ranks(split: str) -> dict:
@@ -50,14 +54,24 @@ def ranks(split: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
     d = make_daemon()
+    tiny = ensure_builtin("tiny", d.state_dir)
+    model = str(
+        save(
+            "llama",
+            "float32",
+            tmp_path_factory.mktemp("models") / "llama",
+            tokenizer_from=tiny,
+            num_hidden_layers=LAYERS,
+        )
+    )
     ports = {"one": free_port(), "pipe": free_port(), "tensor": free_port()}
     d.write(
         {
-            "one": entry(ports["one"]),
-            "pipe": entry(ports["pipe"], distributed=ranks("pipeline")),
-            "tensor": entry(ports["tensor"], distributed=ranks("tensor")),
+            "one": entry(model, ports["one"]),
+            "pipe": entry(model, ports["pipe"], distributed=ranks("pipeline")),
+            "tensor": entry(model, ports["tensor"], distributed=ranks("tensor")),
         }
     )
     d.start()
@@ -88,15 +102,15 @@ def test_each_split_answers_as_the_single_process_does(cluster):
         assert greedy(c["pipe"], prompt, 16) == greedy(c["one"], prompt, 16)
         assert greedy(c["tensor"], prompt, 8) == greedy(c["one"], prompt, 8)
     shown = d.ctl("status").stdout
-    assert "pipe: pipeline over 2 ranks (ring)" in shown and "layers 0-14 of 30" in shown
-    assert "tensor: tensor over 2 ranks (ring)" in shown and "heads 6 of 9" in shown and "heads 3 of 9" in shown
+    assert "pipe: pipeline over 2 ranks (ring)" in shown and "layers 0-1 of 4" in shown and "layers 2-3 of 4" in shown
+    assert "tensor: tensor over 2 ranks (ring)" in shown and "heads 2 of 4" in shown
     status = c["pipe"].get("/v1/status").json()["distributed"]
     assert status["world"] == 2 and [r["rank"] for r in status["ranks"]] == [0, 1]
     assert status["ranks"][1]["step_ms"] is not None  # rank 1 reports its steps with each frame
     # Rank 0 admits by its share of the KV, read from its own caches without running a collective:
-    # 30 layers x 3 KV heads x 64 x 2 x float32 whole; layers 0-14 of them; 2 of the 3 KV heads.
+    # 4 layers x 2 KV heads x 16 x 2 x float32 whole; layers 0-1 of them; 1 of the 2 KV heads.
     per_token = {name: c[name].get("/v1/status").json()["kv_budget"]["bytes_per_token"] for name in c}
-    assert per_token == {"one": 46_080, "pipe": 23_040, "tensor": 30_720}
+    assert per_token == {"one": 1_024, "pipe": 512, "tensor": 512}
 
 
 def test_rank_zero_serves_everything_while_rank_one_follows(cluster):
