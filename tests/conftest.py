@@ -102,7 +102,7 @@ def _share_one_tls_context() -> None:
 
     make = transports.create_ssl_context
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def default(trust_env: bool):
         return make(verify=True, cert=None, trust_env=trust_env)
 

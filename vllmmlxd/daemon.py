@@ -158,7 +158,7 @@ class Daemon:
         limit = self.supervisor.settings.drain_timeout + SHUTDOWN_MARGIN_S
         try:
             await asyncio.wait_for(self.supervisor.stop_all(), limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log_event(logger, "daemon.shutdown_timeout", logging.ERROR, after_s=limit)
         await self.pulls.close()  # a pull's finished files stay: the next pull resumes them
         killed = self.supervisor.kill_all()  # nothing outlives the daemon

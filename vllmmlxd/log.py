@@ -74,7 +74,7 @@ class LogfmtFormatter(logging.Formatter):
         fields: dict[str, Any] = {}
         if not self.journald:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(record.created))
-            fields["ts"] = "%s.%03d" % (stamp, record.msecs)
+            fields["ts"] = f"{stamp}.{int(record.msecs):03d}"
         fields["level"] = record.levelname.lower()
         event = getattr(record, "event", None)
         fields["event"] = event_name(record)

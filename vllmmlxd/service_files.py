@@ -172,7 +172,8 @@ def _system_sandbox(state: Path) -> list[str]:
             f"ReadWritePaths={_quote(str(state), exec_line=False)}",
         ]
     hf_home = f"HF_HOME={state / 'huggingface'}"
-    return account + [
+    return [
+        *account,
         "# The config must be readable by this account (mode 0644); secrets stay root-only and come",
         "# in as credentials: uncomment, and write in the config",
         f"#   api_key: ${{file:{CREDENTIALS_DIR}/api_key}}",

@@ -120,7 +120,7 @@ def test_a_swap_and_a_crash_read_the_blocks_back_and_damaged_files_cost_only_a_p
 
 
 def test_another_model_sharing_the_directory_never_reads_the_blocks(setup):
-    d, ports, entries, kv = setup
+    _d, ports, _entries, kv = setup
     written(ports, "a", 1) if cache(ports, "a")["disk"]["files"] else complete(ports, "a")
     theirs = Path(cache(ports, "a")["disk"]["dir"])
     times = {f: f.stat().st_mtime_ns for f in theirs.rglob("*.safetensors")}

@@ -120,7 +120,11 @@ def test_resends_next_turns_and_new_chats_reuse_nine_tenths_from_memory_and_afte
             written(ports, name, prompt_tokens // 32)
             pid = d.models()[name]["pid"]
             assert d.ctl("restart", name).returncode == 0
-            d.wait_for(lambda ms: ms[name]["pid"] not in (None, pid) and ms[name]["state"] == "ready", 120, "restart")
+            d.wait_for(
+                lambda ms, name=name, pid=pid: ms[name]["pid"] not in (None, pid) and ms[name]["state"] == "ready",
+                120,
+                "restart",
+            )
             assert wait_gone([pid], timeout=60)
         for what, messages, before in asks:
             got, tokens, cached = chat(ports, name, messages)

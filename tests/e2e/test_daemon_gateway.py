@@ -147,14 +147,13 @@ def test_streams_pass_through_as_they_come_and_a_disconnect_stops_the_generation
     assert stamps[-1] - stamps[0] > 0.05  # spread over time: not buffered into one write
 
     body = {"model": "llama", "prompt": "x", "max_tokens": 3000, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=60) as client:
-        with client.stream("POST", cluster.url + "/v1/completions", json=body) as r:
-            assert r.status_code == 200
-            seen = 0
-            for line in r.iter_lines():
-                seen += line.startswith("data: ")
-                if seen >= 5:
-                    break
+    with httpx.Client(timeout=60) as client, client.stream("POST", cluster.url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 5:
+                break
         # Leaving the block closed the connection mid-stream.
     worker = f"http://127.0.0.1:{cluster.ports['llama']}/v1/status"
     deadline = time.monotonic() + 5
@@ -234,7 +233,7 @@ def test_a_reload_that_swaps_a_model_fails_no_request_through_the_gateway(cluste
                 )
                 text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
                 done.append(len(text))
-            except Exception as exc:  # noqa: BLE001 - every failure is the finding
+            except Exception as exc:
                 failures.append(repr(exc))
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(3)]
@@ -319,26 +318,28 @@ def test_lazy_models_load_on_first_request_and_make_room_for_each_other():
         assert any("event=model.unloading model=l1 reason=memory for_model=l2" in line for line in d.log().splitlines())
 
         # l2 busy: nothing can make room for l1, which gets a clear 503.
-        with httpx.Client(timeout=120) as client:
-            with client.stream(
+        with (
+            httpx.Client(timeout=120) as client,
+            client.stream(
                 "POST",
                 url + "/v1/completions",
                 json={"model": "l2", "prompt": "x", "max_tokens": 3000, "ignore_eos": True, "stream": True},
-            ) as busy:
-                lines = busy.iter_lines()  # held: a dropped generator would close the stream
-                next(lines)
-                d.wait_for(lambda ms: ms["l2"]["running"], timeout=30, what="l2 busy")
-                with pytest.raises(openai.APIStatusError) as refused:
-                    oa.chat.completions.create(model="l1", messages=[{"role": "user", "content": "x"}], max_tokens=2)
-                assert refused.value.status_code == 503
-                assert "not enough memory to load l1" in str(refused.value)
-                # Streamed, the refusal comes after the loading comment, as an error event in the family's shape.
-                anth = {"model": "l1", "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "x"}]}
-                with httpx.stream("POST", url + "/v1/messages", json=anth, timeout=120) as r:
-                    events = [line for line in r.iter_lines() if line]
-                told = [line for line in events if not line.startswith(":")]
-                assert events[0] == ": loading l1" and told[0] == "event: error"
-                error = json.loads(told[1][6:])["error"]
-                assert error["type"] == "overloaded_error" and "not enough memory to load l1" in error["message"]
+            ) as busy,
+        ):
+            lines = busy.iter_lines()  # held: a dropped generator would close the stream
+            next(lines)
+            d.wait_for(lambda ms: ms["l2"]["running"], timeout=30, what="l2 busy")
+            with pytest.raises(openai.APIStatusError) as refused:
+                oa.chat.completions.create(model="l1", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+            assert refused.value.status_code == 503
+            assert "not enough memory to load l1" in str(refused.value)
+            # Streamed, the refusal comes after the loading comment, as an error event in the family's shape.
+            anth = {"model": "l1", "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "x"}]}
+            with httpx.stream("POST", url + "/v1/messages", json=anth, timeout=120) as r:
+                events = [line for line in r.iter_lines() if line]
+            told = [line for line in events if not line.startswith(":")]
+            assert events[0] == ": loading l1" and told[0] == "event: error"
+            error = json.loads(told[1][6:])["error"]
+            assert error["type"] == "overloaded_error" and "not enough memory to load l1" in error["message"]
     finally:
         stop_daemon(d)

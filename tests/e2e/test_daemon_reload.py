@@ -26,7 +26,9 @@ def test_unaffected_model_serves_through_reloads_and_changed_model_swaps_without
         for i in range(2):  # a swap under load, then a swap of the worker a swap started; more repeat the path
             before = daemon.models()["b"]["pid"]
             daemon.write({"a": model_entry(pa), "b": model_entry(pb, prefill_step_size=300 + i)})
-            daemon.wait_for(lambda ms: ms["b"]["pid"] != before and ms["b"]["state"] == "ready", 60, f"reload {i}")
+            daemon.wait_for(
+                lambda ms, before=before: ms["b"]["pid"] != before and ms["b"]["state"] == "ready", 60, f"reload {i}"
+            )
         time.sleep(0.5)
     assert load_a.failures == [] and load_a.ok > 20, load_a.failures[:5]
     assert load_b.failures == [] and load_b.ok > 20, load_b.failures[:5]

@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -44,7 +45,7 @@ class Datagrams:
         while not self._closed:
             try:
                 self.got.append(self.sock.recv(4096).decode())
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
 
     def receive(self, want: str, timeout: float = 60) -> list[str]:
@@ -101,9 +102,8 @@ def test_secrets_stay_out_of_status_logs_and_command_lines(daemon):
         == 200
     )
     pid = daemon.models()["a"]["pid"]
-    cmdline = (
-        open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace") if os.path.exists(f"/proc/{pid}") else ""
-    )
+    proc = Path(f"/proc/{pid}/cmdline")
+    cmdline = proc.read_bytes().decode(errors="replace") if proc.exists() else ""
     everything = (
         daemon.ctl("status").stdout
         + daemon.ctl("status", "--json").stdout

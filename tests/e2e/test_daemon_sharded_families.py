@@ -56,7 +56,7 @@ def greedy(client: httpx.Client, prompt: str) -> tuple[str, int]:
 
 @pytest.mark.parametrize("family", sorted(SPLITS))
 def test_a_split_family_answers_as_one_process_does_and_hits_its_prefix_cache(cluster, family):
-    d, c = cluster
+    _d, c = cluster
     split = f"{family}-{SPLITS[family]}"
     for prompt in PROMPTS:
         alone, _ = greedy(c[family], prompt)

@@ -115,7 +115,7 @@ def bodies(draw, path: str) -> bytes:
     )
     if kind == "field":
         body = dict(VALID[path])
-        body[draw(st.sampled_from(fields(path) + ["unknown_field"]))] = draw(VALUES)
+        body[draw(st.sampled_from([*fields(path), "unknown_field"]))] = draw(VALUES)
         return dumps(body).encode()
     if kind == "message":
         key = "prompt" if path == "/v1/completions" else "messages"

@@ -35,7 +35,7 @@ def worker():
     [
         # The parser's own failures beyond bad syntax: nesting past its stack, a number past 4300 digits.
         ("/v1/chat/completions", "[" * 100_000 + "]" * 100_000, {422}),
-        ("/v1/messages", '{%s, "x": %s}' % (HI, "[" * 100_000 + "]" * 100_000), {400}),
+        ("/v1/messages", '{{{}, "x": {}}}'.format(HI, "[" * 100_000 + "]" * 100_000), {400}),
         (
             "/v1/chat/completions",
             '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1%s}' % ("0" * 5000),
@@ -52,13 +52,12 @@ def worker():
         # A schema nested far deeper than the structured-output limit: its depth check no longer recurses.
         (
             "/v1/chat/completions",
-            '{%s, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": %s}}}'
-            % (HI, deep_object(500)),
+            f'{{{HI}, "response_format": {{"type": "json_schema", "json_schema": {{"name": "x", "schema": {deep_object(500)}}}}}}}',
             {400},
         ),
         (
             "/v1/messages",
-            '{%s, "output_format": {"type": "json_schema", "schema": %s}}' % (HI, deep_object(500)),
+            f'{{{HI}, "output_format": {{"type": "json_schema", "schema": {deep_object(500)}}}}}',
             {400},
         ),
         # Tool-call arguments sent back as text the JSON parser refuses past its syntax: kept as text.

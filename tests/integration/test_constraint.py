@@ -166,7 +166,7 @@ def test_constrained_and_free_requests_share_a_batch(engine):
         request(engine, json_grammar(TAGS), seed=8),
     )
     steps = engine.stats.steps_executed - before
-    (person, p_done), (batched, f_done), (tags, t_done) = results
+    (person, _p_done), (batched, f_done), (tags, _t_done) = results
     assert batched == alone and f_done.usage.completion_tokens == 40
     jsonschema.validate(json.loads(person), PERSON)
     jsonschema.validate(json.loads(tags), TAGS)

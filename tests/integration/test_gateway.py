@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import anthropic
 import httpx
@@ -395,9 +396,9 @@ def test_exits_0_on_sigterm_and_on_stdin_eof():
 class Squatter(http.server.BaseHTTPRequestHandler):
     """Another program on a port: answers anything with 200, naming another model, and notes what it got."""
 
-    seen: list[dict] = []
+    seen: ClassVar[list[dict]] = []
 
-    def do_POST(self):  # noqa: N802 - http.server's name
+    def do_POST(self):
         self.rfile.read(int(self.headers.get("content-length") or 0))
         Squatter.seen.append({k.lower(): v for k, v in self.headers.items()})
         body = json.dumps(
@@ -507,7 +508,7 @@ def control_socket(status: dict):
     """A stand-in for the daemon's control socket answering ``GET /status`` with ``status``."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             body = json.dumps(status).encode()
             self.send_response(200)
             self.send_header("content-type", "application/json")

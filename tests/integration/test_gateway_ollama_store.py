@@ -40,8 +40,9 @@ def socket_path(target):
         yield str(d / "ctl.sock")
 
 
-def run(check, socket_path: str | None, routes=(route("a"),), headers=None):
+def run(check, socket_path: str | None, routes=None, headers=None):
     """``check(client)`` against the Ollama app of a gateway whose daemon listens on ``socket_path``."""
+    routes = routes if routes is not None else (route("a"),)
 
     async def main():
         spec = GatewaySpec(routes=tuple(Route(**r) for r in routes), control_socket=socket_path)

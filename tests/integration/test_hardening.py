@@ -4,8 +4,8 @@ answering (the first points of the hardening work; the rest come with named keys
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -89,7 +89,8 @@ def test_a_key_from_a_file_works_and_never_shows_in_ps_or_logs(keyed):
     url = keyed.url + "/v1/models"
     assert httpx.get(url).status_code == 401
     assert httpx.get(url, headers={"authorization": f"Bearer {KEY}"}).status_code == 200
-    cmdline = open(f"/proc/{keyed.proc.pid}/cmdline", "rb").read() if os.path.exists(f"/proc/{keyed.proc.pid}") else b""
+    proc = Path(f"/proc/{keyed.proc.pid}/cmdline")
+    cmdline = proc.read_bytes() if proc.exists() else b""
     assert KEY.encode() not in cmdline and KEY not in keyed.log()
     # Bound beyond loopback with a key: no warning about an open model.
     assert "worker.open_to_network" not in keyed.log()

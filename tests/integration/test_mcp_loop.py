@@ -179,7 +179,8 @@ def test_anthropic_shows_server_tool_use_and_its_result_streamed_and_not(ant):
     assert (final.content[0].input, final.content[1].content) == (use.input, result.content)
     assert final.usage.input_tokens == m.usage.input_tokens and final.stop_reason == "max_tokens"
     # Sent back in the history, as agents do, the blocks are accepted.
-    history = ASK + [
+    history = [
+        *ASK,
         {"role": "assistant", "content": [b.model_dump(warnings=False) for b in m.content]},
         {"role": "user", "content": "thanks"},
     ]

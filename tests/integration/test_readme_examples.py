@@ -52,5 +52,5 @@ def test_each_curl_request_runs(url):
     assert len(lines) >= 2
     for line in lines:
         argv = shlex.split(line.replace(MAKE_SERVE_URL, url))
-        r = subprocess.run(argv + ["--fail", "--silent", "--show-error"], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([*argv, "--fail", "--silent", "--show-error"], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and r.stdout, (line, r.stderr)

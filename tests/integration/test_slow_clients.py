@@ -4,6 +4,7 @@ max_connections get 503, and the worker keeps answering throughout."""
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import time
@@ -59,10 +60,8 @@ def test_slow_request_heads_are_cut_off_while_health_answers(server):
     open_, answers, started = set(socks), {}, time.monotonic()
     while open_ and time.monotonic() - started < BOUND:
         for sock in list(open_):  # one more byte each, never the end of the head
-            try:
+            with contextlib.suppress(OSError):
                 sock.sendall(b"a")
-            except OSError:
-                pass
         readable, _, _ = select.select(list(open_), [], [], 0.2)
         for sock in readable:
             answers[sock] = read_answer(sock)

@@ -43,8 +43,9 @@ def hub(tiny, tmp_path, monkeypatch):
         yield hub
 
 
-def pull(state: Path, source: Source = Source(REPO), during=None):
+def pull(state: Path, source: Source | None = None, during=None):
     """Run one pull to its end; every view its follower saw, and the final one."""
+    source = source or Source(REPO)
 
     async def main():
         pulls = Pulls(state)

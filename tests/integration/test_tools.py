@@ -174,7 +174,8 @@ def test_a_tool_conversation_round_trips_through_openai(oai):
         extra_body=SAMPLING,
     )
     call = first.choices[0].message.tool_calls[0]
-    history = ASK + [
+    history = [
+        *ASK,
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 21})},
     ]
@@ -197,7 +198,8 @@ def test_a_tool_conversation_round_trips_through_anthropic(ant):
         extra_body=SAMPLING,
     )
     [use] = [b for b in first.content if b.type == "tool_use"]
-    history = ASK + [
+    history = [
+        *ASK,
         {"role": "assistant", "content": [b.model_dump() for b in first.content]},
         {
             "role": "user",

@@ -92,4 +92,4 @@ def wait_until(driver, predicate, timeout: float = 20, what: str = "condition"):
         raise AssertionError(f"{what} not seen in {timeout}s; the page shows:\n{shown[-2000:]}") from None
 
 
-__all__ = ["chromium", "chromium_or_skip", "artifacts_dir", "wait_until", "OPTIONS"]
+__all__ = ["OPTIONS", "artifacts_dir", "chromium", "chromium_or_skip", "wait_until"]

@@ -160,4 +160,4 @@ def wait_gone(pids, timeout: float = 30) -> bool:
     return False
 
 
-__all__ = ["Daemon", "make_daemon", "model_entry", "free_port", "pid_alive", "wait_gone"]
+__all__ = ["Daemon", "free_port", "make_daemon", "model_entry", "pid_alive", "wait_gone"]

@@ -4,9 +4,11 @@ or exits with a code during its load), reports the idle time it is given, and ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from pathlib import Path
+from typing import ClassVar
 
 from vllmmlxd.config.schema import ModelConfig
 from vllmmlxd.supervisor.process import SpawnError
@@ -17,8 +19,8 @@ _pids = itertools.count(1000)
 class FakeWorker:
     """Behaves as told: ``ready`` (loads and serves), ``hang`` (never ready), or an exit code during its load."""
 
-    script: list = []  # what the next spawns do; "ready" once it is empty
-    spawned: list["FakeWorker"] = []
+    script: ClassVar[list] = []  # what the next spawns do; "ready" once it is empty
+    spawned: ClassVar[list[FakeWorker]] = []
     spawn_error: str | None = None
     drain_s = 0.0  # how long a drain takes (its in-flight requests finishing)
 
@@ -61,10 +63,8 @@ class FakeWorker:
         if isinstance(self.behaviour, int):
             self._finish(self.behaviour)
             return False
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._exit), timeout)
-        except asyncio.TimeoutError:
-            pass
         return False
 
     async def healthy(self, timeout=5):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -231,7 +231,7 @@ def make(
     return model, config
 
 
-@lru_cache(maxsize=None)
+@cache
 def build(family: str, precision: Precision) -> nn.Module:
     """``make``, once per process."""
     return make(family, precision)[0]

@@ -30,9 +30,10 @@ import asyncio
 import contextlib
 import itertools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

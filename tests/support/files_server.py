@@ -17,7 +17,7 @@ def serving(routes: Routes) -> Iterator[int]:
     """Serve ``routes`` (a dict that may be filled after the port is known); yields the port."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
+        def do_GET(self):
             status, headers, body = routes.get(self.path, (404, {}, b"not found"))
             if status == 0:  # hang: the client's timeout must end it
                 threading.Event().wait(3)

@@ -23,7 +23,8 @@ def byte_tokenizer() -> llguidance.LLTokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([EOS])
-    path = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False).name
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        path = f.name
     tok.save(path)
     return llguidance.LLTokenizer(path, eos_token=tok.token_to_id(EOS))
 

@@ -32,7 +32,7 @@ class SteadyLoad:
                 self.failures.append(repr(exc))
             time.sleep(0.01)
 
-    def __enter__(self) -> "SteadyLoad":
+    def __enter__(self) -> SteadyLoad:
         self._thread.start()
         return self
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
-from typing import Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
@@ -108,8 +110,6 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     if task.done():
         return task.result()
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except asyncio.CancelledError:
-        pass
     raise ClientDisconnected

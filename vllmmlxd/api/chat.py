@@ -11,8 +11,9 @@ Anthropic's ``count_tokens`` counts exactly what ``/v1/messages`` sends to the e
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import replace
-from typing import Any, AsyncGenerator, Protocol
+from typing import Any, Protocol
 
 from starlette.requests import Request
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import httpx
@@ -34,7 +34,7 @@ async def fetch(
         raise InvalidRequest(f"{where}: {url_verdict(url, (), allow=False, allowed_hosts=hosts)}", param=where)
     try:
         return await asyncio.wait_for(_follow(url, where, limits, hosts), timeout)
-    except (asyncio.TimeoutError, httpx.TimeoutException):
+    except (TimeoutError, httpx.TimeoutException):
         raise InvalidRequest(f"{where}: the image URL could not be fetched within {timeout:g} s", param=where) from None
     except httpx.HTTPError as exc:
         raise InvalidRequest(

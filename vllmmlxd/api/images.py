@@ -31,9 +31,9 @@ import io
 import ipaddress
 import re
 import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
 from urllib.parse import urlsplit
 
 from ..engine.types import DecodedImage

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Literal, Protocol, Union
+from typing import Any, Literal, Protocol
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -28,11 +29,11 @@ from .tool_loop import McpCall, McpOutcome, ToolLoop
 logger = logging.getLogger("vllmmlxd.api")
 
 # One block of a folded answer, in the order the model wrote them (see Folded).
-Part = Union[
-    tuple[Literal["text", "reasoning"], str],
-    tuple[Literal["tool_call", "mcp_call"], ToolCallDelta],
-    tuple[Literal["mcp_result"], McpOutcome],
-]
+Part = (
+    tuple[Literal["text", "reasoning"], str]
+    | tuple[Literal["tool_call", "mcp_call"], ToolCallDelta]
+    | tuple[Literal["mcp_result"], McpOutcome]
+)
 
 
 class StreamEncoder(Protocol):
@@ -111,7 +112,7 @@ class Opens(Protocol):
 
 
 # One generation, or what reads as one.
-Generation = Union[GenerationRequest, ToolLoop, Opens]
+Generation = GenerationRequest | ToolLoop | Opens
 
 
 def open_events(ctx: ServingContext, gen: Generation) -> AsyncGenerator:

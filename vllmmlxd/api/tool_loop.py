@@ -30,9 +30,10 @@ import dataclasses
 import json
 import logging
 import threading
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any, AsyncGenerator, Protocol, Union
+from typing import Any, Protocol
 
 from ..engine.types import EngineEvent, Finished, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from ..errors import RequestError
@@ -68,7 +69,7 @@ class McpOutcome:
     is_error: bool
 
 
-LoopEvent = Union[EngineEvent, McpCall, McpOutcome]
+LoopEvent = EngineEvent | McpCall | McpOutcome
 
 
 class Hub(Protocol):
@@ -156,7 +157,7 @@ class ToolLoop:
         """Admit the first turn now (a full queue is a 503 before any byte), then run the turns."""
         return self._turns(self.ctx.engine.generate(self.first))
 
-    async def _turns(self, events: AsyncGenerator[EngineEvent, None]) -> AsyncGenerator[LoopEvent, None]:
+    async def _turns(self, events: AsyncGenerator[EngineEvent, None]) -> AsyncGenerator[LoopEvent, None]:  # noqa: C901 - one turn's read of the engine's events, kept in one place to read in order
         spent, numbered, turn = Usage(0, 0), 0, 1
         budget = self.first.sampling.max_tokens
         while True:

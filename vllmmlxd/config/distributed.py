@@ -133,12 +133,11 @@ class DistributedConfig(Strict):
     @model_validator(mode="after")
     def _backend_fits(self):
         backend = self.resolved_backend()
-        if backend == "jaccl":
-            if sys.platform != "darwin" or _macos_version() < (26, 2):
-                raise ValueError(
-                    f"jaccl needs macOS 26.2+ with RDMA over Thunderbolt (this host runs {platform.system().lower()} "
-                    f"{platform.mac_ver()[0] or platform.release()}); use backend: ring"
-                )
+        if backend == "jaccl" and (sys.platform != "darwin" or _macos_version() < (26, 2)):
+            raise ValueError(
+                f"jaccl needs macOS 26.2+ with RDMA over Thunderbolt (this host runs {platform.system().lower()} "
+                f"{platform.mac_ver()[0] or platform.release()}); use backend: ring"
+            )
         if backend == "ring":
             for i, h in enumerate(self.hosts):
                 if _is_ipv6(h.address):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Discriminator, Field, SecretStr, Tag, field_validator, model_validator
 
@@ -486,14 +486,14 @@ def entry_kind(value: Any) -> str:
     return "[upstream]" if isinstance(value, UpstreamConfig) else "[model]"
 
 
-Resolved = Union[ResolvedModel, ResolvedUpstream]
+Resolved = ResolvedModel | ResolvedUpstream
 if TYPE_CHECKING:
     # What a valid config's `models:` holds, as its readers see it: Config's validators resolve every entry.
     Entry = Resolved
 else:
     # What `models:` is read as. The tags appear in pydantic's error locations; config/load.py drops them.
     Entry = Annotated[
-        Union[Annotated[ModelConfig, Tag("[model]")], Annotated[UpstreamConfig, Tag("[upstream]")]],
+        Annotated[ModelConfig, Tag("[model]")] | Annotated[UpstreamConfig, Tag("[upstream]")],
         Discriminator(entry_kind),
     ]
 ENTRY_KINDS: dict[str, type[EntryConfig]] = {"[model]": ModelConfig, "[upstream]": UpstreamConfig}

@@ -169,8 +169,8 @@ class _Reader:
             if isinstance(node, SequenceNode):
                 out = []
                 for i, child in enumerate(node.value):
-                    self.marks[loc + (i,)] = _Marks(_pos(child), _pos(child), isinstance(child, CollectionNode))
-                    out.append(self._to_python(loader, child, loc + (i,)))
+                    self.marks[(*loc, i)] = _Marks(_pos(child), _pos(child), isinstance(child, CollectionNode))
+                    out.append(self._to_python(loader, child, (*loc, i)))
                 return out
             value = loader.construct_object(node, deep=True)
             if isinstance(value, str) and (m := _SUBSTITUTION.fullmatch(value)):
@@ -190,7 +190,7 @@ class _Reader:
             if key.value in first:
                 at = first[key.value]
                 self.errors.append(
-                    f"{self.path}:{_pos(key)}: {_dotted(loc + (key.value,))}: duplicate key, "
+                    f"{self.path}:{_pos(key)}: {_dotted((*loc, key.value))}: duplicate key, "
                     f"first defined at line {at.line}, column {at.column}"
                 )
             else:
@@ -204,7 +204,7 @@ class _Reader:
                 )
                 continue
             # Keys stay the text as written, so a model named `8001` or `yes` is the string it looks like.
-            child = loc + (key.value,)
+            child = (*loc, key.value)
             self.marks[child] = _Marks(_pos(key), _pos(value), isinstance(value, CollectionNode))
             out[key.value] = self._to_python(loader, value, child)
         return out

@@ -25,7 +25,7 @@ class DaemonLock:
         self._files = files
 
     @classmethod
-    def acquire(cls, state_dir: Path, control_socket: Path) -> "DaemonLock":
+    def acquire(cls, state_dir: Path, control_socket: Path) -> DaemonLock:
         files: list[IO[str]] = []
         try:
             for path, what in (

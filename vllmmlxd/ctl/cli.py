@@ -123,11 +123,12 @@ def cmd_pull(args: argparse.Namespace) -> int:
         status = client.pull(args.source, args.revision)
         progress = PullProgress(sys.stdout, sys.stdout.isatty(), shutil.get_terminal_size().columns)
         try:
-            for status in client.follow_pull(status.id):
+            for update in client.follow_pull(status.id):
+                status = update  # the last one is how the pull ended
                 if args.json:
-                    print(status.model_dump_json(), flush=True)
+                    print(update.model_dump_json(), flush=True)
                 else:
-                    progress.show(status)
+                    progress.show(update)
         except KeyboardInterrupt:
             progress.close()
             _err(

@@ -4,7 +4,8 @@ lines elsewhere (a pipe, a log), one at each change of step and at most one ever
 from __future__ import annotations
 
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 from vllmmlxd.control.protocol import PullStatus
 from vllmmlxd.ctl.render import pull_progress, render_pull_bar

@@ -278,25 +278,25 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
     lines = [render_table(headers, rows)] if status.models else ["no models"]
     for m in status.models:
         if m.state in _EXPLAINED and m.last_error:
-            lines += [""] + _explain(m)
+            lines += ["", *_explain(m)]
     blas = _blas_lines(status.models)
     if blas:
-        lines += [""] + blas
+        lines += ["", *blas]
     embedding = _embedding_lines(status.models)
     if embedding:
-        lines += [""] + embedding
+        lines += ["", *embedding]
     seeing = [m.name for m in status.models if getattr(m, "vision", None)]
     if seeing:
         lines += ["", f"vision (takes images): {', '.join(seeing)}"]
     kv = _kv_lines(status.models)
     if kv:
-        lines += [""] + kv
+        lines += ["", *kv]
     drafting = _speculation_lines(status.models)
     if drafting:
-        lines += [""] + drafting
+        lines += ["", *drafting]
     mcp = _mcp_lines(status.models)
     if mcp:
-        lines += [""] + mcp
+        lines += ["", *mcp]
     extra = (
         _group_lines(status)
         + _rank_lines(status.models)
@@ -305,7 +305,7 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
         + _gateway_line(status)
     )
     if extra:
-        lines += [""] + extra
+        lines += ["", *extra]
     d = status.daemon
     lines += [
         "",
@@ -476,7 +476,7 @@ def render_reload(result: ReloadResponse) -> str:
         if path and result.dry_run:
             head = f"would apply {path}:"
         if not entries:
-            return "\n".join([head] + plan)
+            return "\n".join([head, *plan])
         rest = _beside_table(result.plan.splitlines())
         headline = rest[:1] if rest[:1] == ["no changes"] else []
         lines = headline + render_entries(entries) + rest[len(headline) :]
@@ -488,7 +488,7 @@ def render_reload(result: ReloadResponse) -> str:
     )
     lines = [head, *(result.error or "unknown error").splitlines()]
     if plan:
-        lines += ["plan:"] + plan
+        lines += ["plan:", *plan]
     return "\n".join(lines)
 
 

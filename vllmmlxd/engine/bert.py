@@ -38,7 +38,7 @@ class BertConfig:
     hidden_act: str = "gelu"
 
     @classmethod
-    def from_dict(cls, data: dict) -> "BertConfig":
+    def from_dict(cls, data: dict) -> BertConfig:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in names})
 

@@ -17,7 +17,8 @@ left, until the real bytes of the stored arrays fit the budget and the blocks nu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .block_disk import DiskStore
 from .block_file import Tensor

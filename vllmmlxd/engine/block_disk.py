@@ -25,6 +25,7 @@ install did not write is refused. A block's metadata holds its tokens only as th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import logging
@@ -91,10 +92,8 @@ def install_secret(root: Path) -> bytes:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(secrets.token_bytes(KEY_BYTES))
-            try:
+            with contextlib.suppress(FileExistsError):  # another worker made it first: theirs is the key
                 os.link(tmp, path)
-            except FileExistsError:
-                pass  # another worker made it first: theirs is the key
         finally:
             _unlink(tmp)
         fd = os.open(path, os.O_RDONLY | NOFOLLOW)
@@ -189,10 +188,8 @@ class DiskStore:
             except (BlockFileError, OSError) as exc:
                 self.reject(name, str(exc))
                 return None
-            try:
+            with contextlib.suppress(OSError):
                 os.utime(fd)  # recently used: the writer's budget keeps it longer
-            except OSError:
-                pass
         self.stats.reads += 1
         self.stats.read_bytes += len(raw)
         return tensors
@@ -372,7 +369,5 @@ class DiskStore:
 
 
 def _unlink(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         path.unlink()
-    except OSError:
-        pass

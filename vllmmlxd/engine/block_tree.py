@@ -22,8 +22,9 @@ import hashlib
 import heapq
 import itertools
 from bisect import bisect_left, insort
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -27,10 +27,10 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 import numpy as np

@@ -17,8 +17,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Sequence, cast
+from typing import Any, cast
 
 import llguidance
 import mlx.core as mx
@@ -100,7 +101,7 @@ class Grammars:
             return str(exc)
         return first_step_problem(template.deep_copy(), self.tokenizer.vocab_size)
 
-    def processor(self, constraint: Constraint, request_id: str = "", prompt: Sequence[int] = ()) -> "GrammarProcessor":
+    def processor(self, constraint: Constraint, request_id: str = "", prompt: Sequence[int] = ()) -> GrammarProcessor:
         """A fresh processor for one request. A grammar that does not compile now (the API's check
         passed it, but it left the cache and took too long to compile again) gives a processor
         that has already failed: the request ends at once with a constraint error, its client is

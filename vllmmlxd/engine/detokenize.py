@@ -8,7 +8,7 @@ space ("is" → " Paris"), which decoding the new tokens alone would drop. No ml
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 CONTEXT_TOKENS = 6  # prompt tokens decoded before the first new one
 

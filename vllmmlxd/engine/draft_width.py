@@ -4,7 +4,7 @@ runs them). Pure; no mlx. Used by ``speculative.SpeculativeBatch``."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 StepCost = Callable[[int], float]  # seconds of a step that verifies a width of drafts a row (0: a plain step)
 

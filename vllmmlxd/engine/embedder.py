@@ -15,14 +15,17 @@ teams spinning on the same cores); batches between steps delay a step by one bat
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -80,7 +83,7 @@ def max_tokens_of(folder: Path, position_limit: int) -> int:
             value = json.loads((folder / name).read_text(encoding="utf-8")).get(key)
         except (OSError, ValueError, AttributeError):
             continue
-        if isinstance(value, int) and 0 < value:
+        if isinstance(value, int) and value > 0:
             return min(value, position_limit)
     return position_limit
 
@@ -267,10 +270,8 @@ class MLXEmbedder:
                 log_event(logger, "embed.error", logging.ERROR, error=repr(exc))
                 result = exc
             self.stats.waiting -= 1
-            try:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is listening
                 job.loop.call_soon_threadsafe(_settle, job.future, result)
-            except RuntimeError:  # that loop is closed: nobody is listening
-                pass
 
     def _run_job(self, job: _Job) -> np.ndarray | None:
         if job.cancelled.is_set():
@@ -287,7 +288,9 @@ class MLXEmbedder:
             if cancelled is not None and cancelled.is_set():
                 return None
             batch = [inputs[i] for i in rows]
-            out[rows] = self._turns.run(lambda: self.run_batch(batch)) if self._turns else self.run_batch(batch)
+            out[rows] = (
+                self._turns.run(functools.partial(self.run_batch, batch)) if self._turns else self.run_batch(batch)
+            )
         return out
 
     def run_batch(self, batch: list[list[int]]) -> np.ndarray:

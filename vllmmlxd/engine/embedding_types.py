@@ -8,8 +8,9 @@ tokenizes through it, checks lengths, and awaits ``embed``.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 

@@ -11,6 +11,7 @@ MLX's GGUF reader is not hardened against malformed files, and the worker must s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -18,8 +19,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import mlx.core as mx
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -285,10 +287,8 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
     if target.exists() and not (target / MARKER).exists():
         # Left by something that bypassed this function: move it aside rather than trust it.
         stale = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".stale-{target.name}-"))
-        try:
+        with contextlib.suppress(OSError):  # another process moved it first
             os.rename(target, stale / target.name)
-        except OSError:
-            pass  # another process moved it first
         shutil.rmtree(stale, ignore_errors=True)
     # The builder's pid in the name tells a later start whether this folder is still being filled.
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f"{TMP_PREFIX}{target.name}-{os.getpid()}-"))

@@ -10,6 +10,7 @@ quantized with ``kv_bits``; and the host bytes the disk tier writes.
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -167,7 +168,7 @@ class BlockKV:
             return []
         keys: list[list[mx.array]]
         values: list[list[mx.array]]
-        if all(a[1] == b[0] for a, b in zip(spans, spans[1:])):
+        if all(a[1] == b[0] for a, b in itertools.pairwise(spans)):
             first, stop = spans[0][0] - origin, spans[-1][1] - origin
             cuts = [start - origin - first for start, _ in spans[1:]]
             keys = [_split(k[..., first:stop, :], cuts) for k in layer_keys]

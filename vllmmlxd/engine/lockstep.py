@@ -76,7 +76,7 @@ def overflow_length(raw: bytes) -> int:
 
 
 def decode(raw: bytes, overflow: bytes = b"") -> Frame:
-    magic, protocol, kind, seq, inline_len, overflow_len, crc = _unpack(raw)
+    _magic, _protocol, kind, seq, inline_len, overflow_len, crc = _unpack(raw)
     body = raw[_HEADER.size : _HEADER.size + inline_len] if inline_len else overflow[:overflow_len]
     if len(body) != (inline_len or overflow_len) or zlib.crc32(body) != crc:
         raise FrameError(f"frame {seq}: its body is damaged")

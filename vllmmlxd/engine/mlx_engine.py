@@ -14,7 +14,8 @@ import math
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, AsyncGenerator
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 from jinja2.exceptions import SecurityError
@@ -72,7 +73,7 @@ def thinking_of(message: dict) -> dict:
     return message
 
 
-def check_draft_model(draft: "LoadedModel", target: "LoadedModel") -> None:
+def check_draft_model(draft: LoadedModel, target: LoadedModel) -> None:
     """A draft model must speak the target's tokens: the same vocabulary, id for id."""
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise ModelLoadError(
@@ -86,17 +87,17 @@ class MLXEngine:
 
     def __init__(
         self,
-        loaded: "LoadedModel",
+        loaded: LoadedModel,
         *,
         name: str | None = None,
         options: EngineOptions | None = None,
         lockstep: Lockstep | None = None,
-        draft: "LoadedModel | None" = None,
+        draft: LoadedModel | None = None,
     ):
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         # The entry's embedding model (``embedding_model``), set by the worker; closed with the engine.
-        self.embedder: "MLXEmbedder | None" = None
+        self.embedder: MLXEmbedder | None = None
         self.options = options or EngineOptions()
         has_template = bool(getattr(self.tokenizer, "has_chat_template", False))
         tool_parser, chosen = resolve_tool_parser(

@@ -10,7 +10,7 @@ of a distributed entry build it (``engine/shard_load.py``).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import llama
@@ -27,7 +27,7 @@ class PipelinedLlamaModel(PipelineMixin, llama.LlamaModel):
         self.start_idx = 0
         self.end_idx = None
 
-    def __call__(self, inputs: mx.array, cache: Any = None, input_embeddings: Optional[mx.array] = None):
+    def __call__(self, inputs: mx.array, cache: Any = None, input_embeddings: mx.array | None = None):
         h = input_embeddings if input_embeddings is not None else self.embed_tokens(inputs)
         layers = self.pipeline_layers
         if cache is None:

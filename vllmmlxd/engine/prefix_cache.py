@@ -18,8 +18,9 @@ Pure bookkeeping: the KV operations come from ``engine.kv`` and are replaced in 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 

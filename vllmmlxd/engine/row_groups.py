@@ -25,8 +25,10 @@ joins priming (its last token fed in the batch's next pass, what comes back for 
 from __future__ import annotations
 
 import copy
+import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, cast
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
@@ -89,7 +91,7 @@ class GroupedKV:
     def filter(self, keep: list[int]) -> None:
         """Keep the rows ``keep`` (in that order); a group none of whose rows stay is dropped
         without a copy, and one whose rows all stay is left as it is."""
-        if any(b <= a for a, b in zip(keep, keep[1:])):  # not in batch order: one array, as mlx-lm would
+        if any(b <= a for a, b in itertools.pairwise(keep)):  # not in batch order: one array, as mlx-lm would
             self.merge(0, len(self.groups))
             self.groups[0].filter(keep)
             return
@@ -319,7 +321,7 @@ _NEVER_STOPS = _NeverStops()
 
 def _cheapest_merge(groups: list[BatchKVCache]) -> int:
     """The first of the two neighbouring groups whose merged array is smallest (rows x positions)."""
-    cost = [(rows_of(a) + rows_of(b)) * max(a.size(), b.size()) for a, b in zip(groups, groups[1:])]
+    cost = [(rows_of(a) + rows_of(b)) * max(a.size(), b.size()) for a, b in itertools.pairwise(groups)]
     return cost.index(min(cost))
 
 

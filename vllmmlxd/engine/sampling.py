@@ -7,7 +7,7 @@ engine serves (and keeps holding once requests are batched).
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
@@ -18,7 +18,7 @@ Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
-def make_sampler(params: SamplingParams) -> "RequestSampler":
+def make_sampler(params: SamplingParams) -> RequestSampler:
     """Greedy at temperature 0; otherwise filtered categorical sampling with the request's own key."""
     return RequestSampler(params)
 

@@ -19,6 +19,7 @@ the cache.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import time
@@ -429,7 +430,7 @@ class Scheduler:
                 self._retire(seq, "error", str(exc))
         return total, tower, progress
 
-    def _step(self) -> None:
+    def _step(self) -> None:  # noqa: C901 - the step loop, until the step plan replaces it (issue 38)
         prompts = sum(1 for s in self.running.values() if s.progress.first_token_at is None) + len(self.staged)
         decoding = len(self.running) + len(self.staged) > prompts
         self.gen.prefill_step_size = self.timer.chunk(
@@ -473,10 +474,8 @@ class Scheduler:
         self.stats.last_step_s = took
         if self.lockstep.distributed:
             self.stats.last_frame_at = time.monotonic()
-        if riding is not None:  # a chunk riding on a pass runs a step after its progress shows
-            ran = prefilled - riding[1].deferred + riding[0].rode
-        else:
-            ran = prefilled
+        # A chunk riding on a pass runs a step after its progress shows.
+        ran = prefilled - riding[1].deferred + riding[0].rode if riding is not None else prefilled
         if not tower:  # a vision tower's step says nothing of what a decode step or a chunk costs
             self.timer.observe(took, decoded=bool(responses), prefilled=ran)
         self.stats.last_step_at = time.monotonic()  # read by /health's liveness check
@@ -628,10 +627,8 @@ class Scheduler:
         self.stats.kv_reserved_bytes, self.stats.kv_running = self.kv.reserved(widths), len(widths)
         self.stats.kv_waiting = sum(1 for s in self.waiting if s.progress.waiting_for == "kv_budget")
         for loop, items in by_loop.items():
-            try:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is listening
                 loop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # that loop is closed: nobody is listening
-                pass
 
     def warm_up(self) -> float:
         """Run two tokens through the batch once, so the first client does not pay for compilation."""

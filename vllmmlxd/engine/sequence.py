@@ -18,7 +18,8 @@ import asyncio
 import collections.abc
 import hashlib
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from .stops import StopMatcher
 from .types import (

@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 import threading
 from bisect import bisect_left, bisect_right
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 # Plane-16 private-use characters: no font or tokenizer gives them a meaning.
 OPEN, CLOSE, BREAK = "\U0010fff0", "\U0010fff1", "\U0010fff2"
@@ -108,7 +109,7 @@ class SpecialText:
             at = m.end()
         clean.append(rendered[at:])
         text = "".join(clean)
-        if not spans and not breaks or self._tokens is None:
+        if (not spans and not breaks) or self._tokens is None:
             return [(text, False)]
         starts = [s for s, _ in spans]  # sorted, not overlapping: one lookup per token, not a scan
         out: list[tuple[str, bool]] = []

@@ -36,8 +36,9 @@ whose one-token step runs unchanged when no row drafts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, cast
+from typing import Any, Literal, cast
 
 import mlx.core as mx
 import numpy as np

@@ -3,7 +3,7 @@ from the chat template) and whether its template renders ``tools`` at all. No ml
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..parsers.tools.auto import family_for_template
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import AsyncGenerator, Literal, Protocol, Union
+from typing import Literal, Protocol
 
 FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]  # timeouts cancel, in the API layer
 # Why a queued request is not running yet: every row is taken, its KV does not fit the budget
@@ -175,7 +176,7 @@ class Finished:
     error_kind: str | None = None
 
 
-EngineEvent = Union[TextDelta, ReasoningDelta, ToolCallDelta, Finished]
+EngineEvent = TextDelta | ReasoningDelta | ToolCallDelta | Finished
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import importlib
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _applied: set[str] = set()
 _lock = threading.Lock()
@@ -47,7 +48,7 @@ def _nemotron_h_ssm_lengths() -> None:
         return
     mixer = module.NemotronHMamba2Mixer
     original_ssm: Callable[..., Any] = mixer._ssm
-    original_update: Callable[..., Any] = getattr(module, "ssm_update")
+    original_update: Callable[..., Any] = getattr(module, "ssm_update")  # noqa: B009 - untyped upstream module
     noted = threading.local()  # one engine thread a model, but tests run several
 
     def _ssm(self: Any, hidden_states: Any, B: Any, C: Any, dt: Any, cache: Any, mask: Any) -> Any:
@@ -64,8 +65,8 @@ def _nemotron_h_ssm_lengths() -> None:
 
     _ssm.__wrapped__ = original_ssm  # type: ignore[attr-defined]
     ssm_update.__wrapped__ = original_update  # type: ignore[attr-defined]
-    setattr(mixer, "_ssm", _ssm)
-    setattr(module, "ssm_update", ssm_update)
+    setattr(mixer, "_ssm", _ssm)  # noqa: B010 - replacing a method: the carried fix itself
+    setattr(module, "ssm_update", ssm_update)  # noqa: B010 - an untyped upstream module
 
 
 def _batch_rotating_mask_after_rotation() -> None:
@@ -79,7 +80,7 @@ def _batch_rotating_mask_after_rotation() -> None:
         return original(self, N, *args, **kwargs)
 
     make_mask.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(BatchRotatingKVCache, "make_mask", make_mask)
+    setattr(BatchRotatingKVCache, "make_mask", make_mask)  # noqa: B010 - replacing a method: the carried fix itself
 
 
 FIXES: dict[str, Callable[[], None]] = {

@@ -18,7 +18,8 @@ from __future__ import annotations
 import importlib
 import threading
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import InvalidRequest
 from .types import DecodedImage, ImageSpan, RenderedPrompt

@@ -18,8 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from ..config.gateway import Route
 from .routing import LAZY_HEALTHY_STATES, ReplicaSet, Table, coming_up, serving

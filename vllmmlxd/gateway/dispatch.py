@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import httpcore
 import httpx
@@ -143,7 +143,7 @@ class Gateway:
                 raise Unavailable(f"model {route.served_model_name} is not serving ({route.state})", retry_after=1)
             try:
                 await asyncio.wait_for(self._swapped.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             now = next((r for r in self.table.routes if r.name == route.name and r.kind == route.kind), None)
             if now is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 import httpcore
@@ -177,7 +177,7 @@ def new_client() -> httpcore.AsyncConnectionPool:
 class Upstream:
     """A worker's response whose head is in, its body still to read (raw: no decoding)."""
 
-    __slots__ = ("url", "status_code", "raw_headers", "_response")
+    __slots__ = ("_response", "raw_headers", "status_code", "url")
 
     def __init__(self, url: str, response: httpcore.Response):
         self.url = url

@@ -10,8 +10,8 @@ keeps it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Union
 
 from pydantic import SecretStr
 
@@ -81,7 +81,7 @@ class ReplicaSet:
         return self.first.is_open
 
 
-Target = Union[Route, ReplicaSet]  # what a request's model names
+Target = Route | ReplicaSet  # what a request's model names
 
 
 @dataclass(frozen=True)

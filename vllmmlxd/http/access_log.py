@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 

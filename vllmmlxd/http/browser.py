@@ -19,7 +19,8 @@ read the answers too. So, per request and under the current settings:
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware

@@ -8,7 +8,7 @@ their response, idle connections end by the keep-alive timeout.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Scope
 

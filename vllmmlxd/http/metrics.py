@@ -7,7 +7,7 @@ one process, as in tests, do not clash. Every metric carries the served ``model`
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,

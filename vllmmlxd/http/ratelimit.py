@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from limits import RateLimitItem, RateLimitItemPerMinute, parse_many
 from limits.storage import MemoryStorage

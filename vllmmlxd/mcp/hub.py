@@ -70,6 +70,7 @@ class McpHub:
         self.model = model
         self._links: dict[str, Link] = {n: Link(n, c, model) for n, c in (servers or {}).items()}
         self._running = False
+        self._stopping: set[asyncio.Task] = set()  # links a reconfigure stops: held until they end
 
     @property
     def servers(self) -> tuple[str, ...]:
@@ -105,7 +106,9 @@ class McpHub:
             return
         loop = asyncio.get_running_loop()
         for link in gone:
-            loop.create_task(link.stop())
+            task = loop.create_task(link.stop())
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
         for n, link in links.items():
             if n not in keep:
                 link.start()
@@ -174,11 +177,11 @@ class McpHub:
                 content=[b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content],
                 is_error=bool(result.is_error),
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             out = _failed(f"MCP tool {name} did not finish within {timeout:g}s")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the server's problem, told to the caller as a tool error
+        except Exception as exc:
             if _is_protocol_error(exc):  # the server's own answer to this call: the caller's to read
                 out = _failed(f"MCP tool {name} failed: {_first_line(exc)}")
             else:  # the connection broke under the call: reconnect now (why, with its stderr, is the operator's)

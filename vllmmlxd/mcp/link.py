@@ -118,7 +118,7 @@ class Link:
                     await self._watch(session)
             except asyncio.CancelledError:
                 raise
-            except BaseException as exc:  # noqa: BLE001 - anything a server does ends in a retry, never a crash
+            except BaseException as exc:
                 self.failed(exc)
             self.session, self.tools = None, ()
             self.state = FAILED
@@ -145,14 +145,14 @@ class Link:
             try:
                 await asyncio.wait_for(self._lost.wait(), PING_EVERY_S)
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             try:
                 await asyncio.wait_for(session.send_ping(), min(self.config.timeout, 10.0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.failed("did not answer a ping")
                 return
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self.failed(exc)
                 return
 

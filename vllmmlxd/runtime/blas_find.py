@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import glob
 import importlib.util
@@ -30,10 +31,8 @@ class Candidate:
 def _lib_dirs_of_prefixes() -> list[Path]:
     """Where pip puts a wheel's ``data/lib`` files (the ``mkl`` wheel's libraries) for this Python."""
     prefixes = [sysconfig.get_path("data"), sys.prefix, os.environ.get("CONDA_PREFIX")]
-    try:
+    with contextlib.suppress(AttributeError):  # some embedded Pythons lack it
         prefixes.append(site.getuserbase())
-    except AttributeError:  # some embedded Pythons lack it
-        pass
     seen: list[Path] = []
     for prefix in filter(None, prefixes):
         lib = Path(prefix) / "lib"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..paths import default_cache_dir
 

@@ -31,8 +31,9 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vllmmlxd.errors import StoreError
 from vllmmlxd.paths import models_dir

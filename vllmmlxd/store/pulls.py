@@ -346,7 +346,7 @@ class Pulls:
             proc.terminate()
         try:
             await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()

@@ -11,8 +11,8 @@ request traffic.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from ..config.gateway import GatewayConfig, GatewaySpec, Route, embedding_display_name
 from ..config.schema import Resolved, ResolvedUpstream

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections import deque
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 KEPT_LINES = 1000
 

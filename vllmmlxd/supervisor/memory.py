@@ -12,9 +12,9 @@ Pure, but for :func:`load_memory_plan`, the shell that reads the machine and the
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from ..config.distributed import model_shape, share_text
 from ..config.schema import Config, ModelConfig
@@ -157,7 +157,7 @@ class MemoryPlan:
             lines += [f"  {name}: {fp.render()}{self._lazy_note(name)}" for name, fp in ranked]
         lines += [f"not enough memory on {r.host}: {r.render()}" for r in far]
         hint = FIX_HINT + (", or split the model over more hosts" if far else "")
-        return "\n".join(lines + [hint])
+        return "\n".join([*lines, hint])
 
     def fields(self) -> dict[str, object]:
         """The numbers as log fields."""

@@ -59,7 +59,7 @@ class Notifier:
         self._warned = False
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Notifier":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Notifier:
         """A notifier for NOTIFY_SOCKET and WATCHDOG_USEC/WATCHDOG_PID in ``env`` (default os.environ)."""
         env = os.environ if env is None else env
         return cls(env.get("NOTIFY_SOCKET"), watchdog_interval_from(env, os.getpid()))

@@ -12,7 +12,8 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-from typing import Any, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from ..log import log_event
 from .messages import Msg, OpDone

@@ -16,8 +16,9 @@ same task, two decisions about one unit cannot overlap: a unit with an operation
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Mapping, Union
+from typing import Literal
 
 from ..config.diff import ReloadPlan
 from . import lazy, states
@@ -52,7 +53,7 @@ class LoadWanted:
     start: bool = False  # `vllmmlxctl start`: a model stopped on purpose loads too
 
 
-Event = Union[Tick, LoadWanted]
+Event = Tick | LoadWanted
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Answer:
     message: str
 
 
-Action = Union[Unload, Load, Join, Answer]
+Action = Unload | Load | Join | Answer
 
 # States that hold memory: a worker runs (or is about to).
 HOLDING: frozenset[str] = frozenset({states.STARTING, states.READY, states.DRAINING, states.LOADING, states.IDLE})
@@ -114,7 +115,7 @@ def _load(units: Mapping[str, UnitFacts], usable_mb: int | None, name: str, star
         return [Answer(name, ok, unit.error or unit.state if not ok else "ready")]
     if unit.kind != "model":
         return [Answer(name, False, f"{name} is not a model")]
-    if unit.busy == "loading" or unit.state in HOLDING and unit.busy != "unloading":
+    if unit.busy == "loading" or (unit.state in HOLDING and unit.busy != "unloading"):
         return [Join(name)]
     if unit.state == states.STOPPED and not start:
         return [Answer(name, False, f"model {name} is stopped (vllmmlxctl start {name})")]

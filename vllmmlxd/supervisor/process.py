@@ -8,6 +8,7 @@ for the worker's whole life; when the daemon dies, the worker sees EOF and exits
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -15,8 +16,9 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self
 
 import httpx
 
@@ -279,17 +281,15 @@ class WorkerProcess:
         # asyncio's watcher, which then reports 255 (CPython gh-87744). A rank group signals ranks that
         # may have just died; the returncode check stands for the poll's guard against a reused pid.
         if self.proc.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
 
     async def stop(self, drain_timeout: float) -> int:
         """SIGTERM, wait up to ``drain_timeout`` (+ a margin) for in-flight requests, then SIGKILL."""
         self.terminate()
         try:
             return await asyncio.wait_for(asyncio.shield(self.wait()), drain_timeout + 5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log_event(logger, "worker.killed", logging.WARNING, model=self.name, pid=self.pid, reason="drain timeout")
             self.kill()
             return await self.wait()

@@ -38,10 +38,10 @@ class RankGroup(WorkerProcess):
     @classmethod
     async def spawn_group(
         cls, name: str, config: UnitConfig, *, state_dir: Path, log_level: str, sink: LogSink, **how: Any
-    ) -> "RankGroup":
+    ) -> RankGroup:
         """Start the followers, then rank 0 as ``WorkerProcess.spawn`` starts a worker (``how``: the
         rest of its arguments: the socket, the drain timeout, the cores, the program)."""
-        dist = getattr(config, "distributed")
+        dist = getattr(config, "distributed")  # noqa: B009 - a model entry's field, not on every UnitConfig
         files = rank_launch.rank_files(dist)
         paths = _write_files(state_dir, name, files)
         followers: list[WorkerProcess] = []

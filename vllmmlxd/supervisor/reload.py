@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..config.diff import ReloadPlan, diff_models
 from ..config.load import LoadedConfig, load_config
@@ -291,7 +292,7 @@ class ReloadRun:
                     f"gateway: moved to {unit.config.host}:{unit.config.port}; it did not become ready: {error}"
                 )
 
-    async def _apply(self, name: str, step: str, unit, config: Resolved) -> None:
+    async def _apply(self, name: str, step: str, unit, config: Resolved) -> None:  # noqa: C901 - until reload becomes a change the supervisor applies (issue 38)
         """One entry's step of the second wave (an error is kept for the reply, never raised)."""
         share = self.sup.shares.get(name)
         if isinstance(unit, UpstreamUnit):

@@ -16,8 +16,8 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..log import log_event
 
@@ -131,7 +131,7 @@ class Responder:
             await writer.drain()
             # The gateway does not retry after Retry-After: it has the daemon load the model and forwards once.
             self._answered(why, GATEWAY_MARK not in head[:_HEAD_LIMIT].lower())
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass
         finally:
             writer.close()

@@ -22,9 +22,9 @@ import asyncio
 import logging
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from ..config.gateway import GatewaySpec
 from ..log import event_line, log_event

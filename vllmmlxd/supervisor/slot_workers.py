@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Coroutine
+from typing import Any
 
 from ..log import log_event
 from .process import UnitConfig, WorkerProcess

@@ -21,8 +21,9 @@ import logging
 import os
 import socket
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, assert_never
+from typing import Any, assert_never
 
 from .. import __version__
 from ..config.diff import ReloadPlan
@@ -307,7 +308,7 @@ class Supervisor:
         starting = [
             u.slot.start()
             for u in self.units.values()
-            if isinstance(u, GatewayUnit) or isinstance(u, ModelUnit) and not u.lazy and u.absent is None
+            if isinstance(u, GatewayUnit) or (isinstance(u, ModelUnit) and not u.lazy and u.absent is None)
         ]
         self.ops.start({}, asyncio.gather(*starting), lambda _r, _e: resolve(future, None))
         self._changed()

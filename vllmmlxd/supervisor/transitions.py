@@ -102,7 +102,7 @@ class Decision:
     error: str | None = None  # set: the pair is illegal, refused; phase and counters unchanged
 
 
-def decide(phase: Phase, event: Event, counters: Counters, policy: BackoffPolicy) -> Decision:
+def decide(phase: Phase, event: Event, counters: Counters, policy: BackoffPolicy) -> Decision:  # noqa: C901 - until the transitions become a table (issue 38)
     """The next phase, the actions that get there and the outcome callers see. Pure."""
     kind = event.kind
     c = counters

@@ -15,8 +15,8 @@ supervisor) can make health checks, start timeouts and backoff fast:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from .backoff import BackoffPolicy
 
@@ -30,7 +30,7 @@ class Tuning:
     policy: BackoffPolicy = field(default_factory=BackoffPolicy)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Tuning":
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Tuning:
         def num(name: str, default: float, cast=float):
             raw = env.get(name)
             return cast(raw) if raw not in (None, "") else default

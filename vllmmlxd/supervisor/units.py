@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass
-from typing import Protocol, Union
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from ..config.distributed import share_text
@@ -289,7 +289,7 @@ class GatewayUnit:
         return self.slot.kill_all()
 
 
-EntryUnit = Union[ModelUnit, UpstreamUnit]
+EntryUnit = ModelUnit | UpstreamUnit
 
 
 def group_views(models: list[ModelView]) -> list[GroupView]:

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import httpx
 

@@ -12,10 +12,11 @@ reported (``on_missing``) and changes nothing. Nothing a reload raises stops the
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable
 
 from watchfiles import awatch
 
@@ -29,6 +30,10 @@ def file_hash(path: Path) -> str | None:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
+
+
+def _named(names: set[str], _change: object, changed: str) -> bool:
+    return Path(changed).name in names
 
 
 async def watch_config(
@@ -51,7 +56,7 @@ async def watch_config(
         try:
             async for _ in awatch(
                 *dirs,
-                watch_filter=lambda _c, changed: Path(changed).name in names,
+                watch_filter=functools.partial(_named, names),
                 debounce=max_wait_ms,
                 step=settle_ms,
                 stop_event=stop,

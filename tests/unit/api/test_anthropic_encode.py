@@ -105,17 +105,14 @@ END = ["message_delta", "message_stop"]
 
 def test_text_only():
     frames = encode([TextDelta("Hel"), TextDelta(""), TextDelta("lo"), DONE])
-    assert (
-        outline(frames)
-        == START
-        + [
-            "content_block_start:text",
-            "content_block_delta:text_delta",
-            "content_block_delta:text_delta",
-            "content_block_stop",
-        ]
-        + END
-    )
+    assert outline(frames) == [
+        *START,
+        "content_block_start:text",
+        "content_block_delta:text_delta",
+        "content_block_delta:text_delta",
+        "content_block_stop",
+        *END,
+    ]
     data = parse(frames)
     assert data[0]["message"] == {
         "id": "msg_1",
@@ -139,21 +136,18 @@ def test_text_only():
 def test_reasoning_then_text_are_two_blocks_in_order():
     events = [ReasoningDelta("think"), ReasoningDelta(" more"), TextDelta("Paris"), DONE]
     frames = encode(events)
-    assert (
-        outline(frames)
-        == START
-        + [
-            "content_block_start:thinking",
-            "content_block_delta:thinking_delta",
-            "content_block_delta:thinking_delta",
-            "content_block_delta:signature_delta",
-            "content_block_stop",
-            "content_block_start:text",
-            "content_block_delta:text_delta",
-            "content_block_stop",
-        ]
-        + END
-    )
+    assert outline(frames) == [
+        *START,
+        "content_block_start:thinking",
+        "content_block_delta:thinking_delta",
+        "content_block_delta:thinking_delta",
+        "content_block_delta:signature_delta",
+        "content_block_stop",
+        "content_block_start:text",
+        "content_block_delta:text_delta",
+        "content_block_stop",
+        *END,
+    ]
     data = parse(frames)
     assert data[2]["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}
     assert [d["index"] for d in data if "index" in d] == [0, 0, 0, 0, 0, 1, 1, 1]
@@ -169,18 +163,15 @@ def test_reasoning_then_text_are_two_blocks_in_order():
 def test_reasoning_that_never_ends_is_closed_with_the_message():
     events = [ReasoningDelta("hmm"), ReasoningDelta("..."), Finished("length", Usage(7, 2))]
     frames = encode(events)
-    assert (
-        outline(frames)
-        == START
-        + [
-            "content_block_start:thinking",
-            "content_block_delta:thinking_delta",
-            "content_block_delta:thinking_delta",
-            "content_block_delta:signature_delta",
-            "content_block_stop",
-        ]
-        + END
-    )
+    assert outline(frames) == [
+        *START,
+        "content_block_start:thinking",
+        "content_block_delta:thinking_delta",
+        "content_block_delta:thinking_delta",
+        "content_block_delta:signature_delta",
+        "content_block_stop",
+        *END,
+    ]
     body = message_response("msg_1", "local-model", fold(events))
     assert [b["type"] for b in body["content"]] == ["thinking"] and body["stop_reason"] == "max_tokens"
     assert accumulated(frames) == message(body)
@@ -189,7 +180,7 @@ def test_reasoning_that_never_ends_is_closed_with_the_message():
 def test_empty_output_is_one_empty_text_block_both_ways():
     events = [TextDelta(""), ReasoningDelta(""), DONE]
     frames = encode(events)
-    assert outline(frames) == START + ["content_block_start:text", "content_block_stop"] + END
+    assert outline(frames) == [*START, "content_block_start:text", "content_block_stop", *END]
     body = message_response("msg_1", "local-model", fold(events))
     assert body["content"] == [{"type": "text", "text": ""}]
     assert accumulated(frames) == message(body)
@@ -233,9 +224,8 @@ def test_mid_stream_error_is_an_error_event_and_nothing_after(kind, type_):
     assert outline(frames)[-2:] == ["content_block_delta:text_delta", "error"]
     assert parse(frames)[-1] == {"type": "error", "error": {"type": type_, "message": "it broke"}}
     client = sdk_client("".join(frames).encode(), "text/event-stream")
-    with pytest.raises(anthropic.APIStatusError) as e:
-        with client.messages.stream(**ASK) as stream:
-            stream.get_final_message()
+    with pytest.raises(anthropic.APIStatusError) as e, client.messages.stream(**ASK) as stream:
+        stream.get_final_message()
     assert e.value.body == {"type": "error", "error": {"type": type_, "message": "it broke"}}
 
 

@@ -101,7 +101,8 @@ def server():
         yield f"http://127.0.0.1:{port}"
 
 
-def fetched(url: str, *, hosts=("127.0.0.1",), limits=ImageLimits(), timeout=5.0):
+def fetched(url: str, *, hosts=("127.0.0.1",), limits=None, timeout=5.0):
+    limits = limits or ImageLimits()
     return asyncio.run(fetch(url, "p", limits, allow=True, allowed_hosts=hosts, timeout=timeout))
 
 

@@ -66,7 +66,7 @@ def test_a_jpegs_orientation_is_applied_and_a_gif_gives_its_first_frame():
     out = io.BytesIO()
     frames[0].save(out, "GIF", save_all=True, append_images=frames[1:])
     first = im.decode(im.from_base64("image/gif", base64.b64encode(out.getvalue()).decode(), "x", LIMITS), LIMITS)
-    red, green, blue = first.pixels.getpixel((1, 1))
+    red, _green, blue = first.pixels.getpixel((1, 1))
     assert red > 200 and blue < 50
 
 

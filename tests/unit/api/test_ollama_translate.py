@@ -106,8 +106,20 @@ def test_think_switches_reasoning_and_a_model_without_it_refuses():
 
 @pytest.mark.parametrize(
     "value, seconds",
-    [(None, None), (0, 0.0), ("0", 0.0), (30, 30.0), ("30", 30.0), ("5m", 300.0), ("1h30m", 5400.0)]
-    + [("1.5s", 1.5), ("500ms", 0.5), (-1, -1.0), ("-1m", -1.0), ("-1", -1.0)],
+    [
+        (None, None),
+        (0, 0.0),
+        ("0", 0.0),
+        (30, 30.0),
+        ("30", 30.0),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        ("1.5s", 1.5),
+        ("500ms", 0.5),
+        (-1, -1.0),
+        ("-1m", -1.0),
+        ("-1", -1.0),
+    ],
 )
 def test_keep_alive_in_seconds(value, seconds):
     assert tr.keep_alive_s(value) == seconds

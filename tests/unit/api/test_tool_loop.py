@@ -235,7 +235,7 @@ def test_calls_are_numbered_across_turns():
         [call(0, "clock__now", "{}"), ended("tool_calls")],
         [TextDelta("done"), ended("stop")],
     ]
-    events, engine, hub, _ = run_loop(turns)
+    events, engine, _hub, _ = run_loop(turns)
     assert [e.call.index for e in events if isinstance(e, McpCall)] == [0, 1]
     ids = [m["tool_call_id"] for m in engine.rendered[-1][0] if m["role"] == "tool"]
     assert len(set(ids)) == 2
@@ -254,7 +254,7 @@ def test_the_budget_stops_execution_and_hands_the_calls_to_the_client():
         [call(0, "files__read"), ended("tool_calls")],
         [call(0, "files__list", "{}"), call(1, "clock__now", "{}"), ended("tool_calls")],
     ]
-    events, engine, hub, loop = run_loop(turns, limit=2)
+    events, _engine, hub, loop = run_loop(turns, limit=2)
     assert [n for n, _ in hub.calls] == ["files__read"] and loop.executed == 1
     tail = events[2:]
     assert [type(e).__name__ for e in tail] == ["ToolCallDelta", "ToolCallDelta", "Finished"]
@@ -413,7 +413,7 @@ def test_anthropic_message_and_stream_show_server_tool_use_and_results():
 def test_ordinary_streams_are_unchanged():
     plain = [TextDelta("hi"), Finished("stop", Usage(30, 1))]
     frames = anthropic_frames(plain)
-    delta = json.loads([f for f in frames if f.startswith("event: message_delta")][0].split("\n")[1][6:])
+    delta = json.loads(next(f for f in frames if f.startswith("event: message_delta")).split("\n")[1][6:])
     assert delta["usage"] == {"output_tokens": 1}  # input tokens come with message_start only, as before
     enc = ChatStreamEncoder("c", 1, "m", False)
     assert not any("mcp_calls" in f for f in enc.start() + [f for e in plain for f in enc.event(e)])

@@ -72,7 +72,7 @@ def test_a_remote_host_with_its_address_python_and_memory():
             "cannot be split over ranks \\(an embedding model\\)",
         ),
         (
-            {"model": "builtin:tiny", "distributed": {"hosts": LOCAL2 + ["127.0.0.1"]}},
+            {"model": "builtin:tiny", "distributed": {"hosts": [*LOCAL2, "127.0.0.1"]}},
             "at least as many layers \\(2\\) as ranks",
         ),
         (
@@ -99,7 +99,7 @@ def test_jaccl_is_refused_off_macos_with_what_to_use(monkeypatch):
         {"host": "127.0.0.1", "ip": "10.0.0.1", "rdma": [None, "rdma_en3"]},
         {"host": "h2", "ip": "10.0.0.2", "rdma": ["rdma_en3", None]},
     ]
-    with pytest.raises(ValidationError, match="jaccl needs macOS 26.2\\+ .* use backend: ring"):
+    with pytest.raises(ValidationError, match=r"jaccl needs macOS 26.2\+ .* use backend: ring"):
         DistributedConfig.model_validate({"hosts": hosts, "backend": "jaccl"})
     assert DistributedConfig.model_validate({"hosts": hosts}).resolved_backend() == "ring"  # auto, off macOS
 
@@ -117,14 +117,14 @@ def test_a_local_folder_is_checked_from_its_config_json(tmp_path):
 
 
 def test_ring_ports_may_not_meet_another_listener():
-    with pytest.raises(ValidationError, match="'b' rank 0 listens on 127.0.0.1:32324, where 'a' does too"):
+    with pytest.raises(ValidationError, match=r"'b' rank 0 listens on 127.0.0.1:32324, where 'a' does too"):
         config(
             {
                 "a": entry(distributed={"hosts": LOCAL2}),
                 "b": entry(port=8102, distributed={"hosts": LOCAL2, "port": 32324}),
             }
         )
-    with pytest.raises(ValidationError, match="rank 0 listens on 127.0.0.1:32323, where 'web' does too"):
+    with pytest.raises(ValidationError, match=r"rank 0 listens on 127.0.0.1:32323, where 'web' does too"):
         config({"web": entry(port=32323), "s": entry(distributed={"hosts": LOCAL2})})
     config(
         {"a": entry(distributed={"hosts": LOCAL2}), "b": entry(port=8102, distributed={"hosts": LOCAL2, "port": 32400})}

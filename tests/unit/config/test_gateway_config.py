@@ -63,7 +63,7 @@ def test_with_a_gateway_a_name_leads_to_one_model():
 
 
 def test_the_gateway_port_is_not_a_models_port_and_upstreams_listen_nowhere():
-    with pytest.raises(ValidationError, match="the gateway and 'a' both listen on 127.0.0.1:8080"):
+    with pytest.raises(ValidationError, match=r"the gateway and 'a' both listen on 127.0.0.1:8080"):
         config({"a": {"model": "builtin:tiny", "port": 8080}}, gateway={"port": 8080})
     ok = config(
         {
@@ -87,7 +87,7 @@ def test_workers_behind_a_gateway_get_the_daemons_token_not_a_trusted_loopback()
     assert f'"gateway_token": "{token.get_secret_value()}"' in with_gateway.models["a"].to_worker_json()
     assert not hasattr(with_gateway.models["far"], "gateway_token") and config(models).models["a"].gateway_token is None
     assert "gateway_token" in INTERNAL_FIELDS
-    with pytest.raises(ValidationError, match="models.a.gateway_token is filled in by vllmmlxd"):
+    with pytest.raises(ValidationError, match=r"models.a.gateway_token is filled in by vllmmlxd"):
         config({"a": {"model": "builtin:tiny", "gateway_token": "mine"}}, gateway={})
 
 
@@ -106,7 +106,7 @@ def test_the_reload_plan_says_what_changes_in_the_gateway_and_lazy_keys_are_live
 
 
 def test_a_model_may_not_listen_on_the_gateways_ollama_port():
-    with pytest.raises(ValidationError, match="the gateway and 'm' both listen on 127.0.0.1:11434"):
+    with pytest.raises(ValidationError, match=r"the gateway and 'm' both listen on 127.0.0.1:11434"):
         config({"m": {"model": "builtin:tiny", "port": 11434}}, gateway={"port": 8080, "ollama_port": 11434})
 
 

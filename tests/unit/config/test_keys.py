@@ -11,13 +11,13 @@ from vllmmlxd.errors import ConfigError
 
 BASE = """
 api_keys:
-  alice: {key: alice-secret, models: ["*"], rate_limit: "60/minute"}
-  ci: {key_sha256: %s, models: [llama], rate_limit: 5, tokens_per_minute: 20000}
+  alice: {{key: alice-secret, models: ["*"], rate_limit: "60/minute"}}
+  ci: {{key_sha256: {}, models: [llama], rate_limit: 5, tokens_per_minute: 20000}}
 models:
-  llama: {model: builtin:tiny, api_keys: [alice, ci]}
-  qwen: {model: builtin:tiny, port: 8001, api_keys: ["*"]}
-  open: {model: builtin:tiny, port: 8002}
-""" % key_digest("ci-secret").upper()
+  llama: {{model: builtin:tiny, api_keys: [alice, ci]}}
+  qwen: {{model: builtin:tiny, port: 8001, api_keys: ["*"]}}
+  open: {{model: builtin:tiny, port: 8002}}
+""".format(key_digest("ci-secret").upper())
 
 
 def error_of(text: str) -> str:

@@ -30,9 +30,11 @@ def target() -> FakeTarget:
 
 @pytest.fixture
 def http(target, sock_dir):
-    with ControlThread(target, sock_dir / "c.sock") as running:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(running.path)), base_url="http://vllmmlxd") as client:
-            yield client
+    with (
+        ControlThread(target, sock_dir / "c.sock") as running,
+        httpx.Client(transport=httpx.HTTPTransport(uds=str(running.path)), base_url="http://vllmmlxd") as client,
+    ):
+        yield client
 
 
 def test_status(http):

@@ -465,8 +465,9 @@ def test_pull_json_prints_each_status_and_a_failure_exits_1(daemon, target, caps
         "downloading",
         "done",
     ]
-    target.pull_script = target.pull_script[:1] + [
-        target.pull_script[0].model_copy(update={"state": "failed", "error": "checksum mismatch in org/m: ..."})
+    target.pull_script = [
+        *target.pull_script[:1],
+        target.pull_script[0].model_copy(update={"state": "failed", "error": "checksum mismatch in org/m: ..."}),
     ]
     code, out, err = ctl(daemon, capsys, "pull", "org/m")
     assert code == exit_codes.ERROR and err == "pull org/m failed: checksum mismatch in org/m: ...\n"

@@ -87,7 +87,7 @@ def test_a_resent_history_is_a_prefix_hit_over_many_blocks():
     cache = make()
     history = list(range(100, 150))
     put(cache, history)
-    hit = cache.lookup(history + [7, 8, 9])
+    hit = cache.lookup([*history, 7, 8, 9])
     assert hit.hit_type == "prefix" and hit.cached_tokens == 50 and hit.cache == [history]
 
 
@@ -122,14 +122,14 @@ def test_conversations_sharing_a_system_prompt_hold_it_once():
     cache = make(block=32)
     system = list(range(1000, 2500))  # 1,500 tokens
     one = make(block=32)
-    put(one, system + [1, 2, 3] + list(range(10)))
+    put(one, [*system, 1, 2, 3, *list(range(10))])
     for i in range(8):
-        put(cache, system + [1, 2, 3] + list(range(10 * i, 10 * i + 10)))
+        put(cache, [*system, 1, 2, 3, *list(range(10 * i, 10 * i + 10))])
     assert cache.nbytes <= 1.3 * one.nbytes
     # What each conversation holds on its own: its tail and the shared block it diverges in.
     assert held(cache) == 46 * 32 + 8 * (1513 - 46 * 32)
     for i in range(8):
-        tokens = system + [1, 2, 3] + list(range(10 * i, 10 * i + 10))
+        tokens = [*system, 1, 2, 3, *list(range(10 * i, 10 * i + 10))]
         assert cache.lookup(tokens).hit_type == "exact"
 
 
@@ -193,13 +193,13 @@ def test_a_zero_budget_disables_the_cache():
 def test_eviction_goes_leaf_by_leaf_least_recently_used_first_and_keeps_shared_blocks():
     cache = make(budget_tokens=20)
     system = [9, 9, 9, 9, 8, 8, 8, 8]  # two blocks every conversation shares
-    put(cache, system + [1, 1, 1, 1])
-    put(cache, system + [2, 2, 2, 2])
-    cache.lookup(system + [1, 1, 1, 1, 0])  # the first conversation is used again
+    put(cache, [*system, 1, 1, 1, 1])
+    put(cache, [*system, 2, 2, 2, 2])
+    cache.lookup([*system, 1, 1, 1, 1, 0])  # the first conversation is used again
     cache.begin_step()
-    put(cache, system + [3, 3, 3, 3, 3, 3, 3, 3])  # 24 tokens over a budget of 20: one leaf goes
-    assert cache.lookup(system + [2, 2, 2, 2, 0]).cached_tokens == 8  # its own block went, the shared stay
-    assert cache.lookup(system + [1, 1, 1, 1, 0]).cached_tokens == 12
+    put(cache, [*system, 3, 3, 3, 3, 3, 3, 3, 3])  # 24 tokens over a budget of 20: one leaf goes
+    assert cache.lookup([*system, 2, 2, 2, 2, 0]).cached_tokens == 8  # its own block went, the shared stay
+    assert cache.lookup([*system, 1, 1, 1, 1, 0]).cached_tokens == 12
     assert cache.stats.evictions == 1 and cache.nbytes <= cache.budget_bytes
 
 
@@ -209,16 +209,16 @@ def test_a_block_a_lookup_of_this_step_used_is_evicted_last():
     put(cache, a)
     put(cache, b)
     cache.begin_step()
-    assert cache.lookup(a + [5]).cached_tokens == 8  # its path is pinned for this step
+    assert cache.lookup([*a, 5]).cached_tokens == 8  # its path is pinned for this step
     put(cache, b)  # held already: b is touched (not pinned), so a is the least recently used
     put(cache, [3] * 8)  # 8 tokens over: b goes, not the older but pinned a
-    assert cache.lookup(b + [5]).hit_type == "none"
-    assert cache.lookup(a + [5]).cached_tokens == 8
+    assert cache.lookup([*b, 5]).hit_type == "none"
+    assert cache.lookup([*a, 5]).cached_tokens == 8
     cache.begin_step()  # the next step: a is unpinned, and least recently used after [3]...
     cache.lookup([3] * 8 + [5])
     cache.begin_step()
     put(cache, [4] * 8)
-    assert cache.lookup(a + [5]).hit_type == "none" and cache.nbytes <= cache.budget_bytes
+    assert cache.lookup([*a, 5]).hit_type == "none" and cache.nbytes <= cache.budget_bytes
 
 
 def test_the_number_of_blocks_is_capped_whatever_their_bytes():
@@ -307,7 +307,7 @@ def test_full_blocks_are_written_to_disk_and_a_new_cache_reads_them_back(disk):
     assert hit.cached_tokens == 8 and hit.cache == [tokens[:8]] and hit.hit_type == "prefix"
     assert fresh.disk_hits == 1 and disk.stats.reads == 2
     assert fresh.lookup(tokens).cached_tokens == 8 and disk.stats.reads == 2  # in memory now
-    put(fresh, tokens + [20, 21])
+    put(fresh, [*tokens, 20, 21])
     assert disk.flush() and disk.stats.written == 3  # the read-back blocks are not written again
 
 

@@ -53,9 +53,9 @@ def stored(budget: int = 10_000) -> BlockCache:
 def test_a_lookup_continues_from_the_deepest_checkpoint_it_shares():
     cache = stored()
     assert cache.tree.states == 4 and cache.nbytes == 4 * 10 + 4 * 100
-    hit = cache.lookup(list(range(16)) + [99])  # all of it: the sequence's own last state
+    hit = cache.lookup([*list(range(16)), 99])  # all of it: the sequence's own last state
     assert (hit.cached_tokens, hit.cache["state"], hit.shared) == (16, ("state", 16), 16)
-    hit = cache.lookup(list(range(11)) + [99])
+    hit = cache.lookup([*list(range(11)), 99])
     assert (hit.cached_tokens, hit.cache["state"], hit.shared) == (8, ("state", 8), 11)
     assert cache.lookup([5, 6, 7]).cached_tokens == 0
 
@@ -63,7 +63,7 @@ def test_a_lookup_continues_from_the_deepest_checkpoint_it_shares():
 def test_over_budget_inner_checkpoints_go_first_and_the_blocks_and_last_state_stay():
     cache = stored(budget=4 * 10 + 2 * 100)
     assert cache.tree.states == 2 and len(cache) == 4 and cache.state_evictions == 2
-    assert cache.lookup(list(range(16)) + [99]).cached_tokens == 16  # the last state stayed
-    assert cache.lookup(list(range(13)) + [99]).cached_tokens == 12  # the newest inner one too
-    assert cache.lookup(list(range(9)) + [99]).cached_tokens == 0  # an older one went
+    assert cache.lookup([*list(range(16)), 99]).cached_tokens == 16  # the last state stayed
+    assert cache.lookup([*list(range(13)), 99]).cached_tokens == 12  # the newest inner one too
+    assert cache.lookup([*list(range(9)), 99]).cached_tokens == 0  # an older one went
     assert cache.describe()["checkpoint_evictions"] == 2

@@ -86,7 +86,7 @@ def test_a_hung_converter_is_killed_at_the_timeout(toy_gguf, tmp_path, monkeypat
 
 def test_a_refusal_in_the_child_keeps_its_message(tmp_path):
     path = write_toy_gguf(tmp_path / "m.gguf", **{"general.architecture": "falcon"})
-    with pytest.raises(ModelLoadError, match="^GGUF architecture 'falcon' is not supported"):
+    with pytest.raises(ModelLoadError, match=r"^GGUF architecture 'falcon' is not supported"):
         load_model(str(path), tmp_path / "state")
 
 

@@ -26,12 +26,12 @@ def test_missing_gguf(tmp_path):
 
 @pytest.mark.parametrize("spec", ["./nowhere/model", "/nowhere/model", "~/nowhere", "a/b/c"])
 def test_missing_path_says_what_was_expected(spec, tmp_path):
-    with pytest.raises(ModelLoadError, match="model path not found.*folder with config.json.*builtin:NAME"):
+    with pytest.raises(ModelLoadError, match=r"model path not found.*folder with config.json.*builtin:NAME"):
         load_model(spec, tmp_path)
 
 
 def test_folder_without_config_and_plain_file(tmp_path):
-    with pytest.raises(ModelLoadError, match="expected config.json"):
+    with pytest.raises(ModelLoadError, match=r"expected config.json"):
         load_model(str(tmp_path), tmp_path)
     (tmp_path / "weights.bin").write_bytes(b"")
     with pytest.raises(ModelLoadError, match="is a file"):

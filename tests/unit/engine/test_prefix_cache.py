@@ -57,7 +57,7 @@ def test_a_resent_history_is_a_prefix_hit():
     cache = make()
     history = list(range(100, 150))
     cache.insert(history, kv(history))
-    hit = cache.lookup(history + [7, 8, 9])
+    hit = cache.lookup([*history, 7, 8, 9])
     assert hit.hit_type == "prefix" and hit.cached_tokens == 50 and hit.cache == [history]
 
 

@@ -169,7 +169,7 @@ def test_evictions_and_redundant_entries_are_dropped_on_the_follower_too(paged):
         h.finish(h.submit(counting(40 * i, 30), max_tokens=4))
     chat = counting(300, 20)
     h.finish(h.submit(chat, max_tokens=3))
-    h.finish(h.submit(chat + [301, 302, 303, 7], max_tokens=3))  # the longer entry makes the shorter redundant
+    h.finish(h.submit([*chat, 301, 302, 303, 7], max_tokens=3))  # the longer entry makes the shorter redundant
     assert h.scheduler.cache.stats.evictions > 0
     pair.close()
     pair.assert_same_cache()
@@ -186,7 +186,7 @@ def test_a_frame_round_trips_inline_and_through_the_overflow():
 
 
 def test_a_damaged_or_foreign_frame_is_an_error_not_a_guess():
-    raw, overflow = encode(Frame(Kind.STEP, 1, {"ops": [], "pss": 8}))
+    raw, _overflow = encode(Frame(Kind.STEP, 1, {"ops": [], "pss": 8}))
     damaged = bytearray(raw)
     damaged[40] ^= 0xFF
     with pytest.raises(FrameError, match="damaged"):

@@ -72,7 +72,7 @@ def test_a_step_over_groups_gives_each_row_its_own_logits(family):
     # A second step reads what the first wrote, group by group.
     again = GroupedModel(model)(mx.array([[23], [24], [25]]), cache=cache)
     for row, (prompt, token) in enumerate(zip(prompts, [20, 21, 22])):
-        cache_alone = prefilled(model, [prompt + [token]])
+        cache_alone = prefilled(model, [[*prompt, token]])
         want = np.array(model(mx.array([[23 + row]]), cache=cache_alone)[0, -1])
         np.testing.assert_allclose(np.array(again[row, -1]), want, atol=1e-4)
 

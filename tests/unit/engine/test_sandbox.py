@@ -104,7 +104,7 @@ def test_an_escape_behind_a_condition_is_a_400_and_runs_nothing(tmp_path, state_
     try:
         ctx = _Ctx(engine)
         assert asyncio.run(render_template(ctx, [{"role": "user", "content": "hi"}], None, None))  # loads, serves
-        with pytest.raises(InvalidRequest, match="chat template rejected these messages: .*unsafe"):
+        with pytest.raises(InvalidRequest, match=r"chat template rejected these messages: .*unsafe"):
             asyncio.run(render_template(ctx, [{"role": "user", "content": "open sesame"}], None, None))
     finally:
         engine.close()

@@ -119,7 +119,7 @@ def test_a_resent_history_prefills_its_new_part_in_chunks_of_a_second_too():
     h = Harness(**SLOW)
     first = h.submit(counting(1, 60), max_tokens=3)
     h.finish(first)
-    history = counting(1, 60) + [61, 62, 63]  # the prompt and the answer, cached whole
+    history = [*counting(1, 60), 61, 62, 63]  # the prompt and the answer, cached whole
     seq = h.submit(history + counting(200, 60), max_tokens=2)
     rows = Steps(h).prefill(seq)
     assert seq.progress.cache_hit_type == "prefix" and seq.progress.cached_tokens == 63

@@ -209,7 +209,7 @@ def test_a_draft_model_of_the_target_itself_is_always_right():
     spec = harness(True)
     spec.scheduler.draft = CountingModel(clock)  # the same rule as the target: every draft is its next token
     spec.scheduler.gen = spec.scheduler._new_generator()
-    texts, seqs = run(spec, [list(range(300, 310))], max_tokens=16)
+    texts, _seqs = run(spec, [list(range(300, 310))], max_tokens=16)
     assert texts == [decode_ids(list(range(310, 326)))]
     stats = spec.scheduler.spec.stats
     assert stats.drafted > 0 and stats.accepted == stats.drafted

@@ -1,4 +1,8 @@
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllmmlxd.engine.stops import StopMatcher
 
@@ -52,9 +56,6 @@ def test_empty_stop_strings_are_ignored():
     assert run(["", "z"], ["abc"]) == ("abc", False)
 
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
 _alphabet = st.sampled_from("ab c\n")
 
 
@@ -69,7 +70,7 @@ def test_any_split_gives_the_same_result_as_the_whole_text(text, stops, cuts):
     hits = [i for i in (text.find(s) for s in stops) if i >= 0]
     expected = text[: min(hits)] if hits else text
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
-    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
     m = StopMatcher(stops)
     out = ""
     for p in pieces:

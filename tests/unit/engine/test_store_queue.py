@@ -52,13 +52,13 @@ def test_a_sequence_finishing_beside_a_stream_is_stored_over_several_steps_and_a
         h.step()
         held.append(len(h.scheduler.cache.tree.nodes))
     assert len(held) > 3 and held == sorted(held)  # a few blocks a step
-    again = h.submit(counting(100, block * 40) + [7, 7], max_tokens=1)
+    again = h.submit([*counting(100, block * 40), 7, 7], max_tokens=1)
     h.finish(again)
     assert again.progress.cached_tokens >= block * 40 - block
     other = h.submit(counting(300, block * 40), max_tokens=2)
     h.finish(other)
     assert len(stores) == 1
-    soon = h.submit(counting(300, block * 40) + [7, 7], max_tokens=1)  # arrives while it is being stored
+    soon = h.submit([*counting(300, block * 40), 7, 7], max_tokens=1)  # arrives while it is being stored
     h.finish(soon)
     assert soon.progress.cached_tokens >= block * 40 - block  # the rest went in before it was admitted
     assert not stream.finished

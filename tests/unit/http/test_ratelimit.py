@@ -161,5 +161,5 @@ models:
 """
     ok = parse_config(text.replace("{port: 8080}", "{port: 8080, groups: {tiny: {rate_limit: '10/minute'}}}"), "c")
     assert ok.config.gateway.groups["tiny"].rate_limit == "10/minute"
-    with pytest.raises(ConfigError, match="gateway.groups has 1 name"):
+    with pytest.raises(ConfigError, match=r"gateway.groups has 1 name"):
         parse_config(text.replace("{port: 8080}", "{port: 8080, groups: {tinny: {}}}"), "c")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -121,7 +123,7 @@ _fragments = st.sampled_from(
 def test_any_text_split_any_way_gives_the_reference_result(cls, tail, parts, cuts):
     text = "".join(parts)
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
-    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
     out = collect(cls(tail), pieces)
     assert all(t for _, t in out)
     kinds = [k for k, _ in out]

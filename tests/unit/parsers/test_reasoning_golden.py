@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -174,7 +176,7 @@ def test_random_multi_piece_splits(case, data):
     family, tail, text, _, _ = GOLDEN[case]
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
     bounds = sorted({0, len(text), *cuts})
-    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
     assert run(family, tail, pieces) == expected(case)
 
 

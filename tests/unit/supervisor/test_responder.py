@@ -45,4 +45,4 @@ def test_the_gateway_mark_is_the_header_the_gateway_sends():
     from vllmmlxd.http.access import GATEWAY_TOKEN_HEADER
     from vllmmlxd.supervisor.responder import GATEWAY_MARK
 
-    assert GATEWAY_MARK == b"\r\n" + GATEWAY_TOKEN_HEADER.encode() + b":"
+    assert b"\r\n" + GATEWAY_TOKEN_HEADER.encode() + b":" == GATEWAY_MARK

@@ -118,7 +118,7 @@ class MessagesEncoding:
     def __init__(self, model: str):
         self.model = model
 
-    def stream_encoder(self, rid: str, prompt_tokens: int) -> "MessagesStreamEncoder":
+    def stream_encoder(self, rid: str, prompt_tokens: int) -> MessagesStreamEncoder:
         return MessagesStreamEncoder(rid, self.model, prompt_tokens)
 
     def response(self, rid: str, folded: Folded) -> dict:
@@ -186,7 +186,8 @@ class MessagesStreamEncoder:
             frames = self._close()
             self._blocks += 1
             block = mcp_tool_result_block(self.message_id, event)
-            return frames + [
+            return [
+                *frames,
                 _frame({"type": "content_block_start", "index": self._blocks - 1, "content_block": block}),
                 _frame({"type": "content_block_stop", "index": self._blocks - 1}),
             ]

@@ -5,7 +5,7 @@ the conversation the model sees."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -37,7 +37,7 @@ class DocumentBlock(_Lenient):
     source: dict[str, Any]
 
 
-ToolResultContentBlock = Annotated[Union[TextBlock, ImageBlock, DocumentBlock], Field(discriminator="type")]
+ToolResultContentBlock = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")]
 
 
 class CallBlock(_Lenient):
@@ -98,17 +98,15 @@ class McpToolResultBlock(ResultBlock):
 
 
 ContentBlock = Annotated[
-    Union[
-        TextBlock,
-        ImageBlock,
-        DocumentBlock,
-        ToolUseBlock,
-        ToolResultBlock,
-        ThinkingBlock,
-        RedactedThinkingBlock,
-        ServerToolUseBlock,
-        McpToolResultBlock,
-    ],
+    TextBlock
+    | ImageBlock
+    | DocumentBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | ServerToolUseBlock
+    | McpToolResultBlock,
     Field(discriminator="type"),
 ]
 

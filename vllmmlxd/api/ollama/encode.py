@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta
 from ...http.error_shapes import ollama_error
@@ -32,7 +33,7 @@ NS = 1_000_000_000
 
 def created_at(now: float | None = None) -> str:
     """A time as Ollama writes it: RFC 3339 in UTC, to the microsecond."""
-    moment = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
+    moment = datetime.fromtimestamp(time.time() if now is None else now, UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

@@ -7,7 +7,7 @@ answers Ollama's own paths and forwards there."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -25,7 +25,7 @@ def _not_a_bool(value: Any) -> Any:
 
 class CallFunction(_Lenient):
     name: str = Field(min_length=1)
-    arguments: Union[dict[str, Any], str] = Field(default_factory=dict)  # an object; JSON text is taken too
+    arguments: dict[str, Any] | str = Field(default_factory=dict)  # an object; JSON text is taken too
 
 
 class ToolCall(_Lenient):
@@ -48,10 +48,10 @@ class _Generating(_Lenient):
 
     model: str | None = None
     stream: bool | None = None  # absent: streamed, as Ollama does
-    format: Union[str, dict[str, Any], None] = None  # "json" or a JSON schema
+    format: str | dict[str, Any] | None = None  # "json" or a JSON schema
     options: dict[str, Any] | None = None
-    keep_alive: Union[float, str, None] = None
-    think: Union[bool, str, None] = None  # true/false, or an effort ("low", "medium", "high")
+    keep_alive: float | str | None = None
+    think: bool | str | None = None  # true/false, or an effort ("low", "medium", "high")
     logprobs: bool | None = None
     top_logprobs: int | None = None
 
@@ -69,7 +69,7 @@ class ChatRequest(_Generating):
     tools: list[dict[str, Any]] | None = None
     # vllmmlxd's extension (Ollama has none): OpenAI's tool_choice, "required" or a named function
     # holding decoding to a call, as on the other families.
-    tool_choice: Union[str, dict[str, Any], None] = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class GenerateRequest(_Generating):
@@ -88,11 +88,11 @@ class EmbedRequest(_Lenient):
     """``POST /api/embed``: inputs cut to the model's limit unless ``truncate`` is false, as Ollama does."""
 
     model: str | None = None
-    input: Union[str, list[str]]
+    input: str | list[str]
     truncate: bool = True
     dimensions: int | None = Field(None, ge=1)
     options: dict[str, Any] | None = None
-    keep_alive: Union[float, str, None] = None
+    keep_alive: float | str | None = None
 
     _keep_alive = field_validator("keep_alive", mode="before")(_not_a_bool)
 
@@ -103,7 +103,7 @@ class EmbeddingsRequest(_Lenient):
     model: str | None = None
     prompt: str
     options: dict[str, Any] | None = None
-    keep_alive: Union[float, str, None] = None
+    keep_alive: float | str | None = None
 
     _keep_alive = field_validator("keep_alive", mode="before")(_not_a_bool)
 

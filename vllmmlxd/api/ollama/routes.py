@@ -82,7 +82,7 @@ def facts_of(ctx: ServingContext) -> describe.Facts:
     )
 
 
-def make_router(live: LiveContext, activity: Activity | None = None) -> APIRouter:
+def make_router(live: LiveContext, activity: Activity | None = None) -> APIRouter:  # noqa: C901 - a factory: its count is the routes it defines, each simple
     """The routes, each reading the settings its request started under (``live.capture``);
     ``activity``: where a request's ``keep_alive`` goes (the worker's idle figures)."""
     router = APIRouter()

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ...errors import InvalidRequest
 from ..images import ImageRef, image_part

@@ -92,7 +92,7 @@ class ChatEncoding:
     def __init__(self, created: int, model: str, include_usage: bool):
         self.created, self.model, self.include_usage = created, model, include_usage
 
-    def stream_encoder(self, rid: str, prompt_tokens: int) -> "ChatStreamEncoder":
+    def stream_encoder(self, rid: str, prompt_tokens: int) -> ChatStreamEncoder:
         return ChatStreamEncoder(rid, self.created, self.model, self.include_usage)
 
     def response(self, rid: str, folded: Folded) -> dict:

@@ -4,7 +4,7 @@ values are range-checked here so bad parameters become 400s with the field named
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -21,7 +21,7 @@ class StreamOptions(_Lenient):
 
 class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[dict[str, Any]], None] = None
+    content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -62,7 +62,7 @@ class _SamplingFields(SamplingExtensions):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = None
-    stop: Union[str, list[str], None] = None
+    stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="one choice per request in this version")
@@ -80,7 +80,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Union[str, dict[str, Any], None] = None
+    tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -88,7 +88,7 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Union[str, list[str], list[int]]
+    prompt: str | list[str] | list[int]
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = None

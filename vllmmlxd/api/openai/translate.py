@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -172,10 +173,10 @@ def _parsed_arguments(tool_calls: list[dict]) -> list[dict]:
         fn = dict(call.get("function") or {})
         args = fn.get("arguments")
         if isinstance(args, str):
-            try:
+            with contextlib.suppress(
+                ValueError, RecursionError
+            ):  # not JSON (or too deep, too long a number): kept as text
                 fn["arguments"] = json.loads(args)
-            except (ValueError, RecursionError):  # not JSON (or too deep, too long a number): kept as text
-                pass
         call["function"] = fn
         out.append(call)
     return out

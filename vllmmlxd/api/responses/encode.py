@@ -11,7 +11,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ...config.mcp import MCP_TOOL_SEPARATOR
 from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta, Usage
@@ -177,7 +178,7 @@ class ResponsesEncoding:
             self._ids[rid] = response_id(self.shape.model)
         return self._ids[rid]
 
-    def stream_encoder(self, rid: str, prompt_tokens: int) -> "ResponsesStreamEncoder":
+    def stream_encoder(self, rid: str, prompt_tokens: int) -> ResponsesStreamEncoder:
         return ResponsesStreamEncoder(self.response_id(rid), self.shape, self.done)
 
     def response(self, rid: str, folded: Folded) -> dict[str, Any]:
@@ -288,7 +289,7 @@ class ResponsesStreamEncoder:
             self.buffer += event.text
             prefix, name, part = DELTAS[kind]
             fields = {"item_id": self._iid(prefix), "output_index": len(self.items), part: 0, "delta": event.text}
-            return frames + [self._emit(name, **fields)]
+            return [*frames, self._emit(name, **fields)]
         if isinstance(event, ToolCallDelta):
             frames = self._close()
             n, iid = len(self.items), self._iid("fc_")
@@ -324,7 +325,7 @@ class ResponsesStreamEncoder:
             body = self.shape.body(self.rid, "completed", self.items, event)
             kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
             self.done(body)
-            return frames + [self._emit(kind, response=body)]
+            return [*frames, self._emit(kind, response=body)]
         return []  # McpCall: its item is written with its outcome
 
     def error(self, message: str, kind: str) -> list[str]:
@@ -332,7 +333,7 @@ class ResponsesStreamEncoder:
         code = {"timeout": "timeout", "constraint": "invalid_request_error"}.get(kind, "server_error")
         body = self.shape.body(self.rid, "failed", self.items, None)
         body["error"] = {"code": code, "message": message}
-        return frames + [self._emit("response.failed", response=body)]
+        return [*frames, self._emit("response.failed", response=body)]
 
     def end(self) -> list[str]:
         return []

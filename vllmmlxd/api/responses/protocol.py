@@ -4,7 +4,7 @@ values are range-checked so bad ones are 400s naming the field."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -25,15 +25,15 @@ class ResponsesRequest(SamplingExtensions):
     ``logit_bias``, ...), ``seed`` and ``stop``."""
 
     model: str | None = None
-    input: Union[str, list[dict[str, Any]]]
+    input: str | list[dict[str, Any]]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = None  # an extension, as on chat completions
-    stop: Union[str, list[str], None] = Field(None, max_length=MAX_STOP_STRINGS)  # an extension
+    stop: str | list[str] | None = Field(None, max_length=MAX_STOP_STRINGS)  # an extension
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Union[str, dict[str, Any], None] = None
+    tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None

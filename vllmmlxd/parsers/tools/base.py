@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ToolCall:
     arguments: str
 
 
-Piece = Union[tuple[Literal["content"], str], tuple[Literal["tool_call"], ToolCall]]
+Piece = tuple[Literal["content"], str] | tuple[Literal["tool_call"], ToolCall]
 
 
 class MalformedCall(ValueError):
