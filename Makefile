@@ -56,11 +56,12 @@ test: $(VENV)/.dev lint system-deps clients
 	@$(COMPILE) vllmmlxd tests
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
-## lint: ruff (lint and format) and mypy, configured in pyproject.toml
+## lint: ruff (lint and format), mypy and the import contract (lint-imports), configured in pyproject.toml
 lint: $(VENV)/.dev
 	$(BIN)/ruff check vllmmlxd tests
 	$(BIN)/ruff format --check vllmmlxd tests
 	$(BIN)/mypy --cache-dir "$(MYPY_CACHE)"
+	$(BIN)/lint-imports --no-cache
 
 ## test-fast: everything but the tests marked slow
 test-fast: $(VENV)/.dev clients

@@ -15,11 +15,11 @@ import pytest
 
 from tests.support.hub import StandInHub
 from vllmmlxd.errors import StoreBusy, StoreError
-from vllmmlxd.runtime.weights import model_folder
 from vllmmlxd.store.catalog import list_models
 from vllmmlxd.store.layout import MARKER, store_copy, work_folder
 from vllmmlxd.store.pulls import Pulls
 from vllmmlxd.store.sources import Source
+from vllmmlxd.store.weights import model_folder
 
 REPO = "org/tiny"
 WEIGHTS = "model.safetensors"

@@ -1,6 +1,9 @@
 """The dependency arrows of docs/architecture.md, checked."""
 
 import ast
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,71 +23,51 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-# The packages from the bottom up: each may import from its own layer and those below, never above.
-LAYERS = [
-    {"errors", "log", "paths", "sockets", "__init__", "__main__"},  # stdlib only
-    {"config", "runtime", "store"},  # store: stdlib, and huggingface_hub in its pull's own process
-    {"parsers"},
-    {"engine"},  # the only one that imports mlx
-    {"http"},  # ASGI middleware, error shapes, serving
-    {"mcp"},  # MCP clients
-    {"api"},  # the API families over the engine's events
-    {"worker", "gateway"},  # processes
-    {"supervisor"},  # the daemon's side: never the engine
-    {"control"},
-    {"ctl"},
-    {"daemon", "cli", "service_files"},  # composition roots
-]
-LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
+REPO = PKG.parent
 
 
-def project_imports(path: Path, root: Path = PKG) -> set[str]:
-    """The top-level packages of vllmmlxd that one module imports (absolute and relative)."""
-    rel = path.relative_to(root).parts
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        targets: list[str] = []
-        if isinstance(node, ast.ImportFrom) and node.level > 0:
-            base = list(rel[:-1])[: len(rel) - node.level] if node.level > 1 else list(rel[:-1])
-            if node.module:
-                targets = [".".join([*base, node.module])]
-            else:  # `from .. import x`: a module of that package, or (at the top) the package's own __init__
-                targets = [".".join([*base, a.name]) for a in node.names] if base else ["__init__"]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vllmmlxd."):
-            targets = [node.module.removeprefix("vllmmlxd.")]
-        elif isinstance(node, ast.Import):
-            targets = [a.name.removeprefix("vllmmlxd.") for a in node.names if a.name.startswith("vllmmlxd.")]
-        found.update(t.split(".")[0] for t in targets if t)
-    return found
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """``make lint``'s import contract (pyproject.toml's [tool.importlinter]) over the package found in ``root``."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache", "--config", str(REPO / "pyproject.toml")],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-def upward_imports(pkg: Path) -> tuple[list[str], int]:
-    offenders, checked = [], 0
-    for path in pkg.rglob("*.py"):
-        rel = path.relative_to(pkg).parts
-        own = rel[0] if len(rel) > 1 else rel[0].removesuffix(".py")
-        for target in project_imports(path, pkg) - {own}:
-            checked += 1
-            if target not in LAYER or own not in LAYER:
-                offenders.append(f"{'/'.join(rel)}: {own} -> {target} (not in LAYERS)")
-            elif LAYER[target] > LAYER[own]:
-                offenders.append(f"{'/'.join(rel)}: {own} imports {target}, a layer above it")
-    return offenders, checked
+def test_the_import_contract_holds_and_reads_the_whole_package():
+    result = lint_imports(REPO)
+    assert result.returncode == 0, result.stdout[-3000:]
+    files, dependencies = map(int, re.search(r"Analyzed (\d+) files, (\d+) dependencies", result.stdout).groups())
+    assert files > 200 and dependencies > 500, "the contract read almost nothing"
 
 
-def test_no_package_imports_a_package_above_it():
-    offenders, checked = upward_imports(PKG)
-    assert checked > 50, f"only {checked} imports between packages found: the check read nothing"
-    assert offenders == []
-
-
-def test_the_layer_check_finds_an_upward_import(tmp_path):
-    (tmp_path / "http").mkdir()
-    (tmp_path / "api").mkdir()
-    (tmp_path / "http" / "browser.py").write_text("from ..api.errors import render_error\n")
-    (tmp_path / "api" / "errors.py").write_text("from ..http import error_shapes\n")
-    offenders, checked = upward_imports(tmp_path)
-    assert checked == 2 and offenders == ["http/browser.py: http imports api, a layer above it"]
+@pytest.mark.parametrize(
+    "module,line,broken",
+    [
+        # An upward import, even inside a function: http is below api.
+        ("http/serving.py", "def _up():\n    from vllmmlxd.api import errors\n", "Layers"),
+        # A cycle between two modules of one package.
+        ("engine/stops.py", "from vllmmlxd.engine import sampling\n", "No cycle"),
+        # A cycle between two packages of one layer: runtime is imported by config.
+        ("runtime/cpus.py", "from vllmmlxd.config import names\n", "No cycle"),
+    ],
+)
+def test_the_import_contract_fails_on_an_upward_import_or_a_cycle(tmp_path, module, line, broken):
+    copy = tmp_path / "vllmmlxd"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    if broken == "No cycle" and module == "engine/stops.py":
+        (copy / "engine" / "sampling.py").write_text(
+            "from vllmmlxd.engine import stops\n" + (copy / "engine" / "sampling.py").read_text()
+        )
+    (copy / module).write_text((copy / module).read_text() + "\n" + line)
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0 and f"{broken}" in result.stdout.split("Broken contracts", 1)[-1], result.stdout[
+        -3000:
+    ]
 
 
 def test_only_the_engine_imports_mlx():

@@ -18,7 +18,6 @@ when what it builds changes (weights recipe, template, conversion).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -36,6 +35,7 @@ import mlx.core as mx
 import numpy as np
 
 from vllmmlxd.engine import gguf
+from vllmmlxd.engine.builtin_shapes import TINY_CONFIG, add_tokens
 from vllmmlxd.errors import ModelLoadError
 from vllmmlxd.log import log_event
 from vllmmlxd.paths import downloads_dir, models_dir
@@ -65,24 +65,6 @@ MINILM_FILES = (
     "config_sentence_transformers.json",
     "1_Pooling/config.json",
 )
-
-TINY_CONFIG = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "rope_traditional": False,
-    "vocab_size": 49154,  # SmolLM2's 49152 and the two thinking tokens
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": True,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "torch_dtype": "float32",
-}
 
 
 @dataclass(frozen=True)
@@ -234,25 +216,6 @@ TINY_THINK_TOKENS = {"<think>": 49152, "</think>": 49153}
 def add_think_tokens(folder: Path) -> None:
     """Give builtin:tiny's tokenizer ``<think>`` and ``</think>`` as single added tokens."""
     add_tokens(folder, TINY_THINK_TOKENS, special=False)
-
-
-def add_tokens(folder: Path, tokens: dict[str, int], *, special: bool) -> None:
-    """Add ``tokens`` (text → id) to the folder's tokenizer.json as whole added tokens."""
-    path = folder / "tokenizer.json"
-    data = json.loads(path.read_text(encoding="utf-8"))
-    for content, token_id in tokens.items():
-        data["added_tokens"].append(
-            {
-                "id": token_id,
-                "content": content,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": special,
-            }
-        )
-    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
 
 def tiny_chat_template() -> str:

@@ -21,7 +21,7 @@ from typing import Any, cast
 import mlx.core as mx
 import numpy as np
 
-from vllmmlxd.engine.builtin import TINY_CONFIG, add_tokens
+from vllmmlxd.engine.builtin_shapes import TINY_CONFIG, add_tokens
 
 IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
 TILE_TOKENS = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]  # up to 6 x 6 tiles

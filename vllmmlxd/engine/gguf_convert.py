@@ -2,7 +2,7 @@
 
 MLX's GGUF reader is C code with open out-of-bounds reports: a corrupt or hostile file
 could crash, hang or scribble on the memory of whatever process parses it. The worker
-never parses one itself; it runs ``python -m vllmmlxd.engine.gguf_convert SRC DEST``
+never parses one itself; it runs ``python -m vllmmlxd.engine.gguf_child SRC DEST``
 with a timeout and turns any death of the child into a ``ModelLoadError`` naming the file.
 
 The child's contract: exit 0 with DEST filled; or exit ``EXIT_REFUSED`` after writing one
@@ -27,7 +27,7 @@ _TAIL_LINES = 5
 
 def convert_command(gguf_path: Path, folder: Path) -> list[str]:
     """The child's argv: this interpreter, this module (as the worker itself is started)."""
-    return [sys.executable, "-m", "vllmmlxd.engine.gguf_convert", str(gguf_path), str(folder)]
+    return [sys.executable, "-m", "vllmmlxd.engine.gguf_child", str(gguf_path), str(folder)]
 
 
 def convert_in_child(gguf_path: Path, folder: Path, timeout: float | None = None) -> None:
@@ -70,22 +70,3 @@ def describe_exit(returncode: int) -> str:
     except ValueError:
         name = "unknown"
     return f"was killed by signal {-returncode} ({name})"
-
-
-def main(argv: list[str]) -> int:
-    """The child: convert ``argv[0]`` into the existing folder ``argv[1]``."""
-    if len(argv) != 2:
-        print("usage: python -m vllmmlxd.engine.gguf_convert FILE.gguf FOLDER", file=sys.stderr)
-        return 2
-    from vllmmlxd.engine import gguf  # imported here: the parent needs none of mlx for this module
-
-    try:
-        gguf.convert_gguf(Path(argv[0]), Path(argv[1]))
-    except ModelLoadError as exc:
-        print(f"{ERROR_PREFIX}{' '.join(str(exc).splitlines())}", file=sys.stderr)
-        return EXIT_REFUSED
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

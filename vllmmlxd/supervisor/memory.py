@@ -19,8 +19,8 @@ from pathlib import Path
 from ..config.distributed import model_shape, share_text
 from ..config.schema import Config, ModelConfig
 from ..runtime import memory as machine
-from ..runtime import weights
 from ..runtime.shard_families import layer_share
+from ..store import weights
 
 # A builtin:tiny worker on Linux (BLIS loaded, 12 MB of weights) measured 172 MiB RSS once
 # ready and a 191 MiB peak (VmHWM) while loading: the interpreter, FastAPI, mlx and the BLAS.

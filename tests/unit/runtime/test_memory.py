@@ -1,4 +1,4 @@
-"""runtime/memory.py and runtime/weights.py: the machine's memory, and model weights sized from their files alone."""
+"""runtime/memory.py and store/weights.py: the machine's memory, and model weights sized from their files alone."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from vllmmlxd.runtime import memory, weights
+from vllmmlxd.runtime import memory
 from vllmmlxd.runtime.memory import cgroup_memory_limit, meminfo_total
-from vllmmlxd.runtime.weights import (
+from vllmmlxd.store import weights
+from vllmmlxd.store.weights import (
     BUILTIN_PARAMETERS,
     estimate_weights,
     folder_weights,
@@ -254,7 +255,7 @@ def test_this_machine_has_memory():
 
 
 def test_an_entry_counts_its_embedding_and_draft_models_too(tmp_path):
-    from vllmmlxd.runtime.weights import estimate_entry_weights
+    from vllmmlxd.store.weights import estimate_entry_weights
 
     sizes = {
         name: model_folder(tmp_path / name, {"w": ("F32", shape)})

@@ -9,7 +9,7 @@ import pytest
 from vllmmlxd.config.schema import Config, ModelConfig
 from vllmmlxd.runtime import memory as machine
 from vllmmlxd.runtime.memory import MachineMemory
-from vllmmlxd.runtime.weights import BUILTIN_PARAMETERS, WeightsEstimate
+from vllmmlxd.store.weights import BUILTIN_PARAMETERS, WeightsEstimate
 from vllmmlxd.supervisor.memory import (
     WORKER_OVERHEAD_MB,
     Capacity,

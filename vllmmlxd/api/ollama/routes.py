@@ -26,7 +26,7 @@ from starlette.requests import Request
 
 from ...errors import InvalidRequest
 from ...http.activity import Activity, idle_limit
-from ...runtime.weights import folder_weights
+from ...store.weights import folder_weights
 from ..body import read_json, unless_disconnected, validate
 from ..chat import serve_chat
 from ..context import LiveContext, ServingContext, owner_of, shown_source

@@ -18,7 +18,7 @@ from vllmmlxd.paths import models_dir
 from vllmmlxd.store.layout import MARKER as COMPLETE_MARKER
 from vllmmlxd.store.layout import hub_cache_dir, hub_folder, hub_snapshot
 
-from .memory import MIB
+from ..runtime.memory import MIB
 
 __all__ = ["COMPLETE_MARKER", "hub_cache_dir", "hub_snapshot"]  # kept importable from here
 HALF_DTYPES = ("F16", "BF16")
