@@ -122,37 +122,44 @@ def state_dir() -> Path:
     return path
 
 
-# Seconds the slowest files took on the 2-core machine (2026-12-01, 3 processes). With
-# ``--dist loadfile`` a file runs whole on one process, handed out in collection order: a long
-# file handed out last runs on while the other processes have nothing left. The longest go first;
-# the rest keep their order (the many short unit files fill the end).
+# Seconds the slowest files took in a whole run on the 2-core machine (2026-12-03, 3 processes:
+# contended, so longer than alone). With ``--dist loadfile`` a file runs whole on one process,
+# handed out in collection order: a long file handed out last runs on while the other processes
+# have nothing left. The longest go first; the rest keep their order (the many short unit files
+# fill the end).
 LONGEST_FILES = {
-    "tests/e2e/test_daemon_cache_disk.py": 170,  # SmolLM2's cold prefill of 2,000 tokens: ~70 s alone (2026-12-02)
-    "tests/e2e/test_daemon_sharded.py": 90,
-    "tests/e2e/test_daemon_reload.py": 90,
-    "tests/integration/test_openai_api.py": 90,
-    "tests/e2e/test_daemon_gateway.py": 80,
-    "tests/e2e/test_daemon_faults.py": 70,
-    "tests/integration/test_batching.py": 60,
-    "tests/integration/test_blas.py": 55,
-    "tests/e2e/test_daemon_lazy.py": 50,
-    "tests/e2e/test_daemon_memory.py": 45,
-    "tests/e2e/test_daemon.py": 40,
-    "tests/integration/test_store_pull.py": 20,
-    "tests/e2e/test_ollama_pull.py": 30,  # 25 s alone (2026-12-02)
-    "tests/unit/supervisor/test_store_entries.py": 20,
-    "tests/integration/test_responses_api.py": 25,
-    "tests/integration/test_slow_clients.py": 30,
-    "tests/e2e/test_daemon_mcp.py": 25,
-    "tests/integration/test_smollm2.py": 40,
-    "tests/integration/test_kv_admission.py": 30,  # tiny 10 s, then SmolLM2 20 s (2026-12-02, alone)
-    "tests/integration/test_prefix_blocks.py": 30,
-    # Measured alone (2026-12-03): the fidelity harness and the layered caches on the daemon.
-    "tests/unit/engine/test_fidelity_recurrent.py": 40,
-    "tests/unit/engine/test_fidelity_windows.py": 32,
-    "tests/unit/engine/test_fidelity_attention.py": 26,
-    "tests/e2e/test_daemon_cache_layered.py": 36,
-    "tests/e2e/test_daemon_sharded_families.py": 21,
+    "tests/e2e/test_daemon_faults.py": 104,
+    "tests/e2e/test_daemon_reload.py": 68,
+    "tests/unit/engine/test_fidelity_recurrent.py": 59,
+    "tests/e2e/test_daemon_lazy.py": 56,
+    "tests/e2e/test_daemon_gateway.py": 53,
+    "tests/e2e/test_daemon.py": 48,
+    "tests/unit/engine/test_fidelity_attention.py": 43,
+    "tests/integration/test_smollm2.py": 41,
+    "tests/e2e/test_daemon_sharded.py": 40,
+    "tests/unit/engine/test_fidelity_windows.py": 38,
+    "tests/integration/test_gateway.py": 38,
+    "tests/e2e/test_daemon_cache_layered.py": 35,
+    "tests/e2e/test_daemon_service.py": 34,
+    "tests/unit/engine/test_speculative_engine.py": 29,
+    "tests/integration/test_blas.py": 28,
+    "tests/integration/test_agents.py": 27,
+    "tests/integration/test_openai_api.py": 26,
+    "tests/integration/test_metrics_ratelimit.py": 25,
+    "tests/e2e/test_daemon_live.py": 24,
+    "tests/integration/test_store_pull.py": 24,
+    "tests/integration/test_embeddings.py": 23,
+    "tests/integration/test_vision.py": 23,
+    "tests/integration/test_mcp_loop.py": 23,
+    "tests/integration/test_tools.py": 23,
+    "tests/e2e/test_daemon_cache_disk.py": 23,
+    "tests/e2e/test_ollama.py": 22,
+    "tests/fuzz/test_hypothesis_routes.py": 21,
+    "tests/integration/test_mcp.py": 21,
+    "tests/e2e/test_gateway_browser.py": 21,
+    "tests/unit/engine/test_builtin.py": 20,
+    "tests/e2e/test_ollama_pull.py": 19,
+    "tests/integration/test_kv_admission.py": 19,
 }
 
 
