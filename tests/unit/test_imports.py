@@ -95,6 +95,8 @@ def test_only_the_engine_imports_mlx():
         ("vllmmlxd.supervisor.supervisor", ["vllmmlxd.control", "fastapi"]),
         ("vllmmlxd.control.server", ["vllmmlxd.supervisor"]),
         ("vllmmlxd.supervisor.transitions", ["asyncio", "vllmmlxd.config", "pydantic"]),
+        # How an engine schedules is plain data, read without loading the engine.
+        ("vllmmlxd.engine.options", ["mlx", "mlx_lm", "numpy"]),
     ],
 )
 def test_import_arrows(module, forbidden):

@@ -4,11 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from ..config.schema import ModelConfig
 from ..paths import kv_cache_dir
 from .kv_budget import explicit_limit
-from .speculative import SpeculationOptions
+
+Method = Literal["prompt-lookup", "draft"]
+
+
+@dataclass(frozen=True)
+class SpeculationOptions:
+    """An entry's ``speculative:`` settings."""
+
+    method: Method = "prompt-lookup"
+    num_draft: int = 4  # tokens drafted a step at most
+    ngram: int = 6  # prompt lookup matches the last this-many tokens (down to 2)
+    adaptive: bool = True  # the width from costs and acceptance, rows pausing; False: always the widest
 
 
 @dataclass(frozen=True)

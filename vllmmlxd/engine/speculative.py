@@ -38,30 +38,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, dynamic_roll, make_prompt_cache
 
 from .draft_width import StepCosts, best_width
+from .options import SpeculationOptions
 from .row_groups import GroupedBatch, row_groups
 
-Method = Literal["prompt-lookup", "draft"]
 PAUSE_AFTER = 3  # drafts rejected whole in a row before a row pauses drafting
 MAX_PAUSE = 64  # steps a row pauses at most
 PRIOR_ACCEPTANCE = 0.5  # what a row's acceptance is taken to be before it has drafted
 EXPLORE_EVERY = 8  # every this-many steps with drafts at hand, the runner-up width runs, to measure it again
-
-
-@dataclass(frozen=True)
-class SpeculationOptions:
-    """An entry's ``speculative:`` settings."""
-
-    method: Method = "prompt-lookup"
-    num_draft: int = 4  # tokens drafted a step at most
-    ngram: int = 6  # prompt lookup matches the last this-many tokens (down to 2)
-    adaptive: bool = True  # the width from costs and acceptance, rows pausing; False: always the widest
 
 
 def lookup_drafts(history: np.ndarray, ngram: int, k: int) -> list[int]:
