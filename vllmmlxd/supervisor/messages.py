@@ -134,21 +134,4 @@ class IdleTick:
 
 Calls = StartAll | Reload | Load | Start | Stop | Restart | Shutdown
 News = Changed | OpDone | UseDaemonConfig | ConfigMissing | Fetched | PulledForReload | Published | Demand | IdleTick
-Msg = (
-    StartAll
-    | Reload
-    | Load
-    | Start
-    | Stop
-    | Restart
-    | Shutdown
-    | Changed
-    | OpDone
-    | UseDaemonConfig
-    | ConfigMissing
-    | Fetched
-    | PulledForReload
-    | Published
-    | Demand
-    | IdleTick
-)
+Msg = Calls | News
