@@ -44,15 +44,13 @@ class PixelBudget:
                 param="messages",
             )
         self._loop = asyncio.get_running_loop()
-        if not self._waiting and fits(self.held, self.capacity, pixels):
-            self.held += pixels
+        if self._take_now(pixels):
             return
         if time.monotonic() - self._collected > 1.0:
             # Images a failed request left in a reference cycle are freed by a collection, not at once.
             self._collected = time.monotonic()
             gc.collect()
-            if not self._waiting and fits(self.held, self.capacity, pixels):
-                self.held += pixels
+            if self._take_now(pixels):
                 return
         entry = (pixels, self._loop.create_future())
         self._waiting.append(entry)
@@ -72,6 +70,13 @@ class PixelBudget:
             else:
                 self.give(pixels)  # granted as it was cancelled
             raise
+
+    def _take_now(self, pixels: int) -> bool:
+        """Take ``pixels`` at once if nobody waits ahead and they fit."""
+        if self._waiting or not fits(self.held, self.capacity, pixels):
+            return False
+        self.held += pixels
+        return True
 
     def give(self, pixels: int) -> None:
         """Pixels back (on the event loop); whoever waits first and now fits goes on."""
