@@ -23,10 +23,8 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from typing import assert_never
 
-from ..config.gateway import GatewaySpec
 from ..log import event_line, log_event
 from ..runtime.cpus import CpuShare
 from ..sockets import bind_tcp, http_url
@@ -36,50 +34,33 @@ from .log_lines import LogLines
 from .operations import resolve as _resolve
 from .process import UnitConfig, WorkerProcess
 from .responder import RETRY_SLACK_S, StandIn, Unavailable, unavailable
-from .slot_news import Result, Waiter, Waits, announcement, settle, why_not
-from .slot_workers import PushSettings, SlotWorkers
-from .transitions import (
-    SWAPPING,
-    UNLOADED,
-    Counters,
-    Decision,
-    Event,
-    Phase,
-    command_kind,
-    decide,
-    public_state,
-    worker_event_kind,
+from .slot_messages import (
+    ApplySettings,
+    BackoffElapsed,
+    Call,
+    Close,
+    Command,
+    FollowUp,
+    Listening,
+    Open,
+    PlanShare,
+    ReleaseSocket,
+    Replace,
+    SlotMsg,
+    SlotSettings,
+    TurnedAway,
+    UseSettings,
+    WorkerExited,
+    WorkerNews,
 )
-from .tuning import Tuning
+from .slot_news import Result, Waiter, Waits, announcement, settle, why_not
+from .slot_sockets import ExtraListeners
+from .slot_workers import PushSettings, SlotWorkers
+from .transitions import SWAPPING, UNLOADED, Counters, Decision, Event, Phase, decide, public_state
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
 __all__ = ["PushSettings", "Result", "Slot", "SlotSettings"]
-
-
-@dataclass(frozen=True)
-class SlotSettings:
-    state_dir: Path
-    drain_timeout: float
-    log_level: str
-    tuning: Tuning = field(default_factory=Tuning)
-
-
-@dataclass
-class _Msg:
-    """One item on a slot's queue: a command (with its caller's future) or an event about a worker."""
-
-    kind: str  # an EventKind, or the actor's own business: "listening", "release_socket", "settings"...
-    event: Event | None = None
-    worker: WorkerProcess | None = None
-    future: asyncio.Future | None = None
-    waits: Waits | None = None
-    config: UnitConfig | None = None
-    share: CpuShare | None = None
-    sock: socket.socket | None = None
-    token: int = 0
-    until: float = 0.0
-    settings: SlotSettings | None = None
 
 
 class Slot:
@@ -116,13 +97,12 @@ class Slot:
         self.expected_until = 0.0  # monotonic: a client turned away by the stand-in retries until then
         self.log = LogLines()  # its workers' lines and the daemon's about it, for `logs`
         self.sock = sock
-        # More listening sockets its config asks for (the gateway's Ollama port), by address: bound at
-        # the first spawn and kept, like ``sock``, so a restart refuses no connection there either.
-        self.extra_socks: dict[tuple[str, int], socket.socket] = {}
+        # More listening sockets its config asks for (the gateway's Ollama port): kept like ``sock``.
+        self.extra = ExtraListeners()
         self.module = module  # the program its workers run
         self._on_demand = on_demand  # a request came for it while unloaded: the supervisor loads it
         self._on_change = on_change
-        self._queue: asyncio.Queue[_Msg] = asyncio.Queue()
+        self._queue: asyncio.Queue[SlotMsg] = asyncio.Queue()
         self._waiters: list[Waiter] = []
         self._backoff: asyncio.Task | None = None
         self._backoff_token = 0
@@ -131,30 +111,30 @@ class Slot:
         self._closed = False
         self._actor = asyncio.create_task(self._run(), name=f"slot-{name}")
         if lazy:  # bound now: clients get a 503 saying why, not a refused connection
-            self._post("open")
+            self._post(Open())
 
     # -- commands: each waits on its future, never on a lock --------------
 
     async def start(self) -> bool:
         """Start a worker (if none runs); True once it is ready."""
-        return (await self._command("start", "serving"))[0]
+        return (await self._command(Event("start"), "serving"))[0]
 
     async def stop(self) -> bool:
         """Stop the worker (a starting one is killed at once); the socket stays, answering 503."""
-        return (await self._command("stop", "stopped"))[0]
+        return (await self._command(Event("stop"), "stopped"))[0]
 
     async def load(self) -> Result:
         """A lazy model's load (a request needs it): start a worker unless one runs; a model stopped on
         purpose or failed stays so (refused). Once ready, or why not."""
-        return await self._command("load", "serving")
+        return await self._command(Event("load"), "serving")
 
     async def unload(self) -> Result:
         """Give a lazy model's memory back: stop its worker (draining) and wait unloaded, loading on demand."""
-        return await self._command("unload", "stopped")
+        return await self._command(Event("unload"), "stopped")
 
     async def restart(self, *, hold_both: bool = True) -> bool:
         """A fresh worker of the same config (zero downtime when one is ready and ``hold_both``)."""
-        return (await self._command("restart", "serving", hold_both=hold_both))[0]
+        return (await self._command(Event("restart", hold_both=hold_both), "serving"))[0]
 
     async def replace(
         self,
@@ -167,62 +147,66 @@ class Slot:
         """Swap in a worker for ``config`` (on ``share``'s cores). With ``hold_both`` the old one serves until
         the new one is ready, and keeps serving if it fails; without, it is stopped first. ``sock``: the
         listening socket for a new address, handed over by the supervisor."""
-        return await self._command("replace", "serving", hold_both=hold_both, config=config, share=share, sock=sock)
+        event = Event("replace", hold_both=hold_both)
+        return await self._ask(
+            lambda f: Replace(future=f, event=event, waits="serving", config=config, share=share, sock=sock)
+        )
 
     async def apply_settings(self, config: UnitConfig, sock: socket.socket | None = None) -> Result:
         """Take ``config``'s live settings without a new worker (pushed to the running one). ``sock``: a
         listening socket for its address, handed over by the supervisor (a model that runs no worker)."""
-        return await self._command("apply_settings", None, config=config, sock=sock)
+        event = Event("apply_settings")
+        return await self._ask(lambda f: ApplySettings(future=f, event=event, waits=None, config=config, sock=sock))
 
     def use_settings(self, settings: SlotSettings) -> None:
         """Workers started from now on get these settings (drain timeout, log level)."""
-        self._post("settings", settings=settings)
+        self._post(UseSettings(settings))
 
     def plan_share(self, share: CpuShare | None) -> None:
         """The cores its next worker gets (a running one keeps its own)."""
-        self._post("plan_share", share=share)
+        self._post(PlanShare(share))
 
     async def release_socket(self) -> socket.socket | None:
         """Hand the listening socket over (to another slot); the slot must be stopped."""
-        future = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Msg("release_socket", future=future))
+        future: asyncio.Future[socket.socket | None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(ReleaseSocket(future=future))
         return await future
 
     async def shutdown(self, *, keep_socket: bool = False) -> socket.socket | None:
         """Stop for good: kill a starting worker, drain a ready one, end the actor. Returns the socket
         when ``keep_socket`` (for another slot to take), else closes it."""
-        await self._command("shutdown", "stopped")
+        await self._command(Event("shutdown"), "stopped")
         await self._workers.wait_retired()
         sock = await self.release_socket()
         self._closed = True
-        self._queue.put_nowait(_Msg("close"))
+        self._queue.put_nowait(Close())
         await asyncio.wait({self._actor})  # not gather: a caller cancelled here must not cancel the actor
         if sock is not None and not keep_socket:
             sock.close()
             return None
         return sock
 
-    async def _command(self, kind: str, waits, *, hold_both: bool = True, **payload) -> Result:
+    async def _command(self, event: Event, waits: Waits) -> Result:
+        return await self._ask(lambda f: Command(future=f, event=event, waits=waits))
+
+    async def _ask(self, make: Callable[[asyncio.Future[Result]], Command]) -> Result:
         if self._actor.done():
             return False, f"model {self.name} is shut down"
-        future = asyncio.get_running_loop().create_future()
-        event = Event(command_kind(kind), hold_both=hold_both)
-        self._queue.put_nowait(_Msg(kind, event=event, future=future, waits=waits, **payload))
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(make(future))
         return await future
 
-    def _post(self, kind: str, worker: WorkerProcess | None = None, **fields) -> None:
-        self._queue.put_nowait(_Msg(kind, worker=worker, **fields))
+    def _post(self, msg: SlotMsg) -> None:
+        self._queue.put_nowait(msg)
 
     # -- the actor ------------------------------------------------------
 
     async def _run(self) -> None:
         while True:
             msg = await self._queue.get()
-            if msg.kind == "close":
+            if isinstance(msg, Close):
                 self._stand_in.stop()
-                for extra in self.extra_socks.values():
-                    extra.close()
-                self.extra_socks = {}
+                self.extra.close()
                 return
             try:
                 await self._handle(msg)
@@ -232,90 +216,97 @@ class Slot:
                     "slot.error",
                     logging.ERROR,
                     model=self.name,
-                    kind=msg.kind,
+                    kind=type(msg).__name__,
                     error=f"{type(exc).__name__}: {exc}",
                 )
-                _resolve(msg.future, (False, f"internal error: {exc}"))
+                if isinstance(msg, Call):
+                    _resolve(msg.future, (False, f"internal error: {exc}"))
 
-    async def _handle(self, msg: _Msg) -> None:
-        if msg.kind == "open":
-            self._bind()
-            await self._sync_responder()
-            return
-        if msg.kind == "settings" and msg.settings is not None:
-            self.settings = msg.settings
-            return
-        if msg.kind == "turned_away":
-            self.expected_until = max(self.expected_until, msg.until)
-            return
-        if msg.kind == "plan_share":
-            self.planned_share = msg.share
-            return
-        if msg.kind == "listening":  # a starting worker is about to accept: the stand-in steps aside
-            if msg.worker is self.worker:
+    async def _handle(self, msg: SlotMsg) -> None:
+        match msg:
+            case Open():
+                self._bind()
                 await self._sync_responder()
-            return
-        if msg.kind == "release_socket":
-            assert msg.future is not None  # its caller waits on it
-            if self.phase != states.STOPPED:
-                msg.future.set_exception(RuntimeError(f"release_socket while {self.phase}"))
-                return
-            self._stand_in.stop()
-            sock, self.sock = self.sock, None
-            _resolve(msg.future, sock)
-            return
-        event = self._event_for(msg)
-        if event is None:
-            return
-        if msg.future is not None and msg.waits is not None:
-            self._waiters.append((msg.future, msg.waits))
+            case UseSettings(settings):
+                self.settings = settings
+            case TurnedAway(until):
+                self.expected_until = max(self.expected_until, until)
+            case PlanShare(share):
+                self.planned_share = share
+            case Listening(worker):  # a starting worker is about to accept: the stand-in steps aside
+                if worker is self.worker:
+                    await self._sync_responder()
+            case ReleaseSocket(future=future):
+                if self.phase != states.STOPPED:
+                    future.set_exception(RuntimeError(f"release_socket while {self.phase}"))
+                    return
+                self._stand_in.stop()
+                sock, self.sock = self.sock, None
+                _resolve(future, sock)
+            case Command():
+                if msg.waits is not None:
+                    self._waiters.append((msg.future, msg.waits))
+                await self._decide(msg.event, msg)
+            case FollowUp(event):
+                await self._decide(event, msg)
+            case WorkerNews() | WorkerExited() | BackoffElapsed():
+                decided = self._event_for(msg)
+                if decided is not None:
+                    await self._decide(decided, msg)
+            case Close():
+                pass  # the loop ends on it (_run)
+            case _:
+                assert_never(msg)
+
+    async def _decide(self, event: Event, msg: SlotMsg) -> None:
         decision = decide(self.phase, event, self.counters, self.settings.tuning.policy)
         if decision.error:
             log_event(logger, "slot.illegal_transition", logging.WARNING, model=self.name, error=decision.error)
-            self._waiters = [(f, w) for f, w in self._waiters if f is not msg.future]
-            _resolve(msg.future, (False, decision.error))
+            if isinstance(msg, Call):
+                self._waiters = [(f, w) for f, w in self._waiters if f is not msg.future]
+                _resolve(msg.future, (False, decision.error))
             return
         await self._apply(decision, msg, event)
 
-    def _event_for(self, msg: _Msg) -> Event | None:
+    def _event_for(self, msg: WorkerNews | WorkerExited | BackoffElapsed) -> Event | None:
         """The event to decide on, or None for news about a worker that is no longer this slot's."""
-        if msg.event is not None:
-            return msg.event
-        worker = msg.worker
-        if msg.kind == "backoff_elapsed":
-            return Event("backoff_elapsed") if msg.token == self._backoff_token else None
-        if msg.kind == "worker_exited":
-            assert worker is not None  # a worker's event names it
-            if worker is self.held:
-                self.held = None
-                log_event(
-                    logger,
-                    "worker.exited",
-                    logging.WARNING,
-                    model=self.name,
-                    pid=worker.pid,
-                    exit_code=worker.exit_code,
-                    reason="it was serving while its replacement loaded",
-                )
-                return Event("held_exited", code=worker.exit_code)
-            if worker is not self.worker:
-                return None  # a retired worker, drained after a swap
-            self.worker = None
-            self.ready_since = None
-            if self.phase != states.DRAINING:  # a stop is not a crash
-                self.last_exit_code = worker.exit_code
-                said = exit_reason(worker.failure, worker.last_lines(40).splitlines())
-                self.last_error = said or f"exited with code {worker.exit_code}"
-            ready_for = time.monotonic() - worker.ready_at if worker.ready_at is not None else None
-            return Event("worker_exited", code=worker.exit_code, ready_for_s=ready_for)
-        if worker is not self.worker:
-            return None
-        if msg.kind == "start_timeout":  # kept for when its exit (the kill) is reported
-            assert worker is not None  # a worker's event names it
-            worker.failure = f"did not become ready within {self.settings.tuning.ready_timeout_s:g}s"
-        return Event(worker_event_kind(msg.kind))
+        match msg:
+            case BackoffElapsed(token):
+                return Event("backoff_elapsed") if token == self._backoff_token else None
+            case WorkerExited(worker):
+                return self._exited(worker)
+            case WorkerNews(kind, worker):
+                if worker is not self.worker:
+                    return None
+                if kind == "start_timeout":  # kept for when its exit (the kill) is reported
+                    worker.failure = f"did not become ready within {self.settings.tuning.ready_timeout_s:g}s"
+                return Event(kind)
 
-    async def _apply(self, d: Decision, msg: _Msg, event: Event) -> None:
+    def _exited(self, worker: WorkerProcess) -> Event | None:
+        if worker is self.held:
+            self.held = None
+            log_event(
+                logger,
+                "worker.exited",
+                logging.WARNING,
+                model=self.name,
+                pid=worker.pid,
+                exit_code=worker.exit_code,
+                reason="it was serving while its replacement loaded",
+            )
+            return Event("held_exited", code=worker.exit_code)
+        if worker is not self.worker:
+            return None  # a retired worker, drained after a swap
+        self.worker = None
+        self.ready_since = None
+        if self.phase != states.DRAINING:  # a stop is not a crash
+            self.last_exit_code = worker.exit_code
+            said = exit_reason(worker.failure, worker.last_lines(40).splitlines())
+            self.last_error = said or f"exited with code {worker.exit_code}"
+        ready_for = time.monotonic() - worker.ready_at if worker.ready_at is not None else None
+        return Event("worker_exited", code=worker.exit_code, ready_for_s=ready_for)
+
+    async def _apply(self, d: Decision, msg: SlotMsg, event: Event) -> None:
         before = (public_state(self.phase), self.pid)
         self.phase, self.counters = d.phase, d.counters
         follow_up: Event | None = None
@@ -326,7 +317,7 @@ class Slot:
             self.ready_since = time.time()
         if d.phase == states.FAILED:
             self.fail_reason = d.reason or self.fail_reason
-        if msg.kind == "apply_settings" and "push_settings" not in d.actions:
+        if isinstance(msg, ApplySettings) and "push_settings" not in d.actions:
             _resolve(msg.future, (True, None))
         self._announce(before, d, event)
         if d.outcome == "restored":
@@ -342,9 +333,9 @@ class Slot:
             self._settle(d.outcome)
         await self._sync_responder()
         if follow_up is not None:  # a spawn that failed: a crash, decided like any other
-            await self._handle(_Msg(follow_up.kind, event=follow_up))
+            await self._handle(FollowUp(follow_up))
 
-    async def _do(self, action: str, msg: _Msg, d: Decision) -> Event | None:
+    async def _do(self, action: str, msg: SlotMsg, d: Decision) -> Event | None:
         if action == "adopt":
             self._adopt(msg)
             if self.phase == UNLOADED:
@@ -365,7 +356,7 @@ class Slot:
             self.worker, self.held = self.held, None
             self.config, self.share, self.planned_share = self.worker.config, self.worker.share, self.worker.share
             self.ready_since = time.time() - (time.monotonic() - (self.worker.ready_at or time.monotonic()))
-        elif action == "push_settings" and self.worker is not None:
+        elif action == "push_settings" and self.worker is not None and isinstance(msg, ApplySettings):
             future = msg.future
             self._workers.push(self.worker, self.config, lambda result: _resolve(future, result))
         elif action == "schedule_backoff":
@@ -377,9 +368,11 @@ class Slot:
                 self._backoff.cancel()
         return None
 
-    def _adopt(self, msg: _Msg) -> None:
-        new = msg.config or self.config
-        if msg.kind == "replace":
+    def _adopt(self, msg: SlotMsg) -> None:
+        if not isinstance(msg, Replace | ApplySettings):
+            return  # only these carry a config (transitions adopt on them alone)
+        new = msg.config
+        if isinstance(msg, Replace):
             self.planned_share = msg.share
         if msg.sock is not None and msg.sock is not self.sock:
             self._stand_in.stop()
@@ -409,7 +402,7 @@ class Slot:
             if self.sock is None:
                 self.sock = bind_tcp(self.config.host, self.config.port)
             self._stand_in.stop()  # the worker inherits the socket; the stand-in restarts if it must
-            extra = self._extra_fds()
+            extra = self.extra.fds_for(self.config)
             worker = await self._workers.spawn(
                 self.config,
                 self.sock,
@@ -431,21 +424,6 @@ class Slot:
         worker.share = self.share = self.planned_share
         self.worker = worker
         return None
-
-    def _extra_fds(self) -> dict[str, int]:
-        """The extra listening sockets the config asks for, as ``{flag: fd}``: kept from the last
-        spawn where the address is the same, bound anew where it changed (the old one closed).
-        Raises OSError when one cannot be bound."""
-        wanted = extra_listeners(self.config)
-        addresses = set(wanted.values())
-        for address in [a for a in self.extra_socks if a not in addresses]:
-            self.extra_socks.pop(address).close()
-        for host, port in addresses - set(self.extra_socks):
-            try:
-                self.extra_socks[(host, port)] = bind_tcp(host, port)
-            except OSError as exc:
-                raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-        return {flag: self.extra_socks[address].fileno() for flag, address in wanted.items()}
 
     def kill_all(self) -> list[int]:
         """SIGKILL every worker still alive (the daemon's last resort at exit); their pids."""
@@ -482,7 +460,7 @@ class Slot:
 
     def _answered(self, why: Unavailable, retries: bool) -> None:
         if retries and why.status in ("unloaded", "loading"):  # the client was told to come back: expect it then
-            self._post("turned_away", until=time.monotonic() + why.retry_after_s + RETRY_SLACK_S)
+            self._post(TurnedAway(time.monotonic() + why.retry_after_s + RETRY_SLACK_S))
         if why.status == "unloaded":
             self._on_demand()
 
@@ -517,9 +495,3 @@ class Slot:
     def serving(self) -> WorkerProcess | None:
         worker = self.held if self.phase == SWAPPING and self.held is not None else self.worker
         return worker if worker is not None and worker.alive else None
-
-
-def extra_listeners(config: UnitConfig) -> dict[str, tuple[str, int]]:
-    """The listening sockets a unit needs besides its own address, by the flag that hands each to its
-    process: the gateway's Ollama listener when its spec sets one; nothing for a model."""
-    return config.extra_listeners() if isinstance(config, GatewaySpec) else {}

@@ -18,6 +18,7 @@ from typing import Any
 from ..log import log_event
 from .process import UnitConfig, WorkerProcess
 from .ranks import RankGroup
+from .slot_messages import BackoffElapsed, Listening, SlotMsg, WorkerExited, WorkerNews
 from .slot_news import Result
 from .tuning import Tuning
 
@@ -25,7 +26,7 @@ logger = logging.getLogger("vllmmlxd.supervisor")
 
 # supervisor/live.py's push_settings: (True, config hash) once the worker runs the config, else (False, why).
 PushSettings = Callable[[Path, UnitConfig], Awaitable["tuple[bool, str | None]"]]
-Post = Callable[..., None]  # the actor's queue: post(kind, worker, **fields)
+Post = Callable[[SlotMsg], None]  # the actor's queue
 
 
 class SlotWorkers:
@@ -52,11 +53,11 @@ class SlotWorkers:
     async def _watch(self, worker: WorkerProcess, t: Tuning) -> None:
         """Readiness, then periodic health, then the exit of one worker, posted as events."""
         try:
-            ready = await worker.wait_ready(t.ready_timeout_s, on_listening=lambda: self._post("listening", worker))
+            ready = await worker.wait_ready(t.ready_timeout_s, on_listening=lambda: self._post(Listening(worker)))
             if ready:
-                self._post("worker_ready", worker)
+                self._post(WorkerNews("worker_ready", worker))
             elif worker.alive:
-                self._post("start_timeout", worker)
+                self._post(WorkerNews("start_timeout", worker))
             failures = 0
             while ready and worker.alive:
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -72,12 +73,12 @@ class SlotWorkers:
                         pid=worker.pid,
                         failed_checks=failures,
                     )
-                    self._post("health_failed", worker)
+                    self._post(WorkerNews("health_failed", worker))
                     failures = 0
         finally:
             await worker.wait()
             self._alive.discard(worker)
-            self._post("worker_exited", worker)
+            self._post(WorkerExited(worker))
 
     def drain(self, worker: WorkerProcess, timeout: float) -> None:
         """SIGTERM now; SIGKILL if it is still there after ``timeout`` (its exit is watched)."""
@@ -122,7 +123,7 @@ class SlotWorkers:
     def backoff(self, delay: float, token: int) -> asyncio.Task:
         async def timer() -> None:
             await asyncio.sleep(delay)
-            self._post("backoff_elapsed", token=token)
+            self._post(BackoffElapsed(token))
 
         return self.track(timer())
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from dataclasses import dataclass
-from typing import Final, Literal, TypedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
 from . import states
 from .backoff import BackoffPolicy
@@ -80,14 +81,6 @@ Action = Literal[
 Outcome = Literal["ready", "restored", "crashed", "failed", "stopped", "gone", "kept"]
 
 
-class _StopChanges(TypedDict):
-    """The counters a stop sets, whatever the phase."""
-
-    closing: bool
-    then_start: bool
-    then_unload: bool
-
-
 # "kept": a command done without a worker (a replace of an unloaded model: its next load runs the new config).
 
 
@@ -102,139 +95,167 @@ class Decision:
     error: str | None = None  # set: the pair is illegal, refused; phase and counters unchanged
 
 
-def decide(phase: Phase, event: Event, counters: Counters, policy: BackoffPolicy) -> Decision:  # noqa: C901 - until the transitions become a table (issue 38)
-    """The next phase, the actions that get there and the outcome callers see. Pure."""
-    kind = event.kind
+# The transitions, read top down: the first row whose event, phase and condition match decides.
+# A kind of event no row takes in a phase is refused ("… while PHASE: why"), changing nothing.
+# ``count`` is one more restart in status; ``then`` sets counters; ``AS_START``: decided as a start;
+# ``CRASH``: the current worker died (``_crashed``: back off, or fail). ``shutdown`` is a stop that
+# also closes the slot (``decide`` sets ``closing`` first), and a closing slot refuses what would start.
+
+
+@dataclass(frozen=True)
+class Go:
+    to: Phase | None = None  # None: the phase it is in
+    actions: tuple[Action, ...] = ()
+    outcome: Outcome | None = None
+    then: Mapping[str, bool | int] = field(default_factory=dict)
+    count: bool = False
+
+
+@dataclass(frozen=True)
+class Refuse:
+    why: str
+
+
+AS_START: Final = "as_start"
+CRASH: Final = "crash"
+Rule = Go | Refuse | Literal["as_start", "crash"]
+When = Callable[[Event, Counters], bool]
+
+
+@dataclass(frozen=True)
+class Row:
+    kinds: frozenset[str]
+    phases: frozenset[str]
+    rule: Rule
+    when: When | None = None
+
+
+def _row(kinds: str, phases: str, rule: Rule, when: When | None = None) -> Row:
+    row = Row(frozenset(kinds.split()), frozenset(PHASES if phases == "*" else phases.split()), rule, when)
+    if not row.kinds <= set(EVENTS) or not row.phases <= set(PHASES):  # a typo fails at import, not at run time
+        raise ValueError(f"transitions: unknown event or phase in {kinds!r} / {phases!r}")
+    return row
+
+
+def _then_start(_e: Event, c: Counters) -> bool:
+    return c.then_start and not c.closing
+
+
+def _then_unload(_e: Event, c: Counters) -> bool:
+    return c.then_unload and not c.closing
+
+
+def _unloading(_e: Event, c: Counters) -> bool:
+    return c.then_unload
+
+
+def _not_restarting(_e: Event, c: Counters) -> bool:
+    return not c.then_start
+
+
+def _hold_both(e: Event, _c: Counters) -> bool:
+    return e.hold_both
+
+
+_STOP: Mapping[str, bool] = {"then_start": False, "then_unload": False}
+_UNLOAD: Mapping[str, bool] = {"then_unload": True, "then_start": False}
+_FRESH: Mapping[str, int] = {"fast_crashes": 0}
+_BUSY = Refuse("busy: a swap or a stop is in progress")
+_NOT_STARTING = Refuse("no worker is starting")
+
+TABLE: tuple[Row, ...] = (
+    # event                      phase                        rule
+    _row("stop", "stopped failed unloaded", Go("stopped", outcome="stopped", then=_STOP)),
+    _row("stop", "backoff", Go("stopped", ("cancel_backoff",), "stopped", then=_STOP)),
+    _row("stop", "starting", Go("draining", ("kill",), then=_STOP)),  # a half-started worker: killed
+    _row("stop", "ready", Go("draining", ("drain",), then=_STOP)),
+    _row("stop", "swapping", Go("draining", ("kill", "release_held"), then=_STOP)),
+    _row("stop", "draining", Go("draining", then=_STOP)),
+    # A lazy model gives its memory back (idle, or room for another) and ends unloaded.
+    _row("unload", "unloaded", Go("unloaded", outcome="stopped")),
+    _row("unload", "backoff", Go("unloaded", ("cancel_backoff",), "stopped")),
+    _row("unload", "ready", Go("draining", ("drain",), then=_UNLOAD)),
+    _row("unload", "starting", Go("draining", ("kill",), then=_UNLOAD)),
+    _row("unload", "swapping draining", _BUSY),
+    _row("unload", "stopped failed", Refuse("stopped or failed: there is nothing to unload")),
+    # A request needs the model: a start, but a model stopped on purpose (or failed) stays so.
+    _row("load", "stopped", Refuse("stopped on purpose (vllmmlxctl start loads it)")),
+    _row("load", "failed", Refuse("failed (a reload, start or restart tries again)")),
+    _row("load", "draining", Go("draining", then={"then_start": True, "then_unload": False}), _unloading),
+    _row("load", "draining", Refuse("stopping"), _not_restarting),
+    _row("load", "*", AS_START),
+    _row("restart replace", "swapping draining", _BUSY),
+    _row("start", "draining", Go("draining", then={"then_start": True, "then_unload": False})),  # once it is gone
+    _row("replace", "unloaded", Go("unloaded", ("adopt",), "kept")),  # the next load runs the new config
+    _row("start", "stopped failed unloaded", Go("starting", ("spawn",), then=_FRESH)),
+    _row("restart", "stopped failed unloaded", Go("starting", ("spawn",), then=_FRESH, count=True)),
+    _row("replace", "stopped failed", Go("starting", ("adopt", "spawn"), then=_FRESH)),
+    _row("start", "backoff", Go("starting", ("cancel_backoff", "spawn"), then=_FRESH)),
+    _row("restart", "backoff", Go("starting", ("cancel_backoff", "spawn"), then=_FRESH, count=True)),
+    _row("replace", "backoff", Go("starting", ("cancel_backoff", "adopt", "spawn"), then=_FRESH)),
+    _row("start", "ready", Go(outcome="ready")),
+    _row("start", "starting swapping", Go()),  # already on its way
+    # Replacing a half-started worker: kill it, then start the target.
+    _row("restart", "starting", Go("draining", ("kill",), then={"then_start": True}, count=True)),
+    _row("replace", "starting", Go("draining", ("adopt", "kill"), then={"then_start": True})),
+    # Ready: zero downtime when both may run (the old one serves until the new is ready), else drain first.
+    _row("restart", "ready", Go("swapping", ("hold_and_spawn",), count=True), _hold_both),
+    _row("replace", "ready", Go("swapping", ("adopt", "hold_and_spawn")), _hold_both),
+    _row("restart", "ready", Go("draining", ("drain",), then={"then_start": True}, count=True)),
+    _row("replace", "ready", Go("draining", ("adopt", "drain"), then={"then_start": True})),
+    _row("apply_settings", "ready", Go("ready", ("adopt", "push_settings"))),
+    _row("apply_settings", "stopped failed backoff unloaded draining", Go(actions=("adopt",))),  # the next worker
+    _row("apply_settings", "starting", Go("draining", ("adopt", "kill"), then={"then_start": True})),  # loaded old
+    _row("apply_settings", "swapping", _BUSY),
+    _row("worker_ready", "starting", Go("ready", outcome="ready")),
+    _row("worker_ready", "swapping", Go("ready", ("release_held",), "ready", then=_FRESH)),
+    _row("worker_ready", "*", _NOT_STARTING),
+    _row("worker_exited", "draining", Go("starting", ("spawn",), "gone", {"then_start": False, **_FRESH}), _then_start),
+    _row("worker_exited", "draining", Go("unloaded", outcome="stopped", then={"then_unload": False}), _then_unload),
+    _row("worker_exited", "draining", Go("stopped", outcome="stopped", then={"then_start": False})),  # never a crash
+    _row("worker_exited", "swapping", Go("ready", ("restore_held",), "restored")),  # the old one keeps serving
+    _row("worker_exited", "starting ready", CRASH),
+    _row("worker_exited", "*", Refuse("no worker is running")),
+    _row("held_exited", "swapping", Go("starting")),  # nothing serves while the new worker loads
+    _row("held_exited", "*", Refuse("no worker is held")),
+    _row("health_failed", "ready", Go(actions=("kill",))),  # hung: killed, and its exit restarts it
+    _row("health_failed", "*", Refuse("no worker is ready")),
+    _row("start_timeout", "starting swapping", Go(actions=("kill",))),  # its exit: a crash, or a failed swap
+    _row("start_timeout", "*", _NOT_STARTING),
+    _row("backoff_elapsed", "backoff", Go("starting", ("spawn",), count=True)),
+    _row("backoff_elapsed", "*", Refuse("no restart is pending")),
+)
+
+_CLOSED_TO = frozenset({"start", "restart", "replace", "backoff_elapsed", "load", "unload"})
+
+
+def decide(phase: Phase, event: Event, counters: Counters, policy: BackoffPolicy) -> Decision:
+    """The next phase, the actions that get there and the outcome callers see: ``TABLE``'s first match. Pure."""
     c = counters
-
-    def go(to: Phase, *actions: Action, outcome: Outcome | None = None, **changes) -> Decision:
-        return Decision(to, actions, dataclasses.replace(c, **changes) if changes else c, outcome)
-
-    def refuse(why: str) -> Decision:
-        return Decision(phase, (), c, error=f"{event.kind} while {phase}: {why}")
-
-    if c.closing and kind in ("start", "restart", "replace", "backoff_elapsed", "load"):
-        return refuse("the daemon is shutting down")
-
-    if kind == "unload":
-        return _unload(phase, c, go, refuse)
-
-    if kind == "load":  # a request needs the model: as a start, but a model stopped on purpose stays stopped
-        if phase == states.STOPPED:
-            return refuse("stopped on purpose (vllmmlxctl start loads it)")
-        if phase == states.FAILED:
-            return refuse("failed (a reload, start or restart tries again)")
-        if phase == states.DRAINING and c.then_unload:  # unloading: load again once that worker is gone
-            return go(states.DRAINING, then_start=True, then_unload=False)
-        if phase == states.DRAINING and not c.then_start:
-            return refuse("stopping")
-        kind = "start"
-
-    if kind in ("stop", "shutdown"):
-        closing = c.closing or kind == "shutdown"
-        if phase in (states.STOPPED, states.FAILED, UNLOADED):
-            return go(states.STOPPED, outcome="stopped", closing=closing, then_start=False, then_unload=False)
-        stop: _StopChanges = {"closing": closing, "then_start": False, "then_unload": False}
-        if phase == states.BACKOFF:
-            return go(states.STOPPED, "cancel_backoff", outcome="stopped", **stop)
-        if phase == states.STARTING:  # a half-started worker is killed, not waited for
-            return go(states.DRAINING, "kill", **stop)
-        if phase == states.READY:
-            return go(states.DRAINING, "drain", **stop)
-        if phase == SWAPPING:
-            return go(states.DRAINING, "kill", "release_held", **stop)
-        return go(states.DRAINING, **stop)  # draining already
-
-    if kind in ("start", "restart", "replace"):
-        adopt: tuple[Action, ...] = ("adopt",) if kind == "replace" else ()
-        counted = c.restarts + (kind == "restart")
-        if phase in (SWAPPING, states.DRAINING) and kind != "start":
-            return refuse("busy: a swap or a stop is in progress")
-        if phase == states.DRAINING:  # start after a stop: once the old worker is gone
-            return go(states.DRAINING, then_start=True, then_unload=False)
-        if phase == UNLOADED and kind == "replace":  # nothing runs: the next load takes the new config
-            return go(UNLOADED, "adopt", outcome="kept")
-        if phase in (states.STOPPED, states.FAILED, UNLOADED):
-            return go(states.STARTING, *adopt, "spawn", fast_crashes=0, restarts=counted)
-        if phase == states.BACKOFF:
-            return go(states.STARTING, "cancel_backoff", *adopt, "spawn", fast_crashes=0, restarts=counted)
-        if kind == "start":  # starting, ready or swapping: already on its way
-            return go(phase, outcome="ready" if phase == states.READY else None)
-        if phase == states.STARTING:  # replace the half-started worker: kill it, start the target
-            return go(states.DRAINING, *adopt, "kill", then_start=True, restarts=counted)
-        if event.hold_both:  # ready: zero downtime, the old worker serves until the new one is ready
-            return go(SWAPPING, *adopt, "hold_and_spawn", restarts=counted)
-        return go(states.DRAINING, *adopt, "drain", then_start=True, restarts=counted)
-
-    if kind == "apply_settings":
-        if phase == states.READY:
-            return go(states.READY, "adopt", "push_settings")
-        if phase in (states.STOPPED, states.FAILED, states.BACKOFF, UNLOADED, states.DRAINING):
-            return go(phase, "adopt")  # the next worker starts with them
-        if phase == states.STARTING:  # it loaded the old settings: start again with the new
-            return go(states.DRAINING, "adopt", "kill", then_start=True)
-        return refuse("busy: a swap or a stop is in progress")
-
-    if kind == "worker_ready":
-        if phase == states.STARTING:
-            return go(states.READY, outcome="ready")
-        if phase == SWAPPING:
-            return go(states.READY, "release_held", outcome="ready", fast_crashes=0)
-        return refuse("no worker is starting")
-
-    if kind == "worker_exited":
-        if phase == states.DRAINING:
-            if c.then_start and not c.closing:
-                return go(states.STARTING, "spawn", outcome="gone", then_start=False, fast_crashes=0)
-            if c.then_unload and not c.closing:
-                return go(UNLOADED, outcome="stopped", then_unload=False)
-            return go(states.STOPPED, outcome="stopped", then_start=False)
-        if phase == SWAPPING:  # the new worker failed: the old one keeps serving
-            return go(states.READY, "restore_held", outcome="restored")
-        if phase in (states.STARTING, states.READY):
-            return _crashed(event, c, policy)
-        return refuse("no worker is running")
-
-    if kind == "held_exited":
-        if phase == SWAPPING:  # nothing serves while the new worker loads
-            return go(states.STARTING)
-        return refuse("no worker is held")
-
-    if kind == "health_failed":
-        if phase == states.READY:  # hung: kill it; its exit restarts it
-            return go(states.READY, "kill")
-        return refuse("no worker is ready")
-
-    if kind == "start_timeout":
-        if phase in (states.STARTING, SWAPPING):  # its exit counts as a crash (or a failed swap)
-            return go(phase, "kill")
-        return refuse("no worker is starting")
-
-    if kind == "backoff_elapsed":
-        if phase == states.BACKOFF:
-            return go(states.STARTING, "spawn", restarts=c.restarts + 1)
-        return refuse("no restart is pending")
-
-    return refuse("unknown event")
+    if c.closing and event.kind in _CLOSED_TO:
+        return _refused(phase, event, c, "the daemon is shutting down")
+    kind: str = event.kind
+    if kind == "shutdown":
+        kind, c = "stop", dataclasses.replace(c, closing=True)
+    for row in TABLE:
+        if kind in row.kinds and phase in row.phases and (row.when is None or row.when(event, c)):
+            rule = row.rule
+            if rule == AS_START:  # the start rows come after the load rows: the scan goes on as a start
+                kind = "start"
+                continue
+            if rule == CRASH:
+                return _crashed(event, c, policy)
+            if isinstance(rule, Refuse):
+                return _refused(phase, event, counters, rule.why)
+            assert isinstance(rule, Go)
+            changes: dict[str, Any] = {**rule.then, **({"restarts": c.restarts + 1} if rule.count else {})}
+            after = dataclasses.replace(c, **changes) if changes else c
+            return Decision(rule.to or phase, rule.actions, after, rule.outcome)
+    return _refused(phase, event, counters, "unknown event")
 
 
-def _unload(phase: Phase, c: Counters, go, refuse) -> Decision:
-    """A lazy model gives its memory back (idle, or room for another): it ends unloaded, loading on demand."""
-    if c.closing:
-        return refuse("the daemon is shutting down")
-    if phase == UNLOADED:
-        return go(UNLOADED, outcome="stopped")
-    if phase == states.BACKOFF:
-        return go(UNLOADED, "cancel_backoff", outcome="stopped")
-    if phase == states.READY:
-        return go(states.DRAINING, "drain", then_unload=True, then_start=False)
-    if phase == states.STARTING:
-        return go(states.DRAINING, "kill", then_unload=True, then_start=False)
-    return refuse(
-        "busy: a swap or a stop is in progress"
-        if phase in (SWAPPING, states.DRAINING)
-        else "stopped or failed: there is nothing to unload"
-    )
+def _refused(phase: Phase, event: Event, counters: Counters, why: str) -> Decision:
+    return Decision(phase, (), counters, error=f"{event.kind} while {phase}: {why}")
 
 
 def _crashed(event: Event, c: Counters, policy: BackoffPolicy) -> Decision:
