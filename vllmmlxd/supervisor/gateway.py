@@ -80,6 +80,10 @@ class Publication:
             self._content, self.version = content, self.version + 1
         return spec.model_copy(update={"version": self.version})
 
+    def took(self, content: str) -> None:
+        """The gateway's slot took the spec whose content hash is ``content``."""
+        self.applied = content
+
     def due(self, spec: GatewaySpec) -> bool:
         """Whether ``spec`` (stamped) is news for the gateway."""
         return spec.config_hash() != self.applied

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from ..config.diff import ReloadPlan, diff_models
 from ..config.load import LoadedConfig, load_config
@@ -24,15 +25,17 @@ from ..errors import ConfigError, StoreError
 from ..log import log_event
 from ..runtime import cpus
 from ..store.layout import not_downloaded, pull_hint
+from ..store.pulls import Pulls
 from ..store.sources import Source
-from .gateway import needs_new_process
+from .files import ModelFiles
+from .loads import Loads
 from .memory import MemoryPlan, load_memory_plan
+from .operations import Operations
 from .plan import EntryFacts, ReloadSteps, plan_reload
-from .units import GatewayUnit, ModelUnit, UpstreamUnit
+from .routing import RoutingTable
+from .slot import PushSettings, Slot, SlotSettings
+from .units import GatewayUnit, ModelUnit, Unit, UpstreamUnit
 from .views import ReloadReply
-
-if TYPE_CHECKING:
-    from .supervisor import Supervisor
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 Address = tuple[str, int]
@@ -42,7 +45,43 @@ def address(config: ModelConfig) -> Address:
     return config.host, config.port
 
 
-async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -> ReloadReply | ReloadRun:
+GatewayStep = tuple[Literal["remove", "none", "start", "move"], GatewayUnit | None]
+
+
+@dataclass(frozen=True)
+class Membership:
+    """What the unit collection becomes between a reload's waves, applied by the supervisor's task."""
+
+    loaded: LoadedConfig
+    removed: tuple[str, ...]
+    added: tuple[tuple[str, Resolved, socket.socket | None], ...]  # with the listening socket freed for it
+    live_upstreams: tuple[tuple[str, ResolvedUpstream], ...]  # upstream entries whose checks take new settings
+
+
+class Host(Protocol):
+    """The supervisor as a reload sees it: what it reads, and the changes the task makes for it."""
+
+    settings: SlotSettings
+    push_settings: PushSettings | None
+    pulls: Pulls
+    ops: Operations
+    loads: Loads
+    files: ModelFiles  # whether each model's files are here
+    routes: RoutingTable  # the gateway's routing table
+
+    @property
+    def units(self) -> Mapping[str, Unit]: ...
+    @property
+    def shares(self) -> Mapping[str, cpus.CpuShare]: ...
+    def entry_units(self) -> dict[str, ModelUnit | UpstreamUnit]: ...
+    def running_config(self) -> Config: ...
+    def record_refusal(self, error: str, plan: str | None) -> None: ...
+    def take_daemon_keys(self, plan: ReloadPlan, new: Config) -> None: ...
+    def plan_cores(self, shares: dict[str, cpus.CpuShare]) -> None: ...
+    def apply_membership(self, change: Membership) -> GatewayStep: ...
+
+
+async def prepare(sup: Host, path: str, dry_run: bool, previewing: bool) -> ReloadReply | ReloadRun:
     """In the task: read ``path``, plan, check memory. The reply for a dry run or a refusal (nothing
     changes), else the run that applies it."""
     if previewing and not dry_run:
@@ -58,7 +97,7 @@ async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -
     except ConfigError as exc:
         if not dry_run:
             log_event(logger, "reload.invalid", logging.ERROR, error=str(exc))
-            sup._record_failure(str(exc), None)
+            sup.record_refusal(str(exc), None)
         return ReloadReply(ok=False, dry_run=dry_run, plan="", error=str(exc))
     diff = diff_models(sup.running_config(), new.config)
     # A changed entry's swap holds its running worker beside the new one.
@@ -82,19 +121,19 @@ async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -
                 entries=",".join(f"{n}:{f.total_mb}" for n, f in memory.entries.items()),
                 error=error,
             )
-            sup._record_failure(error, text)
+            sup.record_refusal(error, text)
         return ReloadReply(ok=False, dry_run=dry_run, plan=text, error=error, entries=diff.entries())
     waiting = files_not_here(sup, diff, new.config, dry_run)
     if waiting:  # nothing changes: a model it names is not on this machine (or on its way first)
         error = "\n".join(waiting)
         if not dry_run:
             log_event(logger, "reload.refused", logging.ERROR, reason="models not downloaded", error=error)
-            sup._record_failure(error, text)
+            sup.record_refusal(error, text)
         return ReloadReply(ok=False, dry_run=dry_run, plan=text, error=error, entries=diff.entries())
     if dry_run:
         return ReloadReply(ok=True, dry_run=True, plan=text, error=None, entries=diff.entries())
-    sup._take_daemon_keys(diff, new.config)
-    sup.shares = plan_shares(new.config)
+    sup.take_daemon_keys(diff, new.config)
+    sup.plan_cores(plan_shares(new.config))
     keep_shares(sup.entry_units(), diff, sup.shares)
     entries = {
         n: EntryFacts("model", (e.host, e.port), e.load == "lazy")
@@ -116,7 +155,7 @@ async def prepare(sup: Supervisor, path: str, dry_run: bool, previewing: bool) -
     return ReloadRun(sup, new, diff, memory, steps, text)
 
 
-def files_not_here(sup: Supervisor, diff: ReloadPlan, config: Config, dry_run: bool) -> list[str]:
+def files_not_here(sup: Host, diff: ReloadPlan, config: Config, dry_run: bool) -> list[str]:
     """For each added or changed entry whose model is not on this machine, why the reload waits: the
     pull to run, or (``download: true`` on an entry whose worker serves) the download it starts first,
     after which the reload runs again (the running worker serves meanwhile). An entry that runs no
@@ -141,7 +180,7 @@ def files_not_here(sup: Supervisor, diff: ReloadPlan, config: Config, dry_run: b
             except StoreError as exc:
                 lines.append(f"{name}: {exc}")
                 continue
-            sup.reload_when_pulled(pull)
+            sup.files.reload_when_pulled(pull)
             lines.append(
                 f"{name}: downloading {repo} first (vllmmlxctl pull {repo} follows it); its running worker "
                 "serves meanwhile, and the reload runs again once the download is done"
@@ -166,7 +205,7 @@ def plan_shares(config: Config) -> dict[str, cpus.CpuShare]:
     return shares
 
 
-def keep_shares(units, plan: ReloadPlan, shares: dict[str, cpus.CpuShare]) -> None:
+def keep_shares(units: Mapping[str, Unit], plan: ReloadPlan, shares: Mapping[str, cpus.CpuShare]) -> None:
     """Running workers keep their cores; the new plan applies to the workers about to start.
 
     Restarting an unchanged model only to move it to other cores would reload its weights
@@ -193,7 +232,7 @@ class ReloadRun:
     """A reload between its plan and its record; see the module's docstring."""
 
     def __init__(
-        self, sup: Supervisor, new: LoadedConfig, diff: ReloadPlan, memory: MemoryPlan, steps: ReloadSteps, text: str
+        self, sup: Host, new: LoadedConfig, diff: ReloadPlan, memory: MemoryPlan, steps: ReloadSteps, text: str
     ):
         self.sup, self.new, self.diff, self.memory, self.steps, self.text = sup, new, diff, memory, steps, text
         self.errors: list[str] = []
@@ -230,47 +269,33 @@ class ReloadRun:
 
         await asyncio.gather(*(remove(n) if step == "remove" else release(n) for n, step in self.steps.first))
 
-    def _between(self, result, error: BaseException | None) -> None:
-        """In the task: the collection changes here, and only here."""
-        sup, models = self.sup, self.new.config.models
+    def _between(self, result: object, error: BaseException | None) -> None:
+        """In the task: the collection takes its new members (the supervisor applies them), then the second wave."""
+        models = self.new.config.models
         if error is not None:
             self.errors.append(f"reload: {error}")
-        for name, step in self.steps.first:
-            if step == "remove":
-                sup.units.pop(name, None)
-        sup.loaded = self.new
+        added = []
         for name, step in self.steps.then:
             entry = models[name]
             if step == "add":
-                sock = self.pool.pop(address(entry), None) if isinstance(entry, ModelConfig) else None
-                sup._add_entry(name, entry, sock=sock)
-            elif step == "live" and isinstance(unit := sup.units[name], UpstreamUnit):
-                assert isinstance(entry, ResolvedUpstream)  # the plan pairs a unit with an entry of its kind
-                unit.checks.update(entry, sup._upstream_interval())  # the checks take it at their next round
-        for unit in sup.units.values():  # the gateway's interval may have changed
-            if isinstance(unit, UpstreamUnit):
-                unit.checks.update(unit.config, sup._upstream_interval())
-        order = [*models, ":gateway"]  # the config's order (and the gateway last)
-        sup.units = dict(sorted(sup.units.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
-        gateway_step = self._gateway_step()
+                added.append(
+                    (name, entry, self.pool.pop(address(entry), None) if isinstance(entry, ModelConfig) else None)
+                )
+        change = Membership(
+            loaded=self.new,
+            removed=tuple(name for name, step in self.steps.first if step == "remove"),
+            added=tuple(added),
+            live_upstreams=tuple(
+                (name, entry)
+                for name, step in self.steps.then
+                if step == "live" and isinstance(entry := models[name], ResolvedUpstream)
+            ),
+        )
+        gateway_step = self.sup.apply_membership(change)
         names = self.steps.names()
-        sup.ops.start({n: "reloading" for n in names}, self._second(gateway_step), self._end)
+        self.sup.ops.start({n: "reloading" for n in names}, self._second(gateway_step), self._end)
 
-    def _gateway_step(self) -> tuple[str, GatewayUnit | None]:
-        """What happens to the gateway, decided (and its unit made or dropped) in the task."""
-        sup, new = self.sup, self.new.config.gateway
-        unit = sup.gateway()
-        if new is None and unit is not None:
-            sup.units.pop(":gateway", None)
-            return "remove", unit
-        if new is None:
-            return "none", None
-        if unit is None:
-            return "start", sup._add_gateway(new)
-        old, unit.config = unit.config, new
-        return ("move" if needs_new_process(old, new) else "none"), unit
-
-    async def _second(self, gateway: tuple[str, GatewayUnit | None]) -> None:
+    async def _second(self, gateway: GatewayStep) -> None:
         units, models = self.sup.units, self.new.config.models
         await asyncio.gather(
             *(self._apply(name, step, units.get(name), models[name]) for name, step in self.steps.then)
@@ -285,29 +310,26 @@ class ReloadRun:
         elif what == "start" and not await unit.slot.start():
             self.errors.append(f"gateway: did not become ready: {unit.slot.last_error}")
         elif what == "move":
-            spec = self.sup._publication.stamp(self.sup._spec(unit.config))
+            spec = self.sup.routes.spec(unit.config)
             ok, error = await unit.slot.replace(spec, hold_both=False)
             if not ok:
                 self.errors.append(
                     f"gateway: moved to {unit.config.host}:{unit.config.port}; it did not become ready: {error}"
                 )
 
-    async def _apply(self, name: str, step: str, unit, config: Resolved) -> None:  # noqa: C901 - until reload becomes a change the supervisor applies (issue 38)
-        """One entry's step of the second wave (an error is kept for the reply, never raised)."""
-        share = self.sup.shares.get(name)
-        if isinstance(unit, UpstreamUnit):
-            return  # added or updated in the task already
+    async def _apply(self, name: str, step: str, unit: Unit | None, config: Resolved) -> None:
+        """One entry's step of the second wave (an error is kept for the reply, never raised). An
+        upstream unit was added or updated in the task already; the plan gives a unit of one kind
+        only an entry of the same kind."""
         if not isinstance(unit, ModelUnit) or not isinstance(config, ResolvedModel):
-            return  # the plan gives a unit of one kind only an entry of the same kind
+            return
         slot = unit.slot
         if step == "add":
-            if unit.absent is not None:  # started once its model is here (download: true)
-                return
-            if config.load == "eager" and not await slot.start():
+            if unit.absent is None and config.load == "eager" and not await slot.start():
                 self.errors.append(f"{name}: did not become ready: {slot.last_error}")
-            return
+            return  # (an absent model starts once it is here: download: true)
         if step == "move":
-            ok, error = await slot.replace(config, share, hold_both=False, sock=self.pool.pop(address(config), None))
+            ok, error = await slot.replace(config, self.sup.shares.get(name), hold_both=False, sock=self._sock(config))
             if not ok:
                 self.errors.append(
                     f"{name}: moved to {config.host}:{config.port}; the new worker did not become ready: {error}"
@@ -316,22 +338,28 @@ class ReloadRun:
         if slot.pid is None and not_downloaded(config.model, self.sup.settings.state_dir) is not None:
             # It runs no worker and its new model is not here: it takes the entry, and its download
             # starts at the reload's end (a serving one was refused in `prepare`).
-            await slot.apply_settings(config, sock=self.pool.pop(address(config), None))
-            return
-        if step == "adopt":  # not loaded: its next load takes the entry (an eager one loads now)
-            await slot.apply_settings(config, sock=self.pool.pop(address(config), None))
-            if config.load == "eager":
-                ok, error = await slot.load()
-                if not ok:
-                    self.errors.append(f"{name}: did not become ready: {error}")
-            return
-        if step == "live":
+            await slot.apply_settings(config, sock=self._sock(config))
+        elif step == "adopt":  # not loaded: its next load takes the entry (an eager one loads now)
+            await slot.apply_settings(config, sock=self._sock(config))
+            ok, error = await slot.load() if config.load == "eager" else (True, None)
+            if not ok:
+                self.errors.append(f"{name}: did not become ready: {error}")
+        else:
+            await self._change(name, slot, config, live=step == "live")
+
+    def _sock(self, config: ResolvedModel) -> socket.socket | None:
+        """The listening socket the first wave freed at this entry's address, if any."""
+        return self.pool.pop(address(config), None)
+
+    async def _change(self, name: str, slot: Slot, config: ResolvedModel, *, live: bool) -> None:
+        """A running entry's new settings: live when they can be, else a new worker (swapped when memory allows)."""
+        if live:
             ok, error = await slot.apply_settings(config)
             if ok:
                 return
             log_event(logger, "reload.live_failed", logging.WARNING, model=name, error=error, then="new worker")
         swap = swap_or_say_why(self.memory, name, slot.config, config)
-        ok, error = await slot.replace(config, share, hold_both=swap)
+        ok, error = await slot.replace(config, self.sup.shares.get(name), hold_both=swap)
         if not ok and swap:
             self.errors.append(f"{name}: the new worker did not become ready; the old one keeps serving: {error}")
         elif not ok:
@@ -346,7 +374,7 @@ class ReloadRun:
         for unit in _files_arrived(self.sup):
             self.sup.ops.start({unit.name: "starting"}, unit.slot.start())
 
-    def _end(self, result, error: BaseException | None) -> None:
+    def _end(self, result: object, error: BaseException | None) -> None:
         if error is not None:
             self.errors.append(f"reload: {error}")
         self._look_for_files()
@@ -368,14 +396,14 @@ class ReloadRun:
         )
 
 
-def _files_arrived(sup: Supervisor) -> list[ModelUnit]:
+def _files_arrived(sup: Host) -> list[ModelUnit]:
     """In the task: every model unit without a worker looks for its files again (its entry may have
     changed, or its model been pulled since); those whose model just arrived, eager, are returned."""
     arrived = []
     for unit in sup.entry_units().values():
         if isinstance(unit, ModelUnit) and unit.slot.pid is None:
             was = unit.absent
-            sup._check_files(unit)
+            sup.files.check(unit)
             if was is not None and unit.absent is None and not unit.lazy:
                 arrived.append(unit)
     return arrived

@@ -30,20 +30,20 @@ from ..config.diff import ReloadPlan
 from ..config.gateway import GatewayConfig
 from ..config.load import LoadedConfig
 from ..config.schema import Config, DaemonConfig, Resolved, ResolvedUpstream
-from ..errors import StoreError
 from ..log import log_event
-from ..store.layout import not_downloaded, pull_hint
+from ..runtime.cpus import CpuShare
 from ..store.pulls import Pull, Pulls
-from ..store.sources import Source
 from . import messages as m
 from . import states
-from .gateway import GATEWAY, Publication, build_spec
+from .files import ModelFiles
+from .gateway import GATEWAY, needs_new_process
 from .loads import Loads
 from .memory import Capacity, entry_footprints, load_memory_plan, read_capacity
 from .operations import Operations, fail, resolve
-from .reload import plan_shares, prepare, swap_or_say_why
+from .reload import GatewayStep, Membership, plan_shares, prepare, swap_or_say_why
+from .routing import RoutingTable
 from .slot import PushSettings, Slot, SlotSettings
-from .units import Absent, GatewayUnit, ModelUnit, Unit, UpstreamUnit, group_views
+from .units import GatewayUnit, ModelUnit, Unit, UpstreamUnit, group_views
 from .upstream import UpstreamChecks
 from .views import ActionReply, DaemonView, ReloadRecord, ReloadReply, StatusView
 
@@ -63,6 +63,7 @@ class Supervisor:
         push_settings: PushSettings | None = None,
         control_socket: Path | None = None,
         pulls: Pulls | None = None,
+        measure: Callable[[], tuple[Capacity, dict[str, int]]] | None = None,
     ):
         self.loaded = loaded
         self.settings = settings
@@ -78,16 +79,15 @@ class Supervisor:
         self.control_socket = control_socket  # the daemon's: the gateway asks there for lazy models to load
         # The model store's pulls (the daemon's, shared with the control API): download: true uses them.
         self.pulls = pulls if pulls is not None else Pulls(settings.state_dir)
-        self._reload_after: set[str] = set()  # pulls a refused reload waits for: it runs again once they end
         self._on_change_outer = on_change
         self._queue: asyncio.Queue[m.Msg] = asyncio.Queue()
         self.ops = Operations(self._post)  # what runs beside the task, and the units it is on
-        # Late-bound: a test stands in for the machine's memory by replacing _footprints.
-        self.loads = Loads(self.entry_units, self.ops, lambda: self._footprints())
+        # How the machine's memory and the entries' footprints are read (a test gives its own).
+        self.loads = Loads(self.entry_units, self.ops, measure or self._footprints)
         self._reloading = False
         self._reloads: list[m.Reload] = []  # reloads asked for while one runs: one after the other
-        self._publication = Publication()
-        self._publishing = False
+        self.files = ModelFiles(settings.state_dir, self.pulls, self.ops, self._post, self._changed)
+        self.routes = RoutingTable(self.entry_units, self.gateway, control_socket, self.ops, self._post)
         self._change_queued = False
         self._closing = False
         self._ticker: asyncio.Task | None = None
@@ -267,7 +267,7 @@ class Supervisor:
             case m.Changed():
                 self._change_queued = False
                 self._on_change_outer()
-                self._publish()
+                self.routes.publish()
             case m.OpDone(op_id, result, error):
                 self.ops.finish(op_id, result, error)
                 self._changed()
@@ -278,9 +278,9 @@ class Supervisor:
             case m.Fetched(name, pull):
                 await self._fetched(name, pull)
             case m.PulledForReload(pull_id, done):
-                self._pulled_for_reload(pull_id, done)
+                self.files.pulled_for_reload(pull_id, done)
             case m.Published(content, ok):
-                self._published(content, ok)
+                self.routes.published(content, ok)
             case m.Demand(name):  # a request on an unloaded model's own port (answered 503): load it
                 log_event(logger, "model.demanded", model=name, reason="a request on its port")
                 await self._load(name, None)
@@ -316,9 +316,7 @@ class Supervisor:
     def _add_entry(self, name: str, config: Resolved, sock: socket.socket | None = None) -> None:
         """A unit for an entry: a slot for a model served here (a lazy one waits unloaded), checks for an upstream."""
         if isinstance(config, ResolvedUpstream):
-            self.units[name] = UpstreamUnit(
-                name, UpstreamChecks(name, config, self._upstream_interval(), self._changed)
-            )
+            self.units[name] = UpstreamUnit(name, UpstreamChecks(name, config, self.upstream_interval(), self._changed))
             return
         self.units[name] = ModelUnit(
             name,
@@ -334,13 +332,12 @@ class Supervisor:
                 on_demand=lambda: self._post(m.Demand(name)),
             ),
         )
-        self._check_files(self.units[name])
+        self.files.check(self.units[name])
 
     def _add_gateway(self, config: GatewayConfig) -> GatewayUnit:
         from .live import push_settings
 
-        spec = self._publication.stamp(self._spec(config))
-        self._publication.applied = spec.config_hash()  # it starts with it, on stdin
+        spec = self.routes.first(config)  # it starts with it, on stdin
         unit = GatewayUnit(
             Slot(GATEWAY, spec, self.settings, self._changed, module="vllmmlxd.gateway", push_settings=push_settings),
             config,
@@ -348,39 +345,11 @@ class Supervisor:
         self.units[GATEWAY_KEY] = unit
         return unit
 
-    def _upstream_interval(self) -> float:
+    def upstream_interval(self) -> float:
         gateway = self.loaded.config.gateway
         return (gateway or GatewayConfig()).upstream_health_interval_s
 
-    # -- a model's files: here, downloading (download: true), or not downloaded ------------------
-
-    def _check_files(self, unit: Unit) -> None:
-        """Mark a model unit whose model is not on this machine (it starts nothing until it is): with
-        ``download: true`` its pull (started, or joined), else what to run. A unit with a worker keeps it."""
-        if not isinstance(unit, ModelUnit) or unit.slot.pid is not None:
-            return
-        repo = not_downloaded(unit.config.model, self.settings.state_dir)
-        if repo is None:
-            unit.absent = None
-            return
-        if unit.absent is not None and unit.absent.pull is not None and unit.absent.pull.running:
-            return  # on its way already
-        if not unit.config.download:
-            unit.absent = Absent(repo, pull_hint(repo, unit.name))
-            log_event(logger, "model.not_downloaded", logging.ERROR, model=unit.name, repo=repo, error=pull_hint(repo))
-            return
-        try:
-            pull = self.pulls.start(Source(repo))
-        except StoreError as exc:  # the same repo being pulled at another revision
-            unit.absent = Absent(repo, str(exc))
-            return
-        unit.absent = Absent(repo, f"downloading {repo}", pull)
-        log_event(logger, "model.downloading", model=unit.name, repo=repo, pull=pull.id)
-        self.ops.track(self._when_fetched(unit.name, pull))
-
-    async def _when_fetched(self, name: str, pull: Pull) -> None:
-        await pull.wait()
-        self._post(m.Fetched(name, pull))
+    # -- loads and idle unloads ------------------------------------------------------------------
 
     async def _fetched(self, name: str, pull: Pull) -> None:
         """A unit's pull ended: once its model is here an eager model starts (a lazy one waits unloaded),
@@ -395,82 +364,10 @@ class Supervisor:
             if not unit.lazy:
                 await self.loads.admit(name, None, start=True)
 
-    def _absent_reply(self, unit: ModelUnit) -> ActionReply | None:
-        """Before a start, restart or load: look again (pulled since?); why not, while its model is not here."""
-        if unit.absent is None:
-            return None
-        self._check_files(unit)
-        if unit.absent is None:
-            self._changed()
-            return None
-        _, why = unit.absent.shown()
-        return ActionReply(False, unit.name, why or f"{unit.absent.repo} is not here")
-
-    def reload_when_pulled(self, pull: Pull) -> None:
-        """A reload refused until ``pull`` brings a changed entry's model: run it again once it is done."""
-        if pull.id in self._reload_after:
-            return
-        self._reload_after.add(pull.id)
-
-        async def wait() -> None:
-            final = await pull.wait()
-            self._post(m.PulledForReload(pull.id, final.state == "done"))
-
-        self.ops.track(wait())
-
-    def _pulled_for_reload(self, pull_id: str, done: bool) -> None:
-        self._reload_after.discard(pull_id)
-        if done:
-            log_event(logger, "reload.after_download", pull=pull_id)
-            self._post(m.Reload(future=None))
-
-    # -- the gateway's routing table -------------------------------------------------------------
-
-    def _spec(self, config: GatewayConfig):
-        entries = self.entry_units()
-        return build_spec(
-            config,
-            {n: u.config for n, u in entries.items()},
-            {n: u.shown() for n, u in entries.items()},
-            self.control_socket,
-        )
-
-    def _publish(self) -> None:
-        """Hand the gateway a new routing table when its content changed (one hand-over at a time)."""
-        gateway = self.gateway()
-        if gateway is None or self._publishing:
-            return
-        if gateway.shown()[0] == "starting":
-            # A starting process cannot take a push, and the slot would start another for it (at every
-            # daemon start, as models turn ready): it takes the table once ready (its own change).
-            return
-        spec = self._publication.stamp(self._spec(gateway.config))
-        if not self._publication.due(spec):
-            return
-        self._publishing = True
-
-        async def hand_over() -> None:
-            ok, why = await gateway.slot.apply_settings(spec)
-            if ok:
-                log_event(logger, "gateway.routes", logging.DEBUG, version=spec.version, routes=len(spec.routes))
-            else:
-                log_event(logger, "gateway.push_failed", logging.WARNING, pid=gateway.slot.pid, error=why)
-            self._post(m.Published(spec.config_hash(), ok))
-
-        self.ops.track(hand_over())
-
-    def _published(self, content: str, ok: bool) -> None:
-        self._publishing = False
-        if ok:
-            self._publication.applied = content
-            self._publish()  # a change may have come meanwhile
-
-    # -- loads and idle unloads ------------------------------------------------------------------
-
     async def _load(self, name: str, future: asyncio.Future[Any] | None) -> None:
         unit = self.entry_units().get(name)
         if isinstance(unit, ModelUnit) and unit.absent is not None:
-            self._absent_reply(unit)  # pulled since? The plan reads what it finds.
+            self.files.absent_reply(unit)  # pulled since? The plan reads what it finds.
         await self.loads.admit(name, future, start=False)
 
     def _footprints(self) -> tuple[Capacity, dict[str, int]]:
@@ -498,7 +395,7 @@ class Supervisor:
         unit = self._model(name, future)
         if unit is None:
             return
-        if (absent := self._absent_reply(unit)) is not None:
+        if (absent := self.files.absent_reply(unit)) is not None:
             resolve(future, absent)
             return
         if unit.lazy:  # through memory admission, as a request would load it
@@ -526,7 +423,7 @@ class Supervisor:
         unit = self._model(name, future)
         if unit is None:
             return
-        if (absent := self._absent_reply(unit)) is not None:
+        if (absent := self.files.absent_reply(unit)) is not None:
             resolve(future, absent)
             return
         replacing = {name: unit.config} if unit.slot.pid is not None else {}
@@ -582,12 +479,48 @@ class Supervisor:
         if self._reloads:
             self._post(self._reloads.pop(0))
 
-    def _record_failure(self, error: str, plan: str | None) -> None:
+    def record_refusal(self, error: str, plan: str | None) -> None:
         """A reload refused before anything changed (invalid, or too big for memory)."""
         self.last_reload = ReloadRecord(ok=False, at=time.time(), error=error, plan=plan)
         self._changed()
 
-    def _take_daemon_keys(self, plan: ReloadPlan, new: Config) -> None:
+    def plan_cores(self, shares: dict[str, CpuShare]) -> None:
+        """A reload's plan of cores: workers started from now on take theirs from it."""
+        self.shares = shares
+
+    def apply_membership(self, change: Membership) -> GatewayStep:
+        """In the task, between a reload's waves: the collection takes its new members (reload.py),
+        and what happens to the gateway is decided (its unit made or dropped here)."""
+        for name in change.removed:
+            self.units.pop(name, None)
+        self.loaded = change.loaded
+        for name, entry, sock in change.added:
+            self._add_entry(name, entry, sock=sock)
+        for name, upstream in change.live_upstreams:
+            if isinstance(unit := self.units[name], UpstreamUnit):
+                unit.checks.update(upstream, self.upstream_interval())  # the checks take it at their next round
+        for unit in self.units.values():  # the gateway's interval may have changed
+            if isinstance(unit, UpstreamUnit):
+                unit.checks.update(unit.config, self.upstream_interval())
+        order = [*change.loaded.config.models, GATEWAY_KEY]  # the config's order (and the gateway last)
+        self.units = dict(
+            sorted(self.units.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+        )
+        return self._gateway_step(change.loaded.config.gateway)
+
+    def _gateway_step(self, new: GatewayConfig | None) -> GatewayStep:
+        unit = self.gateway()
+        if new is None and unit is not None:
+            self.units.pop(GATEWAY_KEY, None)
+            return "remove", unit
+        if new is None:
+            return "none", None
+        if unit is None:
+            return "start", self._add_gateway(new)
+        old, unit.config = unit.config, new
+        return ("move" if needs_new_process(old, new) else "none"), unit
+
+    def take_daemon_keys(self, plan: ReloadPlan, new: Config) -> None:
         """Keep the daemon keys that apply live (the daemon applies them: ``use_daemon_config``)."""
         live = {f: getattr(new.daemon, f) for f in plan.daemon_changed if f not in plan.restart_required}
         if live:

@@ -13,7 +13,8 @@ SUPERVISOR = PKG / "supervisor"
 # Functions that run in the supervisor's task (the only writer besides the actors), by module.
 IN_THE_TASK = {
     "supervisor.py": None,  # every method of the Supervisor runs in its task or only posts to it
-    "reload.py": {"_between", "_gateway_step", "prepare", "start", "__init__"},
+    "files.py": None,  # the supervisor's model files: called from its task only
+    "reload.py": {"prepare", "start", "__init__"},
 }
 # What a slot's actor owns of the worker processes it starts (a WorkerProcess is the slot's).
 WORKER_FIELDS = {"share", "ready_at", "failure", "config"}

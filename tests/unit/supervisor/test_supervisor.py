@@ -19,6 +19,7 @@ from vllmmlxd.supervisor import loads as loads_module
 from vllmmlxd.supervisor import slot_workers as slot_workers_module
 from vllmmlxd.supervisor import states
 from vllmmlxd.supervisor.backoff import BackoffPolicy
+from vllmmlxd.supervisor.loads import Loads
 from vllmmlxd.supervisor.memory import Capacity
 from vllmmlxd.supervisor.slot import SlotSettings
 from vllmmlxd.supervisor.supervisor import Supervisor
@@ -59,7 +60,7 @@ def with_memory(sup: Supervisor, usable_mb: int, each_mb: int) -> None:
     def footprints():
         return Capacity(usable_mb, 0), {name: each_mb for name in sup.entry_units()}
 
-    sup._footprints = footprints  # type: ignore[method-assign]
+    sup.loads = Loads(sup.entry_units, sup.ops, footprints)
 
 
 def run(coro):
