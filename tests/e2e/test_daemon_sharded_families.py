@@ -68,5 +68,5 @@ def test_a_split_family_answers_as_one_process_does_and_hits_its_prefix_cache(cl
     assert status["distributed"]["world"] == 2 and status["cache"]["type"] == "prefix_lru"
     assert status["layout"]["prefix_cache"] == "sequences"
     assert status["layout"]["speculation"] == {
-        "off": "a sharded entry's followers replay rank 0's batch token by token"
+        "off": "a sharded entry's other ranks play rank 0's batch token by token"
     }

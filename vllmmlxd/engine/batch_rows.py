@@ -3,8 +3,8 @@ hold now, for the prefix cache's captures (``layered_kv.LayeredKV.capture``).
 
 mlx-lm's ``BatchGenerator`` keeps a row in its prompt batch while it is prefilled, then in its
 generation batch; both keep, per row, the tokens their KV holds (``tokens``) and one batched
-cache a layer, each able to ``extract`` a row. mlx-lm names the two batches privately: this is
-the one place that reads them for captures.
+cache a layer, each able to ``extract`` a row (mlx-lm names the two batches privately: read
+through ``mlxlm``).
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from typing import Any
 
 from mlx_lm.generate import BatchGenerator
 
+from .mlxlm import generation_batch, prompt_batch
+
 
 def row_layers(gen: BatchGenerator, uid: int, layers: tuple[int, ...]) -> tuple[int, list[Any]] | None:
     """Row ``uid``'s position (the tokens its KV holds) and its caches of ``layers``, extracted
     (one row each); None when the row is in neither batch."""
-    for batch in (gen._prompt_batch, gen._generation_batch):
+    for batch in (prompt_batch(gen), generation_batch(gen)):
         if uid not in batch.uids:
             continue
         idx = batch.uids.index(uid)

@@ -145,17 +145,12 @@ class EngineTurns:
         self._lock = threading.Lock()
         self._offered: _Handoff | None = None
 
-    def wrap(self, step: Callable[[], None]) -> Callable[[], None]:
-        """The engine's step, preceded by the batch on offer, if any."""
-
-        def step_after_one_batch() -> None:
-            with self._lock:
-                handoff, self._offered = self._offered, None
-            if handoff is not None:
-                handoff.run()
-            step()
-
-        return step_after_one_batch
+    def take(self) -> None:
+        """On the engine thread, before its step: run the batch on offer, if any."""
+        with self._lock:
+            handoff, self._offered = self._offered, None
+        if handoff is not None:
+            handoff.run()
 
     def run(self, work: Callable[[], Any]) -> Any:
         """``work()``'s result: run by the engine thread before its next step, or here when it is idle."""
@@ -244,10 +239,10 @@ class MLXEmbedder:
 
     def share_engine_thread(self, engine: Any) -> None:
         """Run this embedder's batches between ``engine``'s steps while it generates (see EngineTurns)."""
-        stats, scheduler = engine.stats, engine._scheduler
+        stats = engine.stats
         self._turns = EngineTurns(lambda: stats.num_running + stats.num_waiting > 0)
         self.batch_tokens = min(self.batch_tokens, SHARED_BATCH_TOKENS)
-        scheduler._step = self._turns.wrap(scheduler._step)
+        engine.before_each_step(self._turns.take)
 
     def close(self) -> None:
         if self._thread is not None:

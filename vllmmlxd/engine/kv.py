@@ -43,7 +43,7 @@ class MLXKVOps:
     def trimmable(self, cache: list[Any]) -> bool:
         return can_trim_prompt_cache(cache)
 
-    # The same two operations as the block ops (``BlockKV``), for a sharded entry's replay:
+    # The same two operations as the block ops (``BlockKV``), for a sharded entry's other ranks (batch.Mirror):
     # a whole entry is one piece, cut from a sequence and joined back alone.
     def cut(self, cache: list[Any], spans: list[tuple[int, int]]) -> list[list[Any]]:
         ((start, end),) = spans

@@ -8,12 +8,19 @@ quantized cache) without running the model, and without a sharded model's collec
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import CacheList, make_prompt_cache
 
-from .kv_budget import KvLayout, LayerKv
+from ..log import log_event
+from .kv_budget import GROWTH_STEP, KvBudget, KvLayout, LayerKv
+from .layout import CacheLayout
+from .options import EngineOptions
+
+logger = logging.getLogger("vllmmlxd.engine")
 
 
 def probe_layout(model: Any) -> KvLayout:
@@ -50,3 +57,36 @@ def _arrays(value: Any) -> list[mx.array]:
     if isinstance(value, (list, tuple)):
         return [a for v in value for a in _arrays(v)]
     return []
+
+
+def entry_budget(
+    model: Any, options: EngineOptions, layout: CacheLayout, layered: Any, *, drafting: bool, draft: Any
+) -> KvBudget:
+    """The model's KV layout (and its draft model's, which keeps a cache a row), and the entry's
+    explicit limit; no limit when the layout cannot be read. ``drafting``: the batch speculates."""
+    try:
+        kv: KvLayout | None = _captured(probe_layout(model).layers, layout, layered)
+        if drafting and draft is not None:
+            assert kv is not None
+            kv = replace(kv, layers=kv.layers + probe_layout(draft).layers)
+    except Exception as exc:  # a family whose cache cannot be made outside a batch: admitted by count only
+        log_event(logger, "kv.layout_unknown", logging.WARNING, error=repr(exc))
+        kv = None
+    # A verify step writes every draft position before it trims the rejected ones.
+    slack = GROWTH_STEP + (options.speculative.num_draft if drafting and options.speculative else 0)
+    budget = KvBudget(kv, slack=slack)
+    if options.kv_budget_bytes is not None:
+        budget = budget.with_limit(options.kv_budget_bytes, options.kv_budget_source)
+    return budget
+
+
+def _captured(layers: tuple[LayerKv, ...], layout: CacheLayout, layered: Any) -> KvLayout:
+    """``layers``, and what a layered model's prompt holds on its way into the prefix cache
+    (``checkpoints.Captures``): each windowed layer's KV of every position, and the recurrent
+    state's checkpoints."""
+    if layered is None or len(layers) != len(layout.layers):
+        return KvLayout(layers)
+    kinds = [spec.kind for spec in layout.layers]
+    windows = tuple(LayerKv(layer.per_token) for layer, kind in zip(layers, kinds) if kind == "window")
+    state = sum(layer.fixed for layer, kind in zip(layers, kinds) if kind == "state")
+    return KvLayout(layers + windows, checkpoint_bytes=state, block=layered.block)

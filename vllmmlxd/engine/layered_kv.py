@@ -27,6 +27,7 @@ from .block_file import Tensor
 from .checkpoints import Captures
 from .kv import BlockKV, KVBlock, KVLayout, device_array, host_tensor
 from .layout import CacheLayout
+from .mlxlm import set_written
 
 State = tuple[tuple[mx.array, ...], ...]  # a checkpoint: each recurrent layer's arrays, one row
 
@@ -173,7 +174,8 @@ class LayeredKV:
                     keys = mx.concatenate([head[0][j : j + 1, :, : spec.keep], keys[..., -tail:, :]], axis=2)
                     values = mx.concatenate([head[1][j : j + 1, :, : spec.keep], values[..., -tail:, :]], axis=2)
                 c.keys, c.values = mx.contiguous(keys), mx.contiguous(values)
-                c.offset, c._idx = n, keys.shape[2]
+                c.offset = n
+                set_written(c, keys.shape[2])
             out[i] = c
 
     def nbytes(self, block: Block) -> int:

@@ -1,18 +1,18 @@
-"""Rank 0 decides, the other ranks follow: the scheduler's batch replayed on every rank.
+"""Rank 0 decides, the other ranks follow: each step's plan, carried to every rank.
 
 A model split over ranks runs collectives inside every forward pass, so each rank must run the
 same forward calls, on the same batch, in the same order. Rank 0's scheduler alone decides
-(it has the requests, the clock, the prefix cache's budget); each decision that changes its
-BatchGenerator is recorded here as an op, and before each step the ops go to the other ranks
-in one frame (``Link``), which apply them to their own BatchGenerator and step with it
-(``engine/replay.py``).
+(it has the requests, the clock, the prefix cache's budget); every change it makes to its
+batch is recorded (``batch.Batch``), and before each pass the changes and the pass's chunk go
+to the other ranks as one ``StepPlan`` in one frame (``Link``), which they execute through the
+same ``Batch`` (``follow.Follower``).
 
 Tokens are never re-sampled on the other ranks: the model is wrapped so that each forward
 pass starts from rank 0's input tokens (one ``all_sum`` in the graph, ``FollowRankZero``).
 So the other ranks need no samplers, logits processors, grammars or stop strings, and ranks
 whose logits differ in the last bit (two chip generations) still hold the same batch. Every
-finish rank 0 sees is an op too (``fin``): the other ranks end only by ``max_tokens`` on
-their own, which counts the same everywhere.
+finish rank 0 sees is in the plan too (``Finish``): the other ranks end only by ``max_tokens``
+on their own, which counts the same everywhere.
 
 Frames: a fixed-size header and a JSON body; a body too long for the frame follows it in a
 second collective whose length the frame gives, so every rank runs it or none does.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import zlib
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -29,10 +30,10 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
-from .prefix_cache import Piece
+from .step_plan import StepPlan, to_wire
 
 FRAME_BYTES = 8192
-PROTOCOL = 2  # 2: the prefix cache's pieces (blocks) in ins and put
+PROTOCOL = 3  # 3: the body is a step plan (step_plan.to_wire)
 _HEADER = struct.Struct("<4sBBxxIIII")  # magic, protocol, kind, seq, body length, overflow length, crc32
 _MAGIC = b"VMXL"
 # While idle, rank 0 sends a frame this often (a lost rank is noticed while idle too), and the
@@ -44,8 +45,8 @@ IDLE_WAKE_EARLY_S = 0.01
 
 
 class Kind(IntEnum):
-    STEP = 1  # apply the ops, then step the batch
-    IDLE = 2  # apply the ops (a heartbeat while rank 0 has nothing to run)
+    STEP = 1  # a plan with a pass
+    IDLE = 2  # a plan without one (a heartbeat while rank 0 has nothing to run)
     STOP = 3  # the worker is closing: exit
     REPORT = 4  # a follower's frame: what it did at the last step
 
@@ -136,20 +137,16 @@ class FollowRankZero:
 
 
 class Lockstep:
-    """The scheduler's record of what changes its batch; a single-process engine records nothing."""
+    """How rank 0's plans reach the other ranks; a single-process engine sends nothing."""
+
+    last_frame_at: float | None = None  # monotonic: the last frame sent (liveness watches it)
 
     def wrap(self, model: Any) -> Any:
         return model
 
-    def inserted(self, uid: int, suffix: list[int], cached: int, source: list[int] | None, max_tokens: int) -> None: ...
-    def removed(self, uids: list[int], keep: bool) -> None: ...
-    def extracted(self, uids: list[int]) -> None: ...
-    def finished(self, uids: list[int]) -> None: ...
-    def stored(self, uid: int, pieces: list[Piece]) -> None: ...
-    def dropped(self, entry: int) -> None: ...
-    def step(self, prefill_step_size: int) -> None: ...
-    def idle(self) -> None: ...
-    def stop(self) -> None: ...
+    def step(self, plan: StepPlan) -> None: ...
+    def idle(self, plan: StepPlan) -> None: ...
+    def stop(self, plan: StepPlan) -> None: ...
 
     @property
     def distributed(self) -> bool:
@@ -161,10 +158,9 @@ class Lockstep:
 
 @dataclass
 class Leader(Lockstep):
-    """Rank 0's record: ops gathered between steps, shipped in one frame before each step."""
+    """Rank 0's side: one frame per plan, and the other ranks' reports that come back with it."""
 
     link: Link
-    ops: list[list] = field(default_factory=list)
     seq: int = 0
     frames: int = 0  # frames sent
     overflow_frames: int = 0
@@ -173,45 +169,26 @@ class Leader(Lockstep):
     def wrap(self, model: Any) -> Any:
         return FollowRankZero(model, self.link)
 
-    def inserted(self, uid: int, suffix: list[int], cached: int, source: list[int] | None, max_tokens: int) -> None:
-        self.ops.append(["ins", uid, suffix, cached, source, max_tokens])
+    def step(self, plan: StepPlan) -> None:
+        self._send(Kind.STEP, to_wire(plan))
 
-    def removed(self, uids: list[int], keep: bool) -> None:
-        self.ops.append(["rm", uids, keep])
+    def idle(self, plan: StepPlan) -> None:
+        self._send(Kind.IDLE, {**to_wire(plan), "sleep_s": max(IDLE_FRAME_S - IDLE_WAKE_EARLY_S, 0.0)})
 
-    def extracted(self, uids: list[int]) -> None:
-        self.ops.append(["ext", uids])
-
-    def finished(self, uids: list[int]) -> None:
-        if uids:
-            self.ops.append(["fin", uids])
-
-    def stored(self, uid: int, pieces: list[Piece]) -> None:
-        self.ops.append(["put", uid, [list(p) for p in pieces]])
-
-    def dropped(self, entry: int) -> None:
-        self.ops.append(["drop", entry])
-
-    def step(self, prefill_step_size: int) -> None:
-        self._send(Kind.STEP, {"ops": self.ops, "pss": prefill_step_size})
-
-    def idle(self) -> None:
-        self._send(Kind.IDLE, {"ops": self.ops, "sleep_s": max(IDLE_FRAME_S - IDLE_WAKE_EARLY_S, 0.0)})
-
-    def stop(self) -> None:
-        self._send(Kind.STOP, {"ops": self.ops})
+    def stop(self, plan: StepPlan) -> None:
+        self._send(Kind.STOP, to_wire(plan))
 
     def _send(self, kind: Kind, body: dict) -> None:
         self.seq += 1
         frame, overflow = encode(Frame(kind, self.seq, body))
-        self.ops = []
         self.link.lead(frame, overflow)
+        self.last_frame_at = time.monotonic()
         self.frames += 1
         self.overflow_frames += bool(overflow)
         self._check_reports()
 
     def _check_reports(self) -> None:
-        """Each other rank answered this frame having applied the one before: else it is lost."""
+        """Each other rank answered this frame having played the one before: else it is lost."""
         for rank, raw in enumerate(self.link.reports(), start=1):
             report = decode(raw)  # a FrameError: not a report at all (a lost rank's empty share)
             if report.kind is not Kind.REPORT or report.seq != self.seq - 1:

@@ -14,7 +14,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -122,7 +122,7 @@ class MLXEngine:
         self._init_request_text()
         self._images: ImagePrompter | None = None
         if loaded.vision is not None and lockstep is not None and lockstep.distributed:
-            # Followers replay token ids; an image's features would have to reach every rank.
+            # Followers play token ids; an image's features would have to reach every rank.
             raise ModelLoadError("a vision model cannot be split over ranks (distributed:) yet")
         if loaded.vision is not None:
             processor = loaded.vision.processor
@@ -396,6 +396,11 @@ class MLXEngine:
         take up to a few hundred milliseconds for a very large grammar.
         """
         return self._grammars.check(constraint.grammar)
+
+    def before_each_step(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` on the engine thread before each of its steps (an embedder's batches go
+        between decode steps: embedder.EngineTurns)."""
+        self._scheduler.before_step.append(hook)
 
     def distributed_status(self) -> dict | None:
         """A distributed entry's backend, split and ranks (host, pid, share, last step and wait

@@ -26,7 +26,7 @@ import numpy as np
 
 HitType = Literal["exact", "prefix", "lcp", "none"]
 # One piece of KV a cache kept from a sequence: (id, first position, end position). A sharded
-# entry's other ranks cut the same pieces from their own share of the sequence (engine/replay.py).
+# entry's other ranks cut the same pieces from their own share of the sequence (engine/batch.py: Mirror).
 Piece = tuple[int, int, int]
 # Whole entries at most: a lookup or insert scans them all (1.7 ms at 1,000 on the engine thread),
 # so this bounds what the whole-entry cache costs a request; the block cache does not scan.

@@ -35,6 +35,8 @@ from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache
 
+from .mlxlm import counted, matchers, start_counters, written
+
 MAX_GROUPS = 4  # attention runs once a group a layer: past this many, two small neighbours merge
 FAMILIES = ("mlx_lm.models.llama", "mlx_lm.models.mistral", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj", "rope", "n_heads", "n_kv_heads", "scale")
@@ -133,9 +135,10 @@ class GroupedKV:
             return g.extract(local)
         start = int(g.left_padding[0].item())
         cache = KVCache()
-        cache.keys = g.keys[..., start : g._idx, :]
-        cache.values = g.values[..., start : g._idx, :]
-        cache.offset = g._idx - start
+        end = written(g)
+        cache.keys = g.keys[..., start:end, :]
+        cache.values = g.values[..., start:end, :]
+        cache.offset = end - start
         return cache
 
     def trim(self, n: int) -> int:
@@ -296,16 +299,18 @@ class GroupedBatch(GenerationBatch):
             return super().next()
         self.primed = frozenset()
         rows = [i for i, uid in enumerate(self.uids) if uid in primed]
-        saved = {self.uids[i]: self._matchers[i] for i in rows}
+        stops, counts = matchers(self), counted(self)
+        saved = {self.uids[i]: stops[i] for i in rows}
         for i in rows:  # none of them can finish on a prompt token
             self.max_tokens[i] += 1
-            self._matchers[i] = cast(Any, _NEVER_STOPS)
+            stops[i] = cast(Any, _NEVER_STOPS)
         responses = super().next()
+        stops, counts = matchers(self), counted(self)
         for i, uid in enumerate(self.uids):
             if uid in saved:
                 self.max_tokens[i] -= 1
-                self._num_tokens[i] -= 1
-                self._matchers[i] = saved[uid]
+                counts[i] -= 1
+                stops[i] = saved[uid]
         return [r for r in responses if r.uid not in primed]
 
 
@@ -404,8 +409,7 @@ class RidingPrompts(PromptProcessingBatch):
             self.fallback_sampler, None, self.stop_sequences, self.max_tokens,
         )  # fmt: skip
         batch.uids, batch.samplers, batch.logits_processors = self.uids, self.samplers, self.logits_processors
-        batch._num_tokens = [0] * len(self.uids)
-        batch._next_logprobs = [mx.zeros((0,)) for _ in self.uids]  # what comes back with the prompt token
+        start_counters(batch, len(self.uids), mx.zeros((0,)))  # the prompt token comes back with nothing
         batch.priming = True
         self._handed_over()
         return batch

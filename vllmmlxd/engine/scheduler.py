@@ -1,20 +1,14 @@
 """The engine thread: continuous batching over mlx-lm's BatchGenerator, with a prefix cache.
 
-Requests arrive as :class:`Sequence` objects. Each step, sequences whose client went away
-leave the batch, waiting ones join it (up to ``max_running``; each first takes the longest
-start of its prompt from the prefix cache), and the batch advances by one decode step
-plus one chunk of every prompt still being prefilled (for the families ``row_groups`` covers,
-in one pass, rows keeping their KV in groups). Finished sequences leave their KV in the
-prefix cache, a few blocks a step (``store_queue``). The events of a step are posted to the
-asyncio loop in one call.
-
-mlx-lm's BatchGenerator brings what is hard to get right (per-sequence samplers and logits
-processors, batched KV caches with padding, insert/remove at any step); two things it lacks
-are written here: the prefill chunk is sized each step from measured speeds so a step
-takes about a second at most and a long prompt does not stall running streams
-(``step_timer``; its progress shows and a cancel is heard chunk by chunk), and a prompt that
-shares a long start with one being prefilled waits for it, so it reuses that prefill from
-the cache.
+Requests arrive as :class:`Sequence` objects. Each round, sequences whose client went away
+leave the batch, waiting ones join it (``admission``: each first takes the longest start of its
+prompt from the prefix cache), and the batch advances by one pass (``_step``): a decode step
+plus a chunk of every prompt still being prefilled, sized from measured speeds so a step takes
+about a second at most (``step_timer``). The pass is the same for every model: the features an
+entry has take part as hooks (``step_hooks``); every change to the batch and every pass go
+through ``batch.Batch``, which sends them to a sharded entry's other ranks as one plan.
+Finished sequences' KV goes to the prefix cache (``store_queue``); a round's events are posted
+to each asyncio loop in one call.
 """
 
 from __future__ import annotations
@@ -24,39 +18,34 @@ import logging
 import queue
 import time
 from collections import deque
-from dataclasses import replace
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
-import mlx.core as mx
-import numpy as np
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ..log import log_event
-from .batch_rows import row_layers
+from .admission import plan_admission
+from .batch import Batch, RowSetup
+from .batch_layout import describe, new_generator
 from .cache_setup import make_prefix_cache
 from .checkpoints import Captures, checkpoint_positions, segments
 from .constraint import Grammars
-from .grouped_attention import wrap_attention
-from .kv_budget import GROWTH_STEP, KvBudget, KvLayout, LayerKv
-from .kv_probe import probe_layout
+from .kv_budget import KvBudget
+from .kv_probe import entry_budget
 from .layout import read_layout
 from .lockstep import IDLE_FRAME_S, Lockstep
 from .options import EngineOptions
-from .prefix_cache import PromptCache, common_prefix
-from .row_groups import GroupedBatch, GroupedModel, RidingPrompts, groupable
+from .prefix_cache import PromptCache
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence
-from .speculative import RowDrafting, SpeculativeBatch
+from .step_hooks import DraftCounts, LayeredCaptures, RidingChunks, StepHook, StepWork
 from .step_timer import StepTimer
-from .store_queue import StoreQueue
+from .store_queue import StoreNow, StoreQueue, Stores
 from .types import EngineStats, FinishReason, WaitingFor
 from .upstream_fixes import apply_all as apply_upstream_fixes
-from .vision_prefill import EmbeddingPrefill, Staged
+from .vision_prefill import EmbeddingPrefill, Staged, StagedPrompts
 
 logger = logging.getLogger("vllmmlxd.engine")
-
-SHARED_PREFIX_WAIT = 64  # tokens in common with a prompt being prefilled that make a request wait for it
-PREFILL_BATCH = 8  # prompts prefilled together at most
 
 
 class Scheduler:
@@ -81,7 +70,7 @@ class Scheduler:
         self.eos_ids = eos_ids
         self.options = options
         self.stats = stats
-        # A sharded model's other ranks replay what changes the batch (engine/lockstep.py).
+        # A sharded model's other ranks play each step's plan (engine/batch.py, engine/lockstep.py).
         self.lockstep = lockstep or Lockstep()
         # What the model's layers keep between tokens, read once: the features below branch on it.
         self.layout = read_layout(model)
@@ -93,7 +82,7 @@ class Scheduler:
         )
         # A layered model's blocks need what a row's windowed and recurrent layers held on its way.
         self.layered = getattr(self.cache, "layered", None) if self.cache.enabled else None
-        self.cache.on_drop = self.lockstep.dropped
+        self.cache.on_drop = lambda piece: self.batch.dropped(piece)
         self.inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}
@@ -102,102 +91,62 @@ class Scheduler:
         self.staged: list[Staged] = []
         self.timer = StepTimer()
         self.on_admit = lambda seq: None  # the engine's admission counter
-        self.spec: SpeculativeBatch | None = None  # the batch's drafting, when the entry speculates
-        self.gen = self._new_generator()
+        # Run on the engine thread before each step (an embedder's batch between decode steps).
+        self.before_step: list[Callable[[], None]] = []
+        self._renew()
         # Admission by KV bytes (kv_budget.py); the engine sets the default limit and swaps in live changes.
-        self.kv = self._kv_budget()
+        self.kv = entry_budget(
+            self.model, self.options, self.layout, self.layered, drafting=self.spec is not None, draft=self.draft
+        )
         # Finished sequences' KV goes into the block cache a few blocks a step (store_queue.py);
         # a sharded entry's ranks store in lockstep, at once, as does the whole-sequence cache.
         block = getattr(self.cache, "block", None)
-        self.stores = StoreQueue(self._insert_kv, block) if block and not self.lockstep.distributed else None
+        self.stores: Stores = (
+            StoreQueue(self._insert_kv, block)
+            if block and not self.lockstep.distributed
+            else StoreNow(
+                self._insert_kv, lambda uid, pieces: self.batch.kept(uid, pieces), distributed=self.lockstep.distributed
+            )
+        )
         self._retired: list[Sequence] = []  # finished this step, events not posted yet
         self._generated = 0  # tokens generated since start, for the recent rate
         self.clock = time.perf_counter  # times steps for the step timer (a test's fake model brings its own)
 
-    def _new_generator(self) -> BatchGenerator:
-        # Rows that join keep their KV apart: the pass written out for the plain decoders
-        # (row_groups.py), else each attention module group by group in the model's own pass
-        # (grouped_attention.py). A sharded model runs its own layers; a vision model's prompts
-        # are staged apart.
-        own = not self.lockstep.distributed and self.vision is None
-        written = own and groupable(self.model)
-        grouping = written or (own and wrap_attention(self.model, self.layout))
-        self.grouping, self.riding = grouping, written
-        gen = BatchGenerator(
-            cast(Any, GroupedModel(self.model, written=written)) if grouping else self.lockstep.wrap(self.model),
-            completion_batch_size=self.options.max_running,
-            prefill_batch_size=min(self.options.max_running, PREFILL_BATCH),
-            prefill_step_size=self.options.prefill_step_size,
+    @property
+    def gen(self) -> BatchGenerator:
+        return self.batch.gen
+
+    def _renew(self) -> None:
+        """A new batch (at start, and after a step failed), and the hooks of the features it has."""
+        self.shape = new_generator(
+            self.model,
+            self.options,
+            self.layout,
+            self.lockstep,
+            vision=self.vision is not None,
+            draft=self.draft,
+            cost=self.timer.cost,
         )
-        speculative = self.options.speculative
-        # Followers replay rank 0's batch token by token: a sharded entry does not speculate.
-        if speculative is not None and not self.lockstep.distributed and self.layout.speculation() is None:
-            self.spec = SpeculativeBatch.make(gen.model, gen.sampler, speculative, self.timer.cost, self.draft)
-            self.spec.grouping = grouping
-            gen._generation_batch = self.spec  # mlx-lm's generator keeps this batch for its life
-        elif grouping:
-            batch = GroupedBatch.empty(gen.model, gen.sampler)
-            batch.grouping = True
-            gen._generation_batch = batch
-        self.timer.riding = written
-        if written:  # a prompt's chunk rides on the batch's pass (row_groups.RidingPrompts)
-            prompts = RidingPrompts.empty(gen.model, gen.sampler, prefill_step_size=self.options.prefill_step_size)
-            prompts.decoding = lambda: len(gen._generation_batch) > 0
-            gen._prompt_batch = prompts
-        return gen
+        self.spec, self.timer.riding = self.shape.spec, self.shape.riding
+        self.batch = Batch(self.shape.gen, self.lockstep)
+        hooks: list[StepHook] = []
+        if self.vision is not None:  # first: the step's prompt work before the others read it
+            hooks.append(
+                StagedPrompts(self.vision, self.staged, lambda: self.gen.stream, self._staged_done, self._fail)
+            )
+        if self.shape.riding:
+            hooks.append(RidingChunks(lambda: self.gen))
+        if self.spec is not None:
+            hooks.append(DraftCounts(self.spec))
+        if self.layered is not None:
+            hooks.append(LayeredCaptures(self.layered, lambda: self.gen, self.running))
+        self.hooks = hooks
 
     def features(self) -> dict:
-        """What the engine does for this model's layout, and why not where it does not (the
-        ``layout`` block of /v1/status): its batch's layout, its prefix cache, speculation."""
-        spec_off = self.layout.speculation()
-        if self.lockstep.distributed:
-            spec_off = "a sharded entry's followers replay rank 0's batch token by token"
-        kind = self.layered.cache_layout.prefix_cache(self.layered.block) if self.layered is not None else None
-        cache = getattr(self.cache, "block", None)
-        return {
-            **self.layout.describe(),
-            "batching": (
-                "row groups, prompt chunks riding on the decode pass"
-                if self.riding
-                else "row groups"
-                if self.grouping
-                else "one padded batch"
-            ),
-            "prefix_cache": kind or ("blocks" if cache else "sequences"),
-            "speculation": None if spec_off is None else {"off": spec_off},
-        }
-
-    def _kv_budget(self) -> KvBudget:
-        """The model's KV layout (and its draft model's, which keeps a cache a row), and the
-        entry's explicit limit; no limit when the layout cannot be read."""
-        try:
-            layers = probe_layout(self.model).layers
-            layout: KvLayout | None = self._captured(layers)
-            if self.spec is not None and self.draft is not None:
-                assert layout is not None
-                layout = replace(layout, layers=layout.layers + probe_layout(self.draft).layers)
-        except Exception as exc:  # a family whose cache cannot be made outside a batch: admitted by count only
-            log_event(logger, "kv.layout_unknown", logging.WARNING, error=repr(exc))
-            layout = None
-        # A verify step writes every draft position before it trims the rejected ones.
-        slack = GROWTH_STEP + (
-            self.options.speculative.num_draft if self.spec is not None and self.options.speculative else 0
-        )
-        budget = KvBudget(layout, slack=slack)
-        if self.options.kv_budget_bytes is not None:
-            budget = budget.with_limit(self.options.kv_budget_bytes, self.options.kv_budget_source)
-        return budget
-
-    def _captured(self, layers: tuple[LayerKv, ...]) -> KvLayout:
-        """``layers``, and what a layered model's prompt holds on its way into the prefix cache
-        (``checkpoints.Captures``): each windowed layer's KV of every position, and the
-        recurrent state's checkpoints."""
-        if self.layered is None or len(layers) != len(self.layout.layers):
-            return KvLayout(layers)
-        kinds = [spec.kind for spec in self.layout.layers]
-        windows = tuple(LayerKv(layer.per_token) for layer, kind in zip(layers, kinds) if kind == "window")
-        state = sum(layer.fixed for layer, kind in zip(layers, kinds) if kind == "state")
-        return KvLayout(layers + windows, checkpoint_bytes=state, block=self.layered.block)
+        """The ``layout`` block of /v1/status (batch_layout.describe)."""
+        block_cache = getattr(self.cache, "block", None) is not None
+        distributed = self.lockstep.distributed
+        return describe(self.layout, self.shape, distributed=distributed, layered=self.layered, block_cache=block_cache)
 
     # -- the thread -------------------------------------------------------
 
@@ -225,8 +174,8 @@ class Scheduler:
             try:
                 return self.inbox.get(timeout=IDLE_FRAME_S)
             except queue.Empty:
-                self.lockstep.idle()
-                self.stats.last_frame_at = time.monotonic()
+                self.batch.idle()
+                self.stats.last_frame_at = self.lockstep.last_frame_at
 
     def step(self) -> bool:
         """One round: take new requests, drop the cancelled, admit, advance the batch, post events.
@@ -237,16 +186,12 @@ class Scheduler:
         stopping = self._drain_inbox()
         self.cache.begin_step()  # the blocks the last step's lookups used may be evicted again
         self._drop_cancelled()
-        # A request about to be admitted may want what they hold; and their KV, no longer reserved,
-        # is in the prefix cache's budget before another request's reservation takes its place.
-        if self.stores and self.waiting:
-            self.stores.advance(everything=True)
+        self.stores.before_admission(waiting=bool(self.waiting))
         self._admit()
         if self.running or self.staged:
             self._step()
             self._note_kv_held()
-        if self.stores:  # off the critical step: a few blocks while others stream, the rest when idle
-            self.stores.advance(everything=not self.running and not self.staged)
+        self.stores.between_steps(idle=not self.running and not self.staged)
         self._post()
         return not stopping
 
@@ -257,7 +202,7 @@ class Scheduler:
         self.waiting.clear()
         self.staged.clear()
         self._post()
-        self.lockstep.stop()
+        self.batch.stop()
         self.cache.close()  # the disk writer finishes what it was handed
 
     def _drain_inbox(self) -> bool:
@@ -282,44 +227,27 @@ class Scheduler:
             self._retire(staged.seq, "cancelled")
 
     def _admit(self) -> None:
-        """Move waiting sequences into the batch, oldest first, while there is room: a row free
-        (``max_num_seqs``) and its KV within the budget. A sequence whose KV does not fit yet
-        stops the queue there, so smaller ones behind it never overtake it for good."""
-        prefilling = [s for s in self.running.values() if s.progress.first_token_at is None]
-        prefilling += [s.seq for s in self.staged]
+        """Carry out this round's admission plan (``admission.plan_admission``)."""
         budget = self.kv  # read once: a live change swaps the whole budget
-        widths = self._kv_widths(budget)
-        blocked: WaitingFor | None = None  # why the rest of the queue waits
-        behind_prefix: set[int] = set()  # ids of sequences waiting for a shared prompt's prefill
-        for seq in list(self.waiting):
-            if len(self.running) + len(self.staged) >= self.options.max_running:
-                blocked = "max_num_seqs"
-                break
-            leader = _shared_prefix_leader(seq, prefilling) if self.cache.enabled else None
-            if leader is not None:
-                leader.prompt_wanted = True  # cache its prompt as soon as it is prefilled
-                behind_prefix.add(id(seq))
-                continue
-            width = budget.width(len(seq.prompt), seq.request.sampling.max_tokens)
-            verdict = budget.verdict(widths, width)
-            if verdict == "waits":
-                blocked = "kv_budget"
-                break
+        admitted = [*self.running.values(), *(s.seq for s in self.staged)]
+        plan = plan_admission(
+            list(self.waiting), admitted, budget, self.options.max_running, share_prefixes=self.cache.enabled
+        )
+        for leader in plan.leaders:
+            leader.prompt_wanted = True  # cache its prompt as soon as it is prefilled
+        for seq in plan.refuse:  # the budget was lowered while it waited (the API refuses it before)
             self.waiting.remove(seq)
             self.on_admit(seq)
-            if verdict == "never":  # the budget was lowered while it waited (the API refuses it before)
-                refusal = budget.refusal(len(seq.prompt), seq.request.sampling.max_tokens)
-                self._retire(seq, "error", refusal, kind="kv_budget")
-                continue
+            refusal = budget.refusal(len(seq.prompt), seq.request.sampling.max_tokens)
+            self._retire(seq, "error", refusal, kind="kv_budget")
+        for seq, _width in plan.join:
+            self.waiting.remove(seq)
+            self.on_admit(seq)
             try:
                 self._insert(seq)
             except Exception as exc:  # a bad request must not take the batch down
-                log_event(logger, "engine.error", logging.ERROR, request_id=seq.request.request_id, error=repr(exc))
-                self._retire(seq, "error", str(exc))
-                continue
-            widths.append(width)
-            prefilling.append(seq)
-        self._note_queue(blocked, behind_prefix)
+                self._fail(seq, exc)
+        self._note_queue(plan.blocked, plan.behind_prefix)
 
     def _kv_widths(self, budget: KvBudget) -> list[int]:
         """The widths (tokens) the admitted sequences reserve: those in the batch and those staged."""
@@ -353,20 +281,14 @@ class Scheduler:
                 raise ValueError("constrained decoding is not available")
             # Last: a logit bias after the grammar's mask could re-enable a forbidden token.
             processors.append(self.grammars.processor(seq.request.constraint, seq.request.request_id, prompt))
-        (uid,) = self.gen.insert_segments(
-            [self._segments(seq, cached)],
-            max_tokens=[params.max_tokens],
-            caches=[cache] if cache is not None else None,
-            all_tokens=[list(prompt[:cached])],
-            samplers=[make_sampler(params)],
-            logits_processors=[processors],
-            stop_sequences=[stops],
+        row = RowSetup(
+            self._segments(seq, cached), cache, list(prompt[:cached]), make_sampler(params), processors, stops
         )
-        self.lockstep.inserted(uid, list(prompt[cached:]), cached, list(source) or None, params.max_tokens)
+        uid = self.batch.join(list(prompt[cached:]), cached, tuple(source), params.max_tokens, row)
         seq.uid, seq.base = uid, cached
         self.running[uid] = seq
-        if self.spec is not None:
-            self.spec.rows[uid] = RowDrafting(enabled=params.speculative)
+        for hook in self.hooks:
+            hook.joined(uid, seq)
 
     def _segments(self, seq: Sequence, cached: int) -> list[list[int]]:
         """The prompt's uncached tokens, split where a layered model checkpoints its state."""
@@ -378,135 +300,83 @@ class Scheduler:
         seq.captures = Captures(checkpoints=frozenset(positions))
         return segments(seq.prompt, cached, positions)
 
-    def _capture(self, prompt_responses: list) -> None:
-        """What the rows being prefilled hold in their windowed and recurrent layers now (a layered
-        model's blocks are cut from it when the sequence is stored)."""
-        layered = self.layered
-        if layered is None:
-            return
-        for response in prompt_responses:
-            seq = self.running.get(response.uid)
-            if seq is None or seq.captures is None:
-                continue
-            got = row_layers(self.gen, response.uid, (*layered.windows, *layered.states))
-            if got is not None:
-                layered.capture(got[1], got[0], seq.captures)
+    def _staged_done(self, staged: Staged) -> None:
+        """A vision prompt prefilled up to its last image joins the batch."""
+        self._join(staged.seq, staged.cache, staged.pos, ())
 
-    def _capture_decoding(self, seq: Sequence) -> None:
-        """A long answer's windowed KV, before it leaves the window: its blocks, every so often
-        (the window less a block: each block is whole in the window at one of these steps)."""
-        layered = self.layered
-        assert layered is not None and seq.uid is not None
-        windows = [layered.cache_layout.layers[i].window or 0 for i in layered.windows]
-        if not windows:
-            return
-        every = max(layered.block, (min(windows) - layered.block) // layered.block * layered.block)
-        if seq.produced % every:
-            return
-        got = row_layers(self.gen, seq.uid, layered.windows)
-        if got is not None:
-            layered.capture_windows(got[1], seq.captures)
+    def _fail(self, seq: Sequence, exc: Exception) -> None:
+        """One request's bad input (an image, a prompt) ends it, never the batch."""
+        log_event(logger, "engine.error", logging.ERROR, request_id=seq.request.request_id, error=repr(exc))
+        self._retire(seq, "error", str(exc))
 
-    def _advance_staged(self, budget: int) -> tuple[int, bool, list[tuple[Sequence, int]]]:
-        """A chunk of ``budget`` positions of every prompt prefilled from embeddings (the step
-        timer's share of a prefilling sequence), or, for one of them at most, an image through
-        the vision tower; those done join the batch. Returns (positions prefilled, whether the
-        tower ran, each prompt's new progress: published with the step's count)."""
-        assert self.vision is not None  # only a vision model stages prompts
-        total, tower, progress = 0, False, []
-        for staged in list(self.staged):
-            seq = staged.seq
-            try:
-                done, ran = self.vision.advance(staged, budget, tower=not tower)
-                total, tower = total + done, tower or ran
-                progress.append((seq, staged.pos))
-                if staged.pos >= staged.end:
-                    self.staged.remove(staged)
-                    self._join(seq, staged.cache, staged.pos, ())
-            except Exception as exc:  # one bad image must not take the batch down
-                log_event(logger, "engine.error", logging.ERROR, request_id=seq.request.request_id, error=repr(exc))
-                if staged in self.staged:
-                    self.staged.remove(staged)
-                self._retire(seq, "error", str(exc))
-        return total, tower, progress
-
-    def _step(self) -> None:  # noqa: C901 - the step loop, until the step plan replaces it (issue 38)
+    def _step(self) -> None:
+        """One pass over the batch, the same for every model: the features take part as hooks."""
+        for before in self.before_step:
+            before()
         prompts = sum(1 for s in self.running.values() if s.progress.first_token_at is None) + len(self.staged)
         decoding = len(self.running) + len(self.staged) > prompts
-        self.gen.prefill_step_size = self.timer.chunk(
-            self.options.prefill_step_size, decoding=decoding, prompts=prompts
-        )
-        self.lockstep.step(self.gen.prefill_step_size)
-        riding = _riding(self.gen)
-        if riding is not None:
-            riding[0].rode = riding[1].deferred = 0
-        started = self.clock()
-        if self.spec is not None:  # times the step before this one (speculative.StepCosts)
-            self.spec.costs.lap(started)
-        staged, tower = 0, False
-        staged_progress: list[tuple[Sequence, int]] = []
+        chunk = self.timer.chunk(self.options.prefill_step_size, decoding=decoding, prompts=prompts)
+        work = StepWork(chunk, self.clock())
         try:
-            if self.staged:
-                with mx.stream(self.gen.stream):
-                    staged, tower, staged_progress = self._advance_staged(self.gen.prefill_step_size)
-            prompt_responses, responses = self.gen.next()
+            for hook in self.hooks:
+                hook.before(work)
+            work.prompt_responses, work.responses = self.batch.advance(chunk)
         except Exception as exc:  # e.g. out of memory: every sequence of the batch fails, the engine lives on
-            log_event(logger, "engine.error", logging.ERROR, running=len(self.running), error=repr(exc))
-            if self.lockstep.distributed:
-                raise  # the other ranks are mid-step: only a restart of every rank recovers
-            for lost in list(self.running.values()):
-                self._retire(lost, "error", str(exc))
-            self.running.clear()
-            self.gen = self._new_generator()
+            self._lost(exc)
             return
-        self.lockstep.finished([r.uid for r in responses if r.finish_reason is not None])
+        self.batch.finished([r.uid for r in work.responses if r.finish_reason is not None])
         with self.stats.lock:
             self.stats.steps_executed += 1
-            for joining, pos in staged_progress:
+            for joining, pos in work.progress:
                 joining.progress.prefilled_tokens = pos
-            prefilled = self._note_prefill(prompt_responses) + staged
-        self._capture(prompt_responses)
-        self._cache_prompts(prompt_responses)
-        took = self.clock() - started
-        if self.spec is not None:
-            alone = not prefilled and not prompt_responses and not self.staged
-            self.spec.costs.ended(alone=alone and not any(r.finish_reason for r in responses))
-        self.stats.last_step_s = took
+            work.prefilled += self._note_prefill(work.prompt_responses)
+        work.ran = work.prefilled
+        for hook in self.hooks:
+            hook.after(work)
+        self._cache_prompts(work.prompt_responses)
+        self._timed(work, self.clock() - work.started)
+        for response in work.responses:
+            self._take(response)
+        for hook in self.hooks:
+            hook.settled(self.running)
+
+    def _lost(self, exc: Exception) -> None:
+        log_event(logger, "engine.error", logging.ERROR, running=len(self.running), error=repr(exc))
         if self.lockstep.distributed:
-            self.stats.last_frame_at = time.monotonic()
-        # A chunk riding on a pass runs a step after its progress shows.
-        ran = prefilled - riding[1].deferred + riding[0].rode if riding is not None else prefilled
-        if not tower:  # a vision tower's step says nothing of what a decode step or a chunk costs
-            self.timer.observe(took, decoded=bool(responses), prefilled=ran)
-        self.stats.last_step_at = time.monotonic()  # read by /health's liveness check
-        self._generated += len(responses)
-        self.stats.generated.note(time.monotonic(), self._generated)
-        for response in responses:
-            seq = self.running.get(response.uid)
-            if seq is None:
-                continue
-            reason = self._feed(seq, response.token)
-            if response.finish_reason is not None:
-                reason = reason or ("length" if response.finish_reason == "length" else "stop")
-                self.running.pop(response.uid)
-                self._store(seq, response.all_tokens, response.prompt_cache)
-                self._retire(seq, reason)
-            elif reason is not None:
-                self._leave(seq, reason, keep_kv=True)
-            elif seq.captures is not None:
-                self._capture_decoding(seq)
-        if self.spec is not None:  # each request's drafting so far, for /v1/status
-            for uid, seq in self.running.items():
-                row = self.spec.rows.get(uid)
-                if row is not None:
-                    seq.progress.drafted_tokens, seq.progress.accepted_tokens = row.drafted, row.accepted
+            raise exc  # the other ranks are mid-step: only a restart of every rank recovers
+        for lost in list(self.running.values()):
+            self._retire(lost, "error", str(exc))
+        self.running.clear()
+        self._renew()
+
+    def _timed(self, work: StepWork, took: float) -> None:
+        self.stats.last_step_s = took
+        self.stats.last_frame_at = self.lockstep.last_frame_at
+        if work.timed:
+            self.timer.observe(took, decoded=bool(work.responses), prefilled=work.ran)
+        now = time.monotonic()
+        self.stats.last_step_at = now  # read by /health's liveness check
+        self._generated += len(work.responses)
+        self.stats.generated.note(now, self._generated)
+
+    def _take(self, response: Any) -> None:
+        """A row's token: to its sequence, which may finish (its KV to the cache) or leave the batch."""
+        seq = self.running.get(response.uid)
+        if seq is None:
+            return
+        reason = self._feed(seq, response.token)
+        if response.finish_reason is not None:
+            reason = reason or ("length" if response.finish_reason == "length" else "stop")
+            self.running.pop(response.uid)
+            self._store(seq, response.all_tokens, response.prompt_cache)
+            self._retire(seq, reason)
+        elif reason is not None:
+            self._leave(seq, reason, keep_kv=True)
 
     def _note_kv_held(self) -> None:
         """The KV bytes the batch really holds after a step (its buffers' sizes: nothing is evaluated),
         and the most it held, beside what admission reserved."""
-        held = self.gen.prompt_cache_nbytes + sum(_nbytes(s.cache) for s in self.staged)
-        if self.spec is not None:
-            held += sum(_nbytes(row.draft_cache) for row in self.spec.rows.values())
+        held = self.gen.prompt_cache_nbytes + sum(hook.kv_bytes() for hook in self.hooks)
         self.stats.kv_held_bytes = held
         self.stats.kv_peak_held_bytes = max(self.stats.kv_peak_held_bytes, held)
 
@@ -543,8 +413,7 @@ class Scheduler:
             # Copying a long prompt's KV takes a while: only when a waiting request needs it now
             # (otherwise the whole sequence is cached when it finishes).
             if response.end_of_prompt and seq.prompt_wanted and self.cache.enabled:
-                got = self.gen.extract_cache([response.uid]).get(response.uid)
-                self.lockstep.extracted([response.uid])
+                got = self.batch.extract([response.uid]).get(response.uid)
                 if got is not None:
                     self._store(seq, got[1], got[0])
 
@@ -554,13 +423,12 @@ class Scheduler:
         self.running.pop(seq.uid, None)
         keep = keep_kv and self.cache.enabled
         try:
-            got = self.gen.remove([seq.uid], return_prompt_caches=keep)
+            got = self.batch.leave([seq.uid], keep=keep)
         except Exception as exc:
             log_event(logger, "engine.error", logging.ERROR, request_id=seq.request.request_id, error=repr(exc))
             if self.lockstep.distributed:
                 raise  # the other ranks would keep a sequence this one lost
             got = {}
-        self.lockstep.removed([seq.uid], keep)
         if seq.uid in got:
             cache, tokens = got[seq.uid]
             self._store(seq, tokens, cache)
@@ -570,19 +438,7 @@ class Scheduler:
         if not tokens or not cache or not self.cache.enabled:
             return
         assert seq.uid is not None  # only what ran in the batch has KV to keep
-        if self.stores is not None:
-            self.stores.add(seq.cache_key(tokens), cache, seq.captures)
-            return
-        uid = seq.uid
-        try:
-            pieces = self._insert_kv(seq.cache_key(tokens), cache, seq.captures)
-        except Exception as exc:  # the cache is an optimisation: never fail a request over it
-            log_event(logger, "cache.error", logging.WARNING, error=repr(exc))
-            if self.lockstep.distributed:
-                raise  # entries dropped on the way were dropped on every rank: the ranks disagree now
-            return
-        if pieces:
-            self.lockstep.stored(uid, pieces)
+        self.stores.store(seq.cache_key(tokens), cache, seq.captures, seq.uid)
 
     def _insert_kv(self, key: list[int], cache: list, captures: Captures | None = None) -> Any:
         if captures is not None:  # a layered model's block cache: what the sequence captured on its way
@@ -592,10 +448,8 @@ class Scheduler:
     def _retire(
         self, seq: Sequence, reason: FinishReason, error: str | None = None, *, kind: str | None = None
     ) -> None:
-        if self.spec is not None and seq.uid is not None:
-            row = self.spec.rows.pop(seq.uid, None)
-            if row is not None:
-                seq.progress.drafted_tokens, seq.progress.accepted_tokens = row.drafted, row.accepted
+        for hook in self.hooks:
+            hook.left(seq)
         seq.finish(reason, error, kind=kind)
         stats = self.stats
         stats.total_requests_processed += 1
@@ -632,40 +486,9 @@ class Scheduler:
 
     def warm_up(self) -> float:
         """Run two tokens through the batch once, so the first client does not pay for compilation."""
-        started = time.perf_counter()
-        (uid,) = self.gen.insert([[0]], max_tokens=[2])
-        self.lockstep.inserted(uid, [0], 0, None, 2)
-        while True:
-            self.lockstep.step(self.gen.prefill_step_size)
-            _, responses = self.gen.next()
-            if any(r.finish_reason is not None for r in responses):
-                break
-        # Finished by max_tokens (on every rank alike); its cache is not kept.
-        mx.clear_cache()
-        return time.perf_counter() - started
+        return self.batch.warm_up(self.gen.prefill_step_size)
 
 
 def _deliver(items: list) -> None:
     for q, event in items:
         q.put_nowait(event)
-
-
-def _nbytes(cache: list | None) -> int:
-    return sum(c.nbytes for c in cache or ())
-
-
-def _shared_prefix_leader(seq: Sequence, prefilling: list[Sequence]) -> Sequence | None:
-    """A sequence being prefilled that shares a long start with ``seq``, which should wait for it."""
-    prompt = np.asarray(seq.prompt_key)
-    for other in prefilling:
-        if common_prefix(np.asarray(other.prompt_key), prompt) >= SHARED_PREFIX_WAIT:
-            return other
-    return None
-
-
-def _riding(gen: BatchGenerator) -> tuple[GroupedModel, RidingPrompts] | None:
-    """The generator's model and prompt batch, where prompt chunks ride on its passes."""
-    model, prompts = gen.model, gen._prompt_batch
-    if isinstance(model, GroupedModel) and isinstance(prompts, RidingPrompts):
-        return model, prompts
-    return None

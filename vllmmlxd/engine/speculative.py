@@ -45,6 +45,7 @@ import numpy as np
 from mlx_lm.models.cache import BatchKVCache, dynamic_roll, make_prompt_cache
 
 from .draft_width import StepCosts, best_width
+from .mlxlm import counted, matchers, set_next_logprobs, written
 from .options import SpeculationOptions
 from .row_groups import GroupedBatch, row_groups
 
@@ -266,7 +267,7 @@ class SpeculativeBatch(GroupedBatch):
         if row.pause:
             row.pause -= 1
             return []
-        room = self.max_tokens[i] - self._num_tokens[i] - 1  # the pending token is one of them
+        room = self.max_tokens[i] - counted(self)[i] - 1  # the pending token is one of them
         k = min(self.options.num_draft, room)
         if k <= 0:
             return []
@@ -312,7 +313,7 @@ class SpeculativeBatch(GroupedBatch):
                 if row is not None and row.draft_cache is not None:
                     self.drafter.rewind(row, row.size + len(emitted[i]))
         self._next_tokens = cast(Any, mx.array(following, dtype=mx.uint32))
-        self._next_logprobs = [logits[i, len(emitted[i]) - 1] for i in range(rows)]
+        set_next_logprobs(self, [logits[i, len(emitted[i]) - 1] for i in range(rows)])
         responses, keep = [], []
         for i in range(rows):
             self.tokens[i].extend(emitted[i])
@@ -350,7 +351,7 @@ class SpeculativeBatch(GroupedBatch):
             targets = cast(list[int], mx.argmax(logits[: n + 1], axis=-1).tolist())
             kept = next((j for j in range(n) if targets[j] != drafts[j]), n)
             return kept, targets[kept]
-        first = self._num_tokens[i] + 1  # the position of the token after the pending one
+        first = counted(self)[i] + 1  # the position of the token after the pending one
         for j in range(n + 1):
             scores = logits[j : j + 1]
             if processors:
@@ -371,12 +372,13 @@ class SpeculativeBatch(GroupedBatch):
     def _finish(self, i: int, emitted: list[int]) -> str | None:
         """Counts row ``i``'s tokens and runs its stop matcher over them; a row that finishes
         keeps only the tokens up to the one that finished it (``emitted`` is shortened)."""
+        counts, stops = counted(self), matchers(self)
         for j, token in enumerate(emitted):
-            self._num_tokens[i] += 1
+            counts[i] += 1
             reason = None
-            if self._num_tokens[i] >= self.max_tokens[i]:
+            if counts[i] >= self.max_tokens[i]:
                 reason = "length"
-            if self._matchers[i].advance(token):
+            if stops[i].advance(token):
                 reason = "stop"
             if reason is not None:
                 del emitted[j + 1 :]
@@ -399,7 +401,7 @@ def _trim_rows(cache: BatchKVCache, extra: list[int]) -> None:
     more = [e - shared for e in extra]
     if any(more):
         shift = mx.array(more)
-        end = cache._idx  # the rows' written positions; the buffer past it is spare
+        end = written(cache)  # the rows' written positions; the buffer past it is spare
         keys, values = cast(mx.array, cache.keys), cast(mx.array, cache.values)
         keys[..., :end, :] = dynamic_roll(keys[..., :end, :], shift[:, None], axis=2)
         values[..., :end, :] = dynamic_roll(values[..., :end, :], shift[:, None], axis=2)

@@ -15,7 +15,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..log import log_event
 
@@ -64,3 +64,57 @@ class StoreQueue:
             head.done = upto
             if upto >= len(head.key):
                 self.pending.popleft()
+
+    # -- the scheduler's stores (``Stores``) ----------------------------------------------------
+
+    def store(self, key: list[int], cache: list[Any], captures: Any, uid: int) -> None:
+        self.add(key, cache, captures)
+
+    def before_admission(self, *, waiting: bool) -> None:
+        # A request about to be admitted may want what they hold; and their KV, no longer reserved,
+        # is in the prefix cache's budget before another request's reservation takes its place.
+        if waiting:
+            self.advance(everything=True)
+
+    def between_steps(self, *, idle: bool) -> None:
+        """Off the critical step: a few blocks while others stream, the rest when idle."""
+        self.advance(everything=idle)
+
+
+class Stores(Protocol):
+    """How the scheduler puts a finished sequence's KV into the prefix cache."""
+
+    def store(self, key: list[int], cache: list[Any], captures: Any, uid: int) -> None: ...
+    def before_admission(self, *, waiting: bool) -> None: ...
+    def between_steps(self, *, idle: bool) -> None: ...
+
+
+class StoreNow:
+    """At once: the whole-sequence cache, and a sharded entry (whose other ranks cut the same
+    pieces in the same frame as rank 0, ``kept``)."""
+
+    def __init__(
+        self,
+        insert: Callable[[list[int], list[Any], Any], Any],
+        kept: Callable[[int, list[Any]], None],
+        *,
+        distributed: bool,
+    ):
+        self.insert, self.kept, self.distributed = insert, kept, distributed
+
+    def store(self, key: list[int], cache: list[Any], captures: Any, uid: int) -> None:
+        try:
+            pieces = self.insert(key, cache, captures)
+        except Exception as exc:  # the cache is an optimisation: never fail a request over it
+            log_event(logger, "cache.error", logging.WARNING, error=repr(exc))
+            if self.distributed:
+                raise  # entries dropped on the way were dropped on every rank: the ranks disagree now
+            return
+        if pieces:
+            self.kept(uid, pieces)
+
+    def before_admission(self, *, waiting: bool) -> None:
+        pass
+
+    def between_steps(self, *, idle: bool) -> None:
+        pass

@@ -14,7 +14,9 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
+from ..config.schema import ResolvedModel
 from ..log import log_event, setup_logging
 from ..paths import ensure_private_dir, resolve_state_dir
 from ..runtime import cpus as cpu_shares
@@ -24,12 +26,12 @@ from .ranks import EXIT_RANK_FAILED, EXIT_RANKS_DISAGREE, RankLost, RanksDisagre
 logger = logging.getLogger("vllmmlxd.worker")
 
 
-def follow(config, key: str, state_dir) -> int:
+def follow(config: ResolvedModel, key: str, state_dir: Path) -> int:
     state_dir = ensure_private_dir(state_dir)
     choose_blas(config, None, state_dir)  # before anything imports mlx
+    from ..engine.follow import Follower
     from ..engine.options import engine_options
     from ..engine.rank_group import join
-    from ..engine.replay import Replay
     from ..engine.ring_link import RingLink
     from ..runtime.memory import read_machine_memory
 
@@ -56,10 +58,10 @@ def follow(config, key: str, state_dir) -> int:
         load_s=round(time.perf_counter() - started, 2),
     )
     options = engine_options(config, read_machine_memory(working_set=False).physical or 0, state_dir=state_dir)
-    replay = Replay(loaded.model, options, RingLink(joined.group))
+    follower = Follower(loaded.model, options, RingLink(joined.group))
     try:
-        replay.run()
-    except Exception as exc:  # a peer died, a frame was damaged, an op did not fit: the unit restarts
+        follower.run()
+    except Exception as exc:  # a peer died, a frame was damaged, a plan did not fit: the unit restarts
         log_event(
             logger, "rank.failed", logging.ERROR, model=key, rank=joined.rank, error=f"{type(exc).__name__}: {exc}"
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -20,7 +21,7 @@ from mlx import nn
 
 from vllmmlxd.engine.detokenize import IncrementalDetokenizer
 from vllmmlxd.engine.lockstep import Lockstep
-from vllmmlxd.engine.options import EngineOptions
+from vllmmlxd.engine.options import EngineOptions, SpeculationOptions
 from vllmmlxd.engine.scheduler import Scheduler
 from vllmmlxd.engine.sequence import Sequence
 from vllmmlxd.engine.types import (
@@ -134,6 +135,8 @@ class Harness:
         vision: FakeVision | None = None,
         kv_bytes: int | None = None,
         paged: bool = True,
+        speculative: SpeculationOptions | None = None,
+        draft: Any = None,
     ):
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock()
@@ -146,8 +149,9 @@ class Harness:
             kv_budget_bytes=kv_bytes,
             kv_budget_source="max_kv_memory_mb" if kv_bytes is not None else "",
             paged_cache=paged,
+            speculative=speculative,
         )
-        self.scheduler = Scheduler(self.model, {EOS}, options, self.stats, lockstep, vision=vision)
+        self.scheduler = Scheduler(self.model, {EOS}, options, self.stats, lockstep, vision=vision, draft=draft)
         self.scheduler.clock = self.clock
         self.admitted: list[str] = []  # request ids, in the order they left the queue
         self.scheduler.on_admit = lambda seq: self.admitted.append(seq.request.request_id)

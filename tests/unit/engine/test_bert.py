@@ -121,7 +121,11 @@ def test_turns_run_a_batch_on_the_engine_thread_before_its_step():
     busy.set()
     order: list[tuple[str, str]] = []
     turns = EngineTurns(busy.is_set)
-    step = turns.wrap(lambda: order.append(("step", threading.current_thread().name)))
+
+    def step() -> None:  # the engine's step, after its hooks (Scheduler.before_step)
+        turns.take()
+        order.append(("step", threading.current_thread().name))
+
     stop = threading.Event()
 
     def engine() -> None:
@@ -157,7 +161,11 @@ def test_a_failing_batch_fails_its_request_not_the_engine_step():
 
     steps = []
     turns = EngineTurns(lambda: True)
-    step = turns.wrap(lambda: steps.append(1))
+
+    def step() -> None:
+        turns.take()
+        steps.append(1)
+
     threading.Timer(0.05, step).start()
     with pytest.raises(ZeroDivisionError):
         turns.run(lambda: 1 / 0)

@@ -11,7 +11,6 @@ import pytest
 
 from tests.unit.engine.scheduler_fakes import CountingModel, FakeClock, Harness, decode_ids
 from vllmmlxd.engine.draft_width import StepCosts, best_width, expected_accepted
-from vllmmlxd.engine.options import EngineOptions
 from vllmmlxd.engine.speculative import (
     MAX_PAUSE,
     PAUSE_AFTER,
@@ -140,12 +139,7 @@ def harness(speculative: bool, **kw) -> Harness:
     """A scheduler whose model reads its weights once a pass (a token costs little beside it), as
     a decoder does on Apple Silicon: drafting pays even when some rows only pad."""
     spec = SpeculationOptions(num_draft=4, ngram=3) if speculative else None
-    hz = Harness(per_call=0.04, per_token=0.0001, **kw)
-    # The harness builds its scheduler without speculation: rebuild it with the entry's options.
-    hz.options = EngineOptions(**{**hz.options.__dict__, "speculative": spec})
-    hz.scheduler.options = hz.options
-    hz.scheduler.gen = hz.scheduler._new_generator()
-    return hz
+    return Harness(per_call=0.04, per_token=0.0001, speculative=spec, **kw)
 
 
 PROMPTS = [
@@ -205,10 +199,7 @@ def test_drafts_never_run_past_max_tokens():
 
 
 def test_a_draft_model_of_the_target_itself_is_always_right():
-    clock = FakeClock()
-    spec = harness(True)
-    spec.scheduler.draft = CountingModel(clock)  # the same rule as the target: every draft is its next token
-    spec.scheduler.gen = spec.scheduler._new_generator()
+    spec = harness(True, draft=CountingModel(FakeClock()))  # the target's own rule: every draft is its next token
     texts, _seqs = run(spec, [list(range(300, 310))], max_tokens=16)
     assert texts == [decode_ids(list(range(310, 326)))]
     stats = spec.scheduler.spec.stats

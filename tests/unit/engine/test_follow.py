@@ -1,7 +1,7 @@
-"""Rank 0's scheduler and a follower's replay, joined in one process, stay in lockstep.
+"""Rank 0's scheduler and a follower playing its step plans, joined in one process, stay in lockstep.
 
 Rank 0 runs the real ``Scheduler`` over the real BatchGenerator and the weightless counting
-model; the follower runs ``Replay`` on its own counting model and BatchGenerator, on a
+model; the follower runs ``Follower`` on its own counting model and BatchGenerator, on a
 thread, fed by an in-process link that carries frames and rank 0's input tokens as the ring
 backend would. The counting model's KV at each position is the token fed there, so the
 follower's cache entries equal rank 0's exactly when it ran the same batch on the same
@@ -12,6 +12,7 @@ sample its own tokens.
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 from vllmmlxd.engine.block_cache import BlockCache
+from vllmmlxd.engine.follow import Diverged, Follower
 from vllmmlxd.engine.lockstep import (
     FRAME_BYTES,
     Frame,
@@ -30,7 +32,7 @@ from vllmmlxd.engine.lockstep import (
     encode,
     overflow_length,
 )
-from vllmmlxd.engine.replay import Diverged, Replay
+from vllmmlxd.engine.step_plan import Drop, Extract, Finish, Join, Keep, Leave, StepPlan, from_wire, to_wire
 
 from .scheduler_fakes import EOS, CountingModel, FakeClock, Harness, counting
 
@@ -87,12 +89,12 @@ class WrongModel(CountingModel):
 
 
 class Pair:
-    """Rank 0's harness and a follower replaying it on a thread."""
+    """Rank 0's harness and a follower playing its plans on a thread."""
 
     def __init__(self, **harness):
         hub = _Hub()
         self.h = Harness(lockstep=Leader(LeaderLink(hub)), **harness)
-        self.follower = Replay(WrongModel(FakeClock()), self.h.options, FollowerLink(hub))
+        self.follower = Follower(WrongModel(FakeClock()), self.h.options, FollowerLink(hub))
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._follow, daemon=True)
         self.thread.start()
@@ -176,17 +178,37 @@ def test_evictions_and_redundant_entries_are_dropped_on_the_follower_too(paged):
 
 
 def test_a_frame_round_trips_inline_and_through_the_overflow():
-    small = Frame(Kind.STEP, 7, {"ops": [["rm", [1, 2], True]], "pss": 64})
-    raw, overflow = encode(small)
-    assert len(raw) == FRAME_BYTES and overflow == b"" and decode(raw) == small
-    big = Frame(Kind.IDLE, 8, {"ops": [["ins", 3, list(range(5000)), 0, None, 16]]})
-    raw, overflow = encode(big)
+    small = StepPlan((Leave((1, 2), keep=True),), 64)
+    raw, overflow = encode(Frame(Kind.STEP, 7, to_wire(small)))
+    assert len(raw) == FRAME_BYTES and overflow == b""
+    assert (decode(raw).kind, decode(raw).seq, from_wire(decode(raw).body)) == (Kind.STEP, 7, small)
+    big = StepPlan((Join(3, tuple(range(5000)), 0, (), 16),), None)
+    raw, overflow = encode(Frame(Kind.IDLE, 8, to_wire(big)))
     assert overflow_length(raw) == len(overflow) > FRAME_BYTES
-    assert decode(raw, overflow) == big
+    assert from_wire(decode(raw, overflow).body) == big
+
+
+def test_a_plan_round_trips_through_its_wire_form_with_every_kind_of_change():
+    plan = StepPlan(
+        (
+            Join(4, (5, 6, 7), 64, (11, 12), 32),
+            Leave((4,), keep=True),
+            Extract((2, 3)),
+            Finish((9,)),
+            Keep(4, ((11, 0, 32), (12, 32, 64))),
+            Drop(7),
+        ),
+        96,
+    )
+    assert from_wire(json.loads(json.dumps(to_wire(plan)))) == plan
+    with pytest.raises(ValueError, match="join: 2 fields, not 5"):
+        from_wire({"changes": [["join", 1, 2]], "chunk": None})
+    with pytest.raises(ValueError, match="not a step plan"):
+        from_wire({"chunk": 8})
 
 
 def test_a_damaged_or_foreign_frame_is_an_error_not_a_guess():
-    raw, _overflow = encode(Frame(Kind.STEP, 1, {"ops": [], "pss": 8}))
+    raw, _overflow = encode(Frame(Kind.STEP, 1, to_wire(StepPlan((), 8))))
     damaged = bytearray(raw)
     damaged[40] ^= 0xFF
     with pytest.raises(FrameError, match="damaged"):
@@ -197,14 +219,23 @@ def test_a_damaged_or_foreign_frame_is_an_error_not_a_guess():
         decode(raw[:100])
 
 
-def test_an_op_that_does_not_fit_the_followers_batch_stops_it():
+def test_a_plan_that_does_not_fit_the_followers_batch_stops_it():
     hub = _Hub()
-    follower = Replay(CountingModel(FakeClock()), Harness().options, FollowerLink(hub))
-    hub.frames.put(encode(Frame(Kind.IDLE, 1, {"ops": [["ins", 0, [1, 2, 3], 2, [41], 4]]})))
+    follower = Follower(CountingModel(FakeClock()), Harness().options, FollowerLink(hub))
+    join = Join(uid=0, tokens=(1, 2, 3), cached=2, source=(41,), max_tokens=4)
+    hub.frames.put(encode(Frame(Kind.IDLE, 1, to_wire(StepPlan((join,), None)))))
     with pytest.raises(Diverged, match=r"pieces \[41\] are not here"):
         follower.follow_one()
-    hub.frames.put(encode(Frame(Kind.IDLE, 5, {"ops": []})))
+    hub.frames.put(encode(Frame(Kind.IDLE, 5, to_wire(StepPlan((), None)))))
     with pytest.raises(Diverged, match="frame 5 after frame 1"):
+        follower.follow_one()
+
+
+def test_a_frame_that_is_no_plan_stops_it():
+    hub = _Hub()
+    follower = Follower(CountingModel(FakeClock()), Harness().options, FollowerLink(hub))
+    hub.frames.put(encode(Frame(Kind.STEP, 1, {"changes": [["teleport", 3]], "chunk": 8})))
+    with pytest.raises(FrameError, match="unknown change 'teleport'"):
         follower.follow_one()
 
 
@@ -223,8 +254,8 @@ class _StaleLink(LeaderLink):
 
 def test_rank_zero_notices_a_rank_that_did_not_answer_the_frame():
     leader = Leader(_StaleLink([encode(Frame(Kind.REPORT, 0, {}))[0]]))
-    leader.idle()  # frame 1, answered after frame 0: fine
+    leader.idle(StepPlan((), None))  # frame 1, answered after frame 0: fine
     with pytest.raises(FrameError, match="rank 1 answered frame 2 with report 0"):
-        leader.idle()  # a buffer that still holds an old report
+        leader.idle(StepPlan((), None))  # a buffer that still holds an old report
     with pytest.raises(FrameError, match="not a vllmmlxd frame"):
-        Leader(_StaleLink([b"\0" * FRAME_BYTES])).step(64)  # nothing arrived
+        Leader(_StaleLink([b"\0" * FRAME_BYTES])).step(StepPlan((), 64))  # nothing arrived
