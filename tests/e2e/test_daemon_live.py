@@ -54,9 +54,9 @@ def test_a_rate_limit_change_applies_live_with_the_same_worker_and_no_failed_req
     for t in threads:
         t.start()
     try:
-        time.sleep(2)
+        served_past(served, len(threads) - 1, failures)  # requests run when the reload lands
         reloaded_after(daemon, lambda: daemon.write({"tiny": model_entry(port, rate_limit=1000)}))
-        time.sleep(2)
+        served_past(served, served[0] + len(threads), failures)
     finally:
         done.set()
         for t in threads:
@@ -73,6 +73,15 @@ def test_a_rate_limit_change_applies_live_with_the_same_worker_and_no_failed_req
     assert codes == [200, 200, 429]
     assert daemon.worker_pids() == [pid] and daemon.log().count("event=worker.spawned") == 1
     assert daemon.models()["tiny"]["state"] == "ready"
+
+
+def served_past(served: list[int], count: int, failures: list[str], timeout: float = 60) -> None:
+    """Wait until more than ``count`` requests are served (or one failed). Past what was served
+    and in flight at a reload: at least one request came after it."""
+    deadline = time.monotonic() + timeout
+    while served[0] <= count and not failures:
+        assert time.monotonic() < deadline, f"{served[0]} requests served, not more than {count}"
+        time.sleep(0.05)
 
 
 def reloaded_after(daemon, edit) -> None:
@@ -119,11 +128,11 @@ def test_named_keys_change_on_reload_in_the_same_worker_without_a_failed_request
     for t in threads:
         t.start()
     try:
-        time.sleep(1)
+        served_past(served, len(threads) - 1, failures)  # requests run when the reload lands
         reloaded_after(
             daemon, lambda: daemon.write({"tiny": model_entry(port, api_keys=["alice", "bob"])}, api_keys=keys)
         )
-        time.sleep(1)
+        served_past(served, served[0] + len(threads), failures)
     finally:
         done.set()
         for t in threads:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -90,7 +91,12 @@ def test_a_pushed_rate_limit_applies_in_the_same_process_with_no_failed_request_
         ]
         for config in configs:
             assert push(sock, config) == (True, config.config_hash())
-            threading.Event().wait(0.2)
+            # More served than were in flight at the push: at least one ran under the new settings.
+            after = served[0] + len(threads)
+            deadline = time.monotonic() + 60
+            while served[0] <= after and not failures:
+                assert time.monotonic() < deadline, "no request served after a push"
+                threading.Event().wait(0.05)
     finally:
         done.set()
         for t in threads:

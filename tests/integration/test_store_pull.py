@@ -114,9 +114,12 @@ def test_a_cancelled_pull_keeps_its_finished_files_and_the_next_fetches_fewer_by
 
     async def cancel_midway(pulls, p):
         others = [n for n in hub.repos[REPO].files if n != WEIGHTS]
-        while not (all(hub.served[n] for n in others) and hub.served[WEIGHTS] > 1_000_000):
+        work = work_folder(REPO, tmp_path)
+        deadline = asyncio.get_running_loop().time() + 60
+        # The small files served and renamed into place, the weights on their way.
+        while not (all((work / n).is_file() for n in others) and hub.served[WEIGHTS] > 1_000_000):
+            assert asyncio.get_running_loop().time() < deadline, (sorted(work.glob("*")), dict(hub.served))
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)  # the small files are renamed into place
         view = await pulls.cancel(p.id)
         assert view.state == "cancelled"
 
@@ -246,7 +249,11 @@ def test_pulls_past_the_cap_wait_their_turn_and_past_the_queue_are_refused(hub, 
             StoreBusy, match=r"1 pulls are running and 1 waiting \(max_pulls: 1, max_waiting_pulls: 1\)"
         ):
             pulls.start(Source("org/third"))
-        await asyncio.sleep(0.5)
+        # The first's child has started and is downloading: the second's, had it not waited, would be there too.
+        deadline = asyncio.get_running_loop().time() + 60
+        while not (first.view().state == "downloading" and first.view().done_bytes > 0):
+            assert asyncio.get_running_loop().time() < deadline and not first.view().ended, first.view()
+            await asyncio.sleep(0.05)
         assert second.view().state == "queued" and second.proc is None  # no child while it waits
         await pulls.cancel(first.id)
         final = await asyncio.wait_for(second.wait(), 60)

@@ -2,8 +2,10 @@
 
 Editors save by writing a new file and renaming it over the old one, so the parent
 directory is watched, not the file; a config that is a symlink is watched at both ends,
-and watched anew when the link is pointed elsewhere. A burst of saves is one reload: changes
-are yielded only after ``settle_ms`` without another. A save that leaves the content as it
+and watched anew when the link is pointed elsewhere. A burst of saves is one reload: once a
+change is seen, the file is read only after ``settle_ms`` without another (watchfiles' own
+grouping yields when its *set* of changed paths stops growing, and saving one file again adds
+nothing to that set, so a long burst would be split). A save that leaves the content as it
 was triggers none, and the content is compared with what was last acted on, so fixing a
 broken file back to the running config clears the failure it caused. A deleted file is
 reported (``on_missing``) and changes nothing. Nothing a reload raises stops the watch.
@@ -62,6 +64,7 @@ async def watch_config(
                 stop_event=stop,
                 recursive=False,
             ):
+                await _quiet(path, settle_ms / 1000, max_wait_ms / 1000)
                 digest = file_hash(path)
                 if (digest is None) != missing:
                     missing = digest is None
@@ -78,6 +81,26 @@ async def watch_config(
         except Exception as exc:  # a directory that went away, an inotify limit: retry, never give up
             log_event(logger, "watcher.error", logging.WARNING, path=str(path), error=f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(1.0)
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+async def _quiet(path: Path, settle_s: float, max_wait_s: float) -> None:
+    """Until the file has not changed for ``settle_s`` (at most ``max_wait_s``): a burst, seen whole."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max_wait_s
+    last, since = _stamp(path), loop.time()
+    while loop.time() < deadline and loop.time() - since < settle_s:
+        await asyncio.sleep(min(0.05, settle_s))
+        now = _stamp(path)
+        if now != last:
+            last, since = now, loop.time()
 
 
 async def _reload(reload: Callable[[], Awaitable[object]]) -> None:

@@ -125,8 +125,8 @@ def test_serving_in_the_main_thread_leaves_signal_handlers_alone(target, sock_di
 
     async def scenario():
         before = handlers()  # asyncio.run's own SIGINT handler included
+        # Returned once uvicorn has started, which it does inside its signal capture: past where it would install them.
         server = await serve_control(make_control_app(target), sock_dir / "c.sock")
-        await asyncio.sleep(0.2)  # let uvicorn's serve() run past where it would capture signals
         during = handlers()
         await server.stop()
         return before, during, handlers()

@@ -31,6 +31,14 @@ async def until(predicate, timeout: float = 20.0):
         await asyncio.sleep(0.05)
 
 
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_tools_calls_and_a_restart(caplog):
     caplog.set_level(logging.INFO, logger="vllmmlxd.mcp")
 
@@ -77,7 +85,7 @@ def test_tools_calls_and_a_restart(caplog):
             second = (await hub.call("files__whoami", {})).text()
             assert second.split()[0] != first.split()[0]  # a new process
             pid = int(second.split()[0])
-        await asyncio.sleep(0.2)
+        await until(lambda: not alive(pid))  # the hub closing stops its child; reaped soon after
         return pid
 
     pid = asyncio.run(scenario())

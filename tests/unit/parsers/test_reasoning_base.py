@@ -33,7 +33,7 @@ def reference(cls: type[ReasoningParser], tail: str, text: str) -> tuple[str, st
 
 
 def collect(parser: ReasoningParser, pieces: list[str]) -> list[tuple[str, str]]:
-    return [p for piece in pieces for p in parser.feed(piece)] + parser.finish()
+    return [(kind, text) for kind, text in [*(p for piece in pieces for p in parser.feed(piece)), *parser.finish()]]
 
 
 def joined(out: list[tuple[str, str]]) -> tuple[str, str]:

@@ -3,31 +3,43 @@ same pieces however its text is split, and the pieces must be those of the unspl
 
 from __future__ import annotations
 
-from vllmmlxd.parsers.tools import ToolCall, tool_parser_class
+from typing import Any
+
+from vllmmlxd.parsers.tools import ToolCall, ToolParser, tool_parser_class
 
 
-def run(family: str, tools: list[dict] | None, chunks: list[str]) -> list[tuple[str, object]]:
-    """Feed ``chunks`` to a new parser; the pieces with neighbouring content merged."""
-    parser = tool_parser_class(family)(tools)
-    pieces = []
+def feed_all(
+    family: str, tools: list[dict] | None, chunks: list[str], **options: Any
+) -> tuple[ToolParser, list[tuple[str, Any]]]:
+    """Feed ``chunks`` to a new parser (made with ``options``) and finish it: the parser and its
+    pieces, neighbouring text pieces of one kind (content, reasoning) merged, empty ones dropped."""
+    parser = tool_parser_class(family)(tools, **options)
+    pieces: list[tuple[str, Any]] = []
     for chunk in chunks:
         pieces += parser.feed(chunk)
     pieces += parser.finish()
-    merged: list[tuple[str, object]] = []
+    merged: list[tuple[str, Any]] = []
     for kind, value in pieces:
-        if kind == "content" and merged and merged[-1][0] == "content":
-            merged[-1] = ("content", merged[-1][1] + value)
-        elif kind != "content" or value:
+        if kind != "tool_call" and merged and merged[-1][0] == kind:
+            merged[-1] = (kind, merged[-1][1] + value)
+        elif kind == "tool_call" or value:
             merged.append((kind, value))
-    return merged
+    return parser, merged
 
 
-def assert_splits_agree(family: str, tools: list[dict] | None, text: str, expected: list[tuple[str, object]]) -> None:
+def run(family: str, tools: list[dict] | None, chunks: list[str], **options: Any) -> list[tuple[str, object]]:
+    """Feed ``chunks`` to a new parser; the pieces with neighbouring content merged."""
+    return feed_all(family, tools, chunks, **options)[1]
+
+
+def assert_splits_agree(
+    family: str, tools: list[dict] | None, text: str, expected: list[tuple[str, object]], **options: Any
+) -> None:
     """Whole, one character at a time, and at every two-piece split: always ``expected``."""
-    assert run(family, tools, [text]) == expected
-    assert run(family, tools, list(text)) == expected, "one character at a time"
+    assert run(family, tools, [text], **options) == expected
+    assert run(family, tools, list(text), **options) == expected, "one character at a time"
     for i in range(1, len(text)):
-        assert run(family, tools, [text[:i], text[i:]]) == expected, f"split at {i}: {text[:i]!r}"
+        assert run(family, tools, [text[:i], text[i:]], **options) == expected, f"split at {i}: {text[:i]!r}"
 
 
 def call(name: str, arguments: str) -> tuple[str, ToolCall]:
