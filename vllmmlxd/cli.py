@@ -7,11 +7,17 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config.entries import IMAGE_FIELDS
 from .config.schema import REASONING_PARSERS, TOOL_PARSERS
 from .config.speculative import SPECULATIVE_METHODS
 from .log import setup_logging
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from .config.schema import ResolvedModel
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -19,7 +25,7 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
-def _serve_parser(sub) -> argparse.ArgumentParser:
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve one model in the foreground (no daemon)")
     p.add_argument("model", help="builtin:NAME, a .gguf path, an MLX folder or a Hugging Face repo id")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -241,7 +247,7 @@ _PASSED_THROUGH = (
 )
 
 
-def _api_key(args, parser: argparse.ArgumentParser) -> str | None:
+def _api_key(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
     """The key from --api-key, --api-key-file or $VLLMMLXD_API_KEY (one of them at most)."""
     given = [
         name
@@ -269,7 +275,7 @@ def _flag(key: str) -> str:
     return "MODEL" if key == "model" else "--" + key.replace("_", "-")
 
 
-def describe_flag_errors(exc) -> str:
+def describe_flag_errors(exc: ValidationError) -> str:
     """A ValidationError of the entry built from flags as one line naming the flags, never a value.
 
     A field's error is ``--max-queue: ...``; an error about the entry (no field of its own) names
@@ -286,7 +292,7 @@ def describe_flag_errors(exc) -> str:
     return "; ".join(problems)
 
 
-def serve_config(args):
+def serve_config(args: argparse.Namespace) -> ResolvedModel:
     """The ResolvedModel ``vllmmlxd serve`` runs: the flags given, the entry's defaults for the rest."""
     from .config.schema import ResolvedModel
 
@@ -308,7 +314,7 @@ def serve_config(args):
     return ResolvedModel(model=args.model, served_model_name=args.served_model_name or args.model, **given)
 
 
-def _run_serve(args, parser: argparse.ArgumentParser) -> int:
+def _run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .runtime import import_memo
 
     import_memo.install()  # before anything imports transformers: a second off every start

@@ -11,14 +11,22 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
+from typing import Any
 
 from .config.load import LoadedConfig, load_config
 from .config.schema import DaemonConfig
 from .control import mapping
 from .control.lock import DaemonLock, DaemonRunning
-from .control.protocol import ActionResponse, PullStatus, StoreResponse, control_socket_path
+from .control.protocol import (
+    ActionResponse,
+    PullStatus,
+    ReloadResponse,
+    StatusResponse,
+    StoreResponse,
+    control_socket_path,
+)
 from .errors import ConfigError
 from .log import format_fields, log_event, setup_logging
 from .paths import ensure_private_dir, models_dir, resolve_state_dir
@@ -27,9 +35,10 @@ from .store.pulls import Pulls
 from .store.sources import Source
 from .supervisor.memory import load_memory_plan
 from .supervisor.notify import Notifier
-from .supervisor.slot import SlotSettings
+from .supervisor.slot import PushSettings, SlotSettings
 from .supervisor.supervisor import Supervisor
 from .supervisor.tuning import Tuning
+from .supervisor.views import ReloadReply
 from .supervisor.watcher import watch_config
 
 logger = logging.getLogger("vllmmlxd.daemon")
@@ -42,7 +51,7 @@ EX_CONFIG = 78  # systemd's RestartPreventExitStatus=78 stops a restart loop on 
 SHUTDOWN_MARGIN_S = 10.0  # past drain_timeout, whatever is left is killed and the daemon exits
 
 
-def _live_settings_pusher():
+def _live_settings_pusher() -> PushSettings | None:
     """How a live change reaches a running worker (supervisor/live.py), when that module is there."""
     try:
         from .supervisor.live import push_settings
@@ -84,13 +93,13 @@ class Daemon:
         ready, total = self.supervisor.ready_count()
         self.notifier.status(f"{ready}/{total} models ready")
 
-    def _spawn(self, coro) -> asyncio.Task:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def reload(self, dry_run: bool = False, file: str | None = None):
+    async def reload(self, dry_run: bool = False, file: str | None = None) -> ReloadReply:
         if not dry_run:
             self.notifier.reloading()
         try:
@@ -204,31 +213,31 @@ class _ControlFacade:
         self._daemon = daemon
         self._sup = daemon.supervisor
 
-    def status(self):
+    def status(self) -> StatusResponse:
         return mapping.status_response(self._sup.status())
 
     async def refresh(self) -> None:
         await self._sup.refresh()
 
-    async def reload(self, dry_run: bool = False, file: str | None = None):
+    async def reload(self, dry_run: bool = False, file: str | None = None) -> ReloadResponse:
         return mapping.reload_response(await self._daemon.reload(dry_run=dry_run, file=file))
 
-    async def restart(self, name: str):
+    async def restart(self, name: str) -> ActionResponse:
         return mapping.action_response(await self._sup.restart(name))
 
-    async def stop(self, name: str):
+    async def stop(self, name: str) -> ActionResponse:
         return mapping.action_response(await self._sup.stop(name))
 
-    async def start(self, name: str):
+    async def start(self, name: str) -> ActionResponse:
         return mapping.action_response(await self._sup.start(name))
 
-    async def load(self, name: str):
+    async def load(self, name: str) -> ActionResponse:
         return mapping.action_response(await self._sup.load(name))
 
     def logs(self, name: str, lines: int) -> list[str]:
         return self._sup.logs(name, lines)
 
-    def follow(self, name: str):
+    def follow(self, name: str) -> AsyncIterator[str]:
         return self._sup.follow(name)
 
     # -- the model store ---------------------------------------------------------------------------

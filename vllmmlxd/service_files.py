@@ -20,6 +20,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypedDict
@@ -399,7 +400,9 @@ def service_paths(exe: str, config: Path) -> dict[str, Path]:
     return paths
 
 
-def reach_warnings(kind: Kind, user: bool, paths: dict[str, Path], mode_of=_mode) -> list[str]:
+def reach_warnings(
+    kind: Kind, user: bool, paths: dict[str, Path], mode_of: Callable[[Path], int | None] = _mode
+) -> list[str]:
     """Why a system unit's account could not reach ``paths``: under /tmp (hidden by PrivateTmp=yes),
     or inside a folder others may not enter (a 0700 home: the service runs as an account of its own).
 

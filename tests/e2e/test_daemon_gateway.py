@@ -29,7 +29,7 @@ LLAMA, QWEN, FAR = "Llama-3.3-70B-Instruct-4bit", "Qwen2.5-72B-Instruct-4bit", "
 def stop_daemon(d) -> None:
     pids = d.worker_pids() if d.proc and d.proc.poll() is None else []
     status = d.status() if d.proc and d.proc.poll() is None else None
-    gateway_pid = (status or {}).get("gateway", {}) and status["gateway"].get("pid")
+    gateway_pid = ((status or {}).get("gateway") or {}).get("pid")
     code = d.stop()
     assert wait_gone(pids + ([gateway_pid] if gateway_pid else []))
     assert code in (0, None), f"daemon exited {code}:\n{d.log()[-3000:]}"
@@ -236,11 +236,18 @@ def test_a_reload_that_swaps_a_model_fails_no_request_through_the_gateway(cluste
             except Exception as exc:
                 failures.append(repr(exc))
 
+    def answered_past(count: int) -> None:
+        """Until more than ``count`` answers are in (or one failed): past those in flight, one came after."""
+        deadline = time.monotonic() + 60
+        while len(done) <= count and not failures:
+            assert time.monotonic() < deadline, f"{len(done)} answers, not more than {count}"
+            time.sleep(0.05)
+
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(3)]
     for t in threads:
         t.start()
     try:
-        time.sleep(2)
+        answered_past(len(threads) - 1)  # requests run when the reload lands
         old_pid = cluster.d.models()["qwen"]["pid"]
         models = {
             **cluster.models,
@@ -253,7 +260,7 @@ def test_a_reload_that_swaps_a_model_fails_no_request_through_the_gateway(cluste
         cluster.d.wait_for(
             lambda ms: ms["qwen"]["pid"] not in (None, old_pid) and ms["qwen"]["state"] == "ready", what="qwen swapped"
         )
-        time.sleep(2)
+        answered_past(len(done) + len(threads))  # and after it
     finally:
         stop.set()
         for t in threads:

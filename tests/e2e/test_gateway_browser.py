@@ -112,9 +112,12 @@ def walk_the_page(driver, base: str, running, completion_tokens) -> None:
     wait_until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.user"), what="the user's message")
     body = "return (document.querySelector('.msg.assistant .body') || {}).textContent || ''"
     lengths: set[int] = set()
-    wait_until(
-        driver, lambda d: lengths.add(len(js(body))) or len(lengths - {0}) >= 2, what="two lengths of a growing answer"
-    )
+
+    def grown(d: object) -> bool:
+        lengths.add(len(js(body)))
+        return len(lengths - {0}) >= 2
+
+    wait_until(driver, grown, what="two lengths of a growing answer")
     assert js("return document.querySelector('.msg.user .body').textContent") == "Tell me a long story."
     assert wait_until(driver, lambda d: (running() or 0) >= 1, timeout=10, what="the request running on the worker")
     driver.find_element(By.ID, "chat-stop").click()

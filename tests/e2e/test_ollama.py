@@ -21,7 +21,9 @@ from tests.support.daemon import free_port, make_daemon, model_entry, wait_gone
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
-OLLAMA_JS_VERSION = re.search(r"^OLLAMA_JS_VERSION = (\S+)", (REPO / "Makefile").read_text(), re.M).group(1)
+_PINNED = re.search(r"^OLLAMA_JS_VERSION = (\S+)", (REPO / "Makefile").read_text(), re.M)
+assert _PINNED is not None, "the Makefile pins OLLAMA_JS_VERSION"
+OLLAMA_JS_VERSION = _PINNED.group(1)
 OLLAMA_JS = REPO / ".clients" / f"ollama-js-{OLLAMA_JS_VERSION}"
 SEEDED = {"seed": 7, "temperature": 1.0, "num_predict": 12}
 HI = [{"role": "user", "content": "Hello"}]

@@ -10,6 +10,7 @@ description, so a new one is fuzzed without a change here.
 from __future__ import annotations
 
 import json
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -23,7 +24,7 @@ DESCRIPTION = described()
 ROUTES = [(method.upper(), path) for path, ops in DESCRIPTION["paths"].items() for method in ops]
 HI = [{"role": "user", "content": "hi"}]
 # A request each body route serves, so a fuzzed field reaches the code past validation.
-VALID = {
+VALID: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"messages": HI, "max_tokens": 2},
     "/v1/completions": {"prompt": "hi", "max_tokens": 2},
     "/v1/messages": {"messages": HI, "max_tokens": 2},

@@ -24,11 +24,16 @@ OLLAMA_PREFIX = "/ollama/"  # Ollama's {"error": "message"}
 
 def described() -> dict:
     """The worker's OpenAPI description, as ``app.openapi()`` gives it."""
+    from typing import cast
+
     from tests.unit.http.test_metrics import FakeEngine  # a stand-in engine: only the routes are read
     from vllmmlxd.config.schema import ResolvedModel
+    from vllmmlxd.engine.types import Engine
     from vllmmlxd.worker.app import create_app
 
-    return create_app(FakeEngine(), ResolvedModel(model="x"), "m").openapi()  # the same whatever the entry says
+    return create_app(
+        cast(Engine, FakeEngine()), ResolvedModel(model="x"), "m"
+    ).openapi()  # the same whatever the entry says
 
 
 def start_worker() -> Server:

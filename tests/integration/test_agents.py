@@ -32,7 +32,9 @@ from tests.support.models import ANSWER, answering_tiny
 from tests.support.servers import start_serve
 
 REPO = Path(__file__).parents[2]
-CODEX_VERSION = re.search(r"^CODEX_VERSION = (\S+)", (REPO / "Makefile").read_text(), re.M).group(1)
+_PINNED = re.search(r"^CODEX_VERSION = (\S+)", (REPO / "Makefile").read_text(), re.M)
+assert _PINNED is not None, "the Makefile pins CODEX_VERSION"
+CODEX_VERSION = _PINNED.group(1)
 CODEX = REPO / ".clients" / f"codex-{CODEX_VERSION}" / "node_modules" / ".bin" / "codex"
 KEY = "codex-k3y-0001"
 

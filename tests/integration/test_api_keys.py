@@ -43,7 +43,9 @@ models:
 {models_section}
   other: {{model: {MODEL}, port: {port + 1}, api_keys: {api_keys}}}
 """
-    return parse_config(text).config.models["m"]
+    entry = parse_config(text).config.models["m"]
+    assert isinstance(entry, ResolvedModel)  # served here, not an upstream
+    return entry
 
 
 @pytest.fixture(scope="module")

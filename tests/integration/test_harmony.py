@@ -144,7 +144,7 @@ RESPONSES_TOOL = {"type": "function", **TOOL["function"]}
 
 def items(output: list[dict]) -> list[tuple]:
     """A response's output items by what they say (ids differ between two responses)."""
-    out = []
+    out: list[tuple] = []
     for item in output:
         if item["type"] == "reasoning":
             out.append(("reasoning", "".join(p["text"] for p in item.get("summary", []) + item.get("content", []))))
@@ -190,7 +190,7 @@ ANTHROPIC_TOOL = {
 
 
 def blocks(content: list[dict]) -> list[tuple]:
-    out = []
+    out: list[tuple] = []
     for block in content:
         if block["type"] == "thinking":
             out.append(("thinking", block["thinking"]))

@@ -89,7 +89,9 @@ models:
 {"    api_keys: [alice, ci]" if keys else ""}
 """
     os.environ["MCP_TEST_KEY"] = HEADER_SECRET
-    return parse_config(text).config.models["m"]
+    entry = parse_config(text).config.models["m"]
+    assert isinstance(entry, ResolvedModel)  # served here, not an upstream
+    return entry
 
 
 def apply(sock: Path, config: ResolvedModel) -> None:
@@ -237,10 +239,15 @@ def test_the_server_timeout_bounds_an_execution(worker, http_server):
 
 
 def test_executions_are_logged_without_arguments_or_secrets(serving):
+    def logged() -> list[str]:
+        return [x for x in serving.log().splitlines() if "event=mcp.execute" in x and "tool=echo" in x]
+
     execute(serving.url, "files__echo", {"text": "PRIVATE-ARGUMENT-VALUE"})
-    time.sleep(0.3)
-    log = serving.log()
-    line = next(x for x in log.splitlines() if "event=mcp.execute" in x and "tool=echo" in x)
+    deadline = time.monotonic() + 30
+    while not logged():  # the execution's line, written once it is done
+        assert time.monotonic() < deadline, serving.log()[-3000:]
+        time.sleep(0.1)
+    line, log = logged()[0], serving.log()
     assert "server=files" in line and "duration_ms=" in line and "ok=True" in line
     assert "PRIVATE-ARGUMENT-VALUE" not in log and HEADER_SECRET not in log
 

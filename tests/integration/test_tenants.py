@@ -34,7 +34,9 @@ api_keys:
 models:
   m: {{model: {MODEL}, served_model_name: m, port: {port}, api_keys: [alice, bob], cache_scope: {scope}}}
 """
-    return parse_config(text).config.models["m"]
+    entry = parse_config(text).config.models["m"]
+    assert isinstance(entry, ResolvedModel)  # served here, not an upstream
+    return entry
 
 
 def push(sock: Path, config: ResolvedModel) -> None:

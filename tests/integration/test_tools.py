@@ -5,6 +5,7 @@ writes noise, because decoding is constrained and the same parser reads the resu
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import anthropic
 import httpx
@@ -30,7 +31,7 @@ TIME = {
     "required": ["zone"],
     "additionalProperties": False,
 }
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {"name": "get_weather", "description": "Weather in a city", "parameters": WEATHER},

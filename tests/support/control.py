@@ -115,6 +115,9 @@ class FakeTarget:
     async def start(self, name: str) -> ActionResponse:
         return await self._act("start", name)
 
+    async def load(self, name: str) -> ActionResponse:
+        return await self._act("load", name)
+
     def logs(self, name: str, lines: int) -> list[str]:
         self._known(name)
         return self.lines[name][-lines:] if lines > 0 else []

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.runtime.cpus import CpuShare
 from vllmmlxd.supervisor.process import SpawnError
 
 _pids = itertools.count(1000)
@@ -30,11 +31,12 @@ class FakeWorker:
         self.pid = next(_pids)
         self.health_socket = Path("/nonexistent")
         self.listening = False
-        self.ready_at = None
-        self.share = None
-        self.failure = None
-        self.exit_code = None
-        self.runtime, self.load = {}, {}
+        self.ready_at: float | None = None
+        self.share: CpuShare | None = None
+        self.failure: str | None = None
+        self.exit_code: int | None = None
+        self.runtime: dict = {}
+        self.load: dict = {}
         self.load_at: float | None = None
         self.idle_since: float | None = None  # set by a test: the worker has had no request since then
         self.keep_alive_s: float | None = None  # set by a test: what its last request said (Ollama's keep_alive)

@@ -39,6 +39,7 @@ class Gateway:
             stdout=self.log_path.open("wb"),
             stderr=subprocess.STDOUT,
         )
+        assert self.proc.stdin is not None  # stdin=PIPE
         self.proc.stdin.write(json.dumps(spec).encode() + b"\n")
         self.proc.stdin.flush()
         deadline = time.monotonic() + 30

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx import nn
@@ -39,7 +39,7 @@ ANSWER = "It is sunny in Paris, 21 degrees."
 LOST = "My reasoning before the call was not rendered back."
 ARGUMENTS = {"city": "Paris"}
 RESULT = {"forecast": "sunny", "celsius": 21}
-TOOL = {
+TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -127,7 +127,7 @@ class ScriptedModel(nn.Module):
         keys = kv
         for layer in cache or []:
             keys, _ = layer.update_and_fetch(kv, kv)
-        history = keys[:, 0, :, 0].astype(mx.int32).tolist()
+        history = cast(list[list[int]], keys[:, 0, :, 0].astype(mx.int32).tolist())  # 2-D: a list per row
         offsets = [0] * rows
         if cache and hasattr(cache[0], "left_padding"):  # a batch: rows are left-padded
             offsets = [max(int(p), 0) for p in cache[0].left_padding.tolist()]

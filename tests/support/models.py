@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import cast
 
 import mlx.core as mx
 from tokenizers import Tokenizer
@@ -38,7 +39,7 @@ def answering_tiny(dest: Path, context: int = 32768) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
     config = json.loads((src / "config.json").read_text())
-    weights = mx.load(str(src / "model.safetensors"))
+    weights = cast(dict[str, mx.array], mx.load(str(src / "model.safetensors")))  # a .safetensors: tensors by name
     [answer] = Tokenizer.from_file(str(src / "tokenizer.json")).encode(ANSWER, add_special_tokens=False).ids
     embed = weights["model.embed_tokens.weight"]
     width = embed.shape[1]

@@ -14,7 +14,7 @@ PKG = Path(__file__).resolve().parents[2] / "vllmmlxd"
 
 
 def imported_modules(path: Path) -> set[str]:
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)

@@ -329,7 +329,7 @@ def test_rendered_plist_puts_the_install_bin_first(tmp_path):
 # --- where files go, how they are enabled, defaults, the writer ----------------------------
 
 
-def test_install_paths(monkeypatch, tmp_path):
+def test_install_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     assert sf.install_paths("systemd", user=False) == Path("/etc/systemd/system/vllmmlxd.service")
     assert sf.install_paths("systemd", user=True) == tmp_path / ".config/systemd/user/vllmmlxd.service"

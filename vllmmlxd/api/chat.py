@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from ..engine.types import Finished, RenderedPrompt, TextDelta, ToolCallDelta
 from .context import ServingContext, owner_of
@@ -35,7 +36,7 @@ class ChatEncoding(Protocol):
         """A fresh encoder for a streamed response with id ``rid``."""
         ...
 
-    def response(self, rid: str, folded: Folded) -> Any:
+    def response(self, rid: str, folded: Folded) -> dict[str, Any]:
         """The whole response's body."""
         ...
 
@@ -72,7 +73,9 @@ async def fit_context(
     return best
 
 
-async def serve_chat(ctx: ServingContext, request: Request, turn: ChatTurn, encoding: ChatEncoding) -> Any:
+async def serve_chat(
+    ctx: ServingContext, request: Request, turn: ChatTurn, encoding: ChatEncoding
+) -> StreamingResponse | dict[str, Any]:
     """Serve one chat turn: a streamed response, or the family's whole body."""
     prompt = await resolve_images(ctx, turn.prompt)
     offered = offer(ctx, request, prompt.tools)  # MCP tools the worker runs itself; None: none for this request

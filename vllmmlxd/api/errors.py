@@ -33,7 +33,7 @@ _HTTP_TYPES = {
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
-    async def _request_error(request: Request, exc: RequestError):
+    async def _request_error(request: Request, exc: RequestError) -> Response:
         # SDKs read Retry-After to pace their retries.
         headers: Mapping[str, str] | None
         if isinstance(exc, RateLimited):
@@ -43,17 +43,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return render_error(request, exc.status_code, exc.message, exc.error_type, exc.param, exc.code, headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError):
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
         err = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
         param = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or None
         return render_error(request, 400, str(err["msg"]), "invalid_request_error", param)
 
     @app.exception_handler(ClientDisconnected)
-    async def _gone(request: Request, exc: ClientDisconnected):
+    async def _gone(request: Request, exc: ClientDisconnected) -> Response:
         return Response(status_code=499)  # nobody reads it; it marks the request in traces
 
     @app.exception_handler(HTTPException)
-    async def _http(request: Request, exc: HTTPException):
+    async def _http(request: Request, exc: HTTPException) -> Response:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
@@ -61,7 +61,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return render_error(request, exc.status_code, message, type_, headers=exc.headers)
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception):
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         rid = getattr(request.state, "request_id", None)
         log_event(logger, "request.failed", logging.ERROR, path=request.url.path, error=repr(exc), request_id=rid)
         # Answered outside the middlewares (Starlette's outermost layer): the id header goes on here.

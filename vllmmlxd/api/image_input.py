@@ -67,7 +67,9 @@ async def resolve_images(ctx: ServingContext, prompt: ChatPrompt) -> ChatPrompt:
     return replace(prompt, messages=[_with_images(m, by_ref) for m in prompt.messages])
 
 
-async def _decoded(budget: PixelBudget | None, sources: list[Source], pixels: int, limits: ImageLimits):
+async def _decoded(
+    budget: PixelBudget | None, sources: list[Source], pixels: int, limits: ImageLimits
+) -> list[DecodedImage]:
     """The sources decoded once the worker's budget has room for ``pixels``; each image then holds
     its own share until it is freed, and what none holds (a failed decode) goes back at once."""
     if budget is None:

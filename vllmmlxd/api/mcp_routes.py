@@ -33,15 +33,16 @@ def _scope(ctx: ServingContext, request: Request) -> tuple[McpHub | None, frozen
 def make_router(live: LiveContext) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/v1/mcp/servers")
-    async def servers(request: Request):
+    # response_model=None: a dict is sent as built, not validated against the return annotation.
+    @router.get("/v1/mcp/servers", response_model=None)
+    async def servers(request: Request) -> dict[str, Any]:
         hub, allowed = _scope(live.capture(request), request)
         rows = hub.public_status() if hub is not None else []  # the stderr and its quotes are the operator's
         data = [row for row in rows if allowed is None or row["name"] in allowed]
         return {"object": "list", "data": data}
 
-    @router.get("/v1/mcp/tools")
-    async def tools(request: Request):
+    @router.get("/v1/mcp/tools", response_model=None)
+    async def tools(request: Request) -> dict[str, Any]:
         hub, allowed = _scope(live.capture(request), request)
         found = hub.tools(allowed) if hub is not None else []
         return {
@@ -58,8 +59,8 @@ def make_router(live: LiveContext) -> APIRouter:
             ],
         }
 
-    @router.post("/v1/mcp/execute")
-    async def execute(request: Request):
+    @router.post("/v1/mcp/execute", response_model=None)
+    async def execute(request: Request) -> dict[str, Any]:
         ctx = live.capture(request)
         hub, allowed = _scope(ctx, request)
         req = validate(ExecuteRequest, await read_json(request, ctx.max_body_bytes))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ..config.schema import ModelConfig
 from ..engine.types import SamplingParams
@@ -25,6 +26,8 @@ FALLBACK_TOP_P = 1.0
 MAX_STOP_CHARS = 512  # a stop string is a few words; a megabyte one is an attack on the matcher
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what a 64-bit key can take; negative seeds wrap
 TOKEN_ID = re.compile(r"-?[0-9]+", re.ASCII)  # str.isdigit() would take "²" and int() then fail
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -109,5 +112,5 @@ def resolve_sampling(
     )
 
 
-def _first(*values):
+def _first(*values: T | None) -> T:
     return next(v for v in values if v is not None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ..engine.types import Constraint, ToolUse
 from ..errors import InvalidRequest
@@ -22,6 +22,8 @@ from ..parsers.tools import tool_parser_class
 from ..parsers.tools.base import function_of, tool_names
 
 Mode = Literal["auto", "none", "required", "named"]
+# OpenAI's tool_choice strings, each as its Mode (a lookup gives mypy the Literal; `in` a tuple does not).
+_OPENAI_MODES: dict[str, Mode] = {"auto": "auto", "none": "none", "required": "required"}
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ def plan_tools(
     return ToolPlan(ToolUse(tuple(tools)), Constraint(grammar, after_reasoning=after_reasoning))
 
 
-def openai_tool_choice(value, parallel: bool | None) -> ToolChoice:
+def openai_tool_choice(value: str | dict[str, Any] | None, parallel: bool | None) -> ToolChoice:
     """OpenAI's ``tool_choice``: "auto" | "none" | "required" | {"type": "function", "function": {"name"}}.
 
     A forced turn holds one call unless the client asks for several in so many words
@@ -70,8 +72,10 @@ def openai_tool_choice(value, parallel: bool | None) -> ToolChoice:
     go on writes call after call until ``max_tokens`` (seen with SmolLM2 at temperature 0).
     """
     par = parallel is True
-    if value is None or value in ("auto", "none", "required"):
-        return ToolChoice(value or "auto", parallel=par)
+    if value is None:
+        return ToolChoice("auto", parallel=par)
+    if isinstance(value, str) and value in _OPENAI_MODES:
+        return ToolChoice(_OPENAI_MODES[value], parallel=par)
     if isinstance(value, dict):
         name = (value.get("function") or {}).get("name") or value.get("name")
         if value.get("type") in ("function", None) and isinstance(name, str):

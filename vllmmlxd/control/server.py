@@ -13,7 +13,7 @@ import errno
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -192,8 +192,9 @@ async def _close(stream: AsyncIterator) -> None:
 class _QuietServer(uvicorn.Server):
     """A uvicorn server that leaves signals alone: the daemon owns SIGTERM, SIGINT and SIGHUP."""
 
-    def capture_signals(self):  # uvicorn >= 0.29
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # uvicorn >= 0.29
+        yield
 
     def install_signal_handlers(self) -> None:  # older uvicorn
         pass

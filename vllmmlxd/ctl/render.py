@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from vllmmlxd.control.protocol import (
     ActionResponse,
+    McpServerStatus,
     ModelStatus,
     PullStatus,
     ReloadResponse,
@@ -127,7 +128,7 @@ def _group_lines(status: StatusResponse) -> list[str]:
     return lines
 
 
-def _rank_lines(models) -> list[str]:
+def _rank_lines(models: Sequence[ModelStatus]) -> list[str]:
     """``s: pipeline over 2 ranks (ring)`` and one line per rank: host, pid, state, share, step time."""
     lines = []
     for m in models:
@@ -259,7 +260,7 @@ def _mcp_lines(models: Sequence[ModelStatus]) -> list[str]:
     return lines
 
 
-def _mcp_server(s) -> str:
+def _mcp_server(s: McpServerStatus) -> str:
     if s.state == "ready":
         restarted = s.connects - 1 if s.connects else 0
         again = f"; restarted {restarted}x, last: {s.last_error}" if restarted > 0 and s.last_error else ""

@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from ..log import log_event
 from . import builtin
 from .bert import BertEncoder, is_bert_folder, load_bert
 from .embedding_types import EmbedderInfo, EmbeddingStats
-from .types import EngineStats, ModelInfo
+from .types import Constraint, EngineEvent, EngineStats, GenerationRequest, ModelInfo, RenderedPrompt
 
 logger = logging.getLogger("vllmmlxd.engine")
 
@@ -385,13 +385,20 @@ class EmbeddingsOnlyEngine:
     def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
 
-    def apply_chat_template(self, messages, *, tools=None, template_kwargs=None) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
+    ) -> list[int]:
         raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
 
-    def generate(self, request):
+    def render(
+        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
+    ) -> RenderedPrompt:
         raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
 
-    def check_constraint(self, constraint) -> str | None:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
+
+    def check_constraint(self, constraint: Constraint) -> str | None:
         return EMBEDDINGS_ONLY
 
     def memory(self) -> dict[str, float]:

@@ -27,7 +27,7 @@ class PipelinedLlamaModel(PipelineMixin, llama.LlamaModel):
         self.start_idx = 0
         self.end_idx = None
 
-    def __call__(self, inputs: mx.array, cache: Any = None, input_embeddings: mx.array | None = None):
+    def __call__(self, inputs: mx.array, cache: Any = None, input_embeddings: mx.array | None = None) -> mx.array:
         h = input_embeddings if input_embeddings is not None else self.embed_tokens(inputs)
         layers = self.pipeline_layers
         if cache is None:
@@ -60,5 +60,5 @@ class Model(llama.Model):
         self.model = PipelinedLlamaModel(args)
 
     @property
-    def layers(self):
+    def layers(self) -> list[Any]:
         return self.model.pipeline_layers

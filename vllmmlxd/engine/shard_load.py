@@ -15,6 +15,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def _family(config: dict) -> str:
     return MLX_LM_REMAPPING.get(model_type, model_type)
 
 
-def model_classes(parallel: str):
+def model_classes(parallel: str) -> Callable[[dict], tuple[Any, Any]]:
     """mlx-lm's class lookup, with vllmmlxd's pipelined llama where a pipeline needs it."""
 
     def classes(config: dict) -> tuple[Any, Any]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import mimetypes
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from pydantic import ValidationError
@@ -81,7 +83,7 @@ def group_card(rset: ReplicaSet, created: int) -> dict:
     }
 
 
-def _routed(gateway: Gateway, path: str, embeddings: bool):
+def _routed(gateway: Gateway, path: str, embeddings: bool) -> Callable[[Request], Awaitable[Response]]:
     async def routed(request: Request) -> Response:
         return await gateway.routed(request, path, embeddings)
 
@@ -108,15 +110,16 @@ def create_app(gateway: Gateway) -> FastAPI:
     ):
         app.router.routes.append(HttpRoute(path, stored_response, methods=methods))
 
-    @app.get("/v1/models")
-    async def models(request: Request):
+    # response_model=None: a dict is sent as built, not validated against the return annotation.
+    @app.get("/v1/models", response_model=None)
+    async def models(request: Request) -> dict[str, Any]:
         table, key, created = gateway.table, presented_key(request), int(gateway.started)
         cards = [c for r in table.routes if table.may_use(r, key) for c in model_cards(r, created)]
         cards += [group_card(s, created) for s in table.visible_sets(key)]
         return {"object": "list", "data": list({c["id"]: c for c in cards}.values())}
 
-    @app.get("/health")
-    async def health():
+    @app.get("/health", response_model=None)
+    async def health() -> dict[str, Any]:
         return {"status": "ok", "models": len(gateway.table.routes)}
 
     app.include_router(make_cluster_router(gateway))
@@ -145,11 +148,11 @@ def _install_ui(app: FastAPI, gateway: Gateway) -> None:
         return FileResponse(path, media_type=media, headers=headers)
 
     @app.get("/", include_in_schema=False)
-    async def index():
+    async def index() -> Response:
         return static_file("index.html")
 
     @app.get("/static/{name:path}", include_in_schema=False)
-    async def static(name: str):
+    async def static(name: str) -> Response:
         return static_file(name)
 
 
@@ -165,8 +168,9 @@ def create_private_app(gateway: Gateway) -> FastAPI:
     """The daemon's app on the private socket: ``GET /health`` and ``POST /internal/settings``."""
     app = FastAPI(title="vllmmlxd gateway (private)", docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.get("/health")
-    async def health():
+    # response_model=None: a dict is sent as built, not validated against the return annotation.
+    @app.get("/health", response_model=None)
+    async def health() -> dict[str, Any]:
         spec = gateway.table.spec
         return {
             "status": "ok",
@@ -175,8 +179,8 @@ def create_private_app(gateway: Gateway) -> FastAPI:
             "load": {"requests": gateway.in_flight, "total_requests": gateway.total, "routes": len(spec.routes)},
         }
 
-    @app.post("/internal/settings")
-    async def settings(request: Request):
+    @app.post("/internal/settings", response_model=None)
+    async def settings(request: Request) -> JSONResponse | dict[str, Any]:
         def refused(status: int, error: str) -> JSONResponse:
             log_event(logger, "settings.refused", logging.WARNING, status=status, error=error)
             return JSONResponse({"ok": False, "error": error}, status_code=status)

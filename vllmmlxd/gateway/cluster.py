@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -209,7 +210,7 @@ def status_for(status: object, table: Table, key: str | None) -> dict:
 def make_router(gateway: Gateway) -> APIRouter:
     router = APIRouter()
 
-    async def translated(request: Request, path: str, translate) -> Response:
+    async def translated(request: Request, path: str, translate: Callable[[dict], dict]) -> Response:
         data = parse_object(await gateway.read_body(request))
         table = gateway.table
         if path == "/v1/chat/completions" and looks_like_ollama(data):
@@ -221,22 +222,23 @@ def make_router(gateway: Gateway) -> APIRouter:
         return await gateway.dispatch(request, target, path, body, json.dumps(body).encode())
 
     @router.post("/api/chat")
-    async def chat(request: Request):
+    async def chat(request: Request) -> Response:
         return await translated(request, "/v1/chat/completions", chat_body)
 
     @router.post("/api/complete")
-    async def complete(request: Request):
+    async def complete(request: Request) -> Response:
         return await translated(request, "/v1/completions", complete_body)
 
-    @router.get("/api/models")
-    async def models(request: Request):
+    # response_model=None: a dict is sent as built, not validated against the return annotation.
+    @router.get("/api/models", response_model=None)
+    async def models(request: Request) -> dict[str, Any]:
         table, key = gateway.table, presented_key(request)
         routes = require_some_route(table, key)
         sets = [set_entry(s) for s in table.visible_sets(key)]
         return {"object": "list", "data": [model_entry(r) for r in routes] + sets}
 
     @router.get("/api/health")
-    async def health(request: Request):
+    async def health(request: Request) -> JSONResponse:
         table, key = gateway.table, presented_key(request)
         status, per_model = health_summary(table.routes, table.visible(key))
         body: dict[str, Any] = {"status": status, "models": per_model}
@@ -247,7 +249,7 @@ def make_router(gateway: Gateway) -> APIRouter:
         return JSONResponse(body, status_code=503 if status == "down" else 200)
 
     @router.get("/api/status")
-    async def status(request: Request):
+    async def status(request: Request) -> JSONResponse:
         table = gateway.table
         keyed = [r for r in table.routes if not r.is_open]
         key = presented_key(request)

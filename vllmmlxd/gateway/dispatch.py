@@ -168,7 +168,7 @@ class Gateway:
     async def read_body(self, request: Request) -> bytes:
         return await read_body(request, self.max_body_bytes)
 
-    async def routed(self, request: Request, path: str, embeddings: bool = False):
+    async def routed(self, request: Request, path: str, embeddings: bool = False) -> RawResponse:
         """A model API request: resolve its route, check its key, forward it."""
         raw = await self.read_body(request)
         data = parse_object(raw)
@@ -182,7 +182,7 @@ class Gateway:
         # A worker's Ollama paths (an upstream's, through this main port) stream NDJSON, not SSE.
         return await self.dispatch(request, target, path, data, raw, sse=not path.startswith("/ollama/"))
 
-    async def stored(self, request: Request, response_id: str, path: str):
+    async def stored(self, request: Request, response_id: str, path: str) -> RawResponse:
         """A stored response's retrieve, delete or input items: from the worker that made it."""
         table = self.table
         route = table.by_response(response_id, presented_key(request))
@@ -191,7 +191,9 @@ class Gateway:
         table.access_of(route).identify(request)
         return await self.forward(request, route, path, b"", False)
 
-    async def dispatch(self, request: Request, target: Target, path: str, data: dict, raw: bytes, *, sse: bool = True):
+    async def dispatch(
+        self, request: Request, target: Target, path: str, data: dict, raw: bytes, *, sse: bool = True
+    ) -> RawResponse:
         """Forward to a route, or to a member of a set (the key was checked already). ``sse``: a streamed
         answer is SSE, so a lazy model's load can be waited for with comment lines after the head; a
         family whose stream is not (Ollama's NDJSON) has its load waited for before the head."""
@@ -200,7 +202,7 @@ class Gateway:
             return await self.forward_set(request, target, path, data, raw, stream)
         return await self.forward(request, target, path, body_for(target, data, raw), stream)
 
-    async def forward(self, request: Request, route: Route, path: str, body: bytes, stream: bool):
+    async def forward(self, request: Request, route: Route, path: str, body: bytes, stream: bool) -> RawResponse:
         """The response relaying ``body`` to ``route``'s ``path`` (the key was checked already)."""
         done = Finish(self, request, route, path)
         done.count(route.name, len(body) // 4)
@@ -221,7 +223,9 @@ class Gateway:
             done(getattr(exc, "status_code", 499 if isinstance(exc, asyncio.CancelledError) else 500), False)
             raise
 
-    async def forward_set(self, request: Request, rset: ReplicaSet, path: str, data: dict, raw: bytes, stream: bool):
+    async def forward_set(
+        self, request: Request, rset: ReplicaSet, path: str, data: dict, raw: bytes, stream: bool
+    ) -> RawResponse:
         """The response of the first member of ``rset`` that answers, tried in the balancer's order,
         each once. A member that refused the connection, dropped it before the response's head, or whose
         port the daemon's stand-in answered (no worker there) has generated nothing the client saw: the

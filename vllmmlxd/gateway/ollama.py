@@ -25,7 +25,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpcore
 import httpx
@@ -137,7 +138,7 @@ def create_ollama_app(gateway: Gateway) -> FastAPI:  # noqa: C901 - a factory: i
     app = FastAPI(title="vllmmlxd gateway (Ollama)", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
 
-    def routed(path: str, embeddings: bool):
+    def routed(path: str, embeddings: bool) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             raw = await gateway.read_body(request)
             data = parse_object(raw)
@@ -203,24 +204,25 @@ def create_ollama_app(gateway: Gateway) -> FastAPI:  # noqa: C901 - a factory: i
             raise Conflict(why)
         raise Unavailable(f"the daemon did not delete {name}: {why}", code="daemon_unavailable")
 
-    @app.get("/api/tags")
-    async def list_tags(request: Request):
+    # response_model=None: a dict is sent as built, not validated against the return annotation.
+    @app.get("/api/tags", response_model=None)
+    async def list_tags(request: Request) -> dict[str, Any]:
         table, key = gateway.table, presented_key(request)
         return tags(require_some_route(table, key), table.visible_sets(key), gateway.started)
 
-    @app.get("/api/ps")
-    async def ps(request: Request):
+    @app.get("/api/ps", response_model=None)
+    async def ps(request: Request) -> dict[str, Any]:
         table, key = gateway.table, presented_key(request)
         loaded = [r for r in require_some_route(table, key) if r.kind == "local" and r.state in SERVING_STATES]
         lines = await asyncio.gather(*(_ps_lines(gateway, request, r) for r in loaded))
         return {"models": [line for found in lines for line in found]}
 
-    @app.get("/api/version")
-    async def version():
+    @app.get("/api/version", response_model=None)
+    async def version() -> dict[str, Any]:
         return {"version": OLLAMA_VERSION}
 
     @app.api_route("/", methods=["GET", "HEAD"])
-    async def running():
+    async def running() -> Response:
         return PlainTextResponse("Ollama is running")
 
     app.add_middleware(BrowserDefences, config=lambda: gateway.table.spec.gateway)

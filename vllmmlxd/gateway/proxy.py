@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
 
 import anyio
 import httpcore
@@ -139,11 +141,13 @@ class _OneWriteStream(httpcore.AsyncNetworkStream):
         self._pending.clear()
         await self._stream.aclose()
 
-    async def start_tls(self, ssl_context, server_hostname=None, timeout=None) -> httpcore.AsyncNetworkStream:
+    async def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.AsyncNetworkStream:
         await self._flush(timeout)
         return _OneWriteStream(await self._stream.start_tls(ssl_context, server_hostname, timeout))
 
-    def get_extra_info(self, info: str):
+    def get_extra_info(self, info: str) -> Any:
         return self._stream.get_extra_info(info)
 
 
@@ -151,10 +155,19 @@ class _OneWriteBackend(httpcore.AsyncNetworkBackend):
     def __init__(self) -> None:
         self._backend = httpcore.AnyIOBackend()
 
-    async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
         return _OneWriteStream(await self._backend.connect_tcp(host, port, timeout, local_address, socket_options))
 
-    async def connect_unix_socket(self, path, timeout=None, socket_options=None):
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None
+    ) -> httpcore.AsyncNetworkStream:
         return _OneWriteStream(await self._backend.connect_unix_socket(path, timeout, socket_options))
 
     async def sleep(self, seconds: float) -> None:
@@ -193,7 +206,7 @@ class Upstream:
                 return value.decode("latin-1")
         return None
 
-    def aiter_raw(self):
+    def aiter_raw(self) -> AsyncIterator[bytes]:
         return self._response.aiter_stream()
 
     async def aread(self) -> bytes:

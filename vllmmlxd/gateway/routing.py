@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pydantic import SecretStr
+from starlette.requests import Request
 
 from ..api.responses.ids import response_tag, tag_of
 from ..config.gateway import GatewaySpec, Route
@@ -111,7 +112,7 @@ class Table:
         """The routes a caller presenting ``key`` may use: all it may learn of (listings, health, errors)."""
         return [r for r in self.routes if self.may_use(r, key)]
 
-    def client_address(self, request) -> str:
+    def client_address(self, request: Request) -> str:
         """The client's address as the gateway judges it (its peer, or behind a trusted proxy, the client)."""
         assert self.peers is not None
         return self.peers.client_address(request)

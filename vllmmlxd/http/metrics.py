@@ -69,7 +69,7 @@ class EngineCollector:
         self._model = model
         self._embedder = embedder
 
-    def _family(self, kind, name: str, doc: str, value: float) -> Metric:
+    def _family(self, kind: type[CounterMetricFamily | GaugeMetricFamily], name: str, doc: str, value: float) -> Metric:
         family = kind(name, doc, labels=["model"])
         family.add_metric([self._model], value)
         return family

@@ -10,17 +10,23 @@ end of stdin is the lifeline: EOF means the daemon is gone, so the process drain
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 import os
 import signal
 import socket
 import threading
-import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..log import log_event
 from .drain import CloseWhenDraining
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.applications import Starlette
+
+T = TypeVar("T")
 
 ORPHAN_GRACE_S = 15.0  # after the daemon's pipe closes: drain, then exit for sure
 
@@ -54,7 +60,7 @@ def start_lifeline(fd: int, logger: logging.Logger, event: str) -> None:
     threading.Thread(target=watch_parent, args=(fd, logger, event), daemon=True).start()
 
 
-def client_bounds(max_connections: int) -> dict:
+def client_bounds(max_connections: int) -> dict[str, Any]:
     """uvicorn settings that bound slow and greedy clients; the timeouts' env is read here, once."""
     from .slow_clients import MAX_HEAD_BYTES, body_timeout_s, header_timeout_s, protocol_class
 
@@ -68,12 +74,16 @@ def client_bounds(max_connections: int) -> dict:
     }
 
 
-def make_servers(app, private_app, *, drain_timeout: float, log_level: str, max_connections: int):
+def make_servers(
+    app: Starlette, private_app: Starlette | None, *, drain_timeout: float, log_level: str, max_connections: int
+) -> tuple[uvicorn.Server, uvicorn.Server | None]:
     """The public server for ``app`` (draining; ``app`` answers Connection: close meanwhile) and the
     private one for ``private_app`` (None without a private socket)."""
     import uvicorn
 
-    server = _draining_server_class()(
+    from .uvicorn_servers import DrainingServer, PrivateServer
+
+    server = DrainingServer(
         uvicorn.Config(
             app,
             log_config=None,
@@ -89,7 +99,7 @@ def make_servers(app, private_app, *, drain_timeout: float, log_level: str, max_
     private = None
     if private_app is not None:
         logging.getLogger("uvicorn.error").addFilter(_not_private_routine)
-        private = _private_server(
+        private = PrivateServer(
             uvicorn.Config(
                 private_app,
                 lifespan="off",
@@ -103,7 +113,10 @@ def make_servers(app, private_app, *, drain_timeout: float, log_level: str, max_
 
 
 async def serve_both(
-    server, listen: socket.socket | list[socket.socket], private, private_socket: socket.socket | None
+    server: uvicorn.Server,
+    listen: socket.socket | list[socket.socket],
+    private: uvicorn.Server | None,
+    private_socket: socket.socket | None,
 ) -> None:
     """The public server until it stops (on ``listen``: one socket, or several: the gateway's Ollama
     listener beside its own); the private one beside it, answering only once the public one is up
@@ -112,6 +125,7 @@ async def serve_both(
     if private is None:
         await public
         return
+    assert private_socket is not None, "a private server is made only for a private socket"
     while not server.started and not public.done():
         await asyncio.sleep(0.02)
     inner = asyncio.create_task(_quietly(private.serve(sockets=[private_socket])))
@@ -127,51 +141,10 @@ async def serve_both(
 _PRIVATE = contextvars.ContextVar("vllmmlxd_private_server", default=False)
 
 
-async def _quietly(coro):
+async def _quietly(coro: Coroutine[Any, Any, T]) -> T:
     _PRIVATE.set(True)  # a task runs in its own copy of the context: only this server is quiet
     return await coro
 
 
 def _not_private_routine(record: logging.LogRecord) -> bool:
     return not (_PRIVATE.get() and record.levelno < logging.WARNING)
-
-
-def _private_server(config):
-    """uvicorn for the daemon's socket, leaving signals to the public server."""
-    import uvicorn
-
-    class PrivateServer(uvicorn.Server):
-        def capture_signals(self):  # uvicorn >= 0.29
-            return contextlib.nullcontext()
-
-        def install_signal_handlers(self) -> None:  # older uvicorn
-            pass
-
-    return PrivateServer(config)
-
-
-def _draining_server_class():
-    import uvicorn
-
-    class DrainingServer(uvicorn.Server):
-        """uvicorn, draining without racing keep-alive clients, and exiting 0 after a drain."""
-
-        draining = False
-
-        def handle_exit(self, sig, frame) -> None:
-            super().handle_exit(sig, frame)
-            # uvicorn re-raises the signal after its graceful shutdown; a drained process exits 0.
-            getattr(self, "_captured_signals", []).clear()
-
-        async def shutdown(self, sockets=None) -> None:
-            # Stop accepting, then let open connections end on their own (responses now say
-            # Connection: close, idle ones time out) before uvicorn closes what is left.
-            for server in self.servers:
-                server.close()
-            self.draining = True
-            deadline = time.monotonic() + self.config.timeout_keep_alive + 1
-            while self.server_state.connections and time.monotonic() < deadline and not self.force_exit:
-                await asyncio.sleep(0.05)
-            await super().shutdown(sockets)
-
-    return DrainingServer

@@ -19,8 +19,11 @@ started) and the connection is closed.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+from collections.abc import Mapping
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -34,7 +37,7 @@ BODY_MIN_RATE = 64 * 1024  # bytes per second that earn one more second for the 
 _HEAD_END = re.compile(rb"\n\r?\n")  # where h11 ends a head
 
 
-def _seconds(environ, name: str, default: float) -> float:
+def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
     try:
         value = float(environ.get(name, ""))
     except ValueError:
@@ -42,12 +45,12 @@ def _seconds(environ, name: str, default: float) -> float:
     return value if value > 0 else default
 
 
-def header_timeout_s(environ=os.environ) -> float:
+def header_timeout_s(environ: Mapping[str, str] = os.environ) -> float:
     """``$VLLMMLXD_HEADER_TIMEOUT_S`` when a positive number, else 10 s."""
     return _seconds(environ, ENV_HEADER_TIMEOUT, DEFAULT_HEADER_TIMEOUT_S)
 
 
-def body_timeout_s(environ=os.environ) -> float:
+def body_timeout_s(environ: Mapping[str, str] = os.environ) -> float:
     """``$VLLMMLXD_BODY_TIMEOUT_S`` when a positive number, else 30 s."""
     return _seconds(environ, ENV_BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT_S)
 
@@ -71,18 +74,18 @@ class BoundedH11Protocol(H11Protocol):
     header_timeout = DEFAULT_HEADER_TIMEOUT_S
     body_timeout = DEFAULT_BODY_TIMEOUT_S
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # uvicorn's own arguments, passed on
         super().__init__(*args, **kwargs)
         self.max_head = self.config.h11_max_incomplete_event_size or MAX_HEAD_BYTES
-        self._head_timer = None
-        self._body_timer = None
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
         self._body_deadline = 0.0
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # a Transport, as H11Protocol narrows it
         super().connection_made(transport)
         self._watch()
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         super().connection_lost(exc)
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ..config.mcp import MCP_TOOL_SEPARATOR, McpServerConfig
@@ -86,7 +87,7 @@ class McpHub:
         await asyncio.gather(*(link.stop() for link in self._links.values()), return_exceptions=True)
 
     @contextlib.asynccontextmanager
-    async def lifespan(self, _app=None):
+    async def lifespan(self, _app: object = None) -> AsyncIterator[None]:
         """The public app's lifespan: connect when the worker starts serving, stop children at its end."""
         await self.start()
         try:

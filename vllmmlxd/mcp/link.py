@@ -15,9 +15,15 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from ..config.mcp import McpServerConfig
 from ..log import log_event
+
+if TYPE_CHECKING:  # mcp is imported when a server connects, not with the worker
+    from mcp import ClientSession
+    from mcp.client._transport import TransportStreams
 
 logger = logging.getLogger("vllmmlxd.mcp")
 
@@ -53,7 +59,7 @@ class Link:
         self.reason: str | None = None  # the same failure as API clients are told it
         self.stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
         self.connects = 0  # successful connections: a reconnect shows as one more
-        self.session = None
+        self.session: ClientSession | None = None
         self._task: asyncio.Task | None = None
         self._lost = asyncio.Event()
 
@@ -138,7 +144,7 @@ class Link:
             await asyncio.sleep(pause)
             pause = min(pause * 2, BACKOFF_MAX_S)
 
-    async def _watch(self, session) -> None:
+    async def _watch(self, session: ClientSession) -> None:
         """Return once the server is gone: a failed ping, or a call that found it broken."""
         self._lost.clear()
         while True:
@@ -157,7 +163,7 @@ class Link:
                 return
 
     @contextlib.asynccontextmanager
-    async def _connect(self):
+    async def _connect(self) -> AsyncIterator[ClientSession]:
         from mcp import ClientSession
 
         async with contextlib.AsyncExitStack() as stack:
@@ -167,7 +173,7 @@ class Link:
             yield session
 
     @contextlib.asynccontextmanager
-    async def _transport(self, stack: contextlib.AsyncExitStack):
+    async def _transport(self, stack: contextlib.AsyncExitStack) -> AsyncIterator[TransportStreams]:
         c = self.config
         if c.transport == "stdio":
             from mcp.client.stdio import StdioServerParameters, stdio_client

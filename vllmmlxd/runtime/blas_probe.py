@@ -51,11 +51,21 @@ def fingerprint_operands() -> tuple[list[float], list[float], tuple[int, int, in
     return a, [1.0] * (k * n), (m, n, k)
 
 
-def _floats(values: list[float]):
+def _floats(values: list[float]) -> ctypes.Array[ctypes.c_float]:
     return (ctypes.c_float * len(values))(*values)
 
 
-def sgemm(lib: ctypes.CDLL, m: int, n: int, k: int, a, b, c, *, trans_b: bool = False) -> None:
+def sgemm(
+    lib: ctypes.CDLL,
+    m: int,
+    n: int,
+    k: int,
+    a: ctypes.Array[ctypes.c_float],
+    b: ctypes.Array[ctypes.c_float],
+    c: ctypes.Array[ctypes.c_float],
+    *,
+    trans_b: bool = False,
+) -> None:
     """C = A·B (or A·Bᵀ) through ``cblas_sgemm``, row-major, for ctypes float buffers."""
     fn = lib.cblas_sgemm
     fn.restype = None

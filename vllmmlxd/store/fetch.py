@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from vllmmlxd.errors import StoreError
 from vllmmlxd.paths import models_dir
@@ -66,7 +66,7 @@ class Refused(StoreError):
 Emit = Callable[..., None]
 
 
-def emitter(out=sys.stdout) -> Emit:
+def emitter(out: TextIO = sys.stdout) -> Emit:
     """One JSON line per event, whole lines only (the progress thread writes too)."""
     lock = threading.Lock()
 

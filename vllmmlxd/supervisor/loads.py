@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from ..log import log_event
 from . import states
@@ -93,7 +94,7 @@ class Loads:
                 return await unit.slot.start(), unit.slot.last_error
             return await unit.slot.load()
 
-        def done(result, error) -> None:
+        def done(result: Any, error: BaseException | None) -> None:
             ok, why = result if error is None else (False, str(error))
             for waiting in self._waiting.pop(name, []):
                 resolve(waiting, _ready_reply(name, ok, why))

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.distributed import model_shape, share_text
+from ..config.distributed import DistributedConfig, model_shape, share_text
 from ..config.schema import Config, ModelConfig
 from ..runtime import memory as machine
 from ..runtime.shard_families import layer_share
@@ -194,7 +194,9 @@ def make_footprint(entry: ModelConfig, estimate: weights.WeightsEstimate, physic
     )
 
 
-def rank_weights(total_mb: int, split: tuple[int, dict[int, int]] | None, dist, rank: int, layers: int | None) -> int:
+def rank_weights(
+    total_mb: int, split: tuple[int, dict[int, int]] | None, dist: DistributedConfig, rank: int, layers: int | None
+) -> int:
     """The MB of weights rank ``rank`` holds: what is outside the layers (every rank keeps it), plus its
     layers (pipeline) or its share of every layer (tensor). From the headers when they were read,
     scaled to ``total_mb`` (a 16-bit model runs in float32 on a CPU); else from the layer count."""
@@ -214,7 +216,9 @@ def rank_weights(total_mb: int, split: tuple[int, dict[int, int]] | None, dist, 
     return -(-total_mb // dist.world)
 
 
-def rank_footprints(entry: ModelConfig, whole: Footprint, split, layers: int | None) -> list[Footprint]:
+def rank_footprints(
+    entry: ModelConfig, whole: Footprint, split: tuple[int, dict[int, int]] | None, layers: int | None
+) -> list[Footprint]:
     """Each rank's footprint: its weights, the cache budget (the others hold their share of the same
     prefixes, no more than rank 0's), and a worker's overhead (the embedding model: rank 0's only)."""
     dist = entry.distributed

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 from ..log import log_event
@@ -81,7 +81,7 @@ class Operations:
         if op.done is not None:
             op.done(result, error)
 
-    def pending(self, names) -> list[asyncio.Task]:
+    def pending(self, names: Iterable[str]) -> list[asyncio.Task]:
         """The operations on these units still running: a new one on them waits for them first."""
         ids = {self.busy[n][1] for n in names if n in self.busy}
         return [self._ops[i].task for i in ids if i in self._ops]

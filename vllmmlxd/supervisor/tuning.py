@@ -15,8 +15,9 @@ supervisor) can make health checks, start timeouts and backoff fast:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .backoff import BackoffPolicy
 
@@ -31,7 +32,7 @@ class Tuning:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Tuning:
-        def num(name: str, default: float, cast=float):
+        def num(name: str, default: float, cast: Callable[[str], float] = float) -> Any:
             raw = env.get(name)
             return cast(raw) if raw not in (None, "") else default
 

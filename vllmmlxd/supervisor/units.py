@@ -28,7 +28,7 @@ from ..store.disk import format_bytes
 from ..store.pulls import Pull
 from . import lazy, states
 from .log_lines import LogLines
-from .plan import Kind, UnitFacts
+from .plan import Busy, Kind, UnitFacts
 from .ranks import RankGroup
 from .slot import Slot
 from .upstream import UpstreamChecks
@@ -139,7 +139,7 @@ class ModelUnit:
                 state = states.IDLE
         return state, slot_error(self.slot)
 
-    def facts(self, footprint_mb: int = 0, busy=None) -> UnitFacts:
+    def facts(self, footprint_mb: int = 0, busy: Busy | None = None) -> UnitFacts:
         absent = self.absent.shown() if self.absent is not None and self.slot.pid is None else None
         return UnitFacts(
             self.name,

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, params
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from ..api.anthropic.routes import make_router as make_anthropic_router
 from ..api.context import LiveContext, owner_of, shown_source
@@ -26,6 +27,7 @@ from ..api.openai.routes import make_router as make_openai_router
 from ..api.openapi import install as install_openapi
 from ..api.responses.routes import make_router as make_responses_router
 from ..config.schema import ResolvedModel
+from ..engine.embedding_types import Embedder
 from ..engine.types import Engine
 from ..errors import Unauthorized
 from ..http.access import Caller
@@ -83,7 +85,7 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
         request.state.caller = caller
         setattr(request.state, STATE_KEY, quotas.admit(caller))
 
-    def key_if(flag: str):
+    def key_if(flag: str) -> params.Depends:
         # /health and /metrics stay open for probes and scrapers unless the entry says otherwise.
         async def check(request: Request) -> None:
             access = live.current.access
@@ -107,17 +109,18 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
     app.add_middleware(MetricsMiddleware, metrics=metrics, enabled=lambda: live.current.config.enable_metrics)
 
     @app.get("/metrics", dependencies=[key_if("metrics_requires_key")])
-    async def prometheus_metrics():
+    async def prometheus_metrics() -> Response:
         if not live.current.config.enable_metrics:
             raise HTTPException(404, "Not Found")  # as if the route did not exist
         return metrics.response()
 
     @app.get("/health", dependencies=[key_if("health_requires_key")])
-    async def health():
+    async def health() -> JSONResponse:
         return health_response(engine, stuck_after, {"model": live.current.name})
 
-    @app.get("/v1/status", dependencies=api_deps)
-    async def status(request: Request):
+    # response_model=None: a dict is sent as built, not validated against the return annotation.
+    @app.get("/v1/status", dependencies=api_deps, response_model=None)
+    async def status(request: Request) -> dict[str, Any]:
         ctx = live.capture(request)
         s = engine.stats
         with s.lock:  # a step's count beside that step's progress, never the one before's
@@ -166,7 +169,7 @@ def create_private_app(public: FastAPI, engine: Engine) -> FastAPI:
     app = FastAPI(title="vllmmlxd worker (private)", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/health")
-    async def health():
+    async def health() -> JSONResponse:
         ctx = live.current
         return health_response(
             engine,
@@ -179,8 +182,9 @@ def create_private_app(public: FastAPI, engine: Engine) -> FastAPI:
             },
         )
 
-    @app.post("/internal/settings")
-    async def settings(request: Request):
+    # response_model=None: a dict is sent as built, not validated against the return annotation.
+    @app.post("/internal/settings", response_model=None)
+    async def settings(request: Request) -> JSONResponse | dict[str, Any]:
         try:
             data = await request.json()
         except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack
@@ -283,7 +287,7 @@ def distributed_of(engine: Engine) -> dict | None:
     return status() if status is not None else None
 
 
-def _embedding_load(embedder) -> dict:
+def _embedding_load(embedder: Embedder | None) -> dict:
     """The embedding model's name and counters, for ``vllmmlxctl status``; nothing without one."""
     if embedder is None:
         return {}

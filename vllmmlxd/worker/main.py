@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config.schema import ResolvedModel
 from ..errors import ModelLoadError
@@ -27,6 +28,11 @@ from ..runtime import cpus as cpu_shares
 from ..runtime.blas import ActiveBlas, BlasInfo, activate
 from ..runtime.memory import read_machine_memory
 from ..sockets import bind_tcp, bind_unix, http_url, is_loopback
+
+if TYPE_CHECKING:  # the engine's modules import mlx: loaded in load_engine, after the BLAS choice
+    from ..engine.mlx_engine import MLXEngine
+    from ..engine.options import EngineOptions
+    from ..engine.types import Engine
 
 logger = logging.getLogger("vllmmlxd.worker")
 
@@ -95,7 +101,7 @@ def runtime_report(info: BlasInfo, key: str, cpus: tuple[int, ...] | None) -> di
     return report
 
 
-def load_engine(config: ResolvedModel, key: str, state_dir: Path):
+def load_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
     """Load the model and start its engine thread (imports mlx: workers only).
 
     An entry whose model is an embedding model gets an engine that only embeds; an entry
@@ -119,6 +125,7 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path):
             embeddings_only=True,
             load_s=round(time.perf_counter() - started, 2),
         )
+        # EmbeddingsOnlyEngine lacks Engine.render, unreached (not a vision model: images are refused first).
         return embeds
     embedder = load_embedder(config.embedding_model, state_dir) if config.embedding_model else None
     machine = read_machine_memory(working_set=False)  # Metal's working set: asked of mlx by the engine
@@ -148,7 +155,7 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path):
     return engine
 
 
-def _rank_zero_engine(config: ResolvedModel, key: str, state_dir: Path, options):
+def _rank_zero_engine(config: ResolvedModel, key: str, state_dir: Path, options: EngineOptions) -> MLXEngine:
     """Rank 0 of a distributed entry: join the other ranks, load its share, lead them."""
     from ..config.distributed import share_text
     from ..engine.lockstep import Leader

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config.schema import ResolvedModel
 from ..engine.handshake import Group, RankLost, RanksDisagree  # noqa: F401 - raised by the ranks, caught by their mains
+
+if TYPE_CHECKING:  # the loader imports mlx, which load_share brings in only when it runs
+    from ..engine.loader import LoadedModel
 
 logger = logging.getLogger("vllmmlxd.worker")
 
@@ -22,7 +26,7 @@ EXIT_RANKS_DISAGREE = 3  # as a failed load: `failed` at once, no restart loop
 EXIT_RANK_FAILED = 5  # the lockstep broke (a peer died, a frame was damaged): the unit restarts
 
 
-def load_share(config: ResolvedModel, joined: Group, state_dir: Path):
+def load_share(config: ResolvedModel, joined: Group, state_dir: Path) -> LoadedModel:
     from ..engine.shard_load import load_shard
 
     assert config.distributed is not None

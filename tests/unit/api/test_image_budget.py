@@ -8,6 +8,7 @@ import asyncio
 import base64
 import gc
 import io
+from typing import cast
 
 import pytest
 from PIL import Image as PILImage
@@ -19,8 +20,8 @@ from vllmmlxd.api.image_budget import PixelBudget
 from vllmmlxd.api.image_input import resolve_images
 from vllmmlxd.api.images import ImageRef, image_part
 from vllmmlxd.api.turn import ChatPrompt
-from vllmmlxd.config.schema import ModelConfig
-from vllmmlxd.engine.types import ModelInfo
+from vllmmlxd.config.schema import ResolvedModel
+from vllmmlxd.engine.types import Engine, ModelInfo
 from vllmmlxd.errors import InvalidRequest, Overloaded
 
 
@@ -36,12 +37,20 @@ def prompt_of(data: bytes, n: int) -> ChatPrompt:
     return ChatPrompt([{"role": "user", "content": parts}])
 
 
+async def until(predicate, timeout: float = 5.0) -> None:
+    """Let the loop run until ``predicate()`` holds; fails past ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
 def ctx_with(budget: PixelBudget | None = None, **config) -> ServingContext:
-    engine = InfoOnly(ModelInfo("tiny", 2048, 100, "builtin:tiny", vision=True))
-    model = ModelConfig(model="builtin:tiny", **config)
+    engine = cast(Engine, InfoOnly(ModelInfo("tiny", 2048, 100, "builtin:tiny", vision=True)))  # what is read: info
+    model = ResolvedModel(model="builtin:tiny", **config)
     return ServingContext(
         engine=engine, config=model, key="pics", pixels=budget or PixelBudget(model.image_pixel_budget)
-    )  # type: ignore[arg-type]
+    )
 
 
 @pytest.fixture
@@ -79,8 +88,9 @@ def test_decoded_images_hold_their_pixels_until_freed_and_a_request_that_does_no
         first = await resolve_images(ctx, prompt_of(png((40, 30)), 2))
         assert budget.held == 2400
         second = asyncio.create_task(resolve_images(ctx, prompt_of(png((40, 30)), 1)))
-        await asyncio.sleep(0.2)
-        assert not second.done() and budget.describe()["waiting"] == 1  # no room while the first holds its images
+        # Queued (or, had it been let in, done): no room while the first holds its images.
+        await until(lambda task=second: budget.describe()["waiting"] == 1 or task.done())
+        assert not second.done() and budget.held == 2400
         del first  # the first request is done with its images
         got = await asyncio.wait_for(second, 5)
         assert budget.held == 1200
@@ -126,10 +136,13 @@ def test_waiting_requests_go_first_come_first_served_and_a_cancelled_one_takes_n
         await asyncio.sleep(0)
         small = asyncio.create_task(wait("small", 100))  # would fit now, but comes after the big one
         gone = asyncio.create_task(wait("gone", 50))
-        await asyncio.sleep(0.05)
+        # All three queued: one let in past the big one would be in ``order`` by then.
+        await until(lambda: budget.describe()["waiting"] == 3 or bool(order))
         assert order == []
         gone.cancel()
-        await asyncio.sleep(0.05)
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert budget.describe() == {"capacity": 1000, "held": 900, "waiting": 2}
         budget.give(900)
         await asyncio.wait_for(asyncio.gather(big, small), 2)
         assert order == ["big", "small"] and budget.held == 900

@@ -9,7 +9,7 @@ import pytest
 
 from vllmmlxd.config.diff import diff_models
 from vllmmlxd.config.load import parse_config
-from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.errors import ConfigError
 
 TEXT = """
@@ -21,11 +21,13 @@ models:
 """
 
 
-def entry(auto: str) -> ModelConfig:
-    return parse_config(TEXT.replace("AUTO", auto)).config.models["a"]
+def entry(auto: str) -> ResolvedModel:
+    model = parse_config(TEXT.replace("AUTO", auto)).config.models["a"]
+    assert isinstance(model, ResolvedModel)  # served here, not an upstream
+    return model
 
 
-def runs(config: ModelConfig, tool: str) -> bool:
+def runs(config: ResolvedModel, tool: str) -> bool:
     # As the worker decides (api/tool_loop.py offer): the server's allow/deny lists, then the patterns.
     server, name = tool.split("__", 1)
     return config.mcp_servers_resolved[server].offers(name) and any(

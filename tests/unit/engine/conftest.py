@@ -28,7 +28,7 @@ def toy_hf_weights(seed: int = 1) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     h, i, head_dim = TOY["hidden"], TOY["inter"], TOY["hidden"] // TOY["heads"]
     vocab = len(toy_tokens())
-    n = lambda *s: rng.normal(0, 0.2, s).astype(np.float32)  # noqa: E731
+    n = lambda *s: np.asarray(rng.normal(0, 0.2, s), dtype=np.float32)  # noqa: E731
     w = {"model.embed_tokens.weight": n(vocab, h), "model.norm.weight": 1 + n(h), "lm_head.weight": n(vocab, h)}
     for layer in range(TOY["layers"]):
         p = f"model.layers.{layer}"

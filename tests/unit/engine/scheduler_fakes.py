@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -100,7 +100,7 @@ class FakeVision:
         if self.fail is not None:
             raise self.fail
         marker = pixel_values.reshape(-1)[0]
-        self.calls.append(int(marker.item()))
+        self.calls.append(int(cast(int, marker.item())))
         embeddings = mx.where(ids == PLACEHOLDER, marker, ids).astype(mx.float32)[..., None]
         return type("Features", (), {"inputs_embeds": embeddings})()
 

@@ -5,6 +5,8 @@ blocks and a conversation's last state."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from vllmmlxd.engine.block_cache import BlockCache
 from vllmmlxd.engine.checkpoints import Captures
 from vllmmlxd.engine.layout import CacheLayout, LayerCache
@@ -44,9 +46,9 @@ class LayeredOps:
 
 
 def stored(budget: int = 10_000) -> BlockCache:
-    cache = BlockCache(budget, LayeredOps(), block_tokens=4)
+    cache = BlockCache(budget, cast(Any, LayeredOps()), block_tokens=4)  # a stand-in: the ops it calls
     captures = Captures(states={4: ("state", 4), 8: ("state", 8), 12: ("state", 12)})
-    cache.insert(list(range(16)), {"n": 16}, captures=captures)
+    cache.insert(list(range(16)), cast(Any, {"n": 16}), captures=captures)
     return cache
 
 

@@ -65,9 +65,9 @@ def test_a_block_file_is_safetensors_and_round_trips(store):
 
 
 def damage_data(raw: bytes) -> bytes:
-    raw = bytearray(raw)
-    raw[-5] ^= 0x40
-    return bytes(raw)
+    damaged = bytearray(raw)
+    damaged[-5] ^= 0x40
+    return bytes(damaged)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ arrives, because both streamed and whole responses read this one pipeline."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -46,7 +47,7 @@ def run(chunks: list[str], stop=()) -> list:
 
 
 def merged(events) -> list[tuple[str, object]]:
-    out: list[tuple[str, object]] = []
+    out: list[tuple[str, Any]] = []
     for e in events:
         if isinstance(e, (TextDelta, ReasoningDelta)):
             kind = "text" if isinstance(e, TextDelta) else "reasoning"

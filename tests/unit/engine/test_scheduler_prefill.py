@@ -29,7 +29,7 @@ class Steps:
             self.asked.append((got, decoding, prompts))
             return got
 
-        timer.chunk = chunk
+        timer.chunk = chunk  # type: ignore[method-assign]  # a spy on the chunks the timer answers
 
     def step(self, seq=None) -> dict:
         h = self.h
@@ -153,7 +153,8 @@ class Watching:
     holder takes and gives it back."""
 
     def __init__(self, h: Harness, seq):
-        self.h, self.seq, self.notes = h, seq, []
+        self.h, self.seq = h, seq
+        self.notes: list[tuple[str, int, int]] = []
 
     def note(self, when: str) -> None:
         self.notes.append((when, self.h.stats.steps_executed, self.seq.progress.prefilled_tokens))
@@ -168,7 +169,7 @@ class Watching:
 def test_a_step_changes_its_count_and_its_prompts_progress_together_under_the_stats_lock():
     h = Harness(prefill_step_size=64)
     seq = h.submit(counting(1, 300), max_tokens=2)
-    watching = h.stats.lock = Watching(h, seq)  # type: ignore[assignment]
+    watching = h.stats.lock = Watching(h, seq)
     Steps(h).prefill(seq)
     notes = watching.notes
     assert [w for w, _, _ in notes] == ["taken", "given"] * (len(notes) // 2) and len(notes) >= 8

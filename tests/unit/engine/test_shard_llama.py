@@ -63,7 +63,7 @@ def test_each_rank_keeps_whole_key_value_groups():
     heads = []
     for rank in range(2):
         share = copy.deepcopy(model)
-        shard_llama.shard_by_kv_groups(share, StandInGroup(rank, 2))  # type: ignore[arg-type]
+        shard_llama.shard_by_kv_groups(share, StandInGroup(rank, 2))
         attn = share.model.layers[0].self_attn
         heads.append((attn.n_heads, attn.n_kv_heads, attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]))
     assert heads == [(6, 2, 6 * 16, 2 * 16), (3, 1, 3 * 16, 1 * 16)]

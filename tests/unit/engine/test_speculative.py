@@ -11,6 +11,7 @@ import pytest
 
 from tests.unit.engine.scheduler_fakes import CountingModel, FakeClock, Harness, decode_ids
 from vllmmlxd.engine.draft_width import StepCosts, best_width, expected_accepted
+from vllmmlxd.engine.sequence import Sequence
 from vllmmlxd.engine.speculative import (
     MAX_PAUSE,
     PAUSE_AFTER,
@@ -149,7 +150,7 @@ PROMPTS = [
 ]
 
 
-def run(hz: Harness, prompts, max_tokens=12, **sampling) -> list[str]:
+def run(hz: Harness, prompts, max_tokens=12, **sampling) -> tuple[list[str], list[Sequence]]:
     seqs = [hz.submit(p, max_tokens=max_tokens, **sampling) for p in prompts]
     hz.finish(*seqs)
     return [hz.text(s) for s in seqs], seqs
@@ -158,6 +159,7 @@ def run(hz: Harness, prompts, max_tokens=12, **sampling) -> list[str]:
 def stored(hz: Harness, tokens: list[int]) -> list[int]:
     hit = hz.scheduler.cache.lookup([*tokens, 7])
     assert hit.cached_tokens == len(tokens)
+    assert hit.cache is not None
     return hit.cache[0].keys[0, 0, : hit.cached_tokens, 0].astype(mx.int32).tolist()
 
 

@@ -33,7 +33,8 @@ class Fake:
     stream that breaks after its head)."""
 
     def __init__(self, name: str, kind: str):
-        self.name, self.kind, self.hits, self.bodies = name, kind, 0, []
+        self.name, self.kind, self.hits = name, kind, 0
+        self.bodies: list[dict] = []
         self.server: asyncio.Server | None = None
         self.port = 0
 

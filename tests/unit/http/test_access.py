@@ -9,7 +9,7 @@ import pytest
 from starlette.requests import Request
 
 from vllmmlxd.config.load import parse_config
-from vllmmlxd.config.schema import ResolvedModel
+from vllmmlxd.config.schema import Resolved, ResolvedModel
 from vllmmlxd.errors import Forbidden, Unauthorized
 from vllmmlxd.http import access
 
@@ -30,7 +30,7 @@ def request(headers: dict[str, str] | None = None, client=("10.0.0.7", 5000)) ->
 
 
 @pytest.fixture(scope="module")
-def entries() -> dict[str, ResolvedModel]:
+def entries() -> dict[str, Resolved]:
     return parse_config(CONFIG).config.models
 
 

@@ -10,7 +10,7 @@ from limits import RateLimitItemPerMinute
 from vllmmlxd.config.gateway import GroupLimits
 from vllmmlxd.config.keys import KeyGrant
 from vllmmlxd.config.load import parse_config
-from vllmmlxd.config.schema import ModelConfig
+from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.errors import ConfigError, RateLimited
 from vllmmlxd.http.access import Caller
 from vllmmlxd.http.ratelimit import GroupQuotas, Quotas, RateStore, format_reset, rate_items
@@ -32,7 +32,7 @@ def clock(monkeypatch) -> Clock:
 
 
 def quotas(**entry) -> Quotas:
-    return Quotas(ModelConfig(model="builtin:tiny", **entry), RateStore())
+    return Quotas(ResolvedModel(model="builtin:tiny", **entry), RateStore())
 
 
 ADDR = Caller(identity="addr:10.0.0.7")
@@ -85,16 +85,16 @@ models:
 
 def test_an_unchanged_limit_keeps_its_budget_across_settings_and_a_new_one_starts_fresh(clock):
     store = RateStore()
-    Quotas(ModelConfig(model="x", rate_limit=2), store).admit(ADDR)
-    Quotas(ModelConfig(model="x", rate_limit=2), store).admit(ADDR)
+    Quotas(ResolvedModel(model="x", rate_limit=2), store).admit(ADDR)
+    Quotas(ResolvedModel(model="x", rate_limit=2), store).admit(ADDR)
     with pytest.raises(RateLimited):
-        Quotas(ModelConfig(model="x", rate_limit=2, timeout=5), store).admit(ADDR)
-    assert Quotas(ModelConfig(model="x", rate_limit=3), store).admit(ADDR)["x-ratelimit-remaining-requests"] == "2"
+        Quotas(ResolvedModel(model="x", rate_limit=2, timeout=5), store).admit(ADDR)
+    assert Quotas(ResolvedModel(model="x", rate_limit=3), store).admit(ADDR)["x-ratelimit-remaining-requests"] == "2"
 
 
 def test_the_store_forgets_the_least_recent_clients_past_its_bound(clock):
     store = RateStore(max_tracked=100)
-    q = Quotas(ModelConfig(model="x", rate_limit=1), store)
+    q = Quotas(ResolvedModel(model="x", rate_limit=1), store)
     for i in range(1000):
         q.admit(Caller(identity=f"addr:10.0.{i // 250}.{i % 250}"))
     assert store.tracked == 100
@@ -106,18 +106,37 @@ def test_a_forgotten_window_waits_for_the_storage_s_expiry_thread_to_let_go_of_i
     # clear takes none: dropping a window mid-expiry killed that thread with a KeyError (issue 37).
     import threading
 
+    class Watched:
+        """The key's lock, noting each thread that asks for it."""
+
+        def __init__(self) -> None:
+            self.lock = threading.RLock()
+            self.askers: list[threading.Thread] = []
+
+        def __enter__(self) -> None:
+            self.askers.append(threading.current_thread())
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
     store = RateStore(max_tracked=1)
     item = RateLimitItemPerMinute(5)
     store.limiter.hit(item, "a")
     store.touch("a", [item])
     key = item.key_for("a")
-    expiring = store.storage.locks[key]
-    expiring.acquire()  # the expiry thread, inside its section for this key
+    expiring = store.storage.locks[key] = Watched()
+    expiring.lock.acquire()  # the expiry thread, inside its section for this key
     forgetting = threading.Thread(target=store.touch, args=("b", [item]))  # past the bound: "a" goes
     forgetting.start()
-    forgetting.join(0.2)
-    assert forgetting.is_alive(), "the window was dropped under the expiry thread's feet"
-    expiring.release()
+    deadline = time.monotonic() + 10
+    while forgetting not in expiring.askers and forgetting.is_alive():  # until it waits for the lock, or is done
+        assert time.monotonic() < deadline, "never asked for the key's lock"
+        time.sleep(0.01)
+    assert forgetting.is_alive() and key in store.storage.events, (
+        "the window was dropped under the expiry thread's feet"
+    )
+    expiring.lock.release()
     forgetting.join(5)
     assert not forgetting.is_alive() and key not in store.storage.events
 

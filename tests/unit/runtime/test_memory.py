@@ -9,6 +9,7 @@ import struct
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,8 @@ DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4}
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...]]]) -> int:
     """A safetensors file with a real header and zero (sparse) data; returns its size."""
-    header, offset = {"__metadata__": {"format": "mlx"}}, 0
+    header: dict[str, dict[str, Any]] = {"__metadata__": {"format": "mlx"}}
+    offset = 0
     for name, (dtype, shape) in tensors.items():
         size = math.prod(shape) * DTYPE_BYTES[dtype]
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
@@ -141,7 +143,7 @@ def gguf_file(tmp_path) -> tuple[Path, int]:
         "blk.0.attn_q.weight": mx.zeros((16, 16), dtype=mx.float16),
         "output_norm.weight": mx.ones((16,)),
     }
-    metadata = {
+    metadata: dict[str, mx.array | str | list[str]] = {
         "general.architecture": "llama",
         "tokenizer.ggml.tokens": [f"t{i}" for i in range(100)],
         "llama.block_count": mx.array(1, dtype=mx.uint32),

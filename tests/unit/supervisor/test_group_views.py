@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from vllmmlxd.control.mapping import status_response
+from vllmmlxd.supervisor.states import Shown
 from vllmmlxd.supervisor.units import group_views
 from vllmmlxd.supervisor.views import DaemonView, ModelView, StatusView
 
 
-def view(name: str, state: str = "ready", group: str | None = "tiny", **runtime) -> ModelView:
+def view(name: str, state: Shown = "ready", group: str | None = "tiny", **runtime) -> ModelView:
     return ModelView(
         name=name,
         state=state,

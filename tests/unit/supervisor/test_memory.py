@@ -174,6 +174,7 @@ def test_load_memory_plan_reads_this_config_on_a_given_machine(sixteen_gib, tmp_
         }
     )
     running_b = config.models["b"].model_copy(update={"default_temperature": 0.2})
+    assert isinstance(running_b, ModelConfig)
     plan = load_memory_plan(config, tmp_path, {"b": running_b})
     assert plan.capacity == Capacity(16 * GIB, 1024, None, "MemTotal")
     tiny = -(-BUILTIN_PARAMETERS["tiny"][0] * 4 // machine.MIB)  # not converted in tmp_path: the constant

@@ -228,7 +228,7 @@ def test_a_reload_adds_removes_and_swaps(tmp_path):
         assert reply.ok, reply.error
         assert list(sup.entry_units()) == ["keep", "swap", "new"]
         assert state(sup, "new") == states.READY and worker_of(sup, "swap") is not old and not old.alive
-        assert sup.units["swap"].config.max_num_seqs == 4  # type: ignore[attr-defined]
+        assert sup.units["swap"].config.max_num_seqs == 4
         assert sup.last_reload is not None and sup.last_reload.ok
         await sup.stop_all()
 
@@ -270,11 +270,11 @@ def test_an_idle_unload_and_a_reload_of_the_same_model_at_once_end_in_one_state(
             reply = await reload
         assert reply.ok, reply.error
         unit = sup.units["l"]
-        assert unit.config.max_num_seqs == 4  # type: ignore[attr-defined]
+        assert unit.config.max_num_seqs == 4
         await until(lambda: "l" not in sup.ops.busy)
         final = state(sup, "l")
         assert final in (states.UNLOADED, states.READY, states.IDLE)
-        serving = unit.slot.serving  # type: ignore[attr-defined]
+        serving = unit.slot.serving
         assert (serving is None) == (final == states.UNLOADED)
         assert serving is None or serving.config.max_num_seqs == 4
         assert (await sup.load("l")).ok  # and it serves the next request

@@ -15,6 +15,7 @@ from vllmmlxd.supervisor.transitions import (
     UNLOADED,
     Counters,
     Event,
+    EventKind,
     decide,
     public_state,
 )
@@ -101,7 +102,7 @@ TABLE: dict[tuple[str, str], tuple[str, tuple[str, ...], str | None]] = {
 }
 
 
-def event(kind: str) -> Event:
+def event(kind: EventKind) -> Event:
     return Event(kind, code=1, ready_for_s=1.0) if kind in ("worker_exited", "held_exited") else Event(kind)
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
 from vllmmlxd.api.context import LiveContext
 from vllmmlxd.config.schema import ResolvedModel
-from vllmmlxd.engine.types import EngineStats, ModelInfo
+from vllmmlxd.engine.types import Engine, EngineStats, ModelInfo
 from vllmmlxd.worker.app import create_app, create_private_app
 from vllmmlxd.worker.settings import SettingsRefused, judge_update
 
@@ -88,9 +90,10 @@ def test_every_settings_generation_counts_in_the_workers_one_rate_store():
 
 def apps(config: ResolvedModel = BASE):
     engine = FakeEngine()
-    public = create_app(engine, config, "k")
+    served = cast(Engine, engine)  # a stand-in: what the apps read of an engine, no more
+    public = create_app(served, config, "k")
     # Host 127.0.0.1: the worker answers only under its own names (a DNS-rebinding defence).
-    return engine, TestClient(public, base_url="http://127.0.0.1"), TestClient(create_private_app(public, engine))
+    return engine, TestClient(public, base_url="http://127.0.0.1"), TestClient(create_private_app(public, served))
 
 
 def test_the_private_app_applies_a_push_and_the_public_app_sees_it():

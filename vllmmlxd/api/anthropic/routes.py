@@ -8,8 +8,11 @@ the whole response read the same engine events (``encode.py``, ``api.stream``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from ..body import read_json, validate
 from ..chat import render_prompt, serve_chat
@@ -25,15 +28,16 @@ def make_router(live: LiveContext) -> APIRouter:
     """The routes, each reading the settings its request started under (``live.capture``)."""
     router = APIRouter()
 
-    @router.post("/v1/messages")
-    async def messages(request: Request):
+    # response_model=None: a dict is sent as built, not validated against the return annotation.
+    @router.post("/v1/messages", response_model=None)
+    async def messages(request: Request) -> StreamingResponse | dict[str, Any]:
         ctx = live.capture(request)
         req = validate(MessagesRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
         return await serve_chat(ctx, request, tr.to_turn(req), MessagesEncoding(ctx.name))
 
-    @router.post("/v1/messages/count_tokens")
-    async def count_tokens(request: Request):
+    @router.post("/v1/messages/count_tokens", response_model=None)
+    async def count_tokens(request: Request) -> dict[str, Any]:
         ctx = live.capture(request)
         req = validate(CountTokensRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)

@@ -15,6 +15,7 @@ from ..tooling import anthropic_tool_choice
 from ..turn import ChatPrompt, ChatTurn, content_of, refuse_client_template, tool_result_text
 from .protocol import (
     CallBlock,
+    ContentBlock,
     CountTokensRequest,
     DocumentBlock,
     ImageBlock,
@@ -153,7 +154,7 @@ def stop_reason(finished: Finished) -> tuple[str, str | None]:
     return "end_turn", None  # EOS; a cancelled or failed generation is never encoded as a message
 
 
-def _check_block(block, role: str, param: str) -> None:
+def _check_block(block: ContentBlock, role: str, param: str) -> None:
     if isinstance(block, DocumentBlock) or (isinstance(block, ImageBlock) and role != "user"):
         raise InvalidRequest(f"{param}: {block.type} blocks are not supported here", param=param)
     if role == "user" and isinstance(block, _ASSISTANT_ONLY):

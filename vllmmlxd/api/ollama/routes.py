@@ -19,11 +19,14 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
+from ...engine.embedding_types import Embedder
 from ...errors import InvalidRequest
 from ...http.activity import Activity, idle_limit
 from ...store.weights import folder_weights
@@ -97,8 +100,9 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
     def clock(request: Request) -> Clock:
         return Clock(time.monotonic(), lambda: getattr(request.state, "progress", None))
 
-    @router.post(PREFIX + "/api/chat")
-    async def chat(request: Request):
+    # response_model=None: a dict is sent as built, not validated against the return annotation.
+    @router.post(PREFIX + "/api/chat", response_model=None)
+    async def chat(request: Request) -> StreamingResponse | dict[str, Any]:
         started = clock(request)
         ctx = live.capture(request)
         req = validate(ChatRequest, await read_json(request, ctx.max_body_bytes))
@@ -110,8 +114,8 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
             return load_answer(name, chat=True, unload=seconds == 0)
         return await serve_chat(ctx, request, turn, ChatEncoding(name, started))
 
-    @router.post(PREFIX + "/api/generate")
-    async def generate(request: Request):
+    @router.post(PREFIX + "/api/generate", response_model=None)
+    async def generate(request: Request) -> StreamingResponse | dict[str, Any]:
         started = clock(request)
         ctx = live.capture(request)
         req = validate(GenerateRequest, await read_json(request, ctx.max_body_bytes))
@@ -140,7 +144,9 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
         ensure_valid(output, folded.text, folded.finish.reason)
         return encoding.response(rid, folded)
 
-    async def vectors(request: Request, ctx: ServingContext, model: str | None, texts: list[str], truncate: bool):
+    async def vectors(
+        request: Request, ctx: ServingContext, model: str | None, texts: list[str], truncate: bool
+    ) -> tuple[Embedder, np.ndarray, int]:
         """The embedding model's vectors for ``texts`` and the tokens they took."""
         embedder = embedder_for(ctx, None if model in ctx.names() else model)
         token_lists = await asyncio.to_thread(embedder.tokenize, texts)
@@ -149,8 +155,8 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
         out = await unless_disconnected(request, embedder.embed(token_lists))
         return embedder, out, sum(len(ids) for ids in token_lists)
 
-    @router.post(PREFIX + "/api/embed")
-    async def embed(request: Request):
+    @router.post(PREFIX + "/api/embed", response_model=None)
+    async def embed(request: Request) -> dict[str, Any]:
         started = time.monotonic()
         ctx = live.capture(request)
         req = validate(EmbedRequest, await read_json(request, ctx.max_body_bytes))
@@ -175,8 +181,8 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
             "prompt_eval_count": used,
         }
 
-    @router.post(PREFIX + "/api/embeddings")
-    async def embeddings(request: Request):
+    @router.post(PREFIX + "/api/embeddings", response_model=None)
+    async def embeddings(request: Request) -> dict[str, Any]:
         ctx = live.capture(request)
         req = validate(EmbeddingsRequest, await read_json(request, ctx.max_body_bytes))
         keep_alive(req.keep_alive)
@@ -186,15 +192,15 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
         _, out, _ = await vectors(request, ctx, req.model, [req.prompt], True)
         return {"embedding": np.asarray(out[0], dtype=np.float32).tolist()}
 
-    @router.post(PREFIX + "/api/show")
-    async def show(request: Request):
+    @router.post(PREFIX + "/api/show", response_model=None)
+    async def show(request: Request) -> dict[str, Any]:
         ctx = live.capture(request)
         req = validate(ShowRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model or req.name)
         return describe.show_body(await asyncio.to_thread(facts_of, ctx))
 
-    @router.get(PREFIX + "/api/tags")
-    async def tags(request: Request):
+    @router.get(PREFIX + "/api/tags", response_model=None)
+    async def tags(request: Request) -> dict[str, Any]:
         """This worker's models: a worker alone is an Ollama endpoint for its model (``/ollama`` as the host)."""
         ctx = live.capture(request)
         facts = await asyncio.to_thread(facts_of, ctx)
@@ -207,12 +213,12 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
             )
         return {"models": models}
 
-    @router.get(PREFIX + "/api/version")
-    async def version():
+    @router.get(PREFIX + "/api/version", response_model=None)
+    async def version() -> dict[str, Any]:
         return {"version": describe.OLLAMA_VERSION}
 
-    @router.get(PREFIX + "/api/ps")
-    async def ps(request: Request):
+    @router.get(PREFIX + "/api/ps", response_model=None)
+    async def ps(request: Request) -> dict[str, Any]:
         ctx = live.capture(request)
         facts = await asyncio.to_thread(facts_of, ctx)
         limit, idle = None, 0.0

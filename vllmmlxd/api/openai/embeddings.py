@@ -45,8 +45,9 @@ class EmbeddingRequest(BaseModel):
 def make_router(live: LiveContext) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/embeddings")
-    async def embeddings(request: Request):
+    # response_model=None: a dict is sent as built, not validated against the return annotation.
+    @router.post("/v1/embeddings", response_model=None)
+    async def embeddings(request: Request) -> dict[str, Any]:
         ctx = live.capture(request)
         req = validate(EmbeddingRequest, await read_json(request, ctx.max_body_bytes))
         embedder = embedder_for(ctx, req.model)

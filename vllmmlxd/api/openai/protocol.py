@@ -45,7 +45,7 @@ class SamplingExtensions(_Lenient):
 
     @field_validator("logit_bias")
     @classmethod
-    def _bias_range(cls, v):
+    def _bias_range(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (v or {}).items():
             if not re.fullmatch(r"-?[0-9]+", key, re.ASCII):
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
@@ -70,7 +70,7 @@ class _SamplingFields(SamplingExtensions):
 
     @field_validator("stop")
     @classmethod
-    def _few_stops(cls, v):
+    def _few_stops(cls, v: str | list[str] | None) -> str | list[str] | None:
         if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
         return v

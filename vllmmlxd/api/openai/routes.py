@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from ...errors import InvalidRequest, ModelNotFound
 from ..body import read_json, validate
@@ -29,12 +31,13 @@ def make_router(live: LiveContext) -> APIRouter:
     """The routes, each reading the settings its request started under (``live.capture``)."""
     router = APIRouter()
 
-    @router.get("/v1/models")
-    async def list_models(request: Request):
+    # response_model=None: a dict is sent as built, not validated against the return annotation.
+    @router.get("/v1/models", response_model=None)
+    async def list_models(request: Request) -> dict[str, Any]:
         return {"object": "list", "data": _model_cards(live.capture(request))}
 
-    @router.get("/v1/models/{model_id:path}")
-    async def get_model(model_id: str, request: Request):
+    @router.get("/v1/models/{model_id:path}", response_model=None)
+    async def get_model(model_id: str, request: Request) -> dict[str, Any]:
         ctx = live.capture(request)
         cards = _model_cards(ctx)
         if model_id in ctx.names():
@@ -44,8 +47,8 @@ def make_router(live: LiveContext) -> APIRouter:
                 return card
         raise ModelNotFound(f"model {model_id!r} is not served here; this server serves {ctx.name!r}")
 
-    @router.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
+    @router.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> StreamingResponse | dict[str, Any]:
         ctx = live.capture(request)
         req = validate(ChatCompletionRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
@@ -53,8 +56,8 @@ def make_router(live: LiveContext) -> APIRouter:
             ctx, request, tr.to_turn(req), encode.ChatEncoding(int(time.time()), ctx.name, tr.include_usage(req))
         )
 
-    @router.post("/v1/completions")
-    async def completions(request: Request):
+    @router.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> StreamingResponse | dict[str, Any]:
         ctx = live.capture(request)
         req = validate(CompletionRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)

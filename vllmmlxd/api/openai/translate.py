@@ -139,7 +139,7 @@ def _is_call(call: object) -> bool:
     return isinstance(function, dict) and isinstance(function.get("name"), str)
 
 
-def _text_content(content, param: str) -> str | list[dict[str, Any]]:
+def _text_content(content: str | list[dict[str, Any]] | None, param: str) -> str | list[dict[str, Any]]:
     """A message's content: its text, or (with images) text and image parts in their order."""
     if content is None or isinstance(content, str):
         return content or ""

@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from ...errors import InvalidRequest, NotFound
 from ..body import read_json, validate
@@ -39,8 +40,9 @@ def make_router(live: LiveContext, store: ResponseStore | None = None) -> APIRou
             raise NotFound(f"response with id {rid!r} not found", param=param)
         return found
 
-    @router.post("/v1/responses")
-    async def responses(request: Request):
+    # response_model=None: a dict is sent as built, not validated against the return annotation.
+    @router.post("/v1/responses", response_model=None)
+    async def responses(request: Request) -> StreamingResponse | dict[str, Any]:
         ctx = live.capture(request)
         req = validate(ResponsesRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
@@ -59,18 +61,18 @@ def make_router(live: LiveContext, store: ResponseStore | None = None) -> APIRou
 
         return await serve_chat(ctx, request, turn, ResponsesEncoding(req, ctx.name, done))
 
-    @router.get("/v1/responses/{response_id}")
-    async def retrieve(response_id: str, request: Request):
+    @router.get("/v1/responses/{response_id}", response_model=None)
+    async def retrieve(response_id: str, request: Request) -> dict[str, Any]:
         return find(request, response_id).response
 
-    @router.delete("/v1/responses/{response_id}")
-    async def delete(response_id: str, request: Request):
+    @router.delete("/v1/responses/{response_id}", response_model=None)
+    async def delete(response_id: str, request: Request) -> dict[str, Any]:
         find(request, response_id)
         kept.delete(owner(request), response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
-    @router.get("/v1/responses/{response_id}/input_items")
-    async def input_items(response_id: str, request: Request, order: str = "desc"):
+    @router.get("/v1/responses/{response_id}/input_items", response_model=None)
+    async def input_items(response_id: str, request: Request, order: str = "desc") -> dict[str, Any]:
         if order not in ("asc", "desc"):
             raise InvalidRequest("order must be asc or desc", param="order")
         items = with_ids(response_id, find(request, response_id).input_items)

@@ -22,6 +22,7 @@ instructions) and how to constrain a model to it (``grammar``, Lark for llguidan
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -92,7 +93,7 @@ def bracket_end(text: str, start: int = 0, *, quotes: str = '"', opens: str = "{
     return None
 
 
-def per_tool_rules(tools: list[dict], body) -> tuple[str, list[str]]:
+def per_tool_rules(tools: list[dict], body: Callable[[str, dict], str]) -> tuple[str, list[str]]:
     """One Lark rule per tool, ``call_I: body(name, parameters_schema)``, for grammars whose
     calls differ by tool; returns the alternation of the rules' names and the rule lines."""
     names = [f"call_{i}" for i in range(len(tools))]

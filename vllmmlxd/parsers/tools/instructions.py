@@ -89,7 +89,7 @@ def calls_as_text(messages: list[dict], parser: type[ToolParser]) -> list[dict]:
     return out
 
 
-def _as_object(arguments) -> dict:
+def _as_object(arguments: object) -> dict:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)

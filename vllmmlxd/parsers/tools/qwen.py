@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from vllmmlxd.parsers.tools import hermes
 from vllmmlxd.parsers.tools.base import MalformedCall, ToolCall, arguments_text, function_of
@@ -71,7 +72,7 @@ class QwenToolParser(hermes.HermesToolParser):
         return {}
 
 
-def _typed(value: str, schema: dict | None):
+def _typed(value: str, schema: dict | None) -> Any:
     """A raw XML value as its schema's type wants it: JSON for non-string types when it parses."""
     types = (schema or {}).get("type")
     types = set(types) if isinstance(types, list) else {types}
