@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
-from .lockstep import Lockstep
+from .plans import Lockstep
 from .step_plan import Change, Drop, Extract, Finish, Join, Keep, Leave, Piece, StepPlan
 
 Kept = dict[int, tuple[list[Any], list[int]]]  # uid -> (its KV, the tokens it holds)
@@ -34,10 +34,6 @@ def make_generator(model: Any, options: Any) -> BatchGenerator:
         prefill_batch_size=min(options.max_running, PREFILL_BATCH),
         prefill_step_size=options.prefill_step_size,
     )
-
-
-class Diverged(RuntimeError):
-    """Rank 0's plan does not fit this rank's batch: the ranks no longer agree."""
 
 
 @dataclass
@@ -138,76 +134,3 @@ class Batch:
     def _pass(self, chunk: int) -> tuple[list[Any], list[Any]]:
         self.gen.prefill_step_size = chunk
         return self.gen.next()
-
-
-class Mirror:
-    """Another rank's copy of rank 0's prefix-cache pieces: its own share of their KV, cut from the
-    same positions of the same sequences, under rank 0's ids."""
-
-    def __init__(self, kv: Any):
-        self.kv = kv  # the same kind of pieces as rank 0's cache (cache_setup.make_kv_ops)
-        self.pieces: dict[int, Any] = {}
-        self.pending: Kept = {}  # KV that came back for a row, until rank 0 says what it kept
-
-    def caches(self, join: Join) -> list[Any] | None:
-        if not join.source:
-            return None
-        missing = [i for i in join.source if i not in self.pieces]
-        if missing:
-            raise Diverged(f"prefix-cache pieces {missing} are not here")
-        return self.kv.join([self.pieces[i] for i in join.source], join.cached)
-
-    def keep(self, change: Keep) -> None:
-        if change.uid not in self.pending:
-            raise Diverged(f"rank 0 kept the cache of uid {change.uid}, which this rank does not hold")
-        cache, _tokens = self.pending.pop(change.uid)
-        cut = self.kv.cut(cache, [(start, end) for _, start, end in change.pieces])
-        for (piece, _, _), kv in zip(change.pieces, cut):
-            self.pieces[piece] = kv
-
-
-class FollowerBatch(Batch):
-    """A rank other than 0: plays rank 0's plans on its share of the model. It samples nothing of
-    its own (each pass starts from rank 0's tokens: ``lockstep.FollowRankZero``)."""
-
-    def __init__(self, gen: BatchGenerator, mirror: Mirror):
-        super().__init__(gen)
-        self.mirror = mirror
-        self.running: set[int] = set()
-
-    def play(self, plan: StepPlan) -> None:
-        """Rank 0's changes, in order, then its pass; Diverged where one does not fit this batch."""
-        for change in plan.changes:
-            self._apply(change)
-        if plan.chunk is not None:
-            self.mirror.pending.clear()
-            _, responses = self._pass(plan.chunk)
-            for response in responses:
-                if response.finish_reason is not None:  # max_tokens: the same count on every rank
-                    self.running.discard(response.uid)
-                    self.mirror.pending[response.uid] = (response.prompt_cache, [])
-
-    def _apply(self, change: Change) -> None:
-        match change:
-            case Join():
-                row = RowSetup([list(change.tokens)], self.mirror.caches(change))
-                uid = self._insert(row, change.max_tokens)
-                if uid != change.uid:
-                    raise Diverged(f"rank 0 inserted uid {change.uid}, this rank's batch gave {uid}")
-                self.running.add(uid)
-            case Leave():
-                self._leave(list(change.uids), change.keep)
-            case Extract():
-                self.mirror.pending.update(self.gen.extract_cache(list(change.uids)))
-            case Finish():  # ended on rank 0 by a stop token or string: here too, unless max_tokens did
-                still = [uid for uid in change.uids if uid in self.running]
-                if still:
-                    self._leave(still, True)
-            case Keep():
-                self.mirror.keep(change)
-            case Drop():
-                self.mirror.pieces.pop(change.piece, None)
-
-    def _leave(self, uids: list[int], keep: bool) -> None:
-        self.running.difference_update(uids)
-        self.mirror.pending.update(self._remove(uids, keep))

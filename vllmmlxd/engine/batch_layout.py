@@ -19,9 +19,9 @@ from mlx_lm.generate import BatchGenerator
 from .batch import make_generator
 from .grouped_attention import wrap_attention
 from .layout import CacheLayout
-from .lockstep import Lockstep
 from .mlxlm import generation_batch, install
 from .options import EngineOptions
+from .plans import Lockstep
 from .row_groups import GroupedBatch, GroupedModel, RidingPrompts, groupable
 from .speculative import SpeculativeBatch
 

@@ -30,17 +30,14 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
+from .plans import IDLE_FRAME_S, Lockstep
 from .step_plan import StepPlan, to_wire
 
 FRAME_BYTES = 8192
 PROTOCOL = 3  # 3: the body is a step plan (step_plan.to_wire)
 _HEADER = struct.Struct("<4sBBxxIIII")  # magic, protocol, kind, seq, body length, overflow length, crc32
 _MAGIC = b"VMXL"
-# While idle, rank 0 sends a frame this often (a lost rank is noticed while idle too), and the
-# others sleep until just before the next one: MLX's ring waits for data by polling, so a rank
-# waiting in a collective uses a whole core. A request arriving meanwhile waits for them to wake
-# (at most this long, less IDLE_WAKE_EARLY_S).
-IDLE_FRAME_S = 0.25
+# The other ranks sleep until just before rank 0's next idle frame (plans.IDLE_FRAME_S).
 IDLE_WAKE_EARLY_S = 0.01
 
 
@@ -134,26 +131,6 @@ class FollowRankZero:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
-
-
-class Lockstep:
-    """How rank 0's plans reach the other ranks; a single-process engine sends nothing."""
-
-    last_frame_at: float | None = None  # monotonic: the last frame sent (liveness watches it)
-
-    def wrap(self, model: Any) -> Any:
-        return model
-
-    def step(self, plan: StepPlan) -> None: ...
-    def idle(self, plan: StepPlan) -> None: ...
-    def stop(self, plan: StepPlan) -> None: ...
-
-    @property
-    def distributed(self) -> bool:
-        return False
-
-    def describe(self) -> dict | None:
-        return None
 
 
 @dataclass

@@ -30,8 +30,8 @@ from .cache_setup import make_prefix_cache
 from .constraint import Grammars
 from .detokenize import IncrementalDetokenizer
 from .kv_budget import KvBudget, default_limit, explicit_limit
-from .lockstep import Lockstep
 from .options import EngineOptions
+from .plans import Lockstep
 from .scheduler import Scheduler
 from .sequence import Chain, Sequence
 from .special_text import SpecialText, plain_encoder, special_tokens_of

@@ -33,8 +33,8 @@ from .constraint import Grammars
 from .kv_budget import KvBudget
 from .kv_probe import entry_budget
 from .layout import read_layout
-from .lockstep import IDLE_FRAME_S, Lockstep
 from .options import EngineOptions
+from .plans import IDLE_FRAME_S, Lockstep
 from .prefix_cache import PromptCache
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence

@@ -20,8 +20,8 @@ import numpy as np
 from mlx import nn
 
 from vllmmlxd.engine.detokenize import IncrementalDetokenizer
-from vllmmlxd.engine.lockstep import Lockstep
 from vllmmlxd.engine.options import EngineOptions, SpeculationOptions
+from vllmmlxd.engine.plans import Lockstep
 from vllmmlxd.engine.scheduler import Scheduler
 from vllmmlxd.engine.sequence import Sequence
 from vllmmlxd.engine.types import (
