@@ -38,9 +38,17 @@ PREFILL_STEP = 512  # the engine's prefill chunk
 BATCH_SIZES = (1, 8, 16)
 BATCH_TOKENS = 64
 RANDOM_LLAMA = {
-    "model_type": "llama", "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "vocab_size": 32000, "max_position_embeddings": 4096, "tie_word_embeddings": True,
+    "model_type": "llama",
+    "hidden_size": 512,
+    "intermediate_size": 1408,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
 }
 CHOICES = ("bundled", "mkl-1", "mkl-2", "blis-1", "blis-2", "openblas-1", "openblas-2")
 SECTION = "## Linux CPU: BLAS libraries against llama.cpp"
@@ -85,8 +93,8 @@ def child(choice: str) -> dict:
     from mlx.utils import tree_flatten
     from mlx_lm.generate import generate_step
 
-    from vllmmlxd.engine.blas_check import confirm
-    from vllmmlxd.engine.loader import load_model
+    from vllmmlxd.engine.loading.blas_check import confirm
+    from vllmmlxd.engine.loading.loader import load_model
     from vllmmlxd.paths import resolve_state_dir
 
     info = confirm(active)
@@ -111,8 +119,14 @@ def child(choice: str) -> dict:
         pass
     prefill = PREFILL_TOKENS / (time.perf_counter() - started)
     return {
-        "choice": choice, "blas": info.name, "threads": info.threads, "warning": info.warning,
-        "weight_bytes": weight_bytes, "decode_tps": decode, "prefill_tps": prefill, "batch": batch_rates(),
+        "choice": choice,
+        "blas": info.name,
+        "threads": info.threads,
+        "warning": info.warning,
+        "weight_bytes": weight_bytes,
+        "decode_tps": decode,
+        "prefill_tps": prefill,
+        "batch": batch_rates(),
         "profile": decode_profile(model),
     }
 
@@ -170,7 +184,9 @@ def decode_profile(model) -> dict[str, float]:
     x = mx.random.normal((1, 1, hidden))
     head = getattr(model, "lm_head", None)
     lm_head = (lambda: mx.eval(head(x))) if head is not None else (lambda: mx.eval(inner.embed_tokens.as_linear(x)))
-    linears = [m for layer in inner.layers for _, m in layer.named_modules() if hasattr(m, "weight") and m.weight.ndim == 2]
+    linears = [
+        m for layer in inner.layers for _, m in layer.named_modules() if hasattr(m, "weight") and m.weight.ndim == 2
+    ]
     inputs = {m.weight.shape[1]: mx.random.normal((1, 1, m.weight.shape[1])) for m in linears}
     mx.eval(x, *inputs.values())
     return {
@@ -198,7 +214,11 @@ def llama_child(gguf: str, work: str) -> dict:
     import llama_cpp
 
     results = {}
-    for label, ftype in (("F32", llama_cpp.LLAMA_FTYPE_ALL_F32), ("F16", llama_cpp.LLAMA_FTYPE_MOSTLY_F16), ("Q4_1", None)):
+    for label, ftype in (
+        ("F32", llama_cpp.LLAMA_FTYPE_ALL_F32),
+        ("F16", llama_cpp.LLAMA_FTYPE_MOSTLY_F16),
+        ("Q4_1", None),
+    ):
         path = gguf
         if ftype is not None:
             path = os.path.join(work, f"smollm2-{label}.gguf")
@@ -207,8 +227,9 @@ def llama_child(gguf: str, work: str) -> dict:
             if llama_cpp.llama_model_quantize(gguf.encode(), path.encode(), ctypes.byref(params)) != 0:
                 raise RuntimeError(f"llama.cpp could not write {label}")
         for threads in (1, len(os.sched_getaffinity(0))):
-            llm = llama_cpp.Llama(model_path=path, n_ctx=4096, n_threads=threads, n_threads_batch=threads,
-                                  n_batch=512, verbose=False)
+            llm = llama_cpp.Llama(
+                model_path=path, n_ctx=4096, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False
+            )
             prompt = llm.tokenize(b"Write a long story about a lighthouse keeper.")
 
             def decode_rate() -> float:
@@ -237,7 +258,7 @@ def llama_child(gguf: str, work: str) -> dict:
 def run_llama_cpp() -> dict:
     python = ensure_venv(LLAMA_VENV, ["llama-cpp-python"])
     sys.path.insert(0, str(REPO))
-    from vllmmlxd.engine.builtin import extract_smollm2_gguf
+    from vllmmlxd.engine.loading.builtin import extract_smollm2_gguf
     from vllmmlxd.paths import resolve_state_dir
 
     with tempfile.TemporaryDirectory() as work:
@@ -260,7 +281,8 @@ def render(bw: tuple[float, float], runs: list[dict], llama: dict | None, comman
     cores = len(os.sched_getaffinity(0))
     bundled = next((r for r in runs if r["choice"] == "bundled"), None)
     lines = [
-        SECTION, "",
+        SECTION,
+        "",
         f"- Date: {time.strftime('%Y-%m-%d')}; command: `{command}`",
         f"- Machine: {platform.system()} {platform.machine()}, {cpu_name()}, {cores} cores, MLX {mx.__version__}",
         f"- Memory read bandwidth: {one:.1f} GB/s from one core, {allc:.1f} GB/s from all {cores}",
@@ -270,7 +292,8 @@ def render(bw: tuple[float, float], runs: list[dict], llama: dict | None, comman
         f"random {llama_params(RANDOM_LLAMA) / 1e6:.0f}M-parameter llama (float32), 32-token prompts, {BATCH_TOKENS} tokens each",
         "",
         "| BLAS (threads) | decode tok/s | of the limit | prefill tok/s | vs bundled | "
-        + " | ".join(f"{n}-way tok/s" for n in BATCH_SIZES) + f" | {BATCH_SIZES[-1]}-way / 1-way |",
+        + " | ".join(f"{n}-way tok/s" for n in BATCH_SIZES)
+        + f" | {BATCH_SIZES[-1]}-way / 1-way |",
         "|---|---|---|---|---|" + "---|" * len(BATCH_SIZES) + "---|",
     ]
     for r in runs:
@@ -283,8 +306,13 @@ def render(bw: tuple[float, float], runs: list[dict], llama: dict | None, comman
             + f" | {batch[str(BATCH_SIZES[-1])] / batch['1']:.1f}x |"
         )
     if llama:
-        lines += ["", "llama.cpp (llama-cpp-python) on the same weights:", "",
-                  "| weights (threads) | decode tok/s | prefill tok/s |", "|---|---|---|"]
+        lines += [
+            "",
+            "llama.cpp (llama-cpp-python) on the same weights:",
+            "",
+            "| weights (threads) | decode tok/s | prefill tok/s |",
+            "|---|---|---|",
+        ]
         for key, r in llama.items():
             label, threads = key.rsplit("-", 1)
             lines.append(f"| {label} ({threads}) | {r['decode_tps']:.1f} | {r['prefill_tps']:.0f} |")
@@ -293,15 +321,21 @@ def render(bw: tuple[float, float], runs: list[dict], llama: dict | None, comman
     real = [r for r in runs if r["blas"] != "bundled"] or runs
     if llama:
         f32 = max(v["decode_tps"] for k, v in llama.items() if k.startswith("F32"))
-        lines.append(f"- decode: {best['decode_tps']:.1f} tok/s on {best['blas']} ({best['threads']}) = "
-                     f"{best['decode_tps'] / f32:.2f}x llama.cpp's F32 decode ({f32:.1f} tok/s); goal >= 0.5x")
+        lines.append(
+            f"- decode: {best['decode_tps']:.1f} tok/s on {best['blas']} ({best['threads']}) = "
+            f"{best['decode_tps'] / f32:.2f}x llama.cpp's F32 decode ({f32:.1f} tok/s); goal >= 0.5x"
+        )
     if bundled:
         top = max(real, key=lambda r: r["prefill_tps"])
-        lines.append(f"- prefill: {top['prefill_tps']:.0f} tok/s on {top['blas']} ({top['threads']}) = "
-                     f"{top['prefill_tps'] / bundled['prefill_tps']:.1f}x the bundled BLAS; goal >= 10x")
+        lines.append(
+            f"- prefill: {top['prefill_tps']:.0f} tok/s on {top['blas']} ({top['threads']}) = "
+            f"{top['prefill_tps'] / bundled['prefill_tps']:.1f}x the bundled BLAS; goal >= 10x"
+        )
     top = max(real, key=lambda r: r["batch"][str(BATCH_SIZES[-1])])
     ratio = top["batch"][str(BATCH_SIZES[-1])] / top["batch"]["1"]
-    lines.append(f"- batching: {BATCH_SIZES[-1]}-way = {ratio:.1f}x 1-way on {top['blas']} ({top['threads']}); goal >= 4x")
+    lines.append(
+        f"- batching: {BATCH_SIZES[-1]}-way = {ratio:.1f}x 1-way on {top['blas']} ({top['threads']}); goal >= 4x"
+    )
     p = best["profile"]
     rest = p["step_ms"] - p["lm_head_ms"] - p["layer_matmuls_ms"]
     lines += [
@@ -332,12 +366,19 @@ def main() -> None:
     bw = memory_bandwidth()
     print(f"memory read: {bw[0]:.1f} GB/s one core, {bw[1]:.1f} GB/s all cores", file=sys.stderr)
     runs = []
-    for choice in (args.only.split(",") if args.only else CHOICES):
+    for choice in args.only.split(",") if args.only else CHOICES:
         started = time.perf_counter()
         runs.append(run_child(choice))
-        print(f"{choice}: {runs[-1]['decode_tps']:.1f} tok/s decode ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+        print(
+            f"{choice}: {runs[-1]['decode_tps']:.1f} tok/s decode ({time.perf_counter() - started:.0f} s)",
+            file=sys.stderr,
+        )
     llama = run_llama_cpp() if args.llama_cpp else None
-    command = "python bench/blas.py" + (" --llama-cpp" if args.llama_cpp else "") + (f" --only {args.only}" if args.only else "")
+    command = (
+        "python bench/blas.py"
+        + (" --llama-cpp" if args.llama_cpp else "")
+        + (f" --only {args.only}" if args.only else "")
+    )
     text = render(bw, runs, llama, command)
     print(text)
     if args.write:

@@ -29,9 +29,9 @@ from common import REPO, cpu_name, write_section
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("VLLMMLXD_STATE_DIR", str(Path.home() / ".local/state/vllmmlxd"))
 
-from tests.e2e.test_daemon_cache_layered import FIRST, OTHER  # noqa: E402
-from tests.support.daemon import free_port, make_daemon  # noqa: E402
-from tests.support.families import save  # noqa: E402
+from tests.e2e.test_daemon_cache_layered import FIRST, OTHER
+from tests.support.daemon import free_port, make_daemon
+from tests.support.families import save
 
 # float32: MLX's CPU backend runs 4-bit matrices with bfloat16 activations ~35x slower than float32
 # ones through the BLAS (a 512-token prefill of these models: 22 s against 0.67 s), which a Mac's
@@ -68,10 +68,12 @@ def measured(url: str, messages: list[dict]) -> tuple[float, str, int, int]:
 
 
 def run(family: str, folder: Path) -> tuple[list[tuple], dict]:
-    from vllmmlxd.engine.builtin import ensure_builtin
+    from vllmmlxd.engine.loading.builtin import ensure_builtin
 
     d = make_daemon()
-    path = str(save(family, PRECISION, folder / family, tokenizer_from=ensure_builtin("tiny", d.state_dir), **SIZES[family]))
+    path = str(
+        save(family, PRECISION, folder / family, tokenizer_from=ensure_builtin("tiny", d.state_dir), **SIZES[family])
+    )
     ports = {"cached": free_port(), "cold": free_port()}
     entries = {
         "cached": {"model": path, "port": ports["cached"], "cache_disk": {"dir": str(d.dir / "kv"), "budget_gb": 4}},

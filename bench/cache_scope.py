@@ -26,9 +26,9 @@ from common import REPO, cpu_name, write_section
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("VLLMMLXD_STATE_DIR", str(Path.home() / ".local/state/vllmmlxd"))
 
-from tests.support.servers import free_port, start_serve  # noqa: E402
-from vllmmlxd.config.load import parse_config  # noqa: E402
-from vllmmlxd.supervisor.live import push_settings  # noqa: E402
+from tests.support.servers import free_port, start_serve
+from vllmmlxd.config.load import parse_config
+from vllmmlxd.supervisor.live import push_settings
 
 KEYS = {"alice": "alice-bench-k3y", "bob": "bob-bench-k3y"}
 SYSTEM = " ".join(f"Rule {i}: item {i} is on shelf {i % 7}." for i in range(118))  # ~1,500 tokens

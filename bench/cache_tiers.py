@@ -35,8 +35,8 @@ from common import REPO, cpu_name, write_section
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("VLLMMLXD_STATE_DIR", str(Path.home() / ".local/state/vllmmlxd"))
 
-from tests.support.daemon import free_port, make_daemon  # noqa: E402
-from tests.support.servers import greedy_completion, start_serve  # noqa: E402
+from tests.support.daemon import free_port, make_daemon
+from tests.support.servers import greedy_completion, start_serve
 
 LONG = "The shelves. " + " ".join(f"Rule {i}: item {i} is on shelf {i % 7}." for i in range(127))
 SYSTEM = " ".join(f"Rule {i}: item {i} is on shelf {i % 7}." for i in range(118))
@@ -131,8 +131,8 @@ def kv_bits(model: str, tokens: int = 64) -> tuple[dict, list[tuple[int, int]], 
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
 
-    from vllmmlxd.engine.kv import BlockKV
-    from vllmmlxd.engine.loader import load_model
+    from vllmmlxd.engine.cache.kv import BlockKV
+    from vllmmlxd.engine.loading.loader import load_model
     from vllmmlxd.paths import resolve_state_dir
 
     loaded = load_model(model, resolve_state_dir())

@@ -46,8 +46,10 @@ def ensure_venv(venv: Path, packages: list[str]) -> Path:
     wanted = " ".join(packages)
     if python.exists() and marker.exists() and marker.read_text() == wanted:
         return python
-    print(f"installing {wanted} into {venv.relative_to(REPO) if venv.is_relative_to(REPO) else venv} "
-          "(minutes, once)", file=sys.stderr)
+    print(
+        f"installing {wanted} into {venv.relative_to(REPO) if venv.is_relative_to(REPO) else venv} (minutes, once)",
+        file=sys.stderr,
+    )
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     proc = subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], capture_output=True, text=True)

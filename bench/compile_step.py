@@ -50,7 +50,7 @@ def main() -> None:
     import mlx.core as mx
     from mlx_lm.generate import BatchGenerator
 
-    from vllmmlxd.engine.loader import load_model
+    from vllmmlxd.engine.loading.loader import load_model
     from vllmmlxd.paths import resolve_state_dir
 
     model = load_model(args.model, resolve_state_dir()).model

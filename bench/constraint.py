@@ -29,14 +29,19 @@ from common import REPO, cpu_name, write_section
 sys.path.insert(0, str(REPO))
 
 PROMPT = "List thirty fruits, each with a short description, as a JSON array of strings."
-SCHEMA = {"type": "array", "items": {"type": "string", "minLength": 20, "maxLength": 40}, "minItems": 30, "maxItems": 30}
+SCHEMA = {
+    "type": "array",
+    "items": {"type": "string", "minLength": 20, "maxLength": 40},
+    "minItems": 30,
+    "maxItems": 30,
+}
 
 
 class MaskTimer:
     """Wraps GrammarProcessor so that the time of its own work (matcher + mask) is recorded."""
 
     def __init__(self):
-        from vllmmlxd.engine.constraint import GrammarProcessor
+        from vllmmlxd.engine.text.constraint import GrammarProcessor
 
         self.seconds: list[float] = []
         advance, apply = GrammarProcessor._advance, GrammarProcessor._apply
@@ -62,11 +67,11 @@ def measure(model: str, tokens: int, runs: int) -> dict:
     from vllmmlxd.runtime.cpus import available_cpus
 
     active = activate("auto", len(available_cpus()))  # the BLAS a worker would run on, before mlx loads
-    from vllmmlxd.parsers.grammar import json_grammar
-    from vllmmlxd.engine.loader import load_model
+    from vllmmlxd.engine.loading.loader import load_model
     from vllmmlxd.engine.mlx_engine import MLXEngine
     from vllmmlxd.engine.options import EngineOptions
     from vllmmlxd.engine.types import Constraint, Finished, GenerationRequest, SamplingParams
+    from vllmmlxd.parsers.grammar import json_grammar
     from vllmmlxd.paths import resolve_state_dir
 
     engine = MLXEngine(load_model(model, resolve_state_dir()), options=EngineOptions(max_num_seqs=4))
@@ -107,8 +112,14 @@ def measure(model: str, tokens: int, runs: int) -> dict:
         mixed = best([True, False, False, False])
     finally:
         engine.close()
-    return {"blas": f"{active.info.name} ({active.info.threads} threads)",
-            "free": free, "constrained": constrained, "masks": masks, "four_free": four_free, "mixed": mixed}
+    return {
+        "blas": f"{active.info.name} ({active.info.threads} threads)",
+        "free": free,
+        "constrained": constrained,
+        "masks": masks,
+        "four_free": four_free,
+        "mixed": mixed,
+    }
 
 
 def machine() -> str:
@@ -157,7 +168,9 @@ def main() -> None:
     text = report(args.model, args.tokens, args.runs, measure(args.model, args.tokens, args.runs))
     print(text)
     if args.write:
-        write_section(args.write, text.splitlines()[0], text, intro="# Benchmarks\n\nMeasured with the scripts in `bench/`.\n")
+        write_section(
+            args.write, text.splitlines()[0], text, intro="# Benchmarks\n\nMeasured with the scripts in `bench/`.\n"
+        )
 
 
 if __name__ == "__main__":

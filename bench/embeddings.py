@@ -26,7 +26,7 @@ from common import REPO, cpu_name, write_section
 
 sys.path.insert(0, str(REPO))
 
-from tests.support.servers import start_serve  # noqa: E402
+from tests.support.servers import start_serve
 
 EMBEDDER = "builtin:all-minilm-l6-v2"
 LLM = "builtin:smollm2-135m-instruct"
@@ -35,10 +35,12 @@ SIZES = (1, 16, 64)
 
 def texts(n: int) -> list[str]:
     # ~32 tokens each with [CLS] and [SEP]; varied, so batches are not all one length.
-    base = ("the quick brown fox jumps over the lazy dog while the old cat sleeps in the warm afternoon sun "
-            "near a quiet river where children play and birds sing above the tall green trees")
+    base = (
+        "the quick brown fox jumps over the lazy dog while the old cat sleeps in the warm afternoon sun "
+        "near a quiet river where children play and birds sing above the tall green trees"
+    )
     words = base.split()
-    return [" ".join((words[(i % 7):] + words[:(i % 7)])[: 28 + i % 5]) for i in range(n)]
+    return [" ".join((words[(i % 7) :] + words[: (i % 7)])[: 28 + i % 5]) for i in range(n)]
 
 
 def setup_mlx():
@@ -49,7 +51,7 @@ def setup_mlx():
 
 
 def in_process(runs: int) -> dict[int, float]:
-    from vllmmlxd.engine.embedder import load_embedder
+    from vllmmlxd.engine.embeddings.embedder import load_embedder
     from vllmmlxd.paths import resolve_state_dir
 
     embedder = load_embedder(EMBEDDER, resolve_state_dir())
@@ -98,11 +100,11 @@ def inter_token_gaps(mode: str, tokens: int) -> tuple[list[float], int]:
 
     mode: ``none`` (no embedding load), ``thread`` (the embedder's thread, alone), ``turns``
     (vllmmlxd: batches handed to the engine thread, one before each step, while it generates:
-    engine/embedder.py EngineTurns).
+    engine/embeddings/embedder.py EngineTurns).
     """
-    from vllmmlxd.engine.embedder import MLXEmbedder
-    from vllmmlxd.engine import builtin
-    from vllmmlxd.engine.loader import load_model
+    from vllmmlxd.engine.embeddings.embedder import MLXEmbedder
+    from vllmmlxd.engine.loading import builtin
+    from vllmmlxd.engine.loading.loader import load_model
     from vllmmlxd.engine.mlx_engine import MLXEngine
     from vllmmlxd.engine.options import EngineOptions
     from vllmmlxd.engine.types import GenerationRequest, SamplingParams, TextDelta
@@ -168,19 +170,25 @@ def main() -> None:
     print(alone, flush=True)
     server = {} if args.skip_server or args.skip_throughput else through_server(args.runs)
     print(server, flush=True)
-    rows = "\n".join(f"| {n} | {alone[n]:.0f} | {server[n]:.0f} |" if server else f"| {n} | {alone[n]:.0f} | - |"
-                     for n in SIZES)
+    rows = "\n".join(
+        f"| {n} | {alone[n]:.0f} | {server[n]:.0f} |" if server else f"| {n} | {alone[n]:.0f} | - |" for n in SIZES
+    )
     itl = []
-    for mode, label in (("none", "no embedding load"), ("thread", "embedder on its own thread, concurrent with the engine"),
-                        ("turns", "embedding batches between decode steps (vllmmlxd: EngineTurns)")):
+    for mode, label in (
+        ("none", "no embedding load"),
+        ("thread", "embedder on its own thread, concurrent with the engine"),
+        ("turns", "embedding batches between decode steps (vllmmlxd: EngineTurns)"),
+    ):
         if mode not in args.modes.split(","):
             continue
         gaps, embedded = inter_token_gaps(mode, args.itl_tokens)
         gaps_ms = sorted(g * 1000 for g in gaps)
         p90 = gaps_ms[int(0.9 * (len(gaps_ms) - 1))]
         seconds = sum(gaps) or 1
-        itl.append(f"| {label} | {statistics.median(gaps_ms):.1f} | {p90:.1f} | {gaps_ms[-1]:.1f} | "
-                   f"{1000 / statistics.mean(gaps_ms):.1f} | {embedded / seconds:.0f} |")
+        itl.append(
+            f"| {label} | {statistics.median(gaps_ms):.1f} | {p90:.1f} | {gaps_ms[-1]:.1f} | "
+            f"{1000 / statistics.mean(gaps_ms):.1f} | {embedded / seconds:.0f} |"
+        )
         print(itl[-1], flush=True)
     heading = "## Embeddings: `builtin:all-minilm-l6-v2`"
     report = (
@@ -194,7 +202,8 @@ def main() -> None:
         f"Inter-token gap of one greedy `{LLM}` generation ({args.itl_tokens} tokens) while 64-input "
         "requests are embedded back to back:\n\n"
         "| design | median ms | p90 ms | max ms | tokens/s | embeddings/s meanwhile |\n|---|---|---|---|---|---|\n"
-        + "\n".join(itl) + "\n"
+        + "\n".join(itl)
+        + "\n"
     )
     print(report)
     if args.write:

@@ -20,8 +20,8 @@ The gateway is run as the daemon runs it (`python -m vllmmlxd.gateway`, spec on 
 from __future__ import annotations
 
 import argparse
-import atexit
 import asyncio
+import atexit
 import json
 import os
 import platform
@@ -34,13 +34,12 @@ import time
 from pathlib import Path
 
 import httpx
-
 from common import REPO, cpu_name, write_section
 
 sys.path.insert(0, str(REPO))
 
-from tests.support.servers import free_port, start_serve  # noqa: E402
-from vllmmlxd.sockets import bind_tcp  # noqa: E402
+from tests.support.servers import free_port, start_serve
+from vllmmlxd.sockets import bind_tcp
 
 CHUNKS = 50
 CHUNK_EVERY_S = 0.01
@@ -53,10 +52,18 @@ def synthetic_sse_server(port: int) -> threading.Thread:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 await reader.readexactly(length)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                )
                 for i in range(CHUNKS):
                     event = f"data: {json.dumps({'i': i, 't': time.monotonic_ns()})}\n\n".encode()
                     writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
@@ -122,9 +129,23 @@ class Gateway:
         folder = Path(tempfile.mkdtemp(prefix="vllmmlxd-bench-gw-"))
         spec = {"gateway": {"host": "127.0.0.1", "port": self.port}, "routes": routes, "version": 1}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllmmlxd.gateway", "--fd", str(listen.fileno()),
-             "--health-socket", str(folder / "gw.sock"), "--state-dir", str(folder), "--log-level", "warning"],
-            stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, pass_fds=[listen.fileno()])
+            [
+                sys.executable,
+                "-m",
+                "vllmmlxd.gateway",
+                "--fd",
+                str(listen.fileno()),
+                "--health-socket",
+                str(folder / "gw.sock"),
+                "--state-dir",
+                str(folder),
+                "--log-level",
+                "warning",
+            ],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            pass_fds=[listen.fileno()],
+        )
         listen.close()
         self.proc.stdin.write(json.dumps(spec).encode() + b"\n")
         self.proc.stdin.flush()
@@ -160,8 +181,14 @@ def synthetic_run(client: httpx.Client, base: str) -> tuple[float, list[float]]:
 
 def model_run(client: httpx.Client, base: str, tokens: int) -> tuple[float, float]:
     """Time to the first token (ms) and tokens/s of one streamed chat completion."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     started = time.perf_counter()
     first = None
     with client.stream("POST", base + "/v1/chat/completions", json=body) as r:
@@ -182,17 +209,21 @@ def p90(xs: list[float]) -> float:
 def verdict(ttfb: float, chunk: float, relay_ttfb: float, relay_chunk: float, cores: int) -> str:
     """What the numbers say about the goal, in words."""
     met = ttfb < 2 and chunk < 2
-    text = (f"The gateway ran as the daemon runs it (on an inherited listening socket, logging at warning). "
-            f"It added {ttfb:.2f} ms to the first byte and {chunk:.3f} ms to each chunk; a bare TCP relay, "
-            f"which only copies bytes, already adds {relay_ttfb:.2f} ms and {relay_chunk:.3f} ms (two more loopback "
-            f"hops and a process woken on each), so the gateway's own work (HTTP parsing on both sides, routing, "
-            f"the upstream request) is about {ttfb - relay_ttfb:.2f} ms of the first byte and "
-            f"{chunk - relay_chunk:.3f} ms of a chunk. ")
+    text = (
+        f"The gateway ran as the daemon runs it (on an inherited listening socket, logging at warning). "
+        f"It added {ttfb:.2f} ms to the first byte and {chunk:.3f} ms to each chunk; a bare TCP relay, "
+        f"which only copies bytes, already adds {relay_ttfb:.2f} ms and {relay_chunk:.3f} ms (two more loopback "
+        f"hops and a process woken on each), so the gateway's own work (HTTP parsing on both sides, routing, "
+        f"the upstream request) is about {ttfb - relay_ttfb:.2f} ms of the first byte and "
+        f"{chunk - relay_chunk:.3f} ms of a chunk. "
+    )
     if met:
         return text + f"The goal is met on this {cores}-core machine.\n"
-    return text + (f"The goal is not met on this {cores}-core machine: client, gateway and server share {cores} cores, "
-                   "so every hop also waits for a core, and the relay's share shows how much of that a second hop "
-                   "costs before any HTTP work.\n")
+    return text + (
+        f"The goal is not met on this {cores}-core machine: client, gateway and server share {cores} cores, "
+        "so every hop also waits for a core, and the relay's share shows how much of that a second hop "
+        "costs before any HTTP work.\n"
+    )
 
 
 def main() -> None:
@@ -207,12 +238,15 @@ def main() -> None:
     worker = start_serve("builtin:tiny", "--served-model-name", "tiny", "--max-tokens", str(args.tokens))
     direct_synthetic = f"http://127.0.0.1:{synthetic_port}"
     relay, relay_url = tcp_relay(synthetic_port)
-    gateway = Gateway([
-        {"name": "synthetic", "served_model_name": "synthetic", "url": direct_synthetic, "state": "ready"},
-        {"name": "tiny", "served_model_name": "tiny", "url": worker.url, "state": "ready"},
-    ])
-    results: dict[str, dict[str, list[float]]] = {p: {"ttfb": [], "chunk": [], "ttft": [], "tps": []}
-                                                   for p in ("direct", "gateway", "relay")}
+    gateway = Gateway(
+        [
+            {"name": "synthetic", "served_model_name": "synthetic", "url": direct_synthetic, "state": "ready"},
+            {"name": "tiny", "served_model_name": "tiny", "url": worker.url, "state": "ready"},
+        ]
+    )
+    results: dict[str, dict[str, list[float]]] = {
+        p: {"ttfb": [], "chunk": [], "ttft": [], "tps": []} for p in ("direct", "gateway", "relay")
+    }
     try:
         with httpx.Client(timeout=120) as client:
             for _ in range(3):  # warm-up: pools, caches
@@ -221,7 +255,7 @@ def main() -> None:
             synthetic_run(client, relay_url)
             paths = (("direct", direct_synthetic), ("gateway", gateway.url), ("relay", relay_url))
             for i in range(args.requests):
-                for path, base in paths[i % 3:] + paths[:i % 3]:  # each path first, second, last in turn
+                for path, base in paths[i % 3 :] + paths[: i % 3]:  # each path first, second, last in turn
                     ttfb, delays = synthetic_run(client, base)
                     results[path]["ttfb"].append(ttfb)
                     results[path]["chunk"] += delays
@@ -265,8 +299,13 @@ def main() -> None:
         f"| `builtin:tiny` chat, {args.tokens} tokens: tokens/s | {median(d['tps']):.1f} | {median(g['tps']):.1f} | "
         f"{median(g['tps']) / median(d['tps']) - 1:+.1%} |\n\n"
         "Goal: under 2 ms added to the time to first byte and to each chunk on loopback.\n\n"
-        + verdict(added_ttfb, added_chunk, median(r["ttfb"]) - median(d["ttfb"]),
-                  median(r["chunk"]) - median(d["chunk"]), os.cpu_count() or 0)
+        + verdict(
+            added_ttfb,
+            added_chunk,
+            median(r["ttfb"]) - median(d["ttfb"]),
+            median(r["chunk"]) - median(d["chunk"]),
+            os.cpu_count() or 0,
+        )
     )
     print(report)
     if args.write:

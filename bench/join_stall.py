@@ -17,17 +17,32 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
-
 from common import REPO
 
 sys.path.insert(0, str(REPO))
 
-from tests.support.servers import start_serve  # noqa: E402
+from tests.support.servers import start_serve
 
-WORDS = "the river keeps its own time and the town beside it learns the tides by heart".split()
+WORDS = [
+    "the",
+    "river",
+    "keeps",
+    "its",
+    "own",
+    "time",
+    "and",
+    "the",
+    "town",
+    "beside",
+    "it",
+    "learns",
+    "the",
+    "tides",
+    "by",
+    "heart",
+]
 
 
 def long_prompt(tokens: int, run: int) -> str:
@@ -74,7 +89,12 @@ def measure(url: str, prompt_tokens: int, run: int) -> dict:
     before = [b - a for a, b in zip(running, running[1:]) if b < arrived]
     # From its arrival to its last token: the join, and the step that stores it in the prefix cache.
     during = [b - a for a, b in zip(running, running[1:]) if b >= arrived and a <= joined[-1]]
-    return {"median": statistics.median(before[5:]), "worst": max(during), "ttft": joined[0] - arrived, "during": during}
+    return {
+        "median": statistics.median(before[5:]),
+        "worst": max(during),
+        "ttft": joined[0] - arrived,
+        "during": during,
+    }
 
 
 def main() -> None:

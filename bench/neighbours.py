@@ -50,7 +50,7 @@ def prepare(model: str) -> dict:
         "import json, os, sys\n"
         "from vllmmlxd.runtime.blas import activate\n"
         "active = activate('auto', os.cpu_count() or 1)  # before mlx loads, as a worker does\n"
-        "from vllmmlxd.engine.loader import resolve_spec\n"
+        "from vllmmlxd.engine.loading.loader import resolve_spec\n"
         "from vllmmlxd.paths import resolve_state_dir\n"
         "from tokenizers import Tokenizer\n"
         "folder = resolve_spec(sys.argv[1], resolve_state_dir())[0]\n"
@@ -136,7 +136,7 @@ async def measure(url: str, model: str, ignore_eos: bool, tokens: int, cores: in
                     started = time.perf_counter()
                     try:
                         out[(phase, kind)] = await run(client, tokens)
-                    except Exception as exc:  # noqa: BLE001 - reported in the table
+                    except Exception as exc:
                         out[(phase, kind)] = {"tps": 0.0, "failed": 1 if kind == "single" else WAY, "error": repr(exc)}
                     r = out[(phase, kind)]
                     print(
@@ -163,7 +163,7 @@ def render(rows: dict, args, blas: dict, cores: int) -> str:
         f"- mlx_lm.server runs with `LD_PRELOAD` of {blas['name']} (what `auto` picked as the run started) and "
         "that library's own threading. It runs the checkpoint's float16 weights as they are, and MLX's CPU "
         "backend computes float16 products itself, not through the BLAS: vllmmlxd loads half-precision "
-        "weights as float32 on the CPU for that reason (engine/loader.py), which is most of the gap between them",
+        "weights as float32 on the CPU for that reason (engine/loading/loader.py), which is most of the gap between them",
         "",
         "| server | single, quiet | single, busy | ratio | 16-way, quiet | 16-way, busy | ratio | failed |",
         "|---|---|---|---|---|---|---|---|",
@@ -201,7 +201,7 @@ def main() -> None:
             rows[label] = asyncio.run(measure(running.url, model, c.ignore_eos, args.tokens, cores, prep["eos"]))
             if blas_used:
                 rows[label]["blas"] = blas_used
-        except Exception as exc:  # noqa: BLE001 - reported in the table
+        except Exception as exc:
             rows[label] = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             stop(running)

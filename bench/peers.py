@@ -57,12 +57,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
-
 from common import REPO, cpu_name, ensure_venv, llama_params, write_section
 
 sys.path.insert(0, str(REPO))
 
-from tests.support.servers import free_port, wait_healthy  # noqa: E402
+from tests.support.servers import free_port, wait_healthy
 
 SECTION = "## Serving: vllmmlxd against mlx_lm.server and vllm-mlx"
 VLLM_MLX_VENV = REPO / "bench" / ".venv-vllm-mlx"
@@ -76,20 +75,74 @@ SERVERS = {
 MODELS = ("random-100m", "tiny")
 RANDOM_NAME = "random-llama-100m-v1"
 RANDOM_LLAMA = {  # ~100M parameters, SmolLM2's vocabulary (its tokenizer is copied in)
-    "model_type": "llama", "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 10,
-    "num_attention_heads": 12, "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "rope_traditional": False, "vocab_size": 49152, "max_position_embeddings": 4096, "tie_word_embeddings": True,
-    "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+    "model_type": "llama",
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 10,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "rope_traditional": False,
+    "vocab_size": 49152,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "float32",
 }
 PROMPT = "Write a long story about a lighthouse keeper."
 LONG_TOKENS = 2000
 # Unrelated long prompts, (seed, tokens) each: the warm-up's only needs more than one 512-token prefill chunk.
 LONG_PROMPTS = {"warm": (11, 600), "ttft": (12, LONG_TOKENS), "admit": (13, LONG_TOKENS)}
-WORDS = (
-    "the harbor lantern keeper storm tide rope ledger gull island winter fog bell ship captain "
-    "supper letter cliff beacon window oil wick season salt current reef night morning lamp stair "
-    "iron rain wind village market boat net fish bread candle clock quiet voice shore stone path"
-).split()
+WORDS = [
+    "the",
+    "harbor",
+    "lantern",
+    "keeper",
+    "storm",
+    "tide",
+    "rope",
+    "ledger",
+    "gull",
+    "island",
+    "winter",
+    "fog",
+    "bell",
+    "ship",
+    "captain",
+    "supper",
+    "letter",
+    "cliff",
+    "beacon",
+    "window",
+    "oil",
+    "wick",
+    "season",
+    "salt",
+    "current",
+    "reef",
+    "night",
+    "morning",
+    "lamp",
+    "stair",
+    "iron",
+    "rain",
+    "wind",
+    "village",
+    "market",
+    "boat",
+    "net",
+    "fish",
+    "bread",
+    "candle",
+    "clock",
+    "quiet",
+    "voice",
+    "shore",
+    "stone",
+    "path",
+]
 MAX_CONCURRENCY = 16
 START_TIMEOUT = 600  # seconds a server may take to load the model and answer /health
 
@@ -121,7 +174,7 @@ def prepare(models: list[str], blas: str, threads: int) -> dict:
     import mlx_lm
     from tokenizers import Tokenizer
 
-    from vllmmlxd.engine.loader import resolve_spec
+    from vllmmlxd.engine.loading.loader import resolve_spec
     from vllmmlxd.paths import resolve_state_dir
 
     state = resolve_state_dir()
@@ -167,16 +220,21 @@ def long_text(tokenizer, seed: int, tokens: int) -> str:
     rng = random.Random(seed)
     sentences: list[str] = []
     while True:
-        sentences += [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 16))).capitalize() + "."
-                      for _ in range(200)]
+        sentences += [
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 16))).capitalize() + "." for _ in range(200)
+        ]
         ids = tokenizer.encode(" ".join(sentences), add_special_tokens=False).ids
         if len(ids) > tokens:
             return tokenizer.decode(ids[:tokens])
 
 
 def run_prepare(models: list[str], blas: str, threads: int) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--prepare", ",".join(models), blas, str(threads)],
-                          capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--prepare", ",".join(models), blas, str(threads)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"preparing the models failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -200,8 +258,9 @@ class Contender:
 
 def ours_modes() -> dict[str, tuple[list[str], str]]:
     """vllmmlxd's modes that its CLI has: key -> (flags, note). Read from `vllmmlxd serve --help`."""
-    text = subprocess.run([sys.executable, "-m", "vllmmlxd.cli", "serve", "--help"],
-                          capture_output=True, text=True, cwd=REPO).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "vllmmlxd.cli", "serve", "--help"], capture_output=True, text=True, cwd=REPO
+    ).stdout
     if "--no-continuous-batching" in text:
         batched = ["--max-num-seqs", str(MAX_CONCURRENCY)] if "--max-num-seqs" in text else []
         return {"ours-seq": (["--no-continuous-batching"], ""), "ours-batched": (batched, "")}
@@ -219,9 +278,11 @@ def vllm_mlx_venv() -> tuple[Path, dict[str, str]]:
 
 
 def package_versions(python: Path | str, names: tuple[str, ...]) -> dict[str, str]:
-    code = ("import importlib.metadata as m, json, sys\n"
-            "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return None\n"
-            "print(json.dumps({n: v(n) for n in sys.argv[1:]}))")
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return None\n"
+        "print(json.dumps({n: v(n) for n in sys.argv[1:]}))"
+    )
     out = subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True).stdout
     return json.loads(out or "{}")
 
@@ -230,23 +291,31 @@ def contender(key: str, blas: dict, modes: dict, peer_bin: Path | None) -> Conte
     """How to start ``key``; raises Unavailable with the reason when it cannot be run."""
     if key.startswith("ours-"):
         if key not in modes:
-            raise Unavailable("not available in this vllmmlxd: `vllmmlxd serve --help` has no "
-                              "--continuous-batching/--no-continuous-batching (it serves one request at a time)")
+            raise Unavailable(
+                "not available in this vllmmlxd: `vllmmlxd serve --help` has no "
+                "--continuous-batching/--no-continuous-batching (it serves one request at a time)"
+            )
         flags, note = modes[key]
         pinned = ["--blas", blas["name"], "--threads", str(blas["threads"])] if sys.platform.startswith("linux") else []
         argv = [sys.executable, "-m", "vllmmlxd.cli", "serve", "{folder}", "--port", "{port}", *flags, *pinned]
         return Contender(key, argv, ignore_eos=True, note=note)
     env = peer_blas_env(blas)
     if key == "mlx-lm":
-        return Contender(key, [sys.executable, "-m", "mlx_lm", "server", "--model", "{folder}", "--port", "{port}"], env)
+        return Contender(
+            key, [sys.executable, "-m", "mlx_lm", "server", "--model", "{folder}", "--port", "{port}"], env
+        )
     if peer_bin is None:
         raise Unavailable("vllm-mlx was not installed")
     # Its prefix cache is saved under ~/.cache and loaded at start: a fresh HOME keeps "cold" cold.
     env.update({"HF_HUB_OFFLINE": "1", "HOME": "{home}"})
     note = "HOME is a new empty folder: vllm-mlx saves its prefix cache under ~/.cache and loads it at start"
     if key == "vllm-mlx":
-        return Contender(key, [str(peer_bin / "vllm-mlx"), "serve", "{folder}", "--port", "{port}",
-                               "--continuous-batching"], env, note=note)
+        return Contender(
+            key,
+            [str(peer_bin / "vllm-mlx"), "serve", "{folder}", "--port", "{port}", "--continuous-batching"],
+            env,
+            note=note,
+        )
     # Its simple engine answers a request that arrives while another runs with an error ("busy; retry
     # later") unless told to queue it, as vllmmlxd's one-at-a-time mode does.
     env["VLLM_MLX_SIMPLE_ENGINE_LOCK_ADMISSION"] = "wait"
@@ -361,14 +430,22 @@ class Client:
     def __init__(self, url: str, model: str, ignore_eos: bool, extra: dict | None = None):
         self.url, self.model, self.ignore_eos = url + "/v1/completions", model, ignore_eos
         self.extra = extra or {}  # more request fields
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10),
-                                      limits=httpx.Limits(max_connections=2 * MAX_CONCURRENCY))
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(600, connect=10), limits=httpx.Limits(max_connections=2 * MAX_CONCURRENCY)
+        )
         self.retries = 0
 
     async def complete(self, prompt: str, max_tokens: int, on_chunk=None) -> Reply:
         """One request; ``on_chunk(n)`` after each chunk with text, and a true answer ends the stream there."""
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}, **self.extra}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **self.extra,
+        }
         if self.ignore_eos:
             body["ignore_eos"] = True
         reply, usage = Reply(time.perf_counter(), []), None
@@ -394,8 +471,10 @@ class Client:
                 if "error" in event:
                     raise RuntimeError(f"error event: {json.dumps(event['error'])[:300]}")
                 usage = event.get("usage") or usage
-                texts = [c["text"] if "text" in c else (c.get("delta") or {}).get("content")
-                         for c in event.get("choices") or []]
+                texts = [
+                    c["text"] if "text" in c else (c.get("delta") or {}).get("content")
+                    for c in event.get("choices") or []
+                ]
                 if any(texts):
                     reply.chunks.append(time.perf_counter())
                     if on_chunk and on_chunk(len(reply.chunks)):
@@ -412,6 +491,7 @@ class Client:
 
 async def throughput(client: Client, clients: int, requests_each: int, max_tokens: int) -> dict:
     """``clients`` concurrent clients, each sending ``requests_each`` requests back to back."""
+
     async def one_client() -> list[Reply]:
         return [await client.complete(PROMPT, max_tokens) for _ in range(requests_each)]
 
@@ -421,8 +501,12 @@ async def throughput(client: Client, clients: int, requests_each: int, max_token
     replies = [r for t in tasks for r in t.result()]
     elapsed = time.perf_counter() - started
     tokens = sum(r.tokens for r in replies)
-    return {"tps": tokens / elapsed, "latency_s": statistics.median(r.latency for r in replies),
-            "tokens_per_request": tokens / len(replies), "requests": len(replies)}
+    return {
+        "tps": tokens / elapsed,
+        "latency_s": statistics.median(r.latency for r in replies),
+        "tokens_per_request": tokens / len(replies),
+        "requests": len(replies),
+    }
 
 
 async def ttft(client: Client, prompt: str, max_tokens: int) -> dict:
@@ -477,9 +561,15 @@ async def admission_gaps(client: Client, long_prompt: str, load: Load, patience:
     steady = [g for a, g in gaps if a + g <= sent or a >= end]  # the stream at its own pace, alone or beside a decode
     if not during or not steady:
         return {"error": f"too few chunks around the admission ({len(steady)} outside, {len(during)} inside)"}
-    return {"median_s": statistics.median(steady), "mean_s": statistics.fmean(steady), "worst_s": max(during),
-            "during_median_s": statistics.median(during), "admit_s": admitted - sent,
-            "after_stream": admitted > first.chunks[-1], "stream_chunks": len(first.chunks)}
+    return {
+        "median_s": statistics.median(steady),
+        "mean_s": statistics.fmean(steady),
+        "worst_s": max(during),
+        "during_median_s": statistics.median(during),
+        "admit_s": admitted - sent,
+        "after_stream": admitted > first.chunks[-1],
+        "stream_chunks": len(first.chunks),
+    }
 
 
 async def measure(url: str, model: str, ignore_eos: bool, prompts: dict, load: Load, alive) -> tuple[dict, int]:
@@ -507,7 +597,7 @@ async def measure(url: str, model: str, ignore_eos: bool, prompts: dict, load: L
             started = time.perf_counter()
             try:
                 results[name] = await asyncio.wait_for(phase(), load.phase_timeout)
-            except Exception as exc:  # noqa: BLE001 - reported in the table
+            except Exception as exc:
                 reason = "timed out" if isinstance(exc, asyncio.TimeoutError) else f"{type(exc).__name__}: {exc}"
                 results[name] = {"error": reason}
             print(f"    {name}: {short(results[name])} ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
@@ -543,8 +633,12 @@ def run_server(key: str, model: dict, blas: dict, modes: dict, peer_bin: Path | 
         c = contender(key, blas, modes, peer_bin)
     except Unavailable as exc:
         return {**row, "skipped": str(exc)}
-    row.update(command=display(c.argv), env={k: v for k, v in c.env.items() if k != "HOME"},
-               note=c.note, ignore_eos=c.ignore_eos)
+    row.update(
+        command=display(c.argv),
+        env={k: v for k, v in c.env.items() if k != "HOME"},
+        note=c.note,
+        ignore_eos=c.ignore_eos,
+    )
     print(f"  {key}: starting", file=sys.stderr)
     started = time.perf_counter()
     running = launch(c, model["folder"])
@@ -553,8 +647,9 @@ def run_server(key: str, model: dict, blas: dict, modes: dict, peer_bin: Path | 
             wait_healthy(running.url, running.proc, running.log, timeout=START_TIMEOUT)
         except (RuntimeError, TimeoutError):
             code = running.proc.poll()
-            row["failed"] = (f"exited with {code} while starting" if code is not None
-                             else f"not healthy after {START_TIMEOUT} s") + f": {last_line(running.log)}"
+            row["failed"] = (
+                f"exited with {code} while starting" if code is not None else f"not healthy after {START_TIMEOUT} s"
+            ) + f": {last_line(running.log)}"
             row["results"] = {}
             return row
         row["start_s"] = time.perf_counter() - started
@@ -563,7 +658,8 @@ def run_server(key: str, model: dict, blas: dict, modes: dict, peer_bin: Path | 
             row["blas_reported"] = reported_blas(running.url)
         alive = lambda: running.proc.poll() is None  # noqa: E731
         row["results"], row["retries"] = asyncio.run(
-            measure(running.url, model["folder"], c.ignore_eos, model["prompts"], load, alive))
+            measure(running.url, model["folder"], c.ignore_eos, model["prompts"], load, alive)
+        )
         if running.proc.poll() is not None:
             row["failed"] = f"exited with {running.proc.returncode}: {last_line(running.log)}"
     finally:
@@ -624,12 +720,17 @@ def render(prep: dict, rows: dict[str, list[dict]], load: Load, command: str, ve
     blas = prep["blas"]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     lines = [
-        SECTION, "",
+        SECTION,
+        "",
         f"- Date: {time.strftime('%Y-%m-%d')}; command: `{command}`",
         f"- Machine: {platform.system()} {platform.machine()}, {cpu_name()}, {cores} cores, MLX {prep['mlx']}",
         f"- Versions: vllmmlxd {versions['vllmmlxd']}, mlx-lm {prep['mlx_lm']} (vllmmlxd's venv)"
-        + (f", vllm-mlx {versions['vllm-mlx'].get('vllm-mlx')} with mlx-lm {versions['vllm-mlx'].get('mlx-lm')} and "
-           f"MLX {versions['vllm-mlx'].get('mlx')} (bench/.venv-vllm-mlx)" if versions.get("vllm-mlx") else ""),
+        + (
+            f", vllm-mlx {versions['vllm-mlx'].get('vllm-mlx')} with mlx-lm {versions['vllm-mlx'].get('mlx-lm')} and "
+            f"MLX {versions['vllm-mlx'].get('mlx')} (bench/.venv-vllm-mlx)"
+            if versions.get("vllm-mlx")
+            else ""
+        ),
     ]
     if sys.platform.startswith("linux"):
         lines.append(
@@ -638,7 +739,8 @@ def render(prep: dict, rows: dict[str, list[dict]], load: Load, command: str, ve
             "mlx_lm.server and vllm-mlx with `LD_PRELOAD` of that library and its thread variables "
             f"({', '.join(f'{k}={v}' for k, v in peer_blas_env(blas).items() if k != 'LD_PRELOAD') or 'none'}), "
             "so that the servers, not the BLAS, are compared; the column BLAS is what each server process had mapped"
-            + (f". Warning: {blas['warning']}" if blas.get("warning") else ""))
+            + (f". Warning: {blas['warning']}" if blas.get("warning") else "")
+        )
     lines.append(
         f"- Load: streamed `/v1/completions` of a fixed short prompt, temperature 0, max_tokens {load.max_tokens} "
         f"(`ignore_eos` for vllmmlxd; the peers have no such option, so their tokens are what they returned); "
@@ -648,35 +750,52 @@ def render(prep: dict, rows: dict[str, list[dict]], load: Load, command: str, ve
         f"max_tokens {load.ttft_tokens}, cold then again (prefix hit). ITL: a stream of at least {load.itl_tokens} "
         f"chunks; after its {load.admit_after}th a second ~{LONG_TOKENS}-token prompt is sent; the stream's median gap "
         "outside the admission / its worst gap between that send and the second request's first token (\"after the "
-        "stream\": that token came only once the stream had ended, as on a server that serves one request at a time)")
+        'stream": that token came only once the stream had ended, as on a server that serves one request at a time)'
+    )
     for name, model_rows in rows.items():
         model = prep["models"][name]
-        lines += ["", f"### `{'builtin:tiny' if name == 'tiny' else name}`: {model['params'] / 1e6:.0f}M parameters, "
-                  f"{model['weights_mb']:.0f} MB float32 (`{model['folder']}`)", "",
-                  "| server | BLAS | seq tok/s | 8-way tok/s | 16-way tok/s | seq latency p50 | 16-way latency p50 "
-                  "| TTFT cold | TTFT prefix hit | ITL median / worst during admission |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### `{'builtin:tiny' if name == 'tiny' else name}`: {model['params'] / 1e6:.0f}M parameters, "
+            f"{model['weights_mb']:.0f} MB float32 (`{model['folder']}`)",
+            "",
+            "| server | BLAS | seq tok/s | 8-way tok/s | 16-way tok/s | seq latency p50 | 16-way latency p50 "
+            "| TTFT cold | TTFT prefix hit | ITL median / worst during admission |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         notes = []
         for row in model_rows:
             label = SERVERS[row["key"]]
             why = row.get("skipped") or row.get("failed")
             res = row.get("results", {})
             if why and not any(res.values()):
-                lines.append(f"| {label} | {'not run' if 'skipped' in row else 'failed'}: "
-                             f"{first_line(why)} |" + " - |" * 8)
+                lines.append(
+                    f"| {label} | {'not run' if 'skipped' in row else 'failed'}: {first_line(why)} |" + " - |" * 8
+                )
             else:
-                lines.append(" | ".join([
-                    f"| {label}", row.get("blas_seen", "-"),
-                    cell(res.get("seq"), lambda r: tps(r["tps"])),
-                    cell(res.get("c8"), lambda r: tps(r["tps"])),
-                    cell(res.get("c16"), lambda r: tps(r["tps"])),
-                    cell(res.get("seq"), lambda r: f"{r['latency_s']:.2f} s"),
-                    cell(res.get("c16"), lambda r: f"{r['latency_s']:.2f} s"),
-                    cell(res.get("ttft"), lambda r: f"{r['cold_s'] * 1e3:.0f} ms"),
-                    cell(res.get("ttft"), lambda r: f"{r['hit_s'] * 1e3:.0f} ms"),
-                    cell(res.get("itl"), lambda r: f"{ms(r['median_s'])} / {ms(r['worst_s'])} ms "
-                         f"({times(r['worst_s'] / r['median_s'])}){' (after the stream)' if r['after_stream'] else ''}"),
-                ]) + " |")
+                lines.append(
+                    " | ".join(
+                        [
+                            f"| {label}",
+                            row.get("blas_seen", "-"),
+                            cell(res.get("seq"), lambda r: tps(r["tps"])),
+                            cell(res.get("c8"), lambda r: tps(r["tps"])),
+                            cell(res.get("c16"), lambda r: tps(r["tps"])),
+                            cell(res.get("seq"), lambda r: f"{r['latency_s']:.2f} s"),
+                            cell(res.get("c16"), lambda r: f"{r['latency_s']:.2f} s"),
+                            cell(res.get("ttft"), lambda r: f"{r['cold_s'] * 1e3:.0f} ms"),
+                            cell(res.get("ttft"), lambda r: f"{r['hit_s'] * 1e3:.0f} ms"),
+                            cell(
+                                res.get("itl"),
+                                lambda r: (
+                                    f"{ms(r['median_s'])} / {ms(r['worst_s'])} ms "
+                                    f"({times(r['worst_s'] / r['median_s'])}){' (after the stream)' if r['after_stream'] else ''}"
+                                ),
+                            ),
+                        ]
+                    )
+                    + " |"
+                )
             notes.append(server_note(label, row, load))
         lines += ["", *notes, "", *targets(name, model_rows)]
     return "\n".join(lines) + "\n"
@@ -702,11 +821,18 @@ def server_note(label: str, row: dict, load: Load) -> str:
         parts.append(f"tokens per request (seq, 8-way, 16-way): {', '.join(counts)} of {load.max_tokens}")
     itl = res.get("itl", {})
     if "admit_s" in itl:
-        parts.append(f"beside the stream, the long prompt got its first token {itl['admit_s']:.2f} s after it was sent"
-                     + (" (after the stream had ended)" if itl["after_stream"] else
-                        f", the stream's median gap meanwhile {ms(itl['during_median_s'])} ms"))
+        parts.append(
+            f"beside the stream, the long prompt got its first token {itl['admit_s']:.2f} s after it was sent"
+            + (
+                " (after the stream had ended)"
+                if itl["after_stream"]
+                else f", the stream's median gap meanwhile {ms(itl['during_median_s'])} ms"
+            )
+        )
         if itl["mean_s"] > 2 * itl["median_s"]:
-            parts.append(f"the stream's chunks came in bursts: mean gap {ms(itl['mean_s'])} ms, median {ms(itl['median_s'])} ms")
+            parts.append(
+                f"the stream's chunks came in bursts: mean gap {ms(itl['mean_s'])} ms, median {ms(itl['median_s'])} ms"
+            )
     if row.get("retries"):
         parts.append(f"{row['retries']} connection(s) refused or reset before an answer, retried")
     errors = [f"{k}: {r['error']}" for k, r in res.items() if "error" in r]
@@ -733,27 +859,49 @@ def targets(name: str, model_rows: list[dict]) -> list[str]:
             return
         r = num / den
         met = r <= goal if at_most else r >= goal
-        lines.append(f"- {what}: {times(r)} (goal {'<=' if at_most else '>='} {goal:g}x): {'met' if met else 'NOT met'}")
+        lines.append(
+            f"- {what}: {times(r)} (goal {'<=' if at_most else '>='} {goal:g}x): {'met' if met else 'NOT met'}"
+        )
 
     seq_base = "ours-seq" if value("ours-seq", "seq", "tps") else "ours-batched"
-    ratio_line(f"batched 16-way / our sequential ({SERVERS[seq_base]}){'' if name == MODELS[0] else ' (the goal is for the larger model)'}",
-               value("ours-batched", "c16", "tps"), value(seq_base, "seq", "tps"), 4)
+    ratio_line(
+        f"batched 16-way / our sequential ({SERVERS[seq_base]}){'' if name == MODELS[0] else ' (the goal is for the larger model)'}",
+        value("ours-batched", "c16", "tps"),
+        value(seq_base, "seq", "tps"),
+        4,
+    )
     if ours:
         for peer, goal in (("mlx-lm", 1.0), (vllm, 1.2)):
             if peer is None:
                 lines.append("- vllmmlxd / vllm-mlx: n/a (vllm-mlx not measured)")
                 continue
             for phase, what in (("seq", "sequential"), ("c16", "16-way")):
-                ratio_line(f"{SERVERS[ours]} / {SERVERS[peer]}, {what}", value(ours, phase, "tps"),
-                           value(peer, phase, "tps"), goal)
-        ratio_line(f"prefix-hit TTFT / cold TTFT, {SERVERS[ours]}", value(ours, "ttft", "hit_s"),
-                   value(ours, "ttft", "cold_s"), 0.1, at_most=True)
-        ratio_line(f"worst gap during admission / median gap, {SERVERS[ours]}", value(ours, "itl", "worst_s"),
-                   value(ours, "itl", "median_s"), 3, at_most=True)
+                ratio_line(
+                    f"{SERVERS[ours]} / {SERVERS[peer]}, {what}",
+                    value(ours, phase, "tps"),
+                    value(peer, phase, "tps"),
+                    goal,
+                )
+        ratio_line(
+            f"prefix-hit TTFT / cold TTFT, {SERVERS[ours]}",
+            value(ours, "ttft", "hit_s"),
+            value(ours, "ttft", "cold_s"),
+            0.1,
+            at_most=True,
+        )
+        ratio_line(
+            f"worst gap during admission / median gap, {SERVERS[ours]}",
+            value(ours, "itl", "worst_s"),
+            value(ours, "itl", "median_s"),
+            3,
+            at_most=True,
+        )
         worst, mean, median = (value(ours, "itl", f) for f in ("worst_s", "mean_s", "median_s"))
         if worst and mean and median and mean > 2 * median:
-            lines[-1] += (f" (its chunks came in bursts, which make the median small: against the mean gap, "
-                          f"{ms(mean)} ms, the worst is {times(worst / mean)})")
+            lines[-1] += (
+                f" (its chunks came in bursts, which make the median small: against the mean gap, "
+                f"{ms(mean)} ms, the worst is {times(worst / mean)})"
+            )
     else:
         lines.append("- vllmmlxd was not measured: no ratio")
     return lines
@@ -777,10 +925,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated, among {', '.join(SERVERS)}")
     ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, among {', '.join(MODELS)}")
-    ap.add_argument("--quick", action="store_true",
-                    help=f"fewer requests (sequential {QUICK.sequential}, {QUICK.per_client} per concurrent client, "
-                         f"a {QUICK.itl_tokens}-token ITL stream): a smoke run")
-    ap.add_argument("--blas", default="auto", help="Linux: the BLAS for every server (default: what vllmmlxd's auto picks)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"fewer requests (sequential {QUICK.sequential}, {QUICK.per_client} per concurrent client, "
+        f"a {QUICK.itl_tokens}-token ITL stream): a smoke run",
+    )
+    ap.add_argument(
+        "--blas", default="auto", help="Linux: the BLAS for every server (default: what vllmmlxd's auto picks)"
+    )
     ap.add_argument("--phase-timeout", type=float, default=Load.phase_timeout, help="seconds one measurement may take")
     ap.add_argument("--write", type=Path, help=f"replace the section '{SECTION}' of this markdown file")
     ap.add_argument("--prepare", nargs=3, help=argparse.SUPPRESS)
@@ -831,11 +984,19 @@ def run(args, servers: list[str], models: list[str], load: Load) -> None:
                 rows[name].append({"key": key, "skipped": peer_error})
                 continue
             rows[name].append(run_server(key, prep["models"][name], prep["blas"], modes, peer_bin, load))
-    command = "python bench/peers.py" + "".join(
-        f" {flag} {value}" for flag, value, default in (("--servers", args.servers, ",".join(SERVERS)),
-                                                          ("--models", args.models, ",".join(MODELS)),
-                                                          ("--blas", args.blas, "auto")) if value != default
-    ) + (" --quick" if args.quick else "")
+    command = (
+        "python bench/peers.py"
+        + "".join(
+            f" {flag} {value}"
+            for flag, value, default in (
+                ("--servers", args.servers, ",".join(SERVERS)),
+                ("--models", args.models, ",".join(MODELS)),
+                ("--blas", args.blas, "auto"),
+            )
+            if value != default
+        )
+        + (" --quick" if args.quick else "")
+    )
     text = render(prep, rows, load, command, versions)
     print(text)
     if args.write:

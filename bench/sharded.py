@@ -23,13 +23,12 @@ import time
 from pathlib import Path
 
 import httpx
-
 from common import REPO, cpu_name, write_section
 
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("VLLMMLXD_STATE_DIR", str(Path.home() / ".local/state/vllmmlxd"))
 
-from tests.support.daemon import free_port, make_daemon  # noqa: E402
+from tests.support.daemon import free_port, make_daemon
 
 MODEL = "builtin:smollm2-135m-instruct"
 LONG_PROMPT = " ".join(f"item {i} is on shelf {i % 7}." for i in range(70))  # about 500 tokens

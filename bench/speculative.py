@@ -28,12 +28,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-
 from common import REPO, cpu_name, write_section
 
 sys.path.insert(0, str(REPO))
 
-from tests.support.servers import start_serve  # noqa: E402
+from tests.support.servers import start_serve
 
 CODE = '''import math
 from dataclasses import dataclass
@@ -191,8 +190,8 @@ def main() -> None:
         "",
         f"- Date: {time.strftime('%Y-%m-%d')}; command: `python bench/speculative.py`",
         f"- Machine: {platform.system()} {platform.machine()}, {cpu_name()}, {os.cpu_count()} cores, MLX {mx.__version__} on {mx.default_device()}",
-        f"- Model: `{args.model}`, one worker with `--speculative prompt-lookup --num-draft {args.num_draft}` (adaptive); \"off\" is the same",
-        f"  request with `\"speculative\": false`; greedy, {args.tokens} tokens at most, median of {args.runs}; the answers",
+        f'- Model: `{args.model}`, one worker with `--speculative prompt-lookup --num-draft {args.num_draft}` (adaptive); "off" is the same',
+        f'  request with `"speculative": false`; greedy, {args.tokens} tokens at most, median of {args.runs}; the answers',
         "  on and off are checked equal",
         "",
         "| workload | off: tokens/s | prompt lookup: tokens/s | ratio |",

@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 import httpx
-
 from common import REPO, cpu_name, write_section
 
 sys.path.insert(0, str(REPO))
 
-from tests.support.servers import start_serve  # noqa: E402
+from tests.support.servers import start_serve
 
 PROMPT = "Write a long story about a lighthouse keeper."
 
@@ -33,7 +32,7 @@ def engine_alone(model: str, tokens: int, runs: int) -> float:
     from vllmmlxd.runtime.cpus import available_cpus
 
     activate("auto", len(available_cpus()))  # the BLAS a worker would run on, before mlx loads
-    from vllmmlxd.engine.loader import load_model
+    from vllmmlxd.engine.loading.loader import load_model
     from vllmmlxd.engine.mlx_engine import MLXEngine
     from vllmmlxd.engine.options import EngineOptions
     from vllmmlxd.engine.types import Finished, GenerationRequest, SamplingParams

@@ -35,12 +35,11 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-
 from common import REPO, cpu_name, write_section
 
 sys.path.insert(0, str(REPO))
 
-from tests.support.servers import start_serve  # noqa: E402
+from tests.support.servers import start_serve
 
 SMOLVLM_256M = {
     "text_config": {
@@ -54,16 +53,22 @@ SMOLVLM_256M = {
         "rope_theta": 100000.0,
         "max_position_embeddings": 8192,
     },
-    "vision_config": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-                      "patch_size": 16, "image_size": 512},
+    "vision_config": {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "patch_size": 16,
+        "image_size": 512,
+    },
     "scale_factor": 4,
 }
 
 
 def smolvlm_256m_folder() -> Path:
     """The SmolVLM-256M-shaped random model, built once into the state dir."""
-    from vllmmlxd.engine import builtin_vlm
-    from vllmmlxd.engine.builtin import ensure_builtin
+    from vllmmlxd.engine.loading import builtin_vlm
+    from vllmmlxd.engine.loading.builtin import ensure_builtin
     from vllmmlxd.paths import models_dir, resolve_state_dir
 
     state = resolve_state_dir()
@@ -92,8 +97,15 @@ def picture(seed: int) -> str:
 
 def stream(url: str, content, max_tokens: int) -> dict:
     """One streamed greedy chat completion: time to first token, token times, prompt tokens."""
-    body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
     started = time.perf_counter()
     times: list[float] = []
     usage = {}

@@ -20,7 +20,7 @@ import pytest
 from tests.support.daemon import Daemon, free_port, make_daemon, wait_gone
 from tests.support.families import save
 from tests.support.servers import greedy_completion
-from vllmmlxd.engine.builtin import ensure_builtin
+from vllmmlxd.engine.loading.builtin import ensure_builtin
 
 pytestmark = pytest.mark.timeout(900)
 

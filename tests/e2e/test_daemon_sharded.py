@@ -25,7 +25,7 @@ import pytest
 
 from tests.support.daemon import free_port, make_daemon, wait_gone
 from tests.support.families import save
-from vllmmlxd.engine.builtin import ensure_builtin
+from vllmmlxd.engine.loading.builtin import ensure_builtin
 
 pytestmark = pytest.mark.timeout(400)
 PROMPTS = ["Explain unified memory in two sentences."]

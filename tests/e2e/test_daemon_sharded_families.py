@@ -14,7 +14,7 @@ import pytest
 from tests.e2e.test_daemon_sharded import free_ring_ports
 from tests.support.daemon import free_port, make_daemon
 from tests.support.families import save
-from vllmmlxd.engine.builtin import ensure_builtin
+from vllmmlxd.engine.loading.builtin import ensure_builtin
 
 pytestmark = pytest.mark.timeout(400)
 SPLITS = {"qwen3_5": "pipeline", "gpt_oss": "tensor"}

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture
 def hub(state_dir):
-    from vllmmlxd.engine.builtin import ensure_builtin
+    from vllmmlxd.engine.loading.builtin import ensure_builtin
 
     tiny = ensure_builtin("tiny", state_dir)
     with StandInHub() as hub:

@@ -53,7 +53,7 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(state_dir, tmp_path_factory):
-    from vllmmlxd.engine.builtin import ensure_builtin
+    from vllmmlxd.engine.loading.builtin import ensure_builtin
 
     tiny = ensure_builtin("tiny", state_dir)
     with StandInHub() as hub:

@@ -18,7 +18,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from .worker import AUTH, DERANDOMIZE, MAX_EXAMPLES, assert_alive, assert_error_shape, described, start_worker
+from tests.fuzz.worker import AUTH, DERANDOMIZE, MAX_EXAMPLES, assert_alive, assert_error_shape, described, start_worker
 
 DESCRIPTION = described()
 ROUTES = [(method.upper(), path) for path, ops in DESCRIPTION["paths"].items() for method in ops]

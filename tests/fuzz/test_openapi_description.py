@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import schemathesis
 
+from tests.fuzz.worker import described
 from vllmmlxd.api.openai.protocol import ChatCompletionRequest
-
-from .worker import described
 
 BODY_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens"]
 

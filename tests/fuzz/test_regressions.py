@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from .worker import AUTH, assert_alive, assert_error_shape, start_worker
+from tests.fuzz.worker import AUTH, assert_alive, assert_error_shape, start_worker
 
 HI = '"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2'
 

@@ -19,7 +19,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from .worker import DERANDOMIZE, KEY, MAX_EXAMPLES, assert_alive, described, start_worker
+from tests.fuzz.worker import DERANDOMIZE, KEY, MAX_EXAMPLES, assert_alive, described, start_worker
 
 CHECKS = [
     not_a_server_error,

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.families import save
 from tests.support.servers import start_serve
-from vllmmlxd.engine.builtin import ensure_builtin
+from vllmmlxd.engine.loading.builtin import ensure_builtin
 from vllmmlxd.paths import resolve_state_dir
 from vllmmlxd.runtime.blas_find import FINDERS
 from vllmmlxd.runtime.cpus import default_threads

@@ -14,7 +14,7 @@ import time
 import jsonschema
 import pytest
 
-from vllmmlxd.engine.loader import load_model
+from vllmmlxd.engine.loading.loader import load_model
 from vllmmlxd.engine.mlx_engine import MLXEngine
 from vllmmlxd.engine.options import EngineOptions
 from vllmmlxd.engine.types import Constraint, Finished, GenerationRequest, SamplingParams, TextDelta

@@ -38,7 +38,7 @@ def url(tmp_path_factory):
     from mlx_lm.utils import load_tokenizer
 
     from vllmmlxd.config.schema import ResolvedModel
-    from vllmmlxd.engine.loader import LoadedModel
+    from vllmmlxd.engine.loading.loader import LoadedModel
     from vllmmlxd.engine.mlx_engine import MLXEngine
     from vllmmlxd.engine.options import EngineOptions
     from vllmmlxd.worker.app import create_app

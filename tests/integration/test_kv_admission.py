@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.servers import start_serve
 from vllmmlxd.config.speculative import SpeculativeConfig
-from vllmmlxd.engine.kv_budget import PEAK_COPIES
+from vllmmlxd.engine.step.kv_budget import PEAK_COPIES
 
 PROMPT = "Once upon a time " * 10  # 41 tokens with builtin:tiny's tokenizer
 PROMPT_TOKENS = 41

@@ -27,7 +27,7 @@ WEIGHTS = "model.safetensors"
 
 @pytest.fixture(scope="module")
 def tiny(state_dir) -> Path:
-    from vllmmlxd.engine.builtin import ensure_builtin
+    from vllmmlxd.engine.loading.builtin import ensure_builtin
 
     return ensure_builtin("tiny", state_dir)
 

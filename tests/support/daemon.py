@@ -14,9 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.support.servers import free_port
 from vllmmlxd.ctl.client import ControlClient, ControlRequestError, DaemonUnreachable
-
-from .servers import free_port
 
 
 def model_entry(port: int, **extra) -> dict:

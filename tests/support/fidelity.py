@@ -41,15 +41,15 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from tests.support.families import VOCAB, Precision, build, save
-from vllmmlxd.engine import row_groups
-from vllmmlxd.engine.cache_setup import make_prefix_cache
-from vllmmlxd.engine.checkpoints import checkpoint_positions
-from vllmmlxd.engine.detokenize import IncrementalDetokenizer
-from vllmmlxd.engine.layout import read_layout
+from vllmmlxd.engine.batch import row_groups
+from vllmmlxd.engine.batch.layout import read_layout
+from vllmmlxd.engine.cache.cache_setup import make_prefix_cache
+from vllmmlxd.engine.cache.checkpoints import checkpoint_positions
 from vllmmlxd.engine.options import EngineOptions
-from vllmmlxd.engine.scheduler import Scheduler
-from vllmmlxd.engine.sequence import Sequence
-from vllmmlxd.engine.speculative import SpeculationOptions
+from vllmmlxd.engine.speculation.speculative import SpeculationOptions
+from vllmmlxd.engine.step.scheduler import Scheduler
+from vllmmlxd.engine.step.sequence import Sequence
+from vllmmlxd.engine.text.detokenize import IncrementalDetokenizer
 from vllmmlxd.engine.types import EngineStats, GenerationRequest, SamplingParams
 
 GENERATE = 8  # tokens each answer

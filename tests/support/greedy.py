@@ -22,8 +22,8 @@ def main(blas: str, tokens: int, models: list[str]) -> None:
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    from vllmmlxd.engine.blas_check import confirm
-    from vllmmlxd.engine.loader import load_model
+    from vllmmlxd.engine.loading.blas_check import confirm
+    from vllmmlxd.engine.loading.loader import load_model
     from vllmmlxd.paths import resolve_state_dir
 
     info = confirm(active)

@@ -10,7 +10,7 @@ from typing import cast
 import mlx.core as mx
 from tokenizers import Tokenizer
 
-from vllmmlxd.engine.builtin import ensure_builtin
+from vllmmlxd.engine.loading.builtin import ensure_builtin
 from vllmmlxd.paths import default_state_dir
 
 ALWAYS, AFTER = 0, 1  # hidden dimensions no layer writes: what the embedding puts there reaches the last norm

@@ -2,9 +2,9 @@
 
 Read from the source: an assignment to ``x._name`` where ``x`` is not ``self`` or ``cls``, a
 ``setattr`` of a private name, or ``x.f = wrap(x.f)`` is allowed only in the one module over
-mlx-lm's private parts (``engine/mlxlm.py``) and in the pinned upstream fixes
-(``engine/upstream_fixes.py``: mlx-lm bugs, each with a test that tells when upstream fixed it).
-A sharded model's layers are replaced by their shards (``engine/shard_llama.py``), as MLX's own
+mlx-lm's private parts (``engine/batch/mlxlm.py``) and in the pinned upstream fixes
+(``engine/batch/upstream_fixes.py``: mlx-lm bugs, each with a test that tells when upstream fixed it).
+A sharded model's layers are replaced by their shards (``engine/distributed/shard_llama.py``), as MLX's own
 distributed sharding does: that module may wrap a layer, and nothing else.
 """
 
@@ -14,8 +14,8 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "vllmmlxd"
-ALLOWED = {"engine/mlxlm.py", "engine/upstream_fixes.py"}
-WRAPS_LAYERS = {"engine/shard_llama.py"}
+ALLOWED = {"engine/batch/mlxlm.py", "engine/batch/upstream_fixes.py"}
+WRAPS_LAYERS = {"engine/distributed/shard_llama.py"}
 
 
 def writes(source: str) -> tuple[list[str], int]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 
 from ..config.schema import ResolvedModel
-from ..engine.embedding_types import Embedder
+from ..engine.embeddings.embedding_types import Embedder
 from ..engine.types import Engine, Usage
 from ..errors import ModelNotFound
 from ..http.access import Access

@@ -1,5 +1,5 @@
 """A request's ``chat_template_kwargs``, checked: switches the model's template reads, with
-plain scalar values. Anything else is a 400 naming it (see ``engine/template_vars.py``). Pure."""
+plain scalar values. Anything else is a 400 naming it (see ``engine/text/template_vars.py``). Pure."""
 
 from __future__ import annotations
 

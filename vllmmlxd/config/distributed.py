@@ -1,7 +1,7 @@
 """A model entry split over several ranks: ``distributed:`` (hosts, backend, how to split).
 
 Rank r runs on ``hosts[r]``; rank 0 runs on this host, serves the entry's port and decides,
-the other ranks follow it (``engine/lockstep.py``). The ranks find each other the way MLX's
+the other ranks follow it (``engine/distributed/lockstep.py``). The ranks find each other the way MLX's
 own launcher sets them up: ring rank r listens on ``ip:port + r``; jaccl's coordinator is
 rank 0's ``ip:port``. Everything that can be known before a rank starts is checked here, so
 ``vllmmlxctl check`` and a reload refuse a unit that could not run.

@@ -26,23 +26,23 @@ from ..parsers.reasoning import make_reasoning_parser
 from ..parsers.tools import tool_parser_class
 from ..parsers.tools.harmony import HarmonyParser
 from ..parsers.tools.instructions import calls_as_text, with_tool_instructions
-from .cache_setup import make_prefix_cache
-from .constraint import Grammars
-from .detokenize import IncrementalDetokenizer
-from .kv_budget import KvBudget, default_limit, explicit_limit
-from .options import EngineOptions
-from .plans import Lockstep
-from .scheduler import Scheduler
-from .sequence import Chain, Sequence
-from .special_text import SpecialText, plain_encoder, special_tokens_of
-from .template_vars import template_switches
-from .tool_setup import resolve_tool_parser, template_renders_tools
+from .batch.plans import Lockstep
+from .cache.cache_setup import make_prefix_cache
+from .options import EngineOptions, explicit_limit
+from .step.kv_budget import KvBudget, default_limit
+from .step.scheduler import Scheduler
+from .step.sequence import Chain, Sequence
+from .text.constraint import Grammars
+from .text.detokenize import IncrementalDetokenizer
+from .text.special_text import SpecialText, plain_encoder, special_tokens_of
+from .text.template_vars import template_switches
+from .text.tool_setup import resolve_tool_parser, template_renders_tools
 from .types import Constraint, EngineEvent, EngineStats, Finished, GenerationRequest, ModelInfo, RenderedPrompt
-from .vision_prompt import ImagePrompter, image_parts
+from .vision.vision_prompt import ImagePrompter, image_parts
 
 if TYPE_CHECKING:
-    from .embedder import MLXEmbedder
-    from .loader import LoadedModel
+    from .embeddings.embedder import MLXEmbedder
+    from .loading.loader import LoadedModel
 
 logger = logging.getLogger("vllmmlxd.engine")
 EXIT_RANK_FAILED = 5  # as worker/ranks.py: the unit restarts

@@ -8,7 +8,6 @@ from typing import Literal
 
 from ..config.schema import ModelConfig
 from ..paths import kv_cache_dir
-from .kv_budget import explicit_limit
 
 Method = Literal["prompt-lookup", "draft"]
 
@@ -88,3 +87,8 @@ def speculation_of(config: ModelConfig) -> SpeculationOptions | None:
     if spec is None:
         return None
     return SpeculationOptions(method=spec.method, num_draft=spec.num_draft, ngram=spec.ngram, adaptive=spec.adaptive)
+
+
+def explicit_limit(mb_value: float) -> tuple[int, str]:
+    """``max_kv_memory_mb`` in bytes, and its source."""
+    return int(mb_value * 1024 * 1024), f"max_kv_memory_mb {mb_value:g}"

@@ -323,7 +323,7 @@ class EngineStats:
     # A distributed entry's rank 0: when it last exchanged a frame with the other ranks (it does
     # at least every 2 s, idle or not); /health says "degraded" when that grows old.
     last_frame_at: float | None = None
-    # The KV budget of running requests (engine/kv_budget.py): what the admitted reserve, how many
+    # The KV budget of running requests (engine/step/kv_budget.py): what the admitted reserve, how many
     # they are, how many wait for room, and what the batch's buffers really hold (and held at most).
     kv_reserved_bytes: int = 0
     kv_running: int = 0

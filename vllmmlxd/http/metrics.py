@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..engine.embedding_types import Embedder
+from ..engine.embeddings.embedding_types import Embedder
 from ..engine.types import Engine
 
 # Generations run for minutes; the default buckets stop at 10 s.

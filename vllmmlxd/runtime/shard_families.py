@@ -3,8 +3,8 @@
 The config checks a distributed entry before any rank starts, so these tables restate what the
 pinned mlx-lm can do (``tests/unit/runtime/test_shard_families.py`` re-derives them from its
 sources and fails when the pin moves), plus what vllmmlxd adds itself: llama by pipeline
-(``engine/pipeline_llama.py``), and llama by tensor with its heads split per key/value group, which
-also splits a model whose head count the rank count does not divide (``engine/shard_llama.py``).
+(``engine/distributed/pipeline_llama.py``), and llama by tensor with its heads split per key/value group, which
+also splits a model whose head count the rank count does not divide (``engine/distributed/shard_llama.py``).
 """
 
 from __future__ import annotations

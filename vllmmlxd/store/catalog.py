@@ -23,7 +23,7 @@ from vllmmlxd.paths import downloads_dir, models_dir
 from .disk import format_bytes
 from .layout import MARKER, read_marker, repo_of, store_copy
 
-GGUF_DIGESTS = ".gguf-digests"  # engine/gguf.py's memo of each GGUF file's sha256 (path, size, mtime)
+GGUF_DIGESTS = ".gguf-digests"  # engine/loading/gguf.py's memo of each GGUF file's sha256 (path, size, mtime)
 
 
 class NotInStore(StoreError):
@@ -152,7 +152,7 @@ def _gguf_sources(state_dir: Path) -> dict[str, str]:
 
 
 def _gguf_digest(path: Path, state_dir: Path) -> str | None:
-    """The remembered sha256 of this version of a GGUF file (engine/gguf.py hashed it when it converted it)."""
+    """The remembered sha256 of this version of a GGUF file (engine/loading/gguf.py hashed it when it converted it)."""
     try:
         resolved = path.resolve()
         info = resolved.stat()

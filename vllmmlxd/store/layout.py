@@ -16,7 +16,7 @@ from pathlib import Path
 from vllmmlxd.config.names import hub_repo_id
 from vllmmlxd.paths import downloads_dir, models_dir
 
-MARKER = ".vllmmlxd-complete"  # written last into a finished folder (as engine/gguf.py's builds do)
+MARKER = ".vllmmlxd-complete"  # written last into a finished folder (as engine/loading/gguf.py's builds do)
 PULLED_PREFIX = "hub-"
 
 

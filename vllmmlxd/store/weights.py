@@ -30,7 +30,7 @@ MAX_READ = 256 * MIB  # no header field is this long: a tokenizer's vocabulary i
 # GGUF is dequantized to it). builtin:tiny, from TINY_CONFIG by hand: embeddings 49152*64 =
 # 3,145,856 (49154 tokens: SmolLM2's and two thinking tokens), per layer q,o 64*64, k,v 32*64, gate,up,down 128*64, norms 2*64 = 36,992 (two
 # layers), final norm 64: 3,219,904, stored as float32.
-# builtin:tiny-vlm: every tensor of engine/builtin_vlm.py's SmolVLM (its decoder as tiny's with an
+# builtin:tiny-vlm: every tensor of engine/loading/builtin_vlm.py's SmolVLM (its decoder as tiny's with an
 # untied output layer and 40 image tokens more, a 1-layer SigLIP of 32, the connector), float32.
 # builtin:all-minilm-l6-v2: the F32 tensors of its safetensors file (BERT, 6 layers of 384, vocab
 # 30522, its pooler included), stored and run as float32.
@@ -104,7 +104,7 @@ def estimate_entry_weights(
 def _builtin_weights(name: str, state_dir: Path, cpu: bool) -> WeightsEstimate:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         return WeightsEstimate(None, "unknown builtin")
-    # The newest complete converted folder beats the constant (engine/builtin.py versions them).
+    # The newest complete converted folder beats the constant (engine/loading/builtin.py versions them).
     built = sorted(models_dir(state_dir).glob(f"builtin-{name}-v*/{COMPLETE_MARKER}"), key=lambda p: _version(p.parent))
     found = folder_weights(built[-1].parent, cpu) if built else None
     if found is not None:

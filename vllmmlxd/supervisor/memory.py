@@ -25,7 +25,7 @@ from ..store import weights
 # A builtin:tiny worker on Linux (BLIS loaded, 12 MB of weights) measured 172 MiB RSS once
 # ready and a 191 MiB peak (VmHWM) while loading: the interpreter, FastAPI, mlx and the BLAS.
 WORKER_OVERHEAD_MB = 200
-# As engine/kv_budget.py's PEAK_COPIES (the daemon never imports the engine; a test keeps them equal):
+# As engine/step/kv_budget.py's PEAK_COPIES (the daemon never imports the engine; a test keeps them equal):
 # mlx-lm copies a batch's KV when a row joins or leaves, so a worker's KV peaks at twice its budget.
 KV_PEAK_COPIES = 2
 FIX_HINT = (

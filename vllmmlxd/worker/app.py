@@ -27,7 +27,7 @@ from ..api.openai.routes import make_router as make_openai_router
 from ..api.openapi import install as install_openapi
 from ..api.responses.routes import make_router as make_responses_router
 from ..config.schema import ResolvedModel
-from ..engine.embedding_types import Embedder
+from ..engine.embeddings.embedding_types import Embedder
 from ..engine.types import Engine
 from ..errors import Unauthorized
 from ..http.access import Caller

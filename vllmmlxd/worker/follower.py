@@ -29,10 +29,10 @@ logger = logging.getLogger("vllmmlxd.worker")
 def follow(config: ResolvedModel, key: str, state_dir: Path) -> int:
     state_dir = ensure_private_dir(state_dir)
     choose_blas(config, None, state_dir)  # before anything imports mlx
-    from ..engine.follow import Follower
+    from ..engine.distributed.follow import Follower
+    from ..engine.distributed.rank_group import join
+    from ..engine.distributed.ring_link import RingLink
     from ..engine.options import engine_options
-    from ..engine.rank_group import join
-    from ..engine.ring_link import RingLink
     from ..runtime.memory import read_machine_memory
 
     started = time.perf_counter()

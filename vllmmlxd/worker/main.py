@@ -107,8 +107,8 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
     An entry whose model is an embedding model gets an engine that only embeds; an entry
     with ``embedding_model`` gets its embedder loaded too, carried as ``engine.embedder``.
     """
-    from ..engine.embedder import EmbeddingsOnlyEngine, is_embedding_spec, load_embedder
-    from ..engine.loader import load_model
+    from ..engine.embeddings.embedder import EmbeddingsOnlyEngine, is_embedding_spec, load_embedder
+    from ..engine.loading.loader import load_model
     from ..engine.mlx_engine import MLXEngine
     from ..engine.options import engine_options
 
@@ -139,7 +139,7 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
         engine = MLXEngine(loaded, name=config.display_name(key), options=options, draft=draft)
     if embedder is not None:
         engine.embedder = embedder  # app.py hands it to the API layer; engine.close closes it too
-        embedder.share_engine_thread(engine)  # its batches go between decode steps (engine/embedder.py)
+        embedder.share_engine_thread(engine)  # its batches go between decode steps (engine/embeddings/embedder.py)
     log_event(
         logger,
         "model.loaded",
@@ -158,10 +158,10 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
 def _rank_zero_engine(config: ResolvedModel, key: str, state_dir: Path, options: EngineOptions) -> MLXEngine:
     """Rank 0 of a distributed entry: join the other ranks, load its share, lead them."""
     from ..config.distributed import share_text
-    from ..engine.lockstep import Leader
+    from ..engine.distributed.lockstep import Leader
+    from ..engine.distributed.rank_group import join
+    from ..engine.distributed.ring_link import RingLink
     from ..engine.mlx_engine import MLXEngine
-    from ..engine.rank_group import join
-    from ..engine.ring_link import RingLink
     from .ranks import load_share
 
     joined = join(config)
@@ -211,7 +211,7 @@ def serve(
     state_dir = ensure_private_dir(state_dir)  # sockets and converted models: this user's only
     active_blas = choose_blas(config, cpus, state_dir)  # before anything imports mlx
 
-    from ..engine.blas_check import confirm
+    from ..engine.loading.blas_check import confirm
     from .app import create_app, create_private_app
     from .testing import install_test_hooks
 

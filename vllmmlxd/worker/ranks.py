@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config.schema import ResolvedModel
-from ..engine.handshake import Group, RankLost, RanksDisagree  # noqa: F401 - raised by the ranks, caught by their mains
+from ..engine.distributed.handshake import Group, RankLost, RanksDisagree  # noqa: F401 - raised by the ranks, caught by their mains
 
 if TYPE_CHECKING:  # the loader imports mlx, which load_share brings in only when it runs
-    from ..engine.loader import LoadedModel
+    from ..engine.loading.loader import LoadedModel
 
 logger = logging.getLogger("vllmmlxd.worker")
 
@@ -27,7 +27,7 @@ EXIT_RANK_FAILED = 5  # the lockstep broke (a peer died, a frame was damaged): t
 
 
 def load_share(config: ResolvedModel, joined: Group, state_dir: Path) -> LoadedModel:
-    from ..engine.shard_load import load_shard
+    from ..engine.distributed.shard_load import load_shard
 
     assert config.distributed is not None
     return load_shard(

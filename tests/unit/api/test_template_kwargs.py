@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vllmmlxd.api.template_kwargs import checked_template_kwargs
-from vllmmlxd.engine.template_vars import template_switches
+from vllmmlxd.engine.text.template_vars import template_switches
 from vllmmlxd.errors import InvalidRequest
 
 TEMPLATE = (

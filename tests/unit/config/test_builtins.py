@@ -12,7 +12,7 @@ from vllmmlxd.errors import ConfigError
 
 
 def test_the_config_knows_every_builtin_and_no_other():
-    from vllmmlxd.engine.builtin import builtin_names
+    from vllmmlxd.engine.loading.builtin import builtin_names
 
     assert sorted(BUILTIN_MODELS) == builtin_names()
 

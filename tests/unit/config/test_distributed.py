@@ -153,7 +153,7 @@ def test_the_error_points_at_the_line_in_the_file():
 @pytest.mark.parametrize("name", sorted(BUILTIN_SHAPES))
 def test_the_builtin_shapes_are_the_built_models(name, tmp_path):
     # Built (or found in the suite's shared state dir, as every test that loads them does).
-    from vllmmlxd.engine.builtin import ensure_builtin
+    from vllmmlxd.engine.loading.builtin import ensure_builtin
     from vllmmlxd.paths import resolve_state_dir
 
     assert folder_shape(ensure_builtin(name, resolve_state_dir(None))) == BUILTIN_SHAPES[name]

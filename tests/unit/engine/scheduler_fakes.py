@@ -19,11 +19,11 @@ import mlx.core as mx
 import numpy as np
 from mlx import nn
 
-from vllmmlxd.engine.detokenize import IncrementalDetokenizer
+from vllmmlxd.engine.batch.plans import Lockstep
 from vllmmlxd.engine.options import EngineOptions, SpeculationOptions
-from vllmmlxd.engine.plans import Lockstep
-from vllmmlxd.engine.scheduler import Scheduler
-from vllmmlxd.engine.sequence import Sequence
+from vllmmlxd.engine.step.scheduler import Scheduler
+from vllmmlxd.engine.step.sequence import Sequence
+from vllmmlxd.engine.text.detokenize import IncrementalDetokenizer
 from vllmmlxd.engine.types import (
     EngineEvent,
     EngineStats,

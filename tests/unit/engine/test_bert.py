@@ -12,9 +12,9 @@ import json
 import numpy as np
 import pytest
 
-from vllmmlxd.engine import builtin
-from vllmmlxd.engine.bert import Pooling, is_bert_folder, read_pooling
-from vllmmlxd.engine.embedder import EngineTurns, MLXEmbedder, is_embedding_spec, load_embedder, plan_batches
+from vllmmlxd.engine.embeddings.bert import Pooling, is_bert_folder, read_pooling
+from vllmmlxd.engine.embeddings.embedder import EngineTurns, MLXEmbedder, is_embedding_spec, load_embedder, plan_batches
+from vllmmlxd.engine.loading import builtin
 from vllmmlxd.errors import ModelLoadError
 
 TEXTS = ["Hello world", "Hi there, world!", "The stock market crashed today."]

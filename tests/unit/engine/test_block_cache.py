@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllmmlxd.engine.block_cache import BlockCache
-from vllmmlxd.engine.block_disk import DiskStore
-from vllmmlxd.engine.block_file import Tensor, decode
+from vllmmlxd.engine.cache.block_cache import BlockCache
+from vllmmlxd.engine.cache.block_disk import DiskStore
+from vllmmlxd.engine.cache.block_file import Tensor, decode
 
 BYTES_PER_TOKEN = 10
 

@@ -1,4 +1,4 @@
-"""A recurrent model's checkpoints in the block cache (engine/block_cache.py with a layered
+"""A recurrent model's checkpoints in the block cache (engine/cache/block_cache.py with a layered
 model's ops): a lookup continues from the deepest checkpoint within what it shares, states
 are kept on the blocks they end, and over budget the checkpoints of inner blocks go before the
 blocks and a conversation's last state."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from vllmmlxd.engine.block_cache import BlockCache
-from vllmmlxd.engine.checkpoints import Captures
-from vllmmlxd.engine.layout import CacheLayout, LayerCache
+from vllmmlxd.engine.batch.layout import CacheLayout, LayerCache
+from vllmmlxd.engine.cache.block_cache import BlockCache
+from vllmmlxd.engine.cache.checkpoints import Captures
 
 
 class LayeredOps:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from vllmmlxd.engine.block_disk import DiskStore, dir_verdict
-from vllmmlxd.engine.block_file import BlockFileError, Tensor, decode, encode
+from vllmmlxd.engine.cache.block_disk import DiskStore, dir_verdict
+from vllmmlxd.engine.cache.block_file import BlockFileError, Tensor, decode, encode
 
 FINGERPRINT = "ab" * 16
 

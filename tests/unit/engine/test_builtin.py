@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from mlx_lm.utils import load_tokenizer
 
-from vllmmlxd.engine import builtin, gguf
+from vllmmlxd.engine.loading import builtin, gguf
 from vllmmlxd.errors import ModelLoadError
 
 TOOLS = [

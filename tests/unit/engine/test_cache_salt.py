@@ -5,8 +5,8 @@ position's KV stays where it was."""
 from __future__ import annotations
 
 from vllmmlxd.api.prompt import cache_salt
-from vllmmlxd.engine.block_tree import DIGEST_BYTES, chain_digest, token_bytes
-from vllmmlxd.engine.sequence import prompt_key
+from vllmmlxd.engine.cache.block_tree import DIGEST_BYTES, chain_digest, token_bytes
+from vllmmlxd.engine.step.sequence import prompt_key
 from vllmmlxd.engine.types import GenerationRequest, SamplingParams
 
 PROMPT = list(range(1, 100))

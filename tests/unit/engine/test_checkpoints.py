@@ -1,11 +1,11 @@
-"""Where a recurrent model's prompt checkpoints its state (engine/checkpoints.py)."""
+"""Where a recurrent model's prompt checkpoints its state (engine/cache/checkpoints.py)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllmmlxd.engine.checkpoints import MIN_SPACING, checkpoint_positions, segments, spacing
+from vllmmlxd.engine.cache.checkpoints import MIN_SPACING, checkpoint_positions, segments, spacing
 
 BLOCK = 32
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.support.grammar import EOS, accepts, byte_tokenizer
-from vllmmlxd.engine.constraint import GrammarProcessor
+from vllmmlxd.engine.text.constraint import GrammarProcessor
 from vllmmlxd.parsers.grammar import json_grammar
 
 WIDTH = 260  # wider than the tokenizer's 257 ids, as a model's padded logits are

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from vllmmlxd.engine.builtin import ensure_builtin
-from vllmmlxd.engine.detokenize import IncrementalDetokenizer
+from vllmmlxd.engine.loading.builtin import ensure_builtin
+from vllmmlxd.engine.text.detokenize import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllmmlxd.engine.loader import load_model
+from vllmmlxd.engine.loading.loader import load_model
 from vllmmlxd.engine.mlx_engine import MLXEngine
 
 

@@ -9,7 +9,7 @@ import pytest
 from tests.support.families import PRECISIONS
 from tests.support.fidelity import check
 from tests.support.fidelity_checks import assert_faithful
-from vllmmlxd.engine import kv
+from vllmmlxd.engine.cache import kv
 
 FAMILIES = ("llama", "qwen3", "phi3", "qwen3_moe", "glm4_moe", "deepseek_v3")
 
@@ -33,7 +33,7 @@ def test_the_harness_fails_an_engine_whose_prefix_cache_joins_a_wrong_block(tmp_
 
 def test_latent_attention_speculates_at_float32_and_not_in_bfloat16():
     from tests.support.families import build
-    from vllmmlxd.engine.layout import read_layout
+    from vllmmlxd.engine.batch.layout import read_layout
 
     assert read_layout(build("deepseek_v3", "float32")).speculation() is None
     why = read_layout(build("deepseek_v3", "q4")).speculation()

@@ -10,7 +10,8 @@ import pytest
 from tests.support.families import PRECISIONS
 from tests.support.fidelity import check
 from tests.support.fidelity_checks import assert_faithful
-from vllmmlxd.engine import layered_kv, upstream_fixes
+from vllmmlxd.engine.batch import upstream_fixes
+from vllmmlxd.engine.cache import layered_kv
 
 FAMILIES = ("qwen3_next", "qwen3_5", "lfm2", "nemotron_h")
 

@@ -8,7 +8,8 @@ import pytest
 from tests.support.families import PRECISIONS
 from tests.support.fidelity import check
 from tests.support.fidelity_checks import assert_faithful
-from vllmmlxd.engine import layered_kv, row_groups, upstream_fixes
+from vllmmlxd.engine.batch import row_groups, upstream_fixes
+from vllmmlxd.engine.cache import layered_kv
 
 FAMILIES = ("gemma3_text", "gemma4_text", "gpt_oss")
 

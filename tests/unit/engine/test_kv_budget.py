@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllmmlxd.engine.kv_budget import (
+from vllmmlxd.engine.options import explicit_limit
+from vllmmlxd.engine.step.kv_budget import (
     FLOOR,
     GROWTH_STEP,
     MARGIN_MIN,
@@ -15,7 +16,6 @@ from vllmmlxd.engine.kv_budget import (
     KvLayout,
     LayerKv,
     default_limit,
-    explicit_limit,
 )
 
 PLAIN = KvLayout((LayerKv(256), LayerKv(256)))  # two attention layers, 256 bytes a token each
@@ -109,10 +109,10 @@ def test_an_explicit_budget_in_mb(value):
 
 def test_a_layered_model_reserves_its_prompt_s_windowed_kv_and_checkpoints_too():
     from tests.support.families import build
-    from vllmmlxd.engine.checkpoints import checkpoint_count
-    from vllmmlxd.engine.kv_probe import probe_layout
+    from vllmmlxd.engine.cache.checkpoints import checkpoint_count
     from vllmmlxd.engine.options import EngineOptions
-    from vllmmlxd.engine.scheduler import Scheduler
+    from vllmmlxd.engine.step.kv_probe import probe_layout
+    from vllmmlxd.engine.step.scheduler import Scheduler
     from vllmmlxd.engine.types import EngineStats
 
     for family in ("qwen3_5", "gemma3_text"):

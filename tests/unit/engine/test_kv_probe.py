@@ -9,10 +9,10 @@ from mlx import nn
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 
 from tests.unit.engine.scheduler_fakes import KV_BYTES_PER_TOKEN, CountingModel, FakeClock
-from vllmmlxd.engine.kv_budget import LayerKv
-from vllmmlxd.engine.kv_probe import probe_layout
-from vllmmlxd.engine.loader import load_model
+from vllmmlxd.engine.loading.loader import load_model
 from vllmmlxd.engine.mlx_engine import MLXEngine
+from vllmmlxd.engine.step.kv_budget import LayerKv
+from vllmmlxd.engine.step.kv_probe import probe_layout
 from vllmmlxd.engine.types import GenerationRequest, SamplingParams
 from vllmmlxd.errors import KvBudgetExceeded
 

@@ -1,4 +1,4 @@
-"""A model's layout, read from its own cache objects (engine/layout.py): what each family's layers
+"""A model's layout, read from its own cache objects (engine/batch/layout.py): what each family's layers
 keep, how its prefix cache holds them, and whether it may speculate."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.families import build
-from vllmmlxd.engine.layout import CacheLayout, LayerCache, read_layout
+from vllmmlxd.engine.batch.layout import CacheLayout, LayerCache, read_layout
 
 KINDS = {
     "llama": ("blocks", None),
@@ -60,7 +60,7 @@ def test_what_blocks_cannot_hold_is_kept_whole():
 )
 def test_rows_join_in_groups_wherever_the_layers_allow(family, batching):
     from vllmmlxd.engine.options import EngineOptions
-    from vllmmlxd.engine.scheduler import Scheduler
+    from vllmmlxd.engine.step.scheduler import Scheduler
     from vllmmlxd.engine.types import EngineStats
 
     scheduler = Scheduler(build(family, "float32"), set(), EngineOptions(), EngineStats())

@@ -8,8 +8,8 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm import generate
 
-from vllmmlxd.engine import builtin, gguf, loader
-from vllmmlxd.engine.loader import LoadedModel, load_model
+from vllmmlxd.engine.loading import builtin, gguf, loader
+from vllmmlxd.engine.loading.loader import LoadedModel, load_model
 from vllmmlxd.errors import ModelLoadError
 from vllmmlxd.paths import models_dir
 

@@ -1,5 +1,5 @@
 """mlx-lm's private parts that vllmmlxd uses exist in the installed mlx-lm, and only
-``engine/mlxlm.py`` names them: an mlx-lm upgrade that renames one fails here first, named."""
+``engine/batch/mlxlm.py`` names them: an mlx-lm upgrade that renames one fails here first, named."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, RotatingKVCache
 
 from tests.support.families import build
-from vllmmlxd.engine import mlxlm
+from vllmmlxd.engine.batch import mlxlm
 
 PKG = Path(__file__).resolve().parents[3] / "vllmmlxd"
 NAMES = {name for names in mlxlm.PRIVATE.values() for name in names}
@@ -47,7 +47,7 @@ def test_every_private_attribute_used_exists_in_the_installed_mlx_lm(stepped):
         module, _, cls = where.rpartition(".")
         assert isinstance(made[where], getattr(importlib.import_module(module), cls))
         missing += [f"{where}.{name}" for name in names if not hasattr(made[where], name)]
-    assert missing == [], f"mlx-lm renamed its private parts: update engine/mlxlm.py for {missing}"
+    assert missing == [], f"mlx-lm renamed its private parts: update engine/batch/mlxlm.py for {missing}"
 
 
 def test_the_accessors_read_what_mlx_lm_keeps(stepped):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from vllmmlxd.engine.sequence import Chain, Sequence
+from vllmmlxd.engine.step.sequence import Chain, Sequence
 from vllmmlxd.engine.types import Finished, GenerationRequest, ReasoningDelta, SamplingParams, TextDelta, ToolCallDelta
 from vllmmlxd.parsers.reasoning import make_reasoning_parser
 from vllmmlxd.parsers.tools import tool_parser_class

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllmmlxd.engine.prefix_cache import EntryCache, common_prefix
+from vllmmlxd.engine.cache.prefix_cache import EntryCache, common_prefix
 
 BYTES_PER_TOKEN = 10
 

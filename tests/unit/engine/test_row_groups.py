@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 
-from vllmmlxd.engine.row_groups import (
+from vllmmlxd.engine.batch.row_groups import (
     MAX_GROUPS,
     GroupedBatch,
     GroupedKV,

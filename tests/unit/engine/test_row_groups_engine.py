@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
-from vllmmlxd.engine import row_groups
+from vllmmlxd.engine.batch import row_groups
 from vllmmlxd.engine.mlx_engine import MLXEngine
 from vllmmlxd.engine.options import EngineOptions
-from vllmmlxd.engine.speculative import SpeculationOptions
+from vllmmlxd.engine.speculation.speculative import SpeculationOptions
 from vllmmlxd.engine.types import GenerationRequest, SamplingParams, TextDelta
 
 ASKS = [f"Request {i}: " + " ".join(f"word{i * 7 + j}" for j in range(3 + 5 * i)) for i in range(7)]
@@ -21,7 +21,7 @@ LENGTHS = [200, 12, 150, 8, 120, 100, 80]  # two finish while later ones join; t
 
 @pytest.fixture(scope="module")
 def tiny(state_dir):
-    from vllmmlxd.engine.loader import load_model
+    from vllmmlxd.engine.loading.loader import load_model
 
     return load_model("builtin:tiny", state_dir)
 

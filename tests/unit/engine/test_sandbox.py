@@ -19,10 +19,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 import vllmmlxd
 from tests.support.servers import free_port
 from vllmmlxd.api.prompt import render_template
-from vllmmlxd.engine import builtin
-from vllmmlxd.engine.loader import load_model
+from vllmmlxd.engine.loading import builtin
+from vllmmlxd.engine.loading.loader import load_model
 from vllmmlxd.engine.mlx_engine import MLXEngine
-from vllmmlxd.engine.template_vars import template_switches
+from vllmmlxd.engine.text.template_vars import template_switches
 from vllmmlxd.errors import InvalidRequest, ModelLoadError
 
 CHATML = (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.engine.scheduler_fakes import KV_BYTES_PER_TOKEN, Harness, counting, decode_ids
-from vllmmlxd.engine.kv_budget import GROWTH_STEP
+from vllmmlxd.engine.step.kv_budget import GROWTH_STEP
 from vllmmlxd.engine.types import Finished
 
 PROMPT, MAX_TOKENS = 40, 24

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.engine.scheduler_fakes import Harness, counting
-from vllmmlxd.engine.step_timer import GROWTH, MIN_CHUNK, PREFILL_SHARE
+from vllmmlxd.engine.step.step_timer import GROWTH, MIN_CHUNK, PREFILL_SHARE
 
 A_SECOND = 1.0  # the longest a chunk may take: progress and cancels are seen at least this often
 SLOW = {"per_call": 0.010, "per_token": 0.1}  # one BLAS thread on a big model: 512 tokens cost 51 s

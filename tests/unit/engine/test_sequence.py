@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from vllmmlxd.engine.sequence import Sequence
+from vllmmlxd.engine.step.sequence import Sequence
 from vllmmlxd.engine.types import Finished, GenerationRequest, SamplingParams, TextDelta
 
 EOS, SPECIAL = 0, 1

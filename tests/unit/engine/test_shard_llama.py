@@ -16,7 +16,7 @@ import pytest
 from mlx_lm.models import llama
 
 from tests.support.groups import StandInGroup
-from vllmmlxd.engine import shard_llama
+from vllmmlxd.engine.distributed import shard_llama
 
 
 def _model(heads: int, kv: int, bias: bool = False) -> llama.Model:

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from tests.unit.engine.scheduler_fakes import CountingModel, FakeClock, Harness, decode_ids
-from vllmmlxd.engine.draft_width import StepCosts, best_width, expected_accepted
-from vllmmlxd.engine.sequence import Sequence
-from vllmmlxd.engine.speculative import (
+from vllmmlxd.engine.speculation.draft_width import StepCosts, best_width, expected_accepted
+from vllmmlxd.engine.speculation.speculative import (
     MAX_PAUSE,
     PAUSE_AFTER,
     RowDrafting,
     SpeculationOptions,
     lookup_drafts,
 )
+from vllmmlxd.engine.step.sequence import Sequence
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import pytest
 
 from vllmmlxd.engine.mlx_engine import MLXEngine
 from vllmmlxd.engine.options import EngineOptions
-from vllmmlxd.engine.speculative import SpeculationOptions
+from vllmmlxd.engine.speculation.speculative import SpeculationOptions
 from vllmmlxd.engine.types import Constraint, Finished, GenerationRequest, SamplingParams, TextDelta
 from vllmmlxd.parsers.grammar import json_grammar
 
@@ -25,7 +25,7 @@ ASKS = [CODE + "def add(a, b):", "Once upon a time there was", "1, 2, 3, 4, 5, 6
 
 @pytest.fixture(scope="module")
 def tiny(state_dir):
-    from vllmmlxd.engine.loader import load_model
+    from vllmmlxd.engine.loading.loader import load_model
 
     return load_model("builtin:tiny", state_dir)
 

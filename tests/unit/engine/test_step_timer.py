@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllmmlxd.engine.step_timer import GROWTH, MIN_CHUNK, PREFILL_SHARE, RIDING_SHARE, StepTimer
+from vllmmlxd.engine.step.step_timer import GROWTH, MIN_CHUNK, PREFILL_SHARE, RIDING_SHARE, StepTimer
 
 
 def machine(timer: StepTimer, decode: float, per_call: float, per_token: float, chunks) -> None:

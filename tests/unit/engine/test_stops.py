@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllmmlxd.engine.stops import StopMatcher
+from vllmmlxd.engine.text.stops import StopMatcher
 
 
 def run(stops, pieces):

@@ -3,7 +3,7 @@ when asked (a request waiting, an idle engine); a failing insert drops that sequ
 
 from __future__ import annotations
 
-from vllmmlxd.engine.store_queue import StoreQueue
+from vllmmlxd.engine.step.store_queue import StoreQueue
 
 
 def test_each_step_inserts_a_few_more_blocks_of_the_oldest_sequence_first():

@@ -1,4 +1,4 @@
-"""The mlx-lm bugs the engine carries fixes for (engine/upstream_fixes.py): each test shows the bug
+"""The mlx-lm bugs the engine carries fixes for (engine/batch/upstream_fixes.py): each test shows the bug
 in the installed mlx-lm with the fix taken off, and gone with it on. When a test's first half
 fails, mlx-lm fixed the bug itself: drop the fix and this test."""
 
@@ -9,7 +9,7 @@ import numpy as np
 from mlx_lm.models.cache import BatchRotatingKVCache, RotatingKVCache, make_prompt_cache
 
 from tests.support.families import build
-from vllmmlxd.engine import upstream_fixes
+from vllmmlxd.engine.batch import upstream_fixes
 
 
 def _nemotron_state_gap() -> float:

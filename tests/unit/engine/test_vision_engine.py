@@ -13,13 +13,13 @@ from PIL import Image as PILImage
 
 from vllmmlxd.engine.mlx_engine import MLXEngine
 from vllmmlxd.engine.types import DecodedImage, Finished, GenerationRequest, SamplingParams, TextDelta
-from vllmmlxd.engine.vision_prompt import unsupported_family
+from vllmmlxd.engine.vision.vision_prompt import unsupported_family
 from vllmmlxd.errors import InvalidRequest
 
 
 @pytest.fixture(scope="module")
 def engine(state_dir):
-    from vllmmlxd.engine.loader import load_model
+    from vllmmlxd.engine.loading.loader import load_model
 
     engine = MLXEngine(load_model("builtin:tiny-vlm", state_dir))
     yield engine

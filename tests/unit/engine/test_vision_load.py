@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from vllmmlxd.engine.loader import load_model
+from vllmmlxd.engine.loading.loader import load_model
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllmmlxd.engine.tool_setup import resolve_tool_parser, template_renders_tools
+from vllmmlxd.engine.text.tool_setup import resolve_tool_parser, template_renders_tools
 from vllmmlxd.parsers.tools import tool_parser_class
 from vllmmlxd.parsers.tools.instructions import calls_as_text, with_tool_instructions
 

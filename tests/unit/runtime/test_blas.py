@@ -24,7 +24,7 @@ def activate_in_child(choice: str, threads: int = 1, *, confirm: bool = False, b
         "import json, sys\n" + before + "from vllmmlxd.runtime.blas import activate\n"
         f"active = activate({choice!r}, {threads})\n"
         "info = active.info\n"
-        + ("from vllmmlxd.engine.blas_check import confirm\ninfo = confirm(active)\n" if confirm else "")
+        + ("from vllmmlxd.engine.loading.blas_check import confirm\ninfo = confirm(active)\n" if confirm else "")
         + "print(json.dumps(info.as_dict()))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -138,7 +138,7 @@ def test_the_fingerprint_tells_when_mlx_does_not_call_the_library():
     code = (
         "import ctypes, os, json\nimport mlx.core\n"
         "from vllmmlxd.runtime.blas import ActiveBlas, BlasInfo\nfrom vllmmlxd.runtime.blas_find import find_openblas\n"
-        "from vllmmlxd.engine.blas_check import confirm\n"
+        "from vllmmlxd.engine.loading.blas_check import confirm\n"
         "lib = ctypes.CDLL(str(find_openblas()), mode=os.RTLD_NOW | os.RTLD_LOCAL)\n"
         "info = confirm(ActiveBlas(BlasInfo('openblas', str(find_openblas()), 1, 'openblas'), lib, sums_differ=True))\n"
         "print(json.dumps(info.as_dict()))\n"

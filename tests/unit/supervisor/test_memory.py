@@ -152,7 +152,7 @@ def test_a_running_kv_budget_counts_twice_only_when_set():
 
 
 def test_the_daemons_kv_copies_are_the_engines():
-    from vllmmlxd.engine.kv_budget import PEAK_COPIES
+    from vllmmlxd.engine.step.kv_budget import PEAK_COPIES
     from vllmmlxd.supervisor.memory import KV_PEAK_COPIES
 
     assert KV_PEAK_COPIES == PEAK_COPIES

@@ -29,7 +29,7 @@ REPO = "org/tiny"
 
 @pytest.fixture
 def hub(state_dir, tmp_path, monkeypatch):
-    from vllmmlxd.engine.builtin import ensure_builtin
+    from vllmmlxd.engine.loading.builtin import ensure_builtin
 
     with StandInHub() as hub:
         hub.add_folder(REPO, ensure_builtin("tiny", state_dir))

@@ -26,7 +26,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from ...engine.embedding_types import Embedder
+from ...engine.embeddings.embedding_types import Embedder
 from ...errors import InvalidRequest
 from ...http.activity import Activity, idle_limit
 from ...store.weights import folder_weights

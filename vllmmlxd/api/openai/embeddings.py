@@ -22,7 +22,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 
-from ...engine.embedding_types import Embedder
+from ...engine.embeddings.embedding_types import Embedder
 from ...errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from ..body import read_json, unless_disconnected, validate
 from ..context import LiveContext, ServingContext
