@@ -2,6 +2,7 @@
 
     python bench/peers.py [--servers ours-seq,ours-batched,mlx-lm,vllm-mlx,vllm-mlx-simple]
                           [--models random-100m,tiny] [--quick] [--write docs/benchmarks.md]
+                          [--before REV]  (adds before-seq, before-batched: vllmmlxd at git REV)
 
 Each server is started in turn as a subprocess on a free port, measured, and stopped:
 - ours-seq: `vllmmlxd serve FOLDER --no-continuous-batching` (one request at a time);
@@ -71,6 +72,9 @@ SERVERS = {
     "mlx-lm": "mlx_lm.server",
     "vllm-mlx": "vllm-mlx, continuous batching",
     "vllm-mlx-simple": "vllm-mlx, simple",
+    # With --before REV: the same two modes of vllmmlxd as it was at REV, in the same run.
+    "before-seq": "vllmmlxd before, one at a time",
+    "before-batched": "vllmmlxd before, batched",
 }
 MODELS = ("random-100m", "tiny")
 RANDOM_NAME = "random-llama-100m-v1"
@@ -254,12 +258,13 @@ class Contender:
     env: dict[str, str] = field(default_factory=dict)
     ignore_eos: bool = False
     note: str = ""
+    cwd: Path = REPO  # a before-* server runs from its own tree: `python -m` imports from the cwd first
 
 
-def ours_modes() -> dict[str, tuple[list[str], str]]:
+def ours_modes(tree: Path = REPO) -> dict[str, tuple[list[str], str]]:
     """vllmmlxd's modes that its CLI has: key -> (flags, note). Read from `vllmmlxd serve --help`."""
     text = subprocess.run(
-        [sys.executable, "-m", "vllmmlxd.cli", "serve", "--help"], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "vllmmlxd.cli", "serve", "--help"], capture_output=True, text=True, cwd=tree
     ).stdout
     if "--no-continuous-batching" in text:
         batched = ["--max-num-seqs", str(MAX_CONCURRENCY)] if "--max-num-seqs" in text else []
@@ -287,8 +292,22 @@ def package_versions(python: Path | str, names: tuple[str, ...]) -> dict[str, st
     return json.loads(out or "{}")
 
 
+def before_tree(rev: str) -> Path:
+    """The repository as it was at ``rev``, written to a temporary folder (its vllmmlxd runs from there)."""
+    tree = Path(tempfile.mkdtemp(prefix="peers-before-"))
+    archive = subprocess.run(["git", "archive", rev], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
 def contender(key: str, blas: dict, modes: dict, peer_bin: Path | None) -> Contender:
     """How to start ``key``; raises Unavailable with the reason when it cannot be run."""
+    if key.startswith("before-"):
+        if "before" not in modes:
+            raise Unavailable("no --before REV given")
+        tree, before_modes = modes["before"]
+        c = contender(key.replace("before-", "ours-"), blas, before_modes, peer_bin)
+        return replace(c, key=key, cwd=tree)
     if key.startswith("ours-"):
         if key not in modes:
             raise Unavailable(
@@ -355,7 +374,7 @@ def launch(c: Contender, folder: str) -> Running:
     env = {**os.environ, **{k: v.format(**fill) for k, v in c.env.items()}}
     log = Path(tempfile.mkstemp(prefix=f"peers-{c.key}-", suffix=".log")[1])
     with log.open("wb") as out:  # its own process group: stopped with all its children
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=c.cwd, start_new_session=True)
     LIVE.append(proc)
     return Running(proc, port, log, home)
 
@@ -936,6 +955,7 @@ def main() -> None:
     )
     ap.add_argument("--phase-timeout", type=float, default=Load.phase_timeout, help="seconds one measurement may take")
     ap.add_argument("--write", type=Path, help=f"replace the section '{SECTION}' of this markdown file")
+    ap.add_argument("--before", metavar="REV", help="also run vllmmlxd as it was at git REV (before-seq, before-batched)")
     ap.add_argument("--prepare", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.prepare:
@@ -966,7 +986,12 @@ def run(args, servers: list[str], models: list[str], load: Load) -> None:
     print(f"preparing {', '.join(models)} and choosing the BLAS ({args.blas}, {threads} threads)", file=sys.stderr)
     prep = run_prepare(models, args.blas, threads)
     print(f"BLAS: {prep['blas']['name']} {prep['blas']['path'] or ''}", file=sys.stderr)
-    modes = ours_modes() if any(s.startswith("ours-") for s in servers) else {}
+    modes: dict = ours_modes() if any(s.startswith("ours-") for s in servers) else {}
+    if args.before:
+        tree = before_tree(args.before)
+        modes["before"] = (tree, ours_modes(tree))
+        versions_before = f"git {args.before}"
+        print(f"before: {versions_before} in {tree}", file=sys.stderr)
     versions: dict = {"vllmmlxd": our_version()}
     peer_bin, peer_error = None, None
     if any(s.startswith("vllm-mlx") for s in servers):
@@ -992,6 +1017,7 @@ def run(args, servers: list[str], models: list[str], load: Load) -> None:
                 ("--servers", args.servers, ",".join(SERVERS)),
                 ("--models", args.models, ",".join(MODELS)),
                 ("--blas", args.blas, "auto"),
+                ("--before", args.before, None),
             )
             if value != default
         )

@@ -1,18 +1,20 @@
-"""Text for people: the status table and the one-line summaries of ``vllmmlxctl``. Pure functions."""
+"""Text for people: the status table and the one-line summaries of ``vllmmlxctl``. Pure functions.
+The store's table and its pulls' progress are in ``render_store``."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
-from vllmmlxd.control.protocol import (
-    ActionResponse,
-    McpServerStatus,
-    ModelStatus,
-    PullStatus,
-    ReloadResponse,
-    StatusResponse,
-    StoreResponse,
+from vllmmlxd.control.protocol import ActionResponse, McpServerStatus, ModelStatus, ReloadResponse, StatusResponse
+from vllmmlxd.ctl.formats import format_clock, format_duration, render_table
+from vllmmlxd.ctl.render_store import (  # re-exported: what vllmmlxctl prints of the store and its pulls
+    MODELS_HEADERS,
+    ended,
+    format_size,
+    pull_progress,
+    render_models,
+    render_pull_bar,
+    render_pull_end,
 )
 
 STATUS_HEADERS = (
@@ -36,35 +38,6 @@ _EXPLAINED = ("failed", "backoff", "unreachable")
 # States in which a model answers: a lazy model unloaded loads on its next request.
 _SERVING = ("ready", "idle", "unloaded")
 _INDENT = "    "
-
-
-def format_duration(seconds: float | None) -> str:
-    """``45s``, ``3m12s``, ``2h05m``, ``3d04h``; ``-`` for None."""
-    if seconds is None:
-        return "-"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def format_clock(at: float, now: float | None = None) -> str:
-    """Local ``HH:MM:SS`` for a time today, with the date in front for any other day."""
-    when = time.localtime(at)
-    today = time.localtime(time.time() if now is None else now)
-    if when[:3] == today[:3]:
-        return time.strftime("%H:%M:%S", when)
-    return time.strftime("%Y-%m-%d %H:%M:%S", when)
-
-
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns two spaces apart, with no trailing spaces."""
-    widths = [max(len(str(row[i])) for row in (headers, *rows)) for i in range(len(headers))]
-    return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (headers, *rows))
 
 
 def _row(m: ModelStatus, groups: bool = False) -> tuple[str, ...]:
@@ -327,96 +300,7 @@ def render_status(status: StatusResponse, now: float | None = None) -> str:
 
 def _pull_lines(status: StatusResponse) -> list[str]:
     """``pulling org/name: 37% of 4.27 GB, 12.5 MB/s, 2m48s left`` for each pull under way."""
-    return [f"pulling {p.repo}: {pull_progress(p)}" for p in getattr(status, "pulls", None) or () if not _ended(p)]
-
-
-# -- the model store -------------------------------------------------------------------------------
-
-_PULL_ENDED = ("done", "failed", "cancelled")
-
-
-def _ended(p: PullStatus) -> bool:
-    return p.state in _PULL_ENDED
-
-
-def format_size(n: float | None) -> str:
-    """``512 B``, ``12.5 MB``, ``4.27 GB``: decimal units, as the hub shows sizes (as store/disk.py's format_bytes)."""
-    if n is None:
-        return "?"
-    for unit, size in (("TB", 1000**4), ("GB", 1000**3), ("MB", 1000**2), ("kB", 1000)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}" if n / size < 10 else f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def pull_progress(p: PullStatus) -> str:
-    """What a pull is doing, in words: ``37% of 4.27 GB, 12.5 MB/s, 2m48s left``, ``verifying checksums``."""
-    if p.state == "queued":
-        return "waiting for other pulls to finish"
-    if p.state == "resolving":
-        return "asking the hub for its files"
-    if p.state == "verifying":
-        return "verifying checksums"
-    if p.state == "installing":
-        return "installing into the store"
-    if p.state != "downloading":
-        return p.state
-    parts = [f"{p.percent:g}% of {format_size(p.total_bytes)}" if p.percent is not None else "starting"]
-    if p.bytes_per_s:
-        parts.append(f"{format_size(p.bytes_per_s)}/s")
-    if p.eta_s is not None:
-        parts.append(f"{format_duration(p.eta_s)} left")
-    return ", ".join(parts)
-
-
-def render_pull_bar(p: PullStatus, width: int = 80) -> str:
-    """One terminal line, redrawn in place: ``org/name  [#######-------]  37%  1.58 GB/4.27 GB  12.5 MB/s  2m48s``."""
-    if p.state != "downloading" or p.percent is None:
-        return f"{p.repo}  {pull_progress(p)}"[:width]
-    figures = f"{p.percent:5.1f}%  {format_size(p.done_bytes)}/{format_size(p.total_bytes)}"
-    if p.bytes_per_s:
-        figures += f"  {format_size(p.bytes_per_s)}/s"
-    if p.eta_s is not None:
-        figures += f"  ETA {format_duration(p.eta_s)}"
-    room = width - len(p.repo) - len(figures) - 6  # "  [", "]  "
-    if room < 10:
-        return f"{p.repo}  {figures}"[:width]
-    filled = int(room * p.percent / 100)
-    return f"{p.repo}  [{'#' * filled}{'-' * (room - filled)}]  {figures}"
-
-
-def render_pull_end(p: PullStatus, seconds: float | None = None) -> str:
-    """The line a pull ends with: where it went and how to use it, or why it did not."""
-    commit = f" @ {p.commit[:12]}" if p.commit else ""
-    at = f" ({p.revision}){commit}" if p.revision else commit
-    if p.state == "done" and p.already:
-        return f"{p.repo}{at} is already in the store: {p.path}"
-    if p.state == "done":
-        took = f" in {format_duration(seconds)}" if seconds is not None else ""
-        return (
-            f"pulled {p.repo}{at}: {format_size(p.total_bytes)}{took}, into {p.path}\n"
-            f"serve it with `model: {p.repo}` in an entry, then `vllmmlxctl reload`"
-        )
-    if p.state == "cancelled":
-        return f"the pull of {p.repo} was cancelled; the files it finished stay: `vllmmlxctl pull {p.repo}` resumes it"
-    return f"pull {p.repo} failed: {p.error or 'no reason given'}"
-
-
-MODELS_HEADERS = ("NAME", "KIND", "SIZE", "USED BY", "SOURCE")
-
-
-def render_models(store: StoreResponse) -> str:
-    """The store's table (name, kind, size, the entries that use it, where it came from), then its
-    folder with the total and the free space, and the pulls under way."""
-    rows = [
-        (m.name, m.kind, format_size(m.size_bytes), ",".join(m.used_by) or "-", m.source or "-") for m in store.models
-    ]
-    lines = [render_table(MODELS_HEADERS, rows)] if rows else ["no models in the store"]
-    total = sum(m.size_bytes for m in store.models)
-    free = f", {format_size(store.free_bytes)} free" if store.free_bytes is not None else ""
-    lines += ["", f"store: {store.path} ({format_size(total)} in {len(store.models)}{free})"]
-    lines += [f"pulling {p.repo}: {pull_progress(p)}" for p in store.pulls if not _ended(p)]
-    return "\n".join(lines)
+    return [f"pulling {p.repo}: {pull_progress(p)}" for p in getattr(status, "pulls", None) or () if not ended(p)]
 
 
 def all_ready(status: StatusResponse) -> bool:
@@ -510,3 +394,16 @@ def render_check(path: str, names: Sequence[str], memory: str = "") -> str:
 def render_check_refused(path: str, refusal: str) -> str:
     """``FILE: refused: not enough memory: ...``, the daemon would exit 78 on it."""
     return f"{path}: refused: {refusal}"
+
+
+__all__ = [
+    "MODELS_HEADERS",
+    "format_clock",
+    "format_duration",
+    "format_size",
+    "pull_progress",
+    "render_models",
+    "render_pull_bar",
+    "render_pull_end",
+    "render_table",
+]
