@@ -16,7 +16,7 @@ render a chat, generate events, embed), ``types`` (requests, events, the engine'
 - ``text``: tokens to text and back: detokenizing, stops, grammars, templates' variables.
 
 Each subpackage's ``__init__`` names the modules other packages may use (``__all__``); the rest
-are its own (tests/unit/engine/test_layout_surface.py holds it).
+are its own (tests/unit/test_layout_surface.py holds it).
 """
 
 __all__ = ["mlx_engine", "options", "types"]

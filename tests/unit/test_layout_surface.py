@@ -1,5 +1,6 @@
-"""The engine's layout holds: each subpackage's ``__all__`` names exactly its modules that other
-packages import (the rest are its own), and every module it names exists."""
+"""The packages' layout holds: each engine subpackage's ``__init__``, and api's and gateway's, name
+in ``__all__`` exactly the modules that other packages import (the rest are their own), and every
+module they name exists."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import ast
 import importlib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 ENGINE = REPO / "vllmmlxd" / "engine"
 
 
@@ -59,6 +62,30 @@ def test_each_subpackage_names_what_others_use_and_nothing_else():
         assert surface <= _modules(ENGINE / sub), f"engine.{sub}.__all__ names modules that do not exist"
         assert modules - surface == set(), f"engine.{sub}: used from outside but not in __all__"
         assert surface - modules == set(), f"engine.{sub}: in __all__ but used only inside"
+
+
+def _used_from_outside_package(top: str) -> set[str]:
+    """The modules (or subpackages) of ``vllmmlxd.<top>`` that other packages of vllmmlxd import."""
+    used: set[str] = set()
+    for path in (REPO / "vllmmlxd").rglob("*.py"):
+        rel = path.relative_to(REPO).with_suffix("")
+        module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        if module.startswith(f"vllmmlxd.{top}"):
+            continue
+        package = module if rel.name == "__init__" else module.rpartition(".")[0]
+        for name in _imports(path, package):
+            parts = name.split(".")
+            if parts[:2] == ["vllmmlxd", top] and len(parts) > 2:
+                here = REPO / "vllmmlxd" / top / parts[2]
+                if here.with_suffix(".py").exists() or here.is_dir():
+                    used.add(parts[2])
+    return used
+
+
+@pytest.mark.parametrize("top", ["api", "gateway"])
+def test_api_and_gateway_name_what_others_use(top):
+    surface = set(importlib.import_module(f"vllmmlxd.{top}").__all__)
+    assert surface == _used_from_outside_package(top)
 
 
 def test_the_engine_package_names_its_face():
