@@ -2,7 +2,8 @@
 
 Serving code raises from the ``errors`` hierarchy; the route's path says which family answers:
 ``/v1/messages...`` is Anthropic's (``{"type": "error", "error": {...}}``, with Anthropic's
-status and type pairs), everything else OpenAI's (``{"error": {"message", "type", "param", "code"}}``).
+status and type pairs), everything else OpenAI's (``{"error": {"message", "type", "param", "code"}}``);
+Ollama's routes answer Ollama's ``{"error": "..."}`` (the shapes are in ``http/error_shapes.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What crosses the engine boundary: requests in, typed events out. No mlx here.
 
-The API layers import only this module. OpenAI (and later Anthropic) responses are
-translations of the same event stream; a non-streaming response is its fold.
+The API layers import this module (and ``embeddings/embedding_types.py`` for embeddings). Each
+API family's response is a translation of the same event stream; a non-streaming one is its fold.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A worker's MCP servers behind one face: their tools, namespaced, and running one.
 
-The routes (``routes.py``) and the server-side tool loop both use ``McpHub``: ``tools`` lists
+The routes (``api/mcp_routes.py``) and the server-side tool loop both use ``McpHub``: ``tools`` lists
 what the ready servers offer as ``server__tool`` (input schemas as the server gave them),
 ``call`` checks a call against its tool's schema, runs it under the server's timeout and
 logs it without its arguments, ``status`` says how each server is. The hub outlives

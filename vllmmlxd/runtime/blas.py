@@ -7,7 +7,7 @@ call it instead (the dynamic linker searches the global scope before a library's
 dependencies). That is ``LD_PRELOAD`` without re-executing the process, without leaking
 into child processes, and with a way back: a library that fails its self-check
 (:mod:`.blas_probe`, in a child process) is simply never loaded. Once mlx is up,
-``engine.blas_check`` confirms that MLX really calls it. On macOS nothing is loaded: MLX
+``engine/loading/blas_check.py`` confirms that MLX really calls it. On macOS nothing is loaded: MLX
 uses Metal and Accelerate there.
 """
 

@@ -3,7 +3,7 @@ order, and the pass itself (its prompt chunk).
 
 Rank 0's scheduler makes each change through ``batch.Batch``, which records it; before the
 pass the plan goes to a sharded entry's other ranks (``lockstep``), which execute it through
-the same ``Batch`` (``Batch.play``) on their share of the model. A single-process engine
+the same ``Batch`` calls (``distributed.follow.FollowerBatch.play``) on their share of the model. A single-process engine
 records nothing. No mlx here: the wire form is JSON, checked on the way in.
 """
 

@@ -12,7 +12,7 @@ hit (the two share a longest common prefix, cut back to it). The caller gets its
 just that prefix, so nothing a running request uses is ever evicted; stored KV is evicted least
 recently used first, until the real bytes of the stored arrays fit the budget.
 
-Pure bookkeeping: the KV operations come from ``engine.kv`` and are replaced in unit tests.
+Pure bookkeeping: the KV operations come from ``cache/kv.py`` and are replaced in unit tests.
 """
 
 from __future__ import annotations

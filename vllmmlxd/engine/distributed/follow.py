@@ -1,7 +1,7 @@
 """A rank other than 0: plays rank 0's step plans on its own share of the model.
 
 Each frame carries a plan (``step_plan``); its changes and its pass run through the same
-``Batch`` calls rank 0 made (``batch.FollowerBatch.play``), and the pass's forward runs the
+``Batch`` calls rank 0 made (``FollowerBatch.play``, below), and the pass's forward runs the
 model's collectives with the other ranks. Nothing here decides: a plan that does not fit this
 rank's state means the ranks disagree, and the rank exits (its worker is restarted as a whole).
 """

@@ -1,6 +1,6 @@
 """Form a distributed entry's group and agree on what it runs (the collectives of the handshake).
 
-``worker/ranks.py`` says what the ranks must agree on; this runs the one ``all_gather`` that
+``handshake.py`` says what the ranks must agree on; this runs the one ``all_gather`` that
 compares them, right after ``mx.distributed.init`` joined the group.
 """
 

@@ -5,7 +5,7 @@ let each hook do its part before the pass, run the pass (``batch.Batch.advance``
 read the results, hand the tokens out, let each hook see where the rows stand. The optional
 features are hooks, present only where the entry has them: speculation's step costs and
 counts, prompt chunks riding on the decode pass, a layered model's captures for the prefix
-cache, a vision model's staged prompts (``vision_prefill.StagedPrompts``). The step itself
+cache, a vision model's staged prompts (``staged_prompts.StagedPrompts``). The step itself
 never asks which are there.
 """
 
