@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, SecretStr
 
-from vllmmlxd.config.entries import IMAGE_FIELDS
+from vllmmlxd.config.gateway import GatewayConfig
 from vllmmlxd.config.schema import Config, ModelConfig
+from vllmmlxd.config.vision import IMAGE_FIELDS
 
 # Daemon keys read once at start-up: the socket is bound and the state dir opened then.
 RESTART_REQUIRED_FIELDS = frozenset({"state_dir", "control_socket"})
@@ -209,7 +210,7 @@ def diff_models(old: Config | None, new: Config) -> ReloadPlan:
     )
 
 
-def _gateway_change(old, new) -> tuple[str, ...]:
+def _gateway_change(old: GatewayConfig | None, new: GatewayConfig | None) -> tuple[str, ...]:
     if old is None or new is None:
         return () if old is new else (("added",) if old is None else ("removed",))
     return changed_fields(old, new)

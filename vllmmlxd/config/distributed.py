@@ -15,7 +15,7 @@ import re
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -98,14 +98,14 @@ class DistributedConfig(Strict):
 
     @field_validator("hosts", mode="before")
     @classmethod
-    def _names_are_hosts(cls, v: Any):
+    def _names_are_hosts(cls, v: Any) -> Any:
         if isinstance(v, (list, tuple)):
             return tuple({"host": h} if isinstance(h, str) else h for h in v)
         return v
 
     @field_validator("hosts")
     @classmethod
-    def _two_or_more_and_this_host_first(cls, v: tuple[RankHost, ...]):
+    def _two_or_more_and_this_host_first(cls, v: tuple[RankHost, ...]) -> tuple[RankHost, ...]:
         if len(v) < 2:
             raise ValueError(
                 "a distributed entry needs at least 2 hosts (rank 0 first); with one, leave distributed out"
@@ -118,7 +118,7 @@ class DistributedConfig(Strict):
         return v
 
     @model_validator(mode="after")
-    def _reachable(self):
+    def _reachable(self) -> Self:
         # Each rank connects to the others at their address: with a rank reached over the network,
         # a loopback address would send it to itself (a tunnel where every address is loopback is fine).
         if any(not h.local and not _is_loopback(h.address) for h in self.hosts):
@@ -131,7 +131,7 @@ class DistributedConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _backend_fits(self):
+    def _backend_fits(self) -> Self:
         backend = self.resolved_backend()
         if backend == "jaccl" and (sys.platform != "darwin" or _macos_version() < (26, 2)):
             raise ValueError(

@@ -8,6 +8,10 @@ engine, a port or a worker belong to the kind served here; an upstream entry tha
 key is refused, naming it. Frozen pydantic, unknown keys forbidden, option names as the
 reference server's flags in snake_case.
 
+An entry is one flat mapping, and ``ModelConfig`` is composed of one model per concern
+(``CONCERNS``: loading, serving, limits, vision, cache...; each in the module of its name), so
+its keys stay flat attributes (``entry.max_queue``) and an error's place is the key as written.
+
 What the daemon computes (the api_keys section's grants, the MCP servers an entry uses, the
 gateway's token) is not on these schemas: ``ResolvedModel`` and ``ResolvedUpstream`` carry it,
 built by ``Config`` from the sections beside the models. ``ResolvedModel`` is the contract
@@ -19,75 +23,53 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import Discriminator, Field, SecretStr, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, SecretStr, Tag, ValidationInfo, field_validator, model_validator
 
-from .base import Strict as _Strict
-from .cache import CacheDiskConfig
+from .base import Strict
+from .cache import CacheConfig
+from .compute import ComputeConfig
 from .distributed import DistributedConfig, distributed_problem
-from .keys import DIGEST_PREFIX, SHA256_RE, KeyGrant, check_rate, key_digest
-from .mcp import MCP_TOOL_SEPARATOR, McpServerConfig, load_mcp_file
-from .names import BLAS_NAMES, BUILTIN_MODELS, BUILTIN_PREFIX, REASONING_PARSERS, TOOL_PARSERS, hub_repo_id
-from .speculative import SpeculativeConfig
-
-# A vision entry's image settings (live, and flags of `vllmmlxd serve`).
-IMAGE_FIELDS = (
-    "max_images",
-    "max_image_mb",
-    "max_image_pixels",
-    "max_request_image_pixels",
-    "image_pixel_budget",
-    "allow_image_urls",
-    "allowed_image_hosts",
-    "image_url_timeout",
-)
-
-# Fields vllmmlxd fills itself (from the sections beside the models): never written by hand.
-INTERNAL_FIELDS = frozenset({"key_grants", "mcp_servers_resolved", "gateway_token"})
+from .fields import ModelSpec, Names
+from .generation import GenerationConfig
+from .keys import DIGEST_PREFIX, SHA256_RE, KeyGrant, key_digest
+from .limits import LimitsConfig
+from .loading import DEFAULT_LOAD, LoadingConfig
+from .mcp import McpEntryConfig, McpServerConfig, load_mcp_file
+from .parsing import ParsingConfig
+from .responses import ResponsesConfig
+from .serving import ServingConfig, TelemetryConfig
+from .speculative import Speculation, SpeculativeConfig
+from .vision import VisionConfig
 
 
-class EntryConfig(_Strict):
+class EntryConfig(Strict):
     """What every model entry has, wherever it runs: its names, who may call it, a request's time."""
 
-    served_model_name: str | None = None
-    aliases: tuple[str, ...] = ()
-    owned_by: str = "vllmmlxd"
+    served_model_name: str | None = Field(None, description="the name clients see (default: the entry's key)")
+    aliases: Names = Field((), description="more names clients may give for this model")
+    owned_by: str = Field("vllmmlxd", description="owned_by in /v1/models")
     api_key: SecretStr | None = None
-    api_keys: tuple[str, ...] | None = Field(
+    api_keys: Names | None = Field(
         None,
         description="names from the api_keys section allowed here ('*': every key whose models match); unset: open",
     )
-    timeout: float = Field(300.0, gt=0)
+    timeout: float = Field(300.0, gt=0, description="seconds before a request is ended")
     group: str | None = Field(
         None,
         description="a replica set: entries with the same group are answered by the gateway under its name too",
     )
-    embedding_model: str | None = Field(
+    embedding_model: ModelSpec | None = Field(
         None,
         description="an embedding model preloaded beside the model, served on /v1/embeddings: "
         "builtin:all-minilm-l6-v2 or a local BERT sentence-transformers folder",
     )
 
-    # Messages name the key and what it accepts, never the value given: a value may come from
-    # ${file:..} or ${env:..} and be a secret written under the wrong key.
-    @field_validator("embedding_model")
-    @classmethod
-    def _known_builtin(cls, v: str | None):
-        # Refused here rather than at load: `vllmmlxctl check` and a reload see it before a worker starts.
-        if v is not None and v.startswith(BUILTIN_PREFIX) and v[len(BUILTIN_PREFIX) :] not in BUILTIN_MODELS:
-            known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
-            raise ValueError(f"unknown builtin model; the builtins are {known}")
-        return v
-
-    @field_validator("aliases", "api_keys", mode="before")
-    @classmethod
-    def _one_is_a_list(cls, v):
-        return (v,) if isinstance(v, str) else v
-
     @field_validator("api_key")
     @classmethod
-    def _keep_the_digest(cls, v: SecretStr | None):
+    def _keep_the_digest(cls, v: SecretStr | None) -> SecretStr | None:
         # Only the digest is kept, as "sha256:HEX" (still a SecretStr, so never printed).
         if v is None:
             return v
@@ -127,7 +109,7 @@ class EntryConfig(_Strict):
         """This entry as JSON with secrets revealed (the key's digest): only ever sent down a worker's stdin pipe."""
         return self._reveal(self.model_dump(mode="json"))
 
-    def _reveal(self, data: dict) -> str:
+    def _reveal(self, data: dict[str, Any]) -> str:
         for name in self.SECRETS:
             value = getattr(self, name, None)
             if value is not None:
@@ -144,179 +126,37 @@ class EntryConfig(_Strict):
 ONE_OF_THE_TWO = "give model (served here) or upstream (served by another host), one of the two"
 
 
-class ModelConfig(EntryConfig):
+# One flat mapping in the YAML, read by one model per concern (CONCERNS). pydantic takes the fields
+# of the last base first: the bases are listed last concern first, so the model's spec is read
+# before `distributed` (whose check reads it) and `--help` lists the flags in the concerns' order.
+class ModelConfig(
+    McpEntryConfig,
+    ParsingConfig,
+    CacheConfig,
+    ComputeConfig,
+    ResponsesConfig,
+    VisionConfig,
+    LimitsConfig,
+    GenerationConfig,
+    TelemetryConfig,
+    ServingConfig,
+    LoadingConfig,
+    EntryConfig,
+):
     """A model served here: what to load, when, where to listen and how to serve it."""
 
-    model: str = Field(description="builtin:NAME, a .gguf path, a local MLX folder or a Hugging Face repo id")
-    load: Literal["eager", "lazy"] = Field(
-        "eager", description="eager: at start; lazy: on the first request through the gateway"
-    )
-    idle_unload_s: float | None = Field(None, gt=0, description="lazy models: stop after this long without a request")
-    download: bool = Field(
-        False,
-        description="a Hugging Face repo id not in the model store yet: the daemon downloads it (status shows "
-        "its progress) instead of refusing it with the `vllmmlxctl pull` to run",
-    )
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    max_tokens: int = Field(32768, ge=1)
-    max_request_tokens: int = Field(32768, ge=1)
-    default_temperature: float | None = Field(None, ge=0, le=2)
-    default_top_p: float | None = Field(None, gt=0, le=1)
-    stream_interval: int = Field(1, ge=1)
-    max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 503")
-    max_body_mb: float = Field(16.0, gt=0, description="request bodies above this get 413")
-    max_images: int = Field(16, ge=0, description="vision models: images per request at most, every turn counted")
-    max_image_mb: float = Field(20.0, gt=0, description="vision models: an image's size at most (413 above)")
-    max_image_pixels: int = Field(
-        40_000_000, ge=1, description="vision models: an image's width x height at most, before the model resizes it"
-    )
-    max_request_image_pixels: int = Field(
-        100_000_000, ge=1, description="vision models: a request's images' width x height together at most (400 above)"
-    )
-    image_pixel_budget: int = Field(
-        200_000_000,
-        ge=1,
-        description="vision models: decoded image pixels the worker holds at once, every request together (about 3 "
-        "bytes each); a request waits for room, 503 after 30 s",
-    )
-    allow_image_urls: bool = Field(False, description="vision models: fetch http(s) image URLs; off: data only")
-    allowed_image_hosts: tuple[str, ...] = Field(
-        (), description="hosts on loopback or private addresses that image URLs may be fetched from"
-    )
-    image_url_timeout: float = Field(10.0, gt=0, description="seconds an image URL's fetch may take")
-    stored_responses: int = Field(
-        2048, ge=0, description="Responses API: stored responses kept (oldest out first); 0: none kept"
-    )
-    stored_responses_mb: float = Field(64.0, gt=0, description="Responses API: the stored responses' size at most")
-    trust_remote_code: bool = False
-    rate_limit: int | str = Field(
-        0, description="requests per client (key name, else address): per minute, or text like '120/minute'; 0: off"
-    )
-    tokens_per_minute: int = Field(0, ge=0, description="generated tokens per minute per client; 0: no limit")
-    trusted_proxies: tuple[str, ...] = Field(
-        (), description="proxy addresses/networks whose X-Forwarded-For names the client"
-    )
-    allowed_hosts: tuple[str, ...] = Field(
-        (), description="Host names this server answers besides its bind address and localhost"
-    )
-    cors_origins: tuple[str, ...] = Field(
-        (), description="web origins allowed to call the API from a browser; none by default"
-    )
-    max_connections: int = Field(256, ge=1, description="open connections at most; more get 503")
-    health_requires_key: bool = Field(False, description="put /health behind the key check too")
-    metrics_requires_key: bool = Field(False, description="put /metrics behind the key check too")
-    enable_metrics: bool = False
-    blas: str = Field(
-        "auto", description="Linux: auto, mkl, blis, openblas, bundled or a path to a library exporting cblas_sgemm"
-    )
-    threads: int | None = Field(
-        None,
-        ge=1,
-        le=1024,
-        description="BLAS threads (and cores on Linux); default: an even share of the cores, one thread fewer",
-    )
-    continuous_batching: bool = Field(True, description="decode many requests together; false: one at a time")
-    max_num_seqs: int = Field(16, ge=1, le=1024, description="requests decoded together at most (then they queue)")
-    prefill_step_size: int = Field(512, ge=16, le=65536, description="prompt tokens prefilled in one step at most")
-    use_paged_cache: bool = Field(
-        True,
-        description="the prefix cache holds KV in 32-token blocks in a prefix tree, a shared start held once; "
-        "false: one copy of each whole sequence",
-    )
-    cache_memory_mb: int | None = Field(
-        None, ge=0, description="prefix cache budget in MB (0: no cache); unset: cache_memory_percent"
-    )
-    cache_scope: Literal["key", "entry"] = Field(
-        "key",
-        description="key: each API key's prompts hit only its own prefix cache (and disk tier); entry: every key "
-        "of the entry shares it, so a shared system prompt hits across keys and a key's cached_tokens can tell "
-        "what another key sent",
-    )
-    cache_memory_percent: float = Field(
-        0.20, gt=0, le=1, description="prefix cache budget as a fraction of physical memory"
-    )
-    max_kv_memory_mb: float | None = Field(
-        None,
-        gt=0,
-        description="KV cache of running requests in MB at most (requests wait for room, or 400 when one never "
-        "fits); unset: what the machine has left after the weights, the prefix cache and a margin",
-    )
-    cache_disk: CacheDiskConfig | None = Field(
-        None,
-        description="write the prefix cache's blocks to disk too, found again after a restart, a swap or a reboot "
-        "(off by default)",
-    )
-    kv_bits: Literal[4, 8] | None = Field(
-        None, description="the prefix cache holds KV quantized to this many bits (memory and disk); unset: as computed"
-    )
-    kv_group_size: Literal[32, 64, 128] = Field(64, description="kv_bits: values that share one scale and bias")
-    reasoning_parser: str | None = Field(
-        None, description="qwen3 or deepseek_r1: return reasoning apart from the answer"
-    )
-    strict_model_name: bool = Field(False, description="404 for a request naming another model; default: answer it")
-    tool_call_parser: str = Field(
-        "auto", description="the model's tool-call format: auto (from its chat template, else hermes) or a family"
-    )
-    enable_auto_tool_choice: bool = Field(
-        True, description="read the model's own tool calls (tool_choice auto); false: only forced calls"
-    )
-    mcp: tuple[str, ...] = Field((), description="names from mcp_servers whose tools this model's worker offers")
-    mcp_auto_execute: tuple[str, ...] = Field(
-        (),
-        description="tools the worker runs itself: SERVER__TOOL (shell patterns), or a server's name for all its tools",
-    )
-    mcp_max_tool_calls: int = Field(8, ge=0, le=1000, description="tool executions one request may make at most")
-    mcp_config: str | None = Field(None, description="a Claude-Desktop-style mcpServers JSON file: all its servers")
     distributed: DistributedConfig | None = Field(
         None, description="split the model over several ranks (hosts), started and supervised as one unit"
     )
-    speculative: SpeculativeConfig | None = Field(
+    speculative: Speculation = Field(
         default_factory=SpeculativeConfig,
         description="draft tokens and verify them together in one forward pass: prompt lookup, adaptive, "
         "unless set (false: off)",
     )
 
-    @field_validator("speculative", mode="before")
-    @classmethod
-    def _speculative_off(cls, v):
-        # `speculative: false` (or off, or null) turns the default prompt lookup off.
-        return None if v is False or v is None or (isinstance(v, str) and v.lower() == "off") else v
-
-    @field_validator("model")
-    @classmethod
-    def _known_builtin_model(cls, v: str | None):
-        # Refused here rather than at load: `vllmmlxctl check` and a reload see it before a worker starts.
-        if v is not None and v.startswith(BUILTIN_PREFIX) and v[len(BUILTIN_PREFIX) :] not in BUILTIN_MODELS:
-            known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
-            raise ValueError(f"unknown builtin model; the builtins are {known}")
-        return v
-
-    @field_validator("blas")
-    @classmethod
-    def _blas_choice(cls, v: str):
-        # A path need not exist here: a missing library falls back to the bundled BLAS with a warning.
-        if v not in BLAS_NAMES and "/" not in v and not v.endswith((".so", ".dylib")) and ".so." not in v:
-            raise ValueError(f"blas must be one of {', '.join(BLAS_NAMES)} or a path to a shared library")
-        return v
-
-    @field_validator("reasoning_parser")
-    @classmethod
-    def _known_reasoning_parser(cls, v):
-        if v is not None and v not in REASONING_PARSERS:
-            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}")
-        return v
-
-    @field_validator("tool_call_parser")
-    @classmethod
-    def _known_tool_parser(cls, v):
-        if v not in TOOL_PARSERS:
-            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_PARSERS)}")
-        return v
-
     @model_validator(mode="before")
     @classmethod
-    def _where_it_runs(cls, data: Any):
+    def _where_it_runs(cls, data: Any) -> Any:
         # Said of the entry as a whole, unless a misspelt key ("modle") is there to be named instead.
         if isinstance(data, dict) and "model" not in data and set(data) <= set(cls.model_fields):
             raise ValueError(ONE_OF_THE_TWO)
@@ -324,83 +164,32 @@ class ModelConfig(EntryConfig):
             raise ValueError("upstream_api_key needs upstream")
         return data
 
-    @field_validator(
-        "trusted_proxies",
-        "allowed_hosts",
-        "cors_origins",
-        "mcp",
-        "mcp_auto_execute",
-        "allowed_image_hosts",
-        mode="before",
-    )
-    @classmethod
-    def _many_is_a_list(cls, v):
-        return (v,) if isinstance(v, str) else v
-
-    @field_validator("rate_limit")
-    @classmethod
-    def _rate(cls, v):
-        return check_rate(v)
-
-    @field_validator("trusted_proxies")
-    @classmethod
-    def _networks(cls, v):
-        import ipaddress
-
-        for i, net in enumerate(v):
-            try:
-                ipaddress.ip_network(net, strict=False)
-            except ValueError:
-                raise ValueError(f"trusted_proxies[{i}] is not an IP address or network") from None
-        return v
-
-    @field_validator("mcp_auto_execute")
-    @classmethod
-    def _tool_patterns(cls, v):
-        # A bare server name means all of its tools (those its allow_tools / deny_tools let through):
-        # written as SERVER__* here, so the worker matches one form of pattern.
-        return tuple(p if MCP_TOOL_SEPARATOR in p or p == "*" else p + MCP_TOOL_SEPARATOR + "*" for p in v)
-
     @field_validator("distributed")
     @classmethod
-    def _can_split(cls, v: DistributedConfig | None, info):
+    def _can_split(cls, v: DistributedConfig | None, info: ValidationInfo) -> DistributedConfig | None:
         model = info.data.get("model")
         if v is not None and isinstance(model, str):
-            problem = distributed_problem(model, info.data.get("load", "eager"), v)
+            problem = distributed_problem(model, info.data.get("load", DEFAULT_LOAD), v)
             if problem:
                 raise ValueError(problem)
         return v
 
-    @model_validator(mode="after")
-    def _download_needs_a_repo(self):
-        # Said at load: `download: true` on a builtin or a path would silently mean nothing.
-        if self.download and hub_repo_id(self.model) is None:
-            raise ValueError("download: true needs a Hugging Face repo id (org/name) as model")
-        return self
 
-    @model_validator(mode="after")
-    def _lifecycle(self):
-        if self.idle_unload_s is not None and self.load != "lazy":
-            raise ValueError("idle_unload_s needs load: lazy (an eager model stays loaded)")
-        return self
-
-    @model_validator(mode="after")
-    def _request_cap_covers_default(self):
-        # The default follows the cap and the cap the default, when only one of them is written;
-        # only a written default above a written cap is a contradiction.
-        if self.max_tokens <= self.max_request_tokens:
-            return self
-        given = self.model_fields_set
-        if "max_tokens" not in given:
-            object.__setattr__(self, "max_tokens", self.max_request_tokens)
-        elif "max_request_tokens" not in given:
-            object.__setattr__(self, "max_request_tokens", self.max_tokens)
-        else:
-            raise ValueError(
-                f"max_tokens ({self.max_tokens}), the default, is larger than max_request_tokens "
-                f"({self.max_request_tokens}), the cap: lower max_tokens or leave it out"
-            )
-        return self
+# The concerns a model entry served here is made of, as `vllmmlxd serve --help` groups their flags.
+CONCERNS: dict[str, type[Strict]] = {
+    "names and access": EntryConfig,
+    "loading": LoadingConfig,
+    "serving": ServingConfig,
+    "telemetry": TelemetryConfig,
+    "generation defaults": GenerationConfig,
+    "limits": LimitsConfig,
+    "images (vision models)": VisionConfig,
+    "stored responses (Responses API)": ResponsesConfig,
+    "compute": ComputeConfig,
+    "prefix cache and KV": CacheConfig,
+    "output parsing": ParsingConfig,
+    "MCP tools": McpEntryConfig,
+}
 
 
 class UpstreamConfig(EntryConfig):
@@ -411,7 +200,7 @@ class UpstreamConfig(EntryConfig):
 
     @model_validator(mode="before")
     @classmethod
-    def _nothing_runs_here(cls, data: Any):
+    def _nothing_runs_here(cls, data: Any) -> Any:
         # A key of a model served here (a port, an engine setting, load: lazy) says something this
         # entry cannot do: refused by name, rather than as an unknown key.
         if isinstance(data, dict):
@@ -427,7 +216,7 @@ class UpstreamConfig(EntryConfig):
 
     @field_validator("upstream")
     @classmethod
-    def _upstream_url(cls, v: str):
+    def _upstream_url(cls, v: str) -> str:
         from urllib.parse import urlsplit
 
         parts = urlsplit(v)
@@ -445,17 +234,20 @@ class UpstreamConfig(EntryConfig):
 class ResolvedModel(ModelConfig):
     """A model served here with what the daemon resolved for it: what its worker receives."""
 
-    key_grants: tuple[KeyGrant, ...] = ()  # INTERNAL_FIELDS: the api_keys section, resolved for this entry
-    gateway_token: SecretStr | None = None  # INTERNAL_FIELDS: set with a gateway section (gateway_token())
-    mcp_servers_resolved: dict[str, McpServerConfig] = Field(default_factory=dict)  # INTERNAL_FIELDS: mcp, resolved
+    key_grants: tuple[KeyGrant, ...] = ()  # the api_keys section, resolved for this entry
+    gateway_token: SecretStr | None = None  # set with a gateway section (schema.gateway_token())
+    mcp_servers_resolved: dict[str, McpServerConfig] = Field(default_factory=dict)  # mcp and mcp_config, resolved
 
-    @model_validator(mode="after")
-    def _mcp_file_alone(self):
-        # `vllmmlxd serve --mcp-config FILE`: no config section resolves the servers, the entry does.
-        # (In a config file, Config fills mcp_servers_resolved and this finds it already set.)
-        if self.mcp_config and not self.mcp_servers_resolved:
-            object.__setattr__(self, "mcp_servers_resolved", load_mcp_file(self.mcp_config))
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _mcp_file_alone(cls, data: Any) -> Any:
+        # `vllmmlxd serve --mcp-config FILE`: no config section resolves the servers, the entry does
+        # (in a config file, Config fills mcp_servers_resolved and this finds it given).
+        if isinstance(data, dict) and not data.get("mcp_servers_resolved"):
+            path = data.get("mcp_config")
+            if isinstance(path, (str, Path)) and path:
+                return {**data, "mcp_servers_resolved": load_mcp_file(path)}
+        return data
 
     SECRETS: ClassVar[tuple[str, ...]] = ("api_key", "gateway_token")
 
@@ -472,7 +264,7 @@ class ResolvedModel(ModelConfig):
 class ResolvedUpstream(UpstreamConfig):
     """An upstream entry with its keys resolved: the gateway checks them before it sends anything on."""
 
-    key_grants: tuple[KeyGrant, ...] = ()  # INTERNAL_FIELDS: the api_keys section, resolved for this entry
+    key_grants: tuple[KeyGrant, ...] = ()  # the api_keys section, resolved for this entry
 
     @property
     def grants(self) -> tuple[KeyGrant, ...]:
@@ -497,6 +289,12 @@ else:
         Discriminator(entry_kind),
     ]
 ENTRY_KINDS: dict[str, type[EntryConfig]] = {"[model]": ModelConfig, "[upstream]": UpstreamConfig}
+
+# Fields vllmmlxd fills itself (from the sections beside the models): never written by hand.
+INTERNAL_FIELDS = frozenset(
+    (ResolvedModel.model_fields.keys() - ModelConfig.model_fields.keys())
+    | (ResolvedUpstream.model_fields.keys() - UpstreamConfig.model_fields.keys())
+)
 
 
 def resolve(entry: EntryConfig, **internal: Any) -> Resolved:

@@ -12,10 +12,11 @@ import hashlib
 import json
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from .base import Strict as _Strict
-from .keys import KeyGrant, check_rate
+from .fields import Names, Networks, Port, Rate
+from .keys import KeyGrant
 
 # A route's state, as the gateway shows it (`/v1/models`, `/api/health`, the web page):
 # a local model's supervisor state, `idle` (a lazy model ready with nothing running),
@@ -42,50 +43,38 @@ class GroupLimits(_Strict):
     """``gateway.groups.NAME``: a replica set's request limits, counted by the gateway for the whole set
     (each member's own limits count per member, so without these a set multiplies them)."""
 
-    rate_limit: int | str = Field(
+    rate_limit: Rate = Field(
         0,
         description="requests per client (key name, else address) to the set, all members together: per minute, "
         "or text like '120/minute'; 0: none",
     )
     key_limits: bool = Field(True, description="also count each named key's own rate_limit for the set as a whole")
 
-    @field_validator("rate_limit")
-    @classmethod
-    def _rate(cls, v):
-        return check_rate(v)
-
 
 class GatewayConfig(_Strict):
     """``gateway:``: one origin for every model (its own supervised process)."""
 
     host: str = "127.0.0.1"
-    port: int = Field(8080, ge=1, le=65535)
+    port: Port = 8080
     ui: bool = Field(True, description="serve the chat / playground / status page at /")
     load_timeout: float = Field(300.0, gt=0, description="seconds a request waits for a lazy model to load")
     upstream_health_interval_s: float = Field(5.0, gt=0, description="seconds between health checks of upstream hosts")
-    trusted_proxies: tuple[str, ...] = Field(
-        (), description="proxy addresses/networks whose X-Forwarded-For names the client"
-    )
-    allowed_hosts: tuple[str, ...] = Field(
+    trusted_proxies: Networks = Field((), description="proxy addresses/networks whose X-Forwarded-For names the client")
+    allowed_hosts: Names = Field(
         (), description="Host names the gateway answers besides its bind address and localhost"
     )
-    cors_origins: tuple[str, ...] = Field((), description="web origins allowed to call the gateway from a browser")
+    cors_origins: Names = Field((), description="web origins allowed to call the gateway from a browser")
     max_connections: int = Field(1024, ge=1, description="open connections at most; more get 503")
     max_body_mb: float = Field(16.0, gt=0, description="request bodies above this get 413")
     groups: dict[str, GroupLimits] = Field(
         default_factory=dict, description="replica sets' request limits, counted here for the whole set"
     )
-    ollama_port: int | None = Field(
-        None, ge=1, le=65535, description="also serve Ollama's API on this port of the same host (11434 is Ollama's)"
+    ollama_port: Port | None = Field(
+        None, description="also serve Ollama's API on this port of the same host (11434 is Ollama's)"
     )
 
-    @field_validator("trusted_proxies", "allowed_hosts", "cors_origins", mode="before")
-    @classmethod
-    def _one_is_a_list(cls, v):
-        return (v,) if isinstance(v, str) else v
-
     @model_validator(mode="after")
-    def _ports_apart(self):
+    def _ports_apart(self) -> GatewayConfig:
         if self.ollama_port == self.port:
             raise ValueError(f"ollama_port and port are both {self.port}: Ollama's API needs a port of its own")
         return self

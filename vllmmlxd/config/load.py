@@ -16,6 +16,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -159,7 +160,7 @@ class _Reader:
         p = Path(path).expanduser()
         return str(p if p.is_absolute() else self.base_dir / p)
 
-    def _to_python(self, loader: yaml.SafeLoader, node: Node, loc: Loc):
+    def _to_python(self, loader: yaml.SafeLoader, node: Node, loc: Loc) -> Any:
         if id(node) in self._active:
             raise ConfigError(f"{self.path}:{_pos(node)}: {_dotted(loc)}: an alias refers to itself")
         self._active.add(id(node))

@@ -6,12 +6,14 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
 from .base import Strict as _Strict
+from .fields import Names
 
 # MCP server names prefix their tools as SERVER__TOOL, so a name never holds "__" itself, and
 # stays inside the tool-name alphabet the OpenAI and Anthropic APIs accept.
@@ -28,7 +30,7 @@ class McpServerConfig(_Strict):
 
     transport: Literal["stdio", "streamable-http", "sse"] = "stdio"
     command: str | None = Field(None, description="stdio: the program to run")
-    args: tuple[str, ...] = ()
+    args: Names = ()
     env: dict[str, SecretStr] = Field(
         default_factory=dict, description="stdio: variables added to a small safe environment"
     )
@@ -36,33 +38,28 @@ class McpServerConfig(_Strict):
     url: str | None = Field(None, description="streamable-http or sse: the server's endpoint")
     headers: dict[str, SecretStr] = Field(default_factory=dict, description="HTTP headers sent with every request")
     timeout: float = Field(30.0, gt=0, le=3600, description="seconds one tool execution (and connecting) may take")
-    allow_tools: tuple[str, ...] = Field(("*",), description="tool names (shell patterns) offered; default all")
-    deny_tools: tuple[str, ...] = Field((), description="tool names (shell patterns) never offered, even if allowed")
+    allow_tools: Names = Field(("*",), description="tool names (shell patterns) offered; default all")
+    deny_tools: Names = Field((), description="tool names (shell patterns) never offered, even if allowed")
     enabled: bool = True
 
     @model_validator(mode="before")
     @classmethod
-    def _infer_transport(cls, data):
+    def _infer_transport(cls, data: Any) -> Any:
         # A server written like a Claude Desktop one ({command} or {url}) needs no transport key.
         if isinstance(data, dict) and "transport" not in data and data.get("url") and not data.get("command"):
             data = {**data, "transport": "streamable-http"}
         return data
 
-    @field_validator("args", "allow_tools", "deny_tools", mode="before")
-    @classmethod
-    def _one_is_a_list(cls, v):
-        return (v,) if isinstance(v, str) else v
-
     @field_validator("env", "headers", mode="before")
     @classmethod
-    def _text_values(cls, v):
+    def _text_values(cls, v: Any) -> Any:
         # Numbers in YAML (PORT: 8080) are meant as text in an environment or a header.
         if isinstance(v, dict):
             return {k: str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x for k, x in v.items()}
         return v
 
     @model_validator(mode="after")
-    def _fits_transport(self):
+    def _fits_transport(self) -> McpServerConfig:
         if self.transport == "stdio":
             if not self.command:
                 raise ValueError("a stdio MCP server needs command")
@@ -81,7 +78,7 @@ class McpServerConfig(_Strict):
             fnmatch.fnmatchcase(tool, p) for p in self.deny_tools
         )
 
-    def revealed(self) -> dict:
+    def revealed(self) -> dict[str, Any]:
         """This server as plain JSON, secrets shown: for a worker's stdin only."""
         data = self.model_dump(mode="json")
         data["env"] = {k: v.get_secret_value() for k, v in self.env.items()}
@@ -89,7 +86,8 @@ class McpServerConfig(_Strict):
         return data
 
 
-def check_mcp_server_names(names) -> None:
+def check_mcp_server_names(names: Iterable[str]) -> None:
+    """Raise ``ValueError`` for the first name that cannot prefix its tools' names."""
     for name in names:
         if not MCP_SERVER_NAME_RE.match(name):
             raise ValueError(
@@ -119,7 +117,7 @@ def load_mcp_file(path: str | Path) -> dict[str, McpServerConfig]:
     if not isinstance(servers, dict):
         raise ValueError('the MCP config file has no "mcpServers" object')
     check_mcp_server_names(servers)
-    out = {}
+    out: dict[str, McpServerConfig] = {}
     kinds = {
         "stdio": "stdio",
         "sse": "sse",
@@ -153,3 +151,25 @@ def load_mcp_file(path: str | Path) -> dict[str, McpServerConfig]:
             )
             raise ValueError(f"MCP config: server {name!r}: {problems}") from None
     return out
+
+
+def _whole_servers(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    # A bare server name means all of its tools (those its allow_tools / deny_tools let through):
+    # written as SERVER__* here, so the worker matches one form of pattern.
+    return tuple(p if MCP_TOOL_SEPARATOR in p or p == "*" else p + MCP_TOOL_SEPARATOR + "*" for p in patterns)
+
+
+# Tools as SERVER__TOOL shell patterns, or a server's name for all its tools.
+ToolPatterns = Annotated[Names, AfterValidator(_whole_servers)]
+
+
+class McpEntryConfig(_Strict):
+    """A model entry's MCP tools: the servers its worker connects to, and the tools it runs itself."""
+
+    mcp: Names = Field((), description="names from mcp_servers whose tools this model's worker offers")
+    mcp_auto_execute: ToolPatterns = Field(
+        (),
+        description="tools the worker runs itself: SERVER__TOOL (shell patterns), or a server's name for all its tools",
+    )
+    mcp_max_tool_calls: int = Field(8, ge=0, le=1000, description="tool executions one request may make at most")
+    mcp_config: str | None = Field(None, description="a Claude-Desktop-style mcpServers JSON file: all its servers")

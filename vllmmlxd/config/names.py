@@ -1,14 +1,18 @@
 """Names the config accepts for choices made elsewhere (parsers, builtin models, BLAS libraries).
 
-Kept here so the config never imports the engine or the parsers; tests keep each list equal to
-the code that implements it.
+The BLAS libraries are read from the runtime that loads them (a layer the config may import);
+the parsers and the builtins live above the config (it never imports the engine or the parsers),
+so their names are listed here and tests keep each list equal to the code that implements it.
 """
 
 import re
 
+from ..runtime.blas_find import AUTO_ORDER
+
 # What an entry, a key or a group may be called: it appears in URLs, logs and status tables.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-BLAS_NAMES = ("auto", "mkl", "blis", "openblas", "bundled")
+# `auto` tries the libraries in AUTO_ORDER; `bundled` is the one the mlx wheel links.
+BLAS_NAMES = ("auto", *AUTO_ORDER, "bundled")
 REASONING_PARSERS = ("qwen3", "deepseek_r1")  # as vllmmlxd/parsers/reasoning has them (a test keeps them equal)
 TOOL_PARSERS = (  # as vllmmlxd/parsers/tools has them (a test keeps them equal)
     "auto",
@@ -25,7 +29,7 @@ TOOL_PARSERS = (  # as vllmmlxd/parsers/tools has them (a test keeps them equal)
     "qwen",
     "xlam",
 )
-BUILTIN_MODELS = (  # as vllmmlxd/engine/builtin.py has them (a test keeps them equal; config never imports the engine)
+BUILTIN_MODELS = (  # as vllmmlxd/engine/loading/builtin.py has them (a test keeps them equal; config never imports the engine)
     "all-minilm-l6-v2",
     "smollm2-135m-instruct",
     "tiny",

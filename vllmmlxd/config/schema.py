@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 import secrets
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from .base import Strict as _Strict
 from .entries import (  # noqa: F401 - the entry kinds are imported from here too
@@ -87,7 +87,7 @@ class Config(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_internal_fields(cls, data):  # written by hand, they would only be an "unknown key": say why
+    def _no_internal_fields(cls, data: Any) -> Any:  # written by hand, they would only be an "unknown key": say why
         models = data.get("models") if isinstance(data, dict) else None
         for name, entry in models.items() if isinstance(models, dict) else ():
             for field_name in INTERNAL_FIELDS & set(entry if isinstance(entry, dict) else ()):
@@ -96,14 +96,14 @@ class Config(_Strict):
 
     @field_validator("mcp_config")
     @classmethod
-    def _readable_mcp_file(cls, v: Path | None):
+    def _readable_mcp_file(cls, v: Path | None) -> Path | None:
         if v is not None:
             load_mcp_file(v)  # its errors are this key's
         return v
 
     @field_validator("mcp_servers")
     @classmethod
-    def _import_mcp_file(cls, servers: dict[str, McpServerConfig], info):
+    def _import_mcp_file(cls, servers: dict[str, McpServerConfig], info: ValidationInfo) -> dict[str, McpServerConfig]:
         check_mcp_server_names(servers)
         path = info.data.get("mcp_config")
         imported = load_mcp_file(path) if path is not None else {}
@@ -113,7 +113,7 @@ class Config(_Strict):
 
     @field_validator("api_keys")
     @classmethod
-    def _key_names(cls, keys: dict[str, ApiKeyConfig], info):
+    def _key_names(cls, keys: dict[str, ApiKeyConfig], info: ValidationInfo) -> dict[str, ApiKeyConfig]:
         for name in keys:
             if not MODEL_NAME_RE.match(name) or name == "api_key":
                 raise ValueError(f"key name {name!r} must be letters, digits, '_', '.' or '-' (and not 'api_key')")
@@ -129,7 +129,7 @@ class Config(_Strict):
 
     @field_validator("models")
     @classmethod
-    def _names_and_ports(cls, models: dict[str, EntryConfig], info):
+    def _names_and_ports(cls, models: dict[str, EntryConfig], info: ValidationInfo) -> dict[str, EntryConfig]:
         gateway: GatewayConfig | None = info.data.get("gateway")
         seen: dict[tuple[str, int], str] = {addr: "gateway" for addr in gateway.listeners()} if gateway else {}
         for name, entry in models.items():
@@ -147,7 +147,7 @@ class Config(_Strict):
 
     @field_validator("models")
     @classmethod
-    def _replica_sets(cls, models: dict[str, EntryConfig], info):
+    def _replica_sets(cls, models: dict[str, EntryConfig], info: ValidationInfo) -> dict[str, EntryConfig]:
         gateway = info.data.get("gateway")
         check_groups(models, gateway is not None)
         unknown = set(gateway.groups) - set(members_by_group(models)) if gateway is not None else set()
@@ -157,11 +157,11 @@ class Config(_Strict):
 
     @field_validator("models")
     @classmethod
-    def _grant_keys(cls, models: dict[str, EntryConfig], info):
+    def _grant_keys(cls, models: dict[str, EntryConfig], info: ValidationInfo) -> dict[str, Resolved]:
         # Each entry gets every named key's digest, marked allowed or not: a known key that
         # may not use a model is a 403 there, an unknown one a 401.
         keys: dict[str, ApiKeyConfig] = info.data.get("api_keys") or {}
-        out = {}
+        out: dict[str, Resolved] = {}
         for name, entry in models.items():
             if entry.api_keys is None:  # open (or only its own api_key): the key table is not needed
                 out[name] = resolve(entry)
@@ -195,7 +195,7 @@ class Config(_Strict):
 
     @field_validator("models")
     @classmethod
-    def _resolve_mcp(cls, models: dict[str, Resolved], info):
+    def _resolve_mcp(cls, models: dict[str, Resolved], info: ValidationInfo) -> dict[str, Resolved]:
         # Each entry carries the full definitions of its servers (the names it lists, and all of
         # its own mcp_config file's): a worker never sees the rest of the config.
         servers: dict[str, McpServerConfig] = info.data.get("mcp_servers") or {}
@@ -222,10 +222,22 @@ class Config(_Strict):
             out[name] = resolve(entry, mcp_servers_resolved=resolved) if resolved else entry
         return out
 
+    @field_validator("models")
+    @classmethod
+    def _gateway_token(cls, models: dict[str, Resolved], info: ValidationInfo) -> dict[str, Resolved]:
+        # With a gateway, the workers believe the client address it passes on with the daemon's token.
+        if info.data.get("gateway") is None:
+            return models
+        token = gateway_token()
+        return {
+            name: resolve(entry, gateway_token=token) if isinstance(entry, ResolvedModel) else entry
+            for name, entry in models.items()
+        }
+
     @model_validator(mode="after")
-    def _gateway_routes(self):
-        # Through the gateway a name must lead to one model, and the workers believe the
-        # client address the gateway passes on with the daemon's token.
+    def _gateway_routes(self) -> Self:
+        # Through the gateway a name must lead to one model (said of the whole file: checked once
+        # every entry is read).
         if self.gateway is None:
             return self
         owner: dict[str, str] = {}
@@ -237,10 +249,4 @@ class Config(_Strict):
                         f"models {owner[n]!r} and {name!r} both answer to {n!r}: the gateway routes by "
                         "name, so served_model_name, entry keys and aliases must differ"
                     )
-        token = gateway_token()
-        models = {
-            name: resolve(entry, gateway_token=token) if isinstance(entry, ResolvedModel) else entry
-            for name, entry in self.models.items()
-        }
-        object.__setattr__(self, "models", models)
         return self

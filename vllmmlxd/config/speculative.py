@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from .base import Strict
 
 SPECULATIVE_METHODS = ("prompt-lookup", "draft")
+OFF = "off"  # `speculative: off` (or false, or null): no speculation
 
 
 class SpeculativeConfig(Strict):
@@ -30,9 +31,18 @@ class SpeculativeConfig(Strict):
     )
 
     @model_validator(mode="after")
-    def _method_has_what_it_needs(self):
+    def _method_has_what_it_needs(self) -> Self:
         if self.method == "draft" and not self.draft_model:
             raise ValueError("method: draft needs draft_model")
         if self.method == "prompt-lookup" and self.draft_model:
             raise ValueError("draft_model is for method: draft")
         return self
+
+
+def _off_is_none(value: object) -> object:
+    # `speculative: false` (or off, or null) turns the default prompt lookup off.
+    return None if value is False or value is None or (isinstance(value, str) and value.lower() == OFF) else value
+
+
+# The section, or off: unset, an entry drafts by prompt lookup (adaptive).
+Speculation = Annotated[SpeculativeConfig | None, BeforeValidator(_off_is_none)]

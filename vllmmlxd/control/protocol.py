@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from vllmmlxd.config.loading import DEFAULT_LOAD
 from vllmmlxd.paths import resolve_state_dir
 
 if TYPE_CHECKING:  # the ctl imports this module: it stays free of the store's code
@@ -174,7 +175,7 @@ class ModelStatus(_Wire):
     vision: bool | None = None  # a vision model: it takes images
     speculative: dict | None = None  # speculative decoding: method, drafted and accepted tokens (None: off)
     mcp: list[McpServerStatus] | None = None  # its MCP servers (None: none, or an older daemon)
-    load: str = "eager"  # eager, or lazy: loaded on demand
+    load: str = DEFAULT_LOAD  # eager, or lazy: loaded on demand (text: a newer daemon may add a mode)
     idle_unload_s: float | None = None  # a lazy model is unloaded after this long without a request
     idle_s: float | None = None  # how long it has had no request (lazy models)
     upstream: str | None = None  # served by another host's daemon at this URL

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config.cache import cache_budget  # what cache_memory_mb / cache_memory_percent budget, defined once
 from ..config.distributed import DistributedConfig, model_shape, share_text
 from ..config.schema import Config, ModelConfig
 from ..runtime import memory as machine
@@ -169,15 +170,6 @@ class MemoryPlan:
             "reserve_mb": c.reserve_mb,
             "working_set_mb": c.working_set_mb,
         }
-
-
-def cache_budget(entry: ModelConfig, physical_mb: int | None) -> tuple[int, str]:
-    """An entry's prefix-cache budget in MB and where it comes from: cache_memory_mb, else a share of physical memory."""
-    if entry.cache_memory_mb is not None:
-        return entry.cache_memory_mb, "cache_memory_mb"
-    if physical_mb is None:
-        return 0, "cache_memory_percent of unknown memory"
-    return int(physical_mb * entry.cache_memory_percent), f"{entry.cache_memory_percent * 100:g}% of physical"
 
 
 def make_footprint(entry: ModelConfig, estimate: weights.WeightsEstimate, physical_mb: int | None) -> Footprint:
