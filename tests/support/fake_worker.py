@@ -1,17 +1,19 @@
 """A stand-in for a worker process, for supervisor tests: it behaves as it is told (ready, hangs,
-or exits with a code during its load), reports the idle time it is given, and never starts a process."""
+or exits with a code during its load), reports the idle time it is given, and never starts a process.
+
+Its time is the test's clock (``FakeWorker.clock``, the one the slot or supervisor under test is
+given): a load takes ``load_s`` and a drain ``drain_s`` of it, and its idle time is measured on it."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import time
 from pathlib import Path
 from typing import ClassVar
 
 from vllmmlxd.config.schema import ModelConfig
 from vllmmlxd.runtime.cpus import CpuShare
+from vllmmlxd.supervisor.clock import REAL_CLOCK, Clock
 from vllmmlxd.supervisor.process import SpawnError
 
 _pids = itertools.count(1000)
@@ -23,12 +25,15 @@ class FakeWorker:
     script: ClassVar[list] = []  # what the next spawns do; "ready" once it is empty
     spawned: ClassVar[list[FakeWorker]] = []
     spawn_error: str | None = None
-    drain_s = 0.0  # how long a drain takes (its in-flight requests finishing)
+    clock: ClassVar[Clock] = REAL_CLOCK  # the test's (a FakeClock): set with the slot's or supervisor's
+    load_s = 0.0  # how long a load takes, on the clock (0: at the loop's next turn)
+    drain_s = 0.0  # how long a drain takes (its in-flight requests finishing), on the clock
 
     def __init__(self, config: ModelConfig, behaviour):
         self.config = config
         self.behaviour = behaviour
         self.pid = next(_pids)
+        self.spawned_at = self.clock.monotonic()
         self.health_socket = Path("/nonexistent")
         self.listening = False
         self.ready_at: float | None = None
@@ -51,13 +56,26 @@ class FakeWorker:
         cls.spawned.append(worker)
         return worker
 
+    @classmethod
+    def kill_spawned(cls) -> None:
+        """Kill every worker still alive: a test that fails leaves none behind (its slot's watches would
+        wait for their exits while the loop shuts down)."""
+        for worker in cls.spawned:
+            worker.kill()
+
     def _finish(self, code: int) -> None:
         if not self._exit.done():
             self.exit_code = code
             self._exit.set_result(code)
 
+    def exit(self, code: int) -> None:
+        """The process ends on its own with ``code`` (a crash, for a test)."""
+        self._finish(code)
+
     async def wait_ready(self, timeout, on_listening=lambda: None):
-        await asyncio.sleep(0.01)
+        await self.clock.sleep(self.load_s)
+        if not self.alive:  # killed while it loaded
+            return False
         if self.behaviour == "ready":
             self.listening = True
             on_listening()
@@ -65,8 +83,7 @@ class FakeWorker:
         if isinstance(self.behaviour, int):
             self._finish(self.behaviour)
             return False
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._exit), timeout)
+        await asyncio.shield(self._exit)  # hangs until killed (its slot's clock times the start out)
         return False
 
     async def healthy(self, timeout=5):
@@ -74,17 +91,17 @@ class FakeWorker:
 
     async def refresh(self, timeout=1.0):
         """What a real worker's /health load says of its idle time: since ``idle_since``, or busy (None)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         self.load = {"idle_s": None if self.idle_since is None else now - self.idle_since}
         if self.keep_alive_s is not None:
             self.load["keep_alive_s"] = self.keep_alive_s
         self.load_at = now
 
     async def wait(self):
-        return await self._exit
+        return await asyncio.shield(self._exit)  # a waiter cancelled leaves the exit alone, as a process's
 
     async def exited(self):
-        return await self._exit
+        return await asyncio.shield(self._exit)
 
     @property
     def pids(self):
@@ -97,7 +114,7 @@ class FakeWorker:
         self._finish(0)
 
     async def stop(self, drain_timeout):
-        await asyncio.sleep(self.drain_s)
+        await self.clock.sleep(self.drain_s)
         self.terminate()
         return await self.wait()
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..log import log_event
 from . import states
+from .clock import REAL_CLOCK, Clock
 from .memory import Capacity
 from .messages import IdleTick, Msg
 from .operations import Operations, resolve
@@ -34,8 +35,9 @@ Measure = Callable[[], "tuple[Capacity, dict[str, int]]"]  # usable memory and f
 
 
 class Loads:
-    def __init__(self, entries: Entries, ops: Operations, measure: Measure):
+    def __init__(self, entries: Entries, ops: Operations, measure: Measure, clock: Clock = REAL_CLOCK):
         self._entries = entries
+        self._clock = clock  # the ticker's
         self._ops = ops
         self._measure = measure
         self._waiting: dict[str, list[asyncio.Future]] = {}  # callers waiting for a load in flight
@@ -122,7 +124,7 @@ class Loads:
         Every lazy model is read, an entry without ``idle_unload_s`` too: a request may set its limit
         (``keep_alive``), and only a fresh read shows it."""
         while True:
-            await asyncio.sleep(IDLE_CHECK_S)
+            await self._clock.sleep(IDLE_CHECK_S)
             watched = [
                 u
                 for u in self._entries().values()

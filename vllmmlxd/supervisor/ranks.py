@@ -11,7 +11,6 @@ the slot's usual crash, backoff and stop rules then act on every rank at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -21,6 +20,7 @@ from typing import Any
 
 from ..log import event_line, log_event
 from . import rank_launch
+from .clock import REAL_CLOCK, Clock, done_within
 from .process import LogSink, SpawnError, UnitConfig, WorkerProcess
 
 logger = logging.getLogger("vllmmlxd.supervisor")
@@ -34,13 +34,23 @@ class RankGroup(WorkerProcess):
     followers: list[WorkerProcess]
     hosts: list[str]
     first_exit: str | None = None  # which rank went first, and how
+    clock: Clock = REAL_CLOCK  # the slot's: the others' time to follow rank 0's stop
 
     @classmethod
     async def spawn_group(
-        cls, name: str, config: UnitConfig, *, state_dir: Path, log_level: str, sink: LogSink, **how: Any
+        cls,
+        name: str,
+        config: UnitConfig,
+        *,
+        state_dir: Path,
+        log_level: str,
+        sink: LogSink,
+        clock: Clock = REAL_CLOCK,
+        **how: Any,
     ) -> RankGroup:
         """Start the followers, then rank 0 as ``WorkerProcess.spawn`` starts a worker (``how``: the
-        rest of its arguments: the socket, the drain timeout, the cores, the program)."""
+        rest of its arguments: the socket, the drain timeout, the cores, the program). ``clock``: the
+        slot's, which times the followers' grace after rank 0's clean stop."""
         dist = getattr(config, "distributed")  # noqa: B009 - a model entry's field, not on every UnitConfig
         files = rank_launch.rank_files(dist)
         paths = _write_files(state_dir, name, files)
@@ -75,14 +85,14 @@ class RankGroup(WorkerProcess):
                 f.kill()
             await asyncio.gather(*(f.wait() for f in followers), return_exceptions=True)
             raise
-        group._join(followers, [h.host for h in dist.hosts])
+        group._join(followers, [h.host for h in dist.hosts], clock)
         log_event(
             logger, "ranks.spawned", model=name, pids=",".join(str(p) for p in group.pids), hosts=",".join(group.hosts)
         )
         return group
 
-    def _join(self, followers: list[WorkerProcess], hosts: list[str]) -> None:
-        self.followers, self.hosts = followers, hosts
+    def _join(self, followers: list[WorkerProcess], hosts: list[str], clock: Clock) -> None:
+        self.followers, self.hosts, self.clock = followers, hosts, clock
 
     @property
     def ranks(self) -> list[WorkerProcess]:
@@ -128,8 +138,9 @@ class RankGroup(WorkerProcess):
                 )
         if rank == 0 and code == 0:
             # Rank 0 drained and told the others to stop: they end on their own in a moment.
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*(f.proc.wait() for f in self.followers)), FOLLOWERS_STOP_S)
+            followed = asyncio.gather(*(f.proc.wait() for f in self.followers))
+            if not await done_within(self.clock, followed, FOLLOWERS_STOP_S):
+                followed.cancel()
         for w in self.ranks:  # one rank gone: the others cannot go on
             w._signal(signal.SIGKILL)
         await asyncio.gather(*(f.wait() for f in self.followers), return_exceptions=True)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
 from collections.abc import Callable
 from typing import assert_never
 
@@ -29,6 +28,7 @@ from ..log import event_line, log_event
 from ..runtime.cpus import CpuShare
 from ..sockets import bind_tcp, http_url
 from . import states
+from .clock import REAL_CLOCK, Clock
 from .exit_reason import exit_reason
 from .log_lines import LogLines
 from .operations import resolve as _resolve
@@ -79,8 +79,10 @@ class Slot:
         module: str = "vllmmlxd.worker",
         lazy: bool = False,
         on_demand: Callable[[], None] = lambda: None,
+        clock: Clock = REAL_CLOCK,
     ):
         self.name = name
+        self.clock = clock  # its timers (backoff, health checks) and its stamps (ready since, retry window)
         self.config = config  # the target: what the next worker runs (a failed swap restores the old)
         self.share = share  # the cores its worker is pinned to (None: not pinned)
         self.planned_share = share  # where a reload's plan puts it when it next restarts
@@ -106,7 +108,7 @@ class Slot:
         self._waiters: list[Waiter] = []
         self._backoff: asyncio.Task | None = None
         self._backoff_token = 0
-        self._workers = SlotWorkers(name, self._post, push_settings)
+        self._workers = SlotWorkers(name, self._post, push_settings, clock)
         self._stand_in = StandIn(name, self.unavailable, self._answered)
         self._closed = False
         self._actor = asyncio.create_task(self._run(), name=f"slot-{name}")
@@ -303,7 +305,7 @@ class Slot:
             self.last_exit_code = worker.exit_code
             said = exit_reason(worker.failure, worker.last_lines(40).splitlines())
             self.last_error = said or f"exited with code {worker.exit_code}"
-        ready_for = time.monotonic() - worker.ready_at if worker.ready_at is not None else None
+        ready_for = self.clock.monotonic() - worker.ready_at if worker.ready_at is not None else None
         return Event("worker_exited", code=worker.exit_code, ready_for_s=ready_for)
 
     async def _apply(self, d: Decision, msg: SlotMsg, event: Event) -> None:
@@ -313,8 +315,8 @@ class Slot:
         for action in d.actions:
             follow_up = await self._do(action, msg, d) or follow_up
         if event.kind == "worker_ready" and self.worker is not None:
-            self.worker.ready_at = time.monotonic()
-            self.ready_since = time.time()
+            self.worker.ready_at = self.clock.monotonic()
+            self.ready_since = self.clock.time()
         if d.phase == states.FAILED:
             self.fail_reason = d.reason or self.fail_reason
         if isinstance(msg, ApplySettings) and "push_settings" not in d.actions:
@@ -355,7 +357,8 @@ class Slot:
         elif action == "restore_held" and self.held is not None:
             self.worker, self.held = self.held, None
             self.config, self.share, self.planned_share = self.worker.config, self.worker.share, self.worker.share
-            self.ready_since = time.time() - (time.monotonic() - (self.worker.ready_at or time.monotonic()))
+            now = self.clock.monotonic()
+            self.ready_since = self.clock.time() - (now - (self.worker.ready_at or now))
         elif action == "push_settings" and self.worker is not None and isinstance(msg, ApplySettings):
             future = msg.future
             self._workers.push(self.worker, self.config, lambda result: _resolve(future, result))
@@ -460,7 +463,7 @@ class Slot:
 
     def _answered(self, why: Unavailable, retries: bool) -> None:
         if retries and why.status in ("unloaded", "loading"):  # the client was told to come back: expect it then
-            self._post(TurnedAway(time.monotonic() + why.retry_after_s + RETRY_SLACK_S))
+            self._post(TurnedAway(self.clock.monotonic() + why.retry_after_s + RETRY_SLACK_S))
         if why.status == "unloaded":
             self._on_demand()
 

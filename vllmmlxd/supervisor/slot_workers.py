@@ -8,7 +8,6 @@ the actor never waits on a worker and a stop interrupts a start or a backoff at 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Coroutine
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..log import log_event
+from .clock import REAL_CLOCK, Clock, done_within
 from .process import UnitConfig, WorkerProcess
 from .ranks import RankGroup
 from .slot_messages import BackoffElapsed, Listening, SlotMsg, WorkerExited, WorkerNews
@@ -32,8 +32,9 @@ Post = Callable[[SlotMsg], None]  # the actor's queue
 class SlotWorkers:
     """Every worker of one slot not yet reaped, and the tasks that watch and stop them."""
 
-    def __init__(self, name: str, post: Post, push_settings: PushSettings | None):
+    def __init__(self, name: str, post: Post, push_settings: PushSettings | None, clock: Clock = REAL_CLOCK):
         self.name = name
+        self._clock = clock  # the backoff timer's and the health checks' interval
         self._post = post
         self._push_settings = push_settings
         self._alive: set[WorkerProcess] = set()
@@ -43,7 +44,9 @@ class SlotWorkers:
     async def spawn(self, config: UnitConfig, sock: socket.socket, tuning: Tuning, **how: Any) -> WorkerProcess:
         """Start a worker on ``sock`` and watch it; ``how``: WorkerProcess.spawn's settings. Raises OSError."""
         if getattr(config, "distributed", None) is not None:
-            worker: WorkerProcess = await RankGroup.spawn_group(self.name, config, listen_fd=sock.fileno(), **how)
+            worker: WorkerProcess = await RankGroup.spawn_group(
+                self.name, config, listen_fd=sock.fileno(), clock=self._clock, **how
+            )
         else:
             worker = await WorkerProcess.spawn(self.name, config, listen_fd=sock.fileno(), **how)
         self._alive.add(worker)
@@ -52,16 +55,20 @@ class SlotWorkers:
 
     async def _watch(self, worker: WorkerProcess, t: Tuning) -> None:
         """Readiness, then periodic health, then the exit of one worker, posted as events."""
+        exited = asyncio.ensure_future(worker.exited())
+        # The ready timeout is the clock's (the worker's own, the same, only backs it up).
+        readying = asyncio.ensure_future(
+            worker.wait_ready(t.ready_timeout_s, on_listening=lambda: self._post(Listening(worker)))
+        )
         try:
-            ready = await worker.wait_ready(t.ready_timeout_s, on_listening=lambda: self._post(Listening(worker)))
+            ready = await done_within(self._clock, readying, t.ready_timeout_s) and readying.result()
             if ready:
                 self._post(WorkerNews("worker_ready", worker))
             elif worker.alive:
                 self._post(WorkerNews("start_timeout", worker))
             failures = 0
             while ready and worker.alive:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(worker.exited()), t.health_interval_s)
+                if await done_within(self._clock, exited, t.health_interval_s):
                     break
                 failures = 0 if await worker.healthy(t.health_timeout_s) else failures + 1
                 if failures >= t.health_failures and worker.alive:
@@ -76,7 +83,8 @@ class SlotWorkers:
                     self._post(WorkerNews("health_failed", worker))
                     failures = 0
         finally:
-            await worker.wait()
+            readying.cancel()  # timed out: it polls no more
+            await worker.wait()  # (``exited`` ends with it)
             self._alive.discard(worker)
             self._post(WorkerExited(worker))
 
@@ -121,8 +129,10 @@ class SlotWorkers:
         self.track(push())
 
     def backoff(self, delay: float, token: int) -> asyncio.Task:
+        """Post ``BackoffElapsed(token)`` once ``delay`` seconds have passed on the clock."""
+
         async def timer() -> None:
-            await asyncio.sleep(delay)
+            await self._clock.sleep(delay)
             self._post(BackoffElapsed(token))
 
         return self.track(timer())

@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import os
 import socket
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, assert_never
@@ -35,6 +34,7 @@ from ..runtime.cpus import CpuShare
 from ..store.pulls import Pull, Pulls
 from . import messages as m
 from . import states
+from .clock import REAL_CLOCK, Clock
 from .files import ModelFiles
 from .gateway import GATEWAY, needs_new_process
 from .loads import Loads
@@ -64,11 +64,13 @@ class Supervisor:
         control_socket: Path | None = None,
         pulls: Pulls | None = None,
         measure: Callable[[], tuple[Capacity, dict[str, int]]] | None = None,
+        clock: Clock = REAL_CLOCK,
     ):
+        self.clock = clock  # its and its units' timers and stamps (a test's is fake)
         self.loaded = loaded
         self.settings = settings
         self.units: dict[str, Unit] = {}  # entries in the config's order, then the gateway
-        self.started = time.time()
+        self.started = clock.time()
         self.last_reload: ReloadRecord | None = None
         self.config_missing = False
         # How a live change reaches a running worker; None: every change gets a new worker.
@@ -83,7 +85,7 @@ class Supervisor:
         self._queue: asyncio.Queue[m.Msg] = asyncio.Queue()
         self.ops = Operations(self._post)  # what runs beside the task, and the units it is on
         # How the machine's memory and the entries' footprints are read (a test gives its own).
-        self.loads = Loads(self.entry_units, self.ops, measure or self._footprints)
+        self.loads = Loads(self.entry_units, self.ops, measure or self._footprints, clock)
         self._reloading = False
         self._reloads: list[m.Reload] = []  # reloads asked for while one runs: one after the other
         self.files = ModelFiles(settings.state_dir, self.pulls, self.ops, self._post, self._changed)
@@ -178,7 +180,7 @@ class Supervisor:
         )
 
     def status(self) -> StatusView:
-        now = time.time()
+        now = self.clock.time()
         gateway = self.gateway()
         models = [u.view(now) for u in self.entry_units().values()]
         return StatusView(
@@ -316,7 +318,8 @@ class Supervisor:
     def _add_entry(self, name: str, config: Resolved, sock: socket.socket | None = None) -> None:
         """A unit for an entry: a slot for a model served here (a lazy one waits unloaded), checks for an upstream."""
         if isinstance(config, ResolvedUpstream):
-            self.units[name] = UpstreamUnit(name, UpstreamChecks(name, config, self.upstream_interval(), self._changed))
+            checks = UpstreamChecks(name, config, self.upstream_interval(), self._changed, self.clock)
+            self.units[name] = UpstreamUnit(name, checks)
             return
         self.units[name] = ModelUnit(
             name,
@@ -330,6 +333,7 @@ class Supervisor:
                 push_settings=self.push_settings,
                 lazy=config.load == "lazy",
                 on_demand=lambda: self._post(m.Demand(name)),
+                clock=self.clock,
             ),
         )
         self.files.check(self.units[name])
@@ -339,7 +343,15 @@ class Supervisor:
 
         spec = self.routes.first(config)  # it starts with it, on stdin
         unit = GatewayUnit(
-            Slot(GATEWAY, spec, self.settings, self._changed, module="vllmmlxd.gateway", push_settings=push_settings),
+            Slot(
+                GATEWAY,
+                spec,
+                self.settings,
+                self._changed,
+                module="vllmmlxd.gateway",
+                push_settings=push_settings,
+                clock=self.clock,
+            ),
             config,
         )
         self.units[GATEWAY_KEY] = unit
@@ -469,7 +481,7 @@ class Supervisor:
 
     def _finish_reload(self, msg: m.Reload, reply: ReloadReply, file: str | None) -> None:
         """In the task, once a reload's operations are done: record it, answer, and take the next one."""
-        self.last_reload = ReloadRecord(ok=reply.ok, at=time.time(), error=reply.error, plan=reply.plan)
+        self.last_reload = ReloadRecord(ok=reply.ok, at=self.clock.time(), error=reply.error, plan=reply.plan)
         self._reply(msg, reply, file)
         self._reloading = False
         self._changed()
@@ -481,7 +493,7 @@ class Supervisor:
 
     def record_refusal(self, error: str, plan: str | None) -> None:
         """A reload refused before anything changed (invalid, or too big for memory)."""
-        self.last_reload = ReloadRecord(ok=False, at=time.time(), error=error, plan=plan)
+        self.last_reload = ReloadRecord(ok=False, at=self.clock.time(), error=error, plan=plan)
         self._changed()
 
     def plan_cores(self, shares: dict[str, CpuShare]) -> None:

@@ -14,7 +14,6 @@ or the upstream's checking task), and read here to be shown and to feed ``plan``
 from __future__ import annotations
 
 import socket
-import time
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -117,7 +116,7 @@ class ModelUnit:
         worker = self.slot.serving
         if worker is None or self.slot.state != states.READY:
             return None
-        now = time.monotonic() if now is None else now
+        now = self.slot.clock.monotonic() if now is None else now
         expected = self.slot.expected_until if for_unload else 0.0
         return lazy.idle_for(worker.load.get("idle_s"), worker.load_at, now, expected)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
 import httpx
@@ -18,6 +17,7 @@ import httpx
 from ..config.schema import ResolvedUpstream
 from ..log import log_event
 from . import states
+from .clock import REAL_CLOCK, Clock, done_within
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
@@ -32,8 +32,16 @@ class UpstreamChecks:
     """Health checks of one upstream entry; ``state`` and ``last_error`` as of the last check, written
     by its own task only (a reload's new entry reaches it through ``update``)."""
 
-    def __init__(self, name: str, config: ResolvedUpstream, interval_s: float, on_change: Callable[[], None]):
+    def __init__(
+        self,
+        name: str,
+        config: ResolvedUpstream,
+        interval_s: float,
+        on_change: Callable[[], None],
+        clock: Clock = REAL_CLOCK,
+    ):
         self.name = name
+        self._clock = clock  # the interval between checks, and ready_since
         self.config = config
         self.interval_s = interval_s
         self.state: states.Shown = CHECKING
@@ -92,9 +100,12 @@ class UpstreamChecks:
                         url=self.config.upstream,
                         error=why,
                     )
-                    self.ready_since = time.time() if state == READY else None
+                    self.ready_since = self._clock.time() if state == READY else None
                 self.state, self.last_error = state, why
                 self._on_change()
             self._wake.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            woken = asyncio.ensure_future(self._wake.wait())
+            try:
+                await done_within(self._clock, woken, self.interval_s)  # a reload's update wakes it early
+            finally:
+                woken.cancel()

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.clock import FakeClock
 from vllmmlxd.config.entries import ResolvedModel
 from vllmmlxd.supervisor import rank_launch, ranks
+from vllmmlxd.supervisor.clock import REAL_CLOCK, Clock
 from vllmmlxd.supervisor.ranks import RankGroup
 
 pytestmark = pytest.mark.timeout(30)
@@ -91,7 +93,8 @@ def plan(monkeypatch, **actions: str) -> None:
     monkeypatch.setenv("FAKE_RANKS", json.dumps({k.removeprefix("r"): v for k, v in actions.items()}))
 
 
-async def spawn(cfg: ResolvedModel, state_dir: Path) -> RankGroup:
+async def spawn(cfg: ResolvedModel, state_dir: Path, clock: Clock = REAL_CLOCK) -> RankGroup:
+    """The group, its followers' grace after rank 0's clean stop timed on ``clock`` (a test's fake one)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     try:
@@ -104,6 +107,7 @@ async def spawn(cfg: ResolvedModel, state_dir: Path) -> RankGroup:
             log_level="info",
             sink=lambda line: None,
             module="fake_rank",
+            clock=clock,
         )
     finally:
         listener.close()
@@ -178,16 +182,16 @@ def test_when_a_follower_goes_first_rank_0_is_killed_and_its_code_is_the_groups(
     expected = -signal.SIGKILL if how == "sigkill" else 3
 
     async def main():
-        group = await spawn(config(["127.0.0.1", "127.0.0.1"]), tmp_path / "state")
+        clock = FakeClock()
+        group = await spawn(config(["127.0.0.1", "127.0.0.1"]), tmp_path / "state", clock)
         await reports(fake_ranks, 2)
         assert group.alive
         if how == "sigkill":
             os.kill(group.followers[0].pid, signal.SIGKILL)
         assert await asyncio.wait_for(group.exited(), 5) == expected
         assert not group.alive and group.proc.returncode is None  # rank 0 still runs until wait() ends it
-        started = time.monotonic()
         assert await asyncio.wait_for(group.wait(), 5) == expected
-        assert time.monotonic() - started < ranks.FOLLOWERS_STOP_S  # no grace after a follower's exit
+        assert clock.elapsed < ranks.FOLLOWERS_STOP_S  # no grace after a follower's exit: the clock never moved
         assert group.exit_code == expected and group.proc.returncode == -signal.SIGKILL
         shown = group.last_lines()
         assert f"rank 1 (127.0.0.1) exited with code {expected}" in shown
@@ -198,12 +202,12 @@ def test_when_a_follower_goes_first_rank_0_is_killed_and_its_code_is_the_groups(
 
 def test_after_rank_0s_clean_stop_followers_may_end_on_their_own(fake_ranks, tmp_path, monkeypatch):
     """Rank 0 exits 0 (it drained and told the others to stop): a follower that exits 0 just after
-    is not killed (its code stays 0), and the group's code is rank 0's."""
-    monkeypatch.setattr(ranks, "FOLLOWERS_STOP_S", 3.0)
+    is not killed (its code stays 0), and the group's code is rank 0's. The grace is on a fake clock
+    nobody moves: however slow the machine, the follower has the time it needs."""
     plan(monkeypatch, r0="exit:0:0.2", r1="exit:0:0.6")
 
     async def main():
-        group = await spawn(config(["127.0.0.1", "127.0.0.1"]), tmp_path / "state")
+        group = await spawn(config(["127.0.0.1", "127.0.0.1"]), tmp_path / "state", FakeClock())
         await reports(fake_ranks, 2)
         assert await asyncio.wait_for(group.wait(), 5) == 0
         assert group.followers[0].proc.returncode == 0  # not -9: it had the time to follow
@@ -213,17 +217,21 @@ def test_after_rank_0s_clean_stop_followers_may_end_on_their_own(fake_ranks, tmp
 
 
 def test_a_follower_that_does_not_follow_rank_0s_stop_is_killed_after_the_grace(fake_ranks, tmp_path, monkeypatch):
-    """Rank 0 exits 0 but rank 1 goes on: after FOLLOWERS_STOP_S it is killed."""
-    monkeypatch.setattr(ranks, "FOLLOWERS_STOP_S", 0.5)
+    """Rank 0 exits 0 but rank 1 goes on: after FOLLOWERS_STOP_S (on the clock) it is killed."""
     plan(monkeypatch, r0="exit:0:0.1", r1="sleep")
 
     async def main():
-        group = await spawn(config(["127.0.0.1", "127.0.0.1"]), tmp_path / "state")
+        clock = FakeClock()
+        group = await spawn(config(["127.0.0.1", "127.0.0.1"]), tmp_path / "state", clock)
         await reports(fake_ranks, 2)
         await group.exited()
-        started = time.monotonic()
-        assert await asyncio.wait_for(group.wait(), 5) == 0
-        assert 0.4 <= time.monotonic() - started < 3
+        waiting = asyncio.create_task(group.wait())
+        await clock.settle()
+        assert clock.pending() == [ranks.FOLLOWERS_STOP_S]  # its grace runs
+        await clock.advance(ranks.FOLLOWERS_STOP_S - 0.1)
+        assert group.followers[0].proc.returncode is None  # not killed before the grace is over
+        await clock.advance(0.1)
+        assert await asyncio.wait_for(waiting, 5) == 0
         assert group.followers[0].proc.returncode == -signal.SIGKILL
 
     asyncio.run(main())

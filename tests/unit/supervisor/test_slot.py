@@ -1,33 +1,51 @@
 """A slot's actor driving fake workers: commands never wait behind a loading or crash-looping
 worker, crashes back off then fail, a failed swap keeps the old worker, the stand-in answers
-503 on the port while no worker serves it."""
+503 on the port while no worker serves it. Time is a fake clock's: backoff delays, health checks
+and fast crashes are asserted in virtual seconds, and only the stand-in's sockets take real time."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 from pathlib import Path
 
 import pytest
 
+from tests.support.clock import FakeClock
 from tests.support.fake_worker import FakeWorker
 from vllmmlxd.config.schema import ModelConfig
 from vllmmlxd.supervisor import slot_workers as slot_workers_module
 from vllmmlxd.supervisor import states
 from vllmmlxd.supervisor.backoff import BackoffPolicy
+from vllmmlxd.supervisor.responder import RETRY_SLACK_S
 from vllmmlxd.supervisor.slot import Slot, SlotSettings
 from vllmmlxd.supervisor.tuning import Tuning
 
+# The production timings (a first restart after 0.5 s, doubling; a crash within 10 s of READY is
+# fast), giving up sooner; health checks every 10 s (the default), two missed ones kill a worker.
+POLICY = BackoffPolicy(max_fast_crashes=3)
+
 
 @pytest.fixture(autouse=True)
-def fake_workers(monkeypatch):
+def fake_workers(monkeypatch) -> FakeClock:
     FakeWorker.script, FakeWorker.spawned, FakeWorker.spawn_error = [], [], None
+    clock = FakeClock()
+    monkeypatch.setattr(FakeWorker, "clock", clock)  # these three back as they were after the test
+    monkeypatch.setattr(FakeWorker, "load_s", 0.0)
+    monkeypatch.setattr(FakeWorker, "drain_s", 0.0)
     monkeypatch.setattr(slot_workers_module, "WorkerProcess", FakeWorker)
+    return clock
+
+
+@pytest.fixture
+def clock(fake_workers: FakeClock) -> FakeClock:
+    """The test's virtual time: the slot's and its fake workers'."""
+    return fake_workers
 
 
 def settings(**tuning) -> SlotSettings:
-    policy = BackoffPolicy(initial_s=0.01, max_s=0.05, fast_crash_s=10, max_fast_crashes=3)
-    t = Tuning(**{"health_interval_s": 0.02, "health_failures": 2, "ready_timeout_s": 5.0, "policy": policy, **tuning})
+    t = Tuning(**{"health_failures": 2, "ready_timeout_s": 5.0, "policy": POLICY, **tuning})
     return SlotSettings(state_dir=Path("/tmp"), drain_timeout=1, log_level="info", tuning=t)
 
 
@@ -42,14 +60,21 @@ def listening_socket() -> socket.socket:
 def new_slot(**tuning) -> Slot:
     sock = listening_socket()
     config = ModelConfig(model="builtin:tiny", port=sock.getsockname()[1])
-    return Slot("a", config, settings(**tuning), lambda: None, sock=sock)
+    return Slot("a", config, settings(**tuning), lambda: None, sock=sock, clock=FakeWorker.clock)
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 10))
+    async def main():
+        try:
+            return await asyncio.wait_for(coro, 10)
+        finally:
+            FakeWorker.kill_spawned()  # a failed test's workers end with it: the loop then shuts down
+
+    return asyncio.run(main())
 
 
 async def until(predicate, timeout: float = 5.0) -> None:
+    """Poll for what takes real time (a socket's answer), with a deadline."""
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
@@ -74,16 +99,16 @@ def test_start_then_stop():
     run(main())
 
 
-def test_a_stop_interrupts_a_start_at_once_and_kills_the_half_started_worker():
+def test_a_stop_interrupts_a_start_at_once_and_kills_the_half_started_worker(clock):
     async def main():
         FakeWorker.script = ["hang"]
         slot = new_slot(ready_timeout_s=900)
         start = asyncio.create_task(slot.start())
-        await until(lambda: slot.state == states.STARTING and slot.worker is not None)
-        loop = asyncio.get_running_loop()
-        began = loop.time()
+        await clock.settle()
+        assert slot.state == states.STARTING and slot.worker is not None
+        began = clock.monotonic()
         assert await slot.stop()
-        assert loop.time() - began < 0.5
+        assert clock.monotonic() - began == 0  # at once: it waited on no timer (only the test moves the clock)
         assert await start is False
         assert FakeWorker.spawned[0].exit_code == -9 and slot.state == states.STOPPED
         await slot.shutdown()
@@ -91,19 +116,86 @@ def test_a_stop_interrupts_a_start_at_once_and_kills_the_half_started_worker():
     run(main())
 
 
-def test_crashes_back_off_then_fail_and_a_stop_during_backoff_is_immediate():
+def test_crashes_back_off_then_fail_and_a_stop_during_backoff_is_immediate(clock):
     async def main():
         FakeWorker.script = [1, 1, 1]
         slot = new_slot()
         assert await slot.start() is False  # its first crash answers the start
-        await until(lambda: slot.state == states.FAILED)
+        assert slot.state == states.BACKOFF
+        await clock.advance(0.49)
+        assert len(FakeWorker.spawned) == 1  # no restart before 0.5 s...
+        await clock.advance(0.01)
+        assert len(FakeWorker.spawned) == 2 and slot.state == states.BACKOFF  # ...one at 0.5 s, and it crashed
+        await clock.advance(0.99)
+        assert len(FakeWorker.spawned) == 2  # then 1 s
+        await clock.advance(0.01)
+        assert slot.state == states.FAILED  # the third fast crash in a row: no more restarts
         assert len(FakeWorker.spawned) == 3 and slot.restarts == 2 and slot.last_exit_code == 1
         assert "crashed 3 times" in slot.fail_reason
         FakeWorker.script = [1]
         assert await slot.start() is False and slot.state == states.BACKOFF
         assert await slot.stop() and slot.state == states.STOPPED
-        await asyncio.sleep(0.1)  # the cancelled timer starts nothing
-        assert len(FakeWorker.spawned) == 4
+        await clock.advance(POLICY.max_s)  # the cancelled timer starts nothing, however long
+        assert len(FakeWorker.spawned) == 4 and clock.pending() == []
+        await slot.shutdown()
+
+    run(main())
+
+
+def test_restarts_wait_out_doubling_delays_up_to_their_cap(clock):
+    async def main():
+        FakeWorker.script = [1] * 6  # six crashes, then a worker that loads
+        slot = new_slot(policy=BackoffPolicy(initial_s=0.5, max_s=5, max_fast_crashes=7))
+        assert await slot.start() is False
+        await clock.advance(0.5 + 1 + 2 + 4 + 5 + 5)
+        assert slot.state == states.READY and slot.restarts == 6
+        times = [w.spawned_at for w in FakeWorker.spawned]
+        assert [b - a for a, b in itertools.pairwise(times)] == pytest.approx([0.5, 1, 2, 4, 5, 5])
+        await slot.shutdown()
+
+    run(main())
+
+
+@pytest.mark.parametrize(("ready_for", "fast"), [(9.9, True), (10.0, False)])
+def test_a_crash_is_fast_by_its_time_since_ready_not_since_its_start(clock, ready_for, fast):
+    """Each worker loads for a minute, far past ``fast_crash_s`` (10 s) from its start; dying within
+    10 s of READY is still a crash loop (given up after three), dying later starts the count again."""
+
+    async def main():
+        FakeWorker.load_s = 60.0
+        slot = new_slot(ready_timeout_s=900)
+        start = asyncio.create_task(slot.start())
+        await clock.advance(FakeWorker.load_s)
+        assert await start
+        for crash in range(1, POLICY.max_fast_crashes + 1):
+            await clock.advance(ready_for)
+            FakeWorker.spawned[-1].exit(1)
+            await clock.settle()
+            assert slot.counters.fast_crashes == (crash if fast else 1)
+            if slot.state == states.FAILED:
+                break
+            assert slot.state == states.BACKOFF
+            await clock.advance(POLICY.delay(slot.counters.fast_crashes) + FakeWorker.load_s)
+            assert slot.state == states.READY
+        assert (slot.state == states.FAILED) == fast
+        assert slot.restarts == (2 if fast else 3)
+        await slot.shutdown()
+
+    run(main())
+
+
+def test_a_worker_not_ready_within_its_ready_timeout_is_killed_and_restarted(clock):
+    async def main():
+        FakeWorker.script = ["hang"]
+        slot = new_slot()  # ready_timeout_s: 5
+        start = asyncio.create_task(slot.start())
+        await clock.advance(4.9)
+        assert slot.state == states.STARTING and FakeWorker.spawned[0].alive
+        await clock.advance(0.1)
+        assert await start is False and FakeWorker.spawned[0].exit_code == -9
+        assert slot.state == states.BACKOFF and slot.last_error.startswith("did not become ready within 5s")
+        await clock.advance(POLICY.initial_s)  # a fast crash: restarted after the first delay
+        assert slot.state == states.READY and len(FakeWorker.spawned) == 2
         await slot.shutdown()
 
     run(main())
@@ -120,20 +212,21 @@ def test_a_load_failure_fails_at_once():
     run(main())
 
 
-def test_a_spawn_error_is_a_crash_with_its_reason():
+def test_a_spawn_error_is_a_crash_with_its_reason(clock):
     async def main():
         FakeWorker.spawn_error = "cannot start a worker: no such file"
         slot = new_slot()
         assert await slot.start() is False
         assert slot.state == states.BACKOFF and "no such file" in slot.last_error
         FakeWorker.spawn_error = None
-        await until(lambda: slot.state == states.READY)
+        await clock.advance(POLICY.initial_s)  # its backoff: then a worker starts
+        assert slot.state == states.READY
         await slot.shutdown()
 
     run(main())
 
 
-def test_a_failed_swap_keeps_the_old_worker_and_a_good_one_replaces_it():
+def test_a_failed_swap_keeps_the_old_worker_and_a_good_one_replaces_it(clock):
     async def main():
         slot = new_slot()
         await slot.start()
@@ -145,37 +238,61 @@ def test_a_failed_swap_keeps_the_old_worker_and_a_good_one_replaces_it():
         assert slot.worker is old and old.alive and slot.state == states.READY and slot.config.prefill_step_size == 512
         ok, _ = await slot.replace(changed)
         assert ok and slot.worker is FakeWorker.spawned[2] and slot.config.prefill_step_size == 128
-        await until(lambda: not old.alive)  # drained
+        await clock.settle()
+        assert not old.alive  # drained
         await slot.shutdown()
 
     run(main())
 
 
-def test_a_command_during_a_swap_is_refused_not_queued_forever():
+def test_a_command_during_a_swap_is_refused_not_queued_forever(clock):
     async def main():
         slot = new_slot(ready_timeout_s=900)
         await slot.start()
         FakeWorker.script = ["hang"]
         swap = asyncio.create_task(slot.restart())
-        await until(lambda: len(FakeWorker.spawned) == 2)
+        await clock.settle()
+        assert len(FakeWorker.spawned) == 2
         ok, error = await slot.replace(slot.config)
         assert not ok and "busy" in error
         assert await slot.stop()  # a stop is never refused: it kills the new one, drains the old
         assert await swap is False and not FakeWorker.spawned[1].alive
-        await until(lambda: not any(w.alive for w in FakeWorker.spawned))  # the old one's drain ends too
+        await clock.settle()
+        assert not any(w.alive for w in FakeWorker.spawned)  # the old one's drain ends too
         await slot.shutdown()
 
     run(main())
 
 
-def test_a_worker_that_stops_answering_is_killed_and_restarted():
+def test_a_worker_that_stops_answering_is_killed_and_restarted(clock):
     async def main():
-        slot = new_slot()
+        slot = new_slot()  # checked every 10 s: two missed checks in a row kill it
         await slot.start()
         first = FakeWorker.spawned[0]
         first.answers = False
-        await until(lambda: slot.state == states.READY and slot.worker is not first)
+        await clock.advance(10)
+        assert first.alive and slot.state == states.READY  # one missed check
+        await clock.advance(10)
+        assert not first.alive and slot.state == states.BACKOFF  # the second: killed, a crash
+        await clock.advance(POLICY.initial_s)  # ready for 20 s: not a fast crash, the first delay
+        assert slot.state == states.READY and slot.worker is not first
         assert first.exit_code == -9 and slot.restarts == 1
+        await slot.shutdown()
+
+    run(main())
+
+
+def test_health_checks_leave_no_task_behind(clock):
+    """A ready worker's exit is awaited once, not anew at each check (a shielded wait per check stayed
+    pending until the worker exited: 8,640 tasks a day per worker at the default 10 s)."""
+
+    async def main():
+        slot = new_slot()
+        await slot.start()
+        await clock.advance(10)
+        before = len(asyncio.all_tasks())
+        await clock.advance(100)  # ten more checks
+        assert len(asyncio.all_tasks()) == before
         await slot.shutdown()
 
     run(main())
@@ -197,6 +314,31 @@ def test_the_stand_in_answers_503_while_no_worker_serves():
         await slot.shutdown()
         with pytest.raises(OSError):
             await get(port)  # closed with the slot
+
+    run(main())
+
+
+def test_a_client_turned_away_is_expected_back_by_its_retry_after(clock):
+    async def main():
+        sock = listening_socket()
+        config = ModelConfig(model="builtin:tiny", port=sock.getsockname()[1], load="lazy")
+        demanded: list[bool] = []
+        slot = Slot(
+            "a",
+            config,
+            settings(),
+            lambda: None,
+            sock=sock,
+            lazy=True,
+            on_demand=lambda: demanded.append(True),
+            clock=clock,
+        )
+        body = await get(config.port)
+        assert body.startswith(b"HTTP/1.1 503") and b"retry-after: 5" in body
+        await until(lambda: bool(demanded))  # the stand-in tells the slot after it answered
+        await clock.settle()
+        assert slot.expected_until == clock.monotonic() + 5 + RETRY_SLACK_S
+        await slot.shutdown()
 
     run(main())
 

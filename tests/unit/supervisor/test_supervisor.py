@@ -1,36 +1,47 @@
 """The supervisor's task over fake workers: lazy loads shared by concurrent callers, idle unloads on
 time with nobody watching, room made least recently used first, reloads, and an idle unload meeting
-a reload of the same model. No process starts; the decisions and the units are the real ones."""
+a reload of the same model. No process starts; the decisions and the units are the real ones. Time
+is a fake clock's: idle unloads and the idle ticker are asserted in virtual seconds."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
+from tests.support.clock import FakeClock
 from tests.support.fake_worker import FakeWorker
 from tests.support.servers import free_port
 from vllmmlxd.config.load import load_config
-from vllmmlxd.supervisor import loads as loads_module
 from vllmmlxd.supervisor import slot_workers as slot_workers_module
 from vllmmlxd.supervisor import states
 from vllmmlxd.supervisor.backoff import BackoffPolicy
-from vllmmlxd.supervisor.loads import Loads
+from vllmmlxd.supervisor.loads import IDLE_CHECK_S, Loads
 from vllmmlxd.supervisor.memory import Capacity
+from vllmmlxd.supervisor.responder import RETRY_SLACK_S
 from vllmmlxd.supervisor.slot import SlotSettings
 from vllmmlxd.supervisor.supervisor import Supervisor
 from vllmmlxd.supervisor.tuning import Tuning
 
 
 @pytest.fixture(autouse=True)
-def fake_workers(monkeypatch):
-    FakeWorker.script, FakeWorker.spawned, FakeWorker.spawn_error, FakeWorker.drain_s = [], [], None, 0.0
+def fake_workers(monkeypatch) -> FakeClock:
+    FakeWorker.script, FakeWorker.spawned, FakeWorker.spawn_error = [], [], None
+    clock = FakeClock()
+    monkeypatch.setattr(FakeWorker, "clock", clock)  # these three back as they were after the test
+    monkeypatch.setattr(FakeWorker, "load_s", 0.0)
+    monkeypatch.setattr(FakeWorker, "drain_s", 0.0)
     monkeypatch.setattr(slot_workers_module, "WorkerProcess", FakeWorker)
-    monkeypatch.setattr(loads_module, "IDLE_CHECK_S", 0.02)
+    return clock
+
+
+@pytest.fixture
+def clock(fake_workers: FakeClock) -> FakeClock:
+    """The test's virtual time: the supervisor's, its slots' and its fake workers'."""
+    return fake_workers
 
 
 def entry(**fields) -> dict:
@@ -48,10 +59,9 @@ async def push(health_socket, config):
 def make(tmp_path: Path, models: dict, push_settings=push) -> Supervisor:
     path = tmp_path / "config.yaml"
     write(path, models)
-    policy = BackoffPolicy(initial_s=0.01, max_s=0.05, fast_crash_s=10, max_fast_crashes=3)
-    tuning = Tuning(health_interval_s=0.02, health_failures=2, ready_timeout_s=5.0, policy=policy)
+    tuning = Tuning(health_failures=2, ready_timeout_s=5.0, policy=BackoffPolicy(max_fast_crashes=3))
     settings = SlotSettings(state_dir=tmp_path, drain_timeout=1, log_level="info", tuning=tuning)
-    return Supervisor(load_config(path), settings, push_settings=push_settings)
+    return Supervisor(load_config(path), settings, push_settings=push_settings, clock=FakeWorker.clock)
 
 
 def with_memory(sup: Supervisor, usable_mb: int, each_mb: int) -> None:
@@ -60,14 +70,21 @@ def with_memory(sup: Supervisor, usable_mb: int, each_mb: int) -> None:
     def footprints():
         return Capacity(usable_mb, 0), {name: each_mb for name in sup.entry_units()}
 
-    sup.loads = Loads(sup.entry_units, sup.ops, footprints)
+    sup.loads = Loads(sup.entry_units, sup.ops, footprints, sup.clock)
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 20))
+    async def main():
+        try:
+            return await asyncio.wait_for(coro, 20)
+        finally:
+            FakeWorker.kill_spawned()  # a failed test's workers end with it: the loop then shuts down
+
+    return asyncio.run(main())
 
 
 async def until(predicate, timeout: float = 5.0) -> None:
+    """Poll for what takes real time (a socket's answer, a file read in a thread), with a deadline."""
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
@@ -107,16 +124,15 @@ def test_concurrent_loads_share_one_worker(tmp_path):
     run(main())
 
 
-def test_an_idle_model_is_unloaded_on_time_with_nobody_watching(tmp_path):
+def test_an_idle_model_is_unloaded_on_time_with_nobody_watching(tmp_path, clock):
     async def main():
-        sup = make(tmp_path, {"l": entry(load="lazy", idle_unload_s=0.3)})
+        sup = make(tmp_path, {"l": entry(load="lazy", idle_unload_s=30)})
         await sup.start_all()
         assert (await sup.load("l")).ok
         worker = worker_of(sup, "l")
-        worker.idle_since = time.monotonic()  # its last request ended now; nobody asks for status
-        started = time.monotonic()
-        await until(lambda: state(sup, "l") == states.UNLOADED)
-        assert 0.3 <= time.monotonic() - started < 1.0 and not worker.alive
+        worker.idle_since = clock.monotonic()  # its last request ended now; nobody asks for status
+        took = await clock.run_until(lambda: state(sup, "l") == states.UNLOADED)
+        assert 30 <= took < 30 + IDLE_CHECK_S and not worker.alive  # not before its limit, at the next tick
         # Loaded again on the next request.
         assert (await sup.load("l")).ok and len(FakeWorker.spawned) == 2
         await sup.stop_all()
@@ -124,61 +140,65 @@ def test_an_idle_model_is_unloaded_on_time_with_nobody_watching(tmp_path):
     run(main())
 
 
-def test_a_requests_keep_alive_replaces_idle_unload_s_and_leaves_an_eager_model_alone(tmp_path):
+def test_a_requests_keep_alive_replaces_idle_unload_s_and_leaves_an_eager_model_alone(tmp_path, clock):
     async def main():
         sup = make(tmp_path, {"l": entry(load="lazy"), "e": entry()})  # the lazy one: no idle_unload_s at all
         await sup.start_all()
         assert (await sup.load("l")).ok
         for name in ("l", "e"):
-            worker_of(sup, name).idle_since = time.monotonic()
+            worker_of(sup, name).idle_since = clock.monotonic()
             worker_of(sup, name).keep_alive_s = 0.0  # keep_alive: 0, "unload once done"
-        await until(lambda: state(sup, "l") == states.UNLOADED)
+        await clock.advance(IDLE_CHECK_S)  # the next tick
+        assert state(sup, "l") == states.UNLOADED
         assert state(sup, "e") == states.READY and worker_of(sup, "e").alive
         await sup.stop_all()
 
     run(main())
 
 
-def test_a_model_loaded_for_a_turned_away_client_waits_for_its_retry_before_unloading(tmp_path):
+def test_a_model_loaded_for_a_turned_away_client_waits_for_its_retry_before_unloading(tmp_path, clock):
     """Found in a loaded run: a 503 said "retry after 5 s", the model loaded, sat idle past its
     idle_unload_s and was unloaded just before the client came back, which was turned away again."""
 
     async def main():
-        sup = make(tmp_path, {"l": entry(load="lazy", idle_unload_s=0.2)})
+        sup = make(tmp_path, {"l": entry(load="lazy", idle_unload_s=1)})
         await sup.start_all()
         port = sup.units["l"].config.port
         async with httpx.AsyncClient() as client:
             r = await client.get(f"http://127.0.0.1:{port}/v1/models")
         assert r.status_code == 503 and r.headers["retry-after"] == "5"  # and the request loads it
         await until(lambda: state(sup, "l") == states.READY)
-        worker_of(sup, "l").idle_since = time.monotonic()
-        await asyncio.sleep(1.0)  # five times idle_unload_s: shown idle, but kept for the client it turned away
-        assert state(sup, "l") == states.IDLE and worker_of(sup, "l").alive
+        worker = worker_of(sup, "l")
+        worker.idle_since = clock.monotonic()
+        await clock.advance(5)  # five times idle_unload_s: shown idle, but kept for the client it turned away
+        assert state(sup, "l") == states.IDLE and worker.alive
+        await clock.advance(RETRY_SLACK_S)  # the client's retry window (5 s + its slack) is over: unloaded
+        assert state(sup, "l") == states.UNLOADED and not worker.alive
         await sup.stop_all()
 
     run(main())
 
 
-def test_a_busy_model_is_never_unloaded_for_being_idle(tmp_path):
+def test_a_busy_model_is_never_unloaded_for_being_idle(tmp_path, clock):
     async def main():
-        sup = make(tmp_path, {"l": entry(load="lazy", idle_unload_s=0.05)})
+        sup = make(tmp_path, {"l": entry(load="lazy", idle_unload_s=1)})
         await sup.start_all()
         assert (await sup.load("l")).ok
         worker_of(sup, "l").idle_since = None  # a request runs
-        await asyncio.sleep(0.3)
+        await clock.advance(6 * IDLE_CHECK_S)  # six ticks, six times its idle_unload_s
         assert state(sup, "l") == states.READY
         await sup.stop_all()
 
     run(main())
 
 
-def test_the_least_recently_used_idle_model_makes_room(tmp_path):
+def test_the_least_recently_used_idle_model_makes_room(tmp_path, clock):
     async def main():
         sup = make(tmp_path, {n: entry(load="lazy") for n in ("l1", "l2", "l3")})
         with_memory(sup, usable_mb=250, each_mb=100)
         await sup.start_all()
         assert (await sup.load("l1")).ok and (await sup.load("l2")).ok
-        now = time.monotonic()
+        now = clock.monotonic()
         worker_of(sup, "l1").idle_since = now - 1  # used a second ago
         worker_of(sup, "l2").idle_since = now - 60  # the least recently used
         assert (await sup.load("l3")).ok
@@ -247,7 +267,7 @@ def test_reloads_asked_together_run_one_after_the_other(tmp_path):
 
 
 @pytest.mark.parametrize("first", ["unload", "reload"])
-def test_an_idle_unload_and_a_reload_of_the_same_model_at_once_end_in_one_state(tmp_path, first):
+def test_an_idle_unload_and_a_reload_of_the_same_model_at_once_end_in_one_state(tmp_path, first, clock):
     """Both decisions come to the one task; whichever is first, the other waits for it, and the model
     ends with the new entry: unloaded (taken on its next load) or ready on a new worker."""
 
@@ -257,17 +277,26 @@ def test_an_idle_unload_and_a_reload_of_the_same_model_at_once_end_in_one_state(
         await sup.start_all()
         assert (await sup.load("l")).ok
         worker = worker_of(sup, "l")
-        FakeWorker.drain_s = 0.2  # so the unload and the swap overlap
         write(tmp_path / "config.yaml", {"l": {**models["l"], "max_num_seqs": 4}})  # a new-worker key
         if first == "unload":
-            worker.idle_since = time.monotonic() - 10  # due at the next tick
-            await until(lambda: "l" in sup.ops.busy)
-            reply = await sup.reload()
+            FakeWorker.drain_s = 2.0  # so the unload and the swap overlap
+            worker.idle_since = clock.monotonic() - 10  # due at the next tick
+            await clock.advance(IDLE_CHECK_S)
+            assert sup.ops.on("l") == "unloading"  # draining, for 2 s
+            reload = asyncio.create_task(sup.reload())
+            await until(lambda: sup.ops.on("l") == "reloading")  # the config is read in a thread
+            assert worker.alive  # the reload waits for the unload
+            await clock.advance(FakeWorker.drain_s)
         else:
+            FakeWorker.load_s = 2.0  # so the swap and the next ticks overlap
             reload = asyncio.create_task(sup.reload())
             await until(lambda: "l" in sup.ops.busy)
-            worker.idle_since = time.monotonic() - 10  # due while the reload swaps it
-            reply = await reload
+            worker.idle_since = clock.monotonic() - 10  # due while the reload swaps it
+            await clock.advance(IDLE_CHECK_S)  # a tick: the model is the reload's, left alone
+            assert sup.ops.on("l") == "reloading" and worker.alive
+            await clock.advance(FakeWorker.load_s)
+        reply = await reload
+        FakeWorker.load_s = FakeWorker.drain_s = 0.0
         assert reply.ok, reply.error
         unit = sup.units["l"]
         assert unit.config.max_num_seqs == 4
