@@ -1,4 +1,4 @@
-"""The packages' layout holds: each engine subpackage's ``__init__``, and api's and gateway's, name
+"""The packages' layout holds: each engine subpackage's ``__init__``, and api's, gateway's and supervisor's, name
 in ``__all__`` exactly the modules that other packages import (the rest are their own), and every
 module they name exists."""
 
@@ -82,8 +82,8 @@ def _used_from_outside_package(top: str) -> set[str]:
     return used
 
 
-@pytest.mark.parametrize("top", ["api", "gateway"])
-def test_api_and_gateway_name_what_others_use(top):
+@pytest.mark.parametrize("top", ["api", "gateway", "supervisor"])
+def test_api_gateway_and_supervisor_name_what_others_use(top):
     surface = set(importlib.import_module(f"vllmmlxd.{top}").__all__)
     assert surface == _used_from_outside_package(top)
 

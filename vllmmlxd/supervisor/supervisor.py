@@ -18,13 +18,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, assert_never
 
-from .. import __version__
 from ..config.diff import ReloadPlan
 from ..config.gateway import GatewayConfig
 from ..config.load import LoadedConfig
@@ -33,26 +31,24 @@ from ..log import log_event
 from ..runtime.cpus import CpuShare
 from ..store.pulls import Pull, Pulls
 from . import messages as m
-from . import states
 from .clock import REAL_CLOCK, Clock
 from .files import ModelFiles
 from .gateway import GATEWAY, needs_new_process
 from .loads import Loads
 from .memory import Capacity, entry_footprints, load_memory_plan, read_capacity
 from .operations import Operations, fail, resolve
+from .reads import GATEWAY_KEY, SupervisorReads
 from .reload import GatewayStep, Membership, plan_shares, prepare, swap_or_say_why
 from .routing import RoutingTable
 from .slot import PushSettings, Slot, SlotSettings
-from .units import GatewayUnit, ModelUnit, Unit, UpstreamUnit, group_views
+from .units import GatewayUnit, ModelUnit, Unit, UpstreamUnit
 from .upstream import UpstreamChecks
-from .views import ActionReply, DaemonView, ReloadRecord, ReloadReply, StatusView
+from .views import ActionReply, ReloadRecord, ReloadReply
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 
-GATEWAY_KEY = ":gateway"  # the gateway's key among the units: no entry name starts with ':'
 
-
-class Supervisor:
+class Supervisor(SupervisorReads):
     """Owns the units; the control API and the daemon's signal handlers call into it (see the module)."""
 
     def __init__(
@@ -155,77 +151,6 @@ class Supervisor:
         if not self._change_queued:
             self._change_queued = True
             self._post(m.Changed())
-
-    # -- reads: plain data, from any task --------------------------------------------------------
-
-    def entry_units(self) -> dict[str, ModelUnit | UpstreamUnit]:
-        return {n: u for n, u in self.units.items() if isinstance(u, (ModelUnit, UpstreamUnit))}
-
-    def gateway(self) -> GatewayUnit | None:
-        unit = self.units.get(GATEWAY_KEY)
-        return unit if isinstance(unit, GatewayUnit) else None
-
-    def shown(self, name: str) -> tuple[states.Shown, str | None]:
-        return self.units[name].shown()
-
-    def running_config(self) -> Config:
-        """What is actually running: a failed swap leaves the old entry in place."""
-        gateway = self.gateway()
-        # Built, not validated: each entry is already valid and holds its resolved keys.
-        return Config.model_construct(
-            daemon=self.daemon_config,
-            api_keys=self.loaded.config.api_keys,
-            gateway=gateway.config if gateway else None,
-            models={n: u.config for n, u in self.entry_units().items()},
-        )
-
-    def status(self) -> StatusView:
-        now = self.clock.time()
-        gateway = self.gateway()
-        models = [u.view(now) for u in self.entry_units().values()]
-        return StatusView(
-            daemon=DaemonView(
-                pid=os.getpid(),
-                uptime_s=round(now - self.started, 1),
-                config_path=str(self.loaded.path),
-                config_hash=self.loaded.short_hash,
-                last_reload=self.last_reload,
-                version=__version__,
-                config_missing=self.config_missing,
-            ),
-            models=models,
-            gateway=gateway.view(now) if gateway else None,
-            groups=group_views(models),
-            pulls=[p.view() for p in self.pulls.all()],
-        )
-
-    async def refresh(self) -> None:
-        """Fresh load figures from every running worker, in parallel, before a status is read."""
-        await asyncio.gather(*(u.refresh() for u in list(self.units.values())), return_exceptions=True)
-
-    def entry_models(self) -> dict[str, tuple[str, ...]]:
-        """Each model entry served here and the model specs it loads (its model, its embedding model)."""
-        return {
-            name: tuple(m for m in (u.config.model, u.config.embedding_model) if m)
-            for name, u in self.entry_units().items()
-            if isinstance(u, ModelUnit)
-        }
-
-    def ready_count(self) -> tuple[int, int]:
-        shown = [u.shown()[0] for u in self.entry_units().values()]
-        return sum(s in (states.READY, states.IDLE) for s in shown), len(shown)
-
-    def _log_unit(self, name: str) -> Unit:
-        unit = self.entry_units().get(name) or (self.gateway() if name == GATEWAY else None)
-        if unit is None:
-            raise KeyError(f"no model named {name!r}; models: {', '.join(self.entry_units()) or 'none'}")
-        return unit
-
-    def logs(self, name: str, lines: int) -> list[str]:
-        return self._log_unit(name).log.tail(lines)
-
-    def follow(self, name: str) -> AsyncIterator[str]:
-        return self._log_unit(name).log.follow()
 
     # -- the task --------------------------------------------------------------------------------
 
