@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar
 
+from tests.support.clock import FakeClock
 from vllmmlxd.config.schema import ModelConfig
 from vllmmlxd.runtime.cpus import CpuShare
 from vllmmlxd.supervisor.clock import REAL_CLOCK, Clock
 from vllmmlxd.supervisor.process import SpawnError
+
+T = TypeVar("T")
 
 _pids = itertools.count(1000)
 
@@ -124,3 +128,39 @@ class FakeWorker:
     @property
     def alive(self):
         return not self._exit.done()
+
+
+# -- the slot and supervisor tests' shared harness -------------------------------------------------
+
+
+def use_fake_workers(monkeypatch: Any) -> FakeClock:
+    """Slots spawn FakeWorkers, on a fresh fake clock (their class settings restored after the test)."""
+    from vllmmlxd.supervisor import slot_workers
+
+    FakeWorker.script, FakeWorker.spawned, FakeWorker.spawn_error = [], [], None
+    clock = FakeClock()
+    monkeypatch.setattr(FakeWorker, "clock", clock)
+    monkeypatch.setattr(FakeWorker, "load_s", 0.0)
+    monkeypatch.setattr(FakeWorker, "drain_s", 0.0)
+    monkeypatch.setattr(slot_workers, "WorkerProcess", FakeWorker)
+    return clock
+
+
+def run_with_fakes(coro: Coroutine[Any, Any, T], limit_s: float) -> T:
+    """``asyncio.run`` with a deadline; a failed test's workers end with it, so the loop shuts down."""
+
+    async def main() -> T:
+        try:
+            return await asyncio.wait_for(coro, limit_s)
+        finally:
+            FakeWorker.kill_spawned()
+
+    return asyncio.run(main())
+
+
+async def until(predicate: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll for what takes real time (a socket's answer, a file read in a thread), with a deadline."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)

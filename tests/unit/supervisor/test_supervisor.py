@@ -13,10 +13,9 @@ import pytest
 import yaml
 
 from tests.support.clock import FakeClock
-from tests.support.fake_worker import FakeWorker
+from tests.support.fake_worker import FakeWorker, run_with_fakes, until, use_fake_workers
 from tests.support.servers import free_port
 from vllmmlxd.config.load import load_config
-from vllmmlxd.supervisor import slot_workers as slot_workers_module
 from vllmmlxd.supervisor import states
 from vllmmlxd.supervisor.backoff import BackoffPolicy
 from vllmmlxd.supervisor.loads import IDLE_CHECK_S, Loads
@@ -29,13 +28,7 @@ from vllmmlxd.supervisor.tuning import Tuning
 
 @pytest.fixture(autouse=True)
 def fake_workers(monkeypatch) -> FakeClock:
-    FakeWorker.script, FakeWorker.spawned, FakeWorker.spawn_error = [], [], None
-    clock = FakeClock()
-    monkeypatch.setattr(FakeWorker, "clock", clock)  # these three back as they were after the test
-    monkeypatch.setattr(FakeWorker, "load_s", 0.0)
-    monkeypatch.setattr(FakeWorker, "drain_s", 0.0)
-    monkeypatch.setattr(slot_workers_module, "WorkerProcess", FakeWorker)
-    return clock
+    return use_fake_workers(monkeypatch)
 
 
 @pytest.fixture
@@ -74,21 +67,7 @@ def with_memory(sup: Supervisor, usable_mb: int, each_mb: int) -> None:
 
 
 def run(coro):
-    async def main():
-        try:
-            return await asyncio.wait_for(coro, 20)
-        finally:
-            FakeWorker.kill_spawned()  # a failed test's workers end with it: the loop then shuts down
-
-    return asyncio.run(main())
-
-
-async def until(predicate, timeout: float = 5.0) -> None:
-    """Poll for what takes real time (a socket's answer, a file read in a thread), with a deadline."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
+    return run_with_fakes(coro, 20)
 
 
 def state(sup: Supervisor, name: str) -> str:

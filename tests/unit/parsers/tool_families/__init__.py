@@ -3,40 +3,27 @@
 
 from __future__ import annotations
 
-from tests.unit.parsers.tool_families import (
-    auto,
-    deepseek,
-    functionary,
-    glm47,
-    granite,
-    harmony,
-    hermes,
-    kimi,
-    llama,
-    mistral,
-    nemotron,
-    qwen,
-    xlam,
-)
+import importlib
+
 from tests.unit.parsers.tool_families.spec import TOOLS, Family
 
 __all__ = ["FAMILIES", "TOOLS", "Family"]
 
+_MODULES = (
+    "auto",
+    "deepseek",
+    "functionary",
+    "glm47",
+    "granite",
+    "harmony",
+    "hermes",
+    "kimi",
+    "llama",
+    "mistral",
+    "nemotron",
+    "qwen",
+    "xlam",
+)
 FAMILIES: dict[str, Family] = {
-    module.FAMILY.name: module.FAMILY
-    for module in (
-        auto,
-        deepseek,
-        functionary,
-        glm47,
-        granite,
-        harmony,
-        hermes,
-        kimi,
-        llama,
-        mistral,
-        nemotron,
-        qwen,
-        xlam,
-    )
+    family.name: family for family in (importlib.import_module(f"{__name__}.{m}").FAMILY for m in _MODULES)
 }
