@@ -35,9 +35,9 @@ from .store.pulls import Pulls
 from .store.sources import Source
 from .supervisor.memory import load_memory_plan
 from .supervisor.notify import Notifier
-from .supervisor.slot import PushSettings, SlotSettings
+from .supervisor.slot.slot import PushSettings, SlotSettings
+from .supervisor.slot.tuning import Tuning
 from .supervisor.supervisor import Supervisor
-from .supervisor.tuning import Tuning
 from .supervisor.views import ReloadReply
 from .supervisor.watcher import watch_config
 

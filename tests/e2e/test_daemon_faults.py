@@ -1,6 +1,6 @@
 """The real daemon under faults: workers that fail, hang or crash-loop, signals in the middle
 of a reload, ports traded between entries, a config file deleted, re-linked or hammered, and
-a second daemon. Timings are shortened through the VLLMMLXD_* variables of supervisor/tuning.py."""
+a second daemon. Timings are shortened through the VLLMMLXD_* variables of supervisor/slot/tuning.py."""
 
 from __future__ import annotations
 

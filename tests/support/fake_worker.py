@@ -16,7 +16,7 @@ from tests.support.clock import FakeClock
 from vllmmlxd.config.schema import ModelConfig
 from vllmmlxd.runtime.cpus import CpuShare
 from vllmmlxd.supervisor.clock import REAL_CLOCK, Clock
-from vllmmlxd.supervisor.process import SpawnError
+from vllmmlxd.supervisor.slot.process import SpawnError
 
 T = TypeVar("T")
 
@@ -135,7 +135,7 @@ class FakeWorker:
 
 def use_fake_workers(monkeypatch: Any) -> FakeClock:
     """Slots spawn FakeWorkers, on a fresh fake clock (their class settings restored after the test)."""
-    from vllmmlxd.supervisor import slot_workers
+    from vllmmlxd.supervisor.slot import slot_workers
 
     FakeWorker.script, FakeWorker.spawned, FakeWorker.spawn_error = [], [], None
     clock = FakeClock()

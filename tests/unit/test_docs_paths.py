@@ -2,7 +2,7 @@
 
 Read from the docs' text: every path of the repository named in docs/*.md, docs/plans/*.md,
 README.md and vllmmlxd/engine/README.md (``vllmmlxd/engine/step/scheduler.py``,
-``engine/step/scheduler.py``, ``supervisor/slot.py``, ``tests/unit/...``, ``bench/peers.py``, a
+``engine/step/scheduler.py``, ``supervisor/slot/slot.py``, ``tests/unit/...``, ``bench/peers.py``, a
 module with a name in it: ``http/ratelimit.GroupQuotas``), every bare module or page name
 (``scheduler.py``, ``operations.md``), every dotted module name (``vllmmlxd.engine.step.scheduler``,
 ``vllmmlxd.worker.follower``) and every relative link with its anchor resolves. A path is resolved
@@ -159,7 +159,7 @@ def test_the_architecture_doc_is_a_short_map():
 def test_the_check_reports_a_wrong_path():
     doc = REPO / "docs" / "architecture.md"
     text = (
-        "Good: `engine/step/scheduler.py`, `vllmmlxd/engine/batch/batch.py`, `supervisor/slot.py`, "
+        "Good: `engine/step/scheduler.py`, `vllmmlxd/engine/batch/batch.py`, `supervisor/slot/slot.py`, "
         "`http/ratelimit.GroupQuotas`, `tests/unit/engine/test_scheduler*.py`, `bench/peers.py`, "
         "`vllmmlxd.engine.step.scheduler`, `scheduler.py`, [ops](operations.md#reloading), "
         "`mlx_lm/models/cache.py`, http://host/api/chat, `~/.cache/vllmmlxd`.\n"

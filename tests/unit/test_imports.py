@@ -95,7 +95,7 @@ def test_only_the_engine_imports_mlx():
         # The supervisor answers plain data and control maps it: no cycle between the two.
         ("vllmmlxd.supervisor.supervisor", ["vllmmlxd.control", "fastapi"]),
         ("vllmmlxd.control.server", ["vllmmlxd.supervisor"]),
-        ("vllmmlxd.supervisor.transitions", ["asyncio", "vllmmlxd.config", "pydantic"]),
+        ("vllmmlxd.supervisor.slot.transitions", ["asyncio", "vllmmlxd.config", "pydantic"]),
         # How an engine schedules is plain data, read without loading the engine.
         ("vllmmlxd.engine.options", ["mlx", "mlx_lm", "numpy"]),
     ],

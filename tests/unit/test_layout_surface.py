@@ -1,10 +1,11 @@
-"""The packages' layout holds: each engine subpackage's ``__init__``, and api's, gateway's and supervisor's, name
-in ``__all__`` exactly the modules that other packages import (the rest are their own), and every
-module they name exists."""
+"""The packages' layout holds: each subpackage of the engine and the supervisor's slot, and api,
+gateway and supervisor, name in ``__all__`` exactly their modules that code outside them imports
+(the rest are their own), and every module they name exists."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 from pathlib import Path
 
@@ -33,35 +34,52 @@ def _modules(directory: Path) -> set[str]:
     return {p.stem for p in directory.glob("*.py") if p.stem != "__init__"}
 
 
-def used_from_outside() -> dict[str, set[str]]:
-    """For each engine subpackage, its modules that code outside it imports (tests and bench too)."""
-    subpackages = {d.name for d in ENGINE.iterdir() if (d / "__init__.py").exists()}
-    used: dict[str, set[str]] = {sub: set() for sub in subpackages}
+@functools.cache
+def _all_imports() -> tuple[tuple[str, frozenset[str]], ...]:
+    """Every module of vllmmlxd, tests and bench, with what it imports (read once)."""
+    out = []
     for root in ("vllmmlxd", "tests", "bench"):
         for path in (REPO / root).rglob("*.py"):
             rel = path.relative_to(REPO).with_suffix("")
             module = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-            package = module if rel.name == "__init__" else module.rpartition(".")[0]
-            for name in _imports(path, package):
-                parts = name.split(".")
-                if parts[:2] != ["vllmmlxd", "engine"] or len(parts) < 4 or parts[2] not in subpackages:
-                    continue
-                if module.startswith(f"vllmmlxd.engine.{parts[2]}") or parts[3] not in _modules(ENGINE / parts[2]):
-                    continue
-                if root == "tests" and path.parent.name == parts[2]:
-                    continue
-                used[parts[2]].add(parts[3])
+            importer = module if rel.name == "__init__" else module.rpartition(".")[0]
+            out.append((module, frozenset(_imports(path, importer))))
+    return tuple(out)
+
+
+def used_from_outside(package: str) -> set[str]:
+    """The modules of subpackage ``package`` (dotted) that code outside it imports (tests and bench too)."""
+    folder = REPO / Path(*package.split("."))
+    mine, prefix = _modules(folder), package.split(".")
+    used: set[str] = set()
+    for module, names in _all_imports():
+        if module == package or module.startswith(package + "."):
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[: len(prefix)] == prefix and len(parts) > len(prefix) and parts[len(prefix)] in mine:
+                used.add(parts[len(prefix)])
     return used
 
 
-def test_each_subpackage_names_what_others_use_and_nothing_else():
-    used = used_from_outside()
-    assert len(used) >= 8, "the scan found too few subpackages"
-    for sub, modules in used.items():
-        surface = set(importlib.import_module(f"vllmmlxd.engine.{sub}").__all__)
-        assert surface <= _modules(ENGINE / sub), f"engine.{sub}.__all__ names modules that do not exist"
-        assert modules - surface == set(), f"engine.{sub}: used from outside but not in __all__"
-        assert surface - modules == set(), f"engine.{sub}: in __all__ but used only inside"
+SUBPACKAGES = [
+    *(f"vllmmlxd.engine.{d.name}" for d in sorted(ENGINE.iterdir()) if (d / "__init__.py").exists()),
+    "vllmmlxd.supervisor.slot",
+]
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_each_subpackage_names_what_others_use_and_nothing_else(package):
+    used = used_from_outside(package)
+    surface = set(importlib.import_module(package).__all__)
+    folder = REPO / Path(*package.split("."))
+    assert surface <= _modules(folder), f"{package}.__all__ names modules that do not exist"
+    assert used - surface == set(), f"{package}: used from outside but not in __all__"
+    assert surface - used == set(), f"{package}: in __all__ but used only inside"
+
+
+def test_the_scan_sees_the_subpackages():
+    assert len(SUBPACKAGES) >= 10 and all(used_from_outside(p) for p in SUBPACKAGES)
 
 
 def _used_from_outside_package(top: str) -> set[str]:

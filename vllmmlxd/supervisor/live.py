@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from .process import UnitConfig
+from .slot.process import UnitConfig
 
 SETTINGS_PATH = "/internal/settings"
 

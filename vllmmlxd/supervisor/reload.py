@@ -33,7 +33,7 @@ from .memory import MemoryPlan, load_memory_plan
 from .operations import Operations
 from .plan import EntryFacts, ReloadSteps, plan_reload
 from .routing import RoutingTable
-from .slot import PushSettings, Slot, SlotSettings
+from .slot.slot import PushSettings, Slot, SlotSettings
 from .units import GatewayUnit, ModelUnit, Unit, UpstreamUnit
 from .views import ReloadReply
 

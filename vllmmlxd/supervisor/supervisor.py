@@ -40,7 +40,7 @@ from .operations import Operations, fail, resolve
 from .reads import GATEWAY_KEY, SupervisorReads
 from .reload import GatewayStep, Membership, plan_shares, prepare, swap_or_say_why
 from .routing import RoutingTable
-from .slot import PushSettings, Slot, SlotSettings
+from .slot.slot import PushSettings, Slot, SlotSettings
 from .units import GatewayUnit, ModelUnit, Unit, UpstreamUnit
 from .upstream import UpstreamChecks
 from .views import ActionReply, ReloadRecord, ReloadReply

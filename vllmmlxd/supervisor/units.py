@@ -26,10 +26,10 @@ from ..http.activity import idle_limit
 from ..store.disk import format_bytes
 from ..store.pulls import Pull
 from . import lazy, states
-from .log_lines import LogLines
 from .plan import Busy, Kind, UnitFacts
-from .ranks import RankGroup
-from .slot import Slot
+from .slot.log_lines import LogLines
+from .slot.ranks import RankGroup
+from .slot.slot import Slot
 from .upstream import UpstreamChecks
 from .views import GatewayView, GroupMemberView, GroupView, ModelView, RankView
 

@@ -17,7 +17,7 @@ from vllmmlxd.config.gateway import GatewaySpec, Route
 from vllmmlxd.gateway.app import create_app
 from vllmmlxd.gateway.dispatch import Gateway
 from vllmmlxd.gateway.routing import build_table
-from vllmmlxd.supervisor.responder import answer, unavailable
+from vllmmlxd.supervisor.slot.responder import answer, unavailable
 
 CHAT = {"model": "g", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

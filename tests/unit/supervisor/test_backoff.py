@@ -1,4 +1,4 @@
-from vllmmlxd.supervisor.backoff import BackoffPolicy
+from vllmmlxd.supervisor.slot.backoff import BackoffPolicy
 
 
 def test_delay_grows_exponentially_up_to_the_cap():

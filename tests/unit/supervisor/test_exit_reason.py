@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.unit.supervisor.test_slot import FakeWorker, new_slot, run
 from vllmmlxd.log import event_line
-from vllmmlxd.supervisor.exit_reason import exit_reason, tells_why
+from vllmmlxd.supervisor.slot.exit_reason import exit_reason, tells_why
 
 BLAS = "ts=2026-12-01T10:00:00.000 level=info event=blas.selected model=a blas=mkl threads=2"
 FAILED = 'ts=2026-12-01T10:00:01.000 level=error event=model.load_failed model=a error="no such repo"'
@@ -34,7 +34,7 @@ class Chatty(FakeWorker):
 
 
 def test_a_failed_swap_reports_the_error_first(monkeypatch):
-    from vllmmlxd.supervisor import slot_workers as slot_workers_module
+    from vllmmlxd.supervisor.slot import slot_workers as slot_workers_module
 
     monkeypatch.setattr(slot_workers_module, "WorkerProcess", Chatty)
 

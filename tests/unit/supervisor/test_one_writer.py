@@ -49,14 +49,14 @@ def test_nothing_outside_an_actor_or_the_task_assigns_a_slot_or_unit():
             seen += 1
             rel = path.relative_to(PKG).as_posix()
             base = target.split(".")[0]
-            if path.parent == SUPERVISOR:
+            if path.is_relative_to(SUPERVISOR):
                 allowed = IN_THE_TASK.get(path.name, set())
                 if allowed is None or func in allowed:
                     continue
                 if path.name in ("slot.py", "slot_workers.py") and base in ("worker", "self") and attr in WORKER_FIELDS:
                     continue
             if any(word in target for word in ("slot", "unit", "checks", "supervisor")) or (
-                path.parent == SUPERVISOR and path.name not in ("process.py",)
+                path.is_relative_to(SUPERVISOR) and path.name not in ("process.py",)
             ):
                 offenders.append(f"{rel}:{func}: {target}")
     assert seen > 0, "no assignment found: the check read nothing"

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from vllmmlxd.config.schema import ModelConfig
-from vllmmlxd.supervisor.process import MAX_LINE, WorkerProcess
+from vllmmlxd.supervisor.slot.process import MAX_LINE, WorkerProcess
 
 
 def test_long_stderr_lines_are_cut_and_forwarding_goes_on():

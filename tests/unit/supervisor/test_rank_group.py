@@ -22,9 +22,9 @@ import pytest
 
 from tests.support.clock import FakeClock
 from vllmmlxd.config.entries import ResolvedModel
-from vllmmlxd.supervisor import rank_launch, ranks
 from vllmmlxd.supervisor.clock import REAL_CLOCK, Clock
-from vllmmlxd.supervisor.ranks import RankGroup
+from vllmmlxd.supervisor.slot import rank_launch, ranks
+from vllmmlxd.supervisor.slot.ranks import RankGroup
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,7 +10,7 @@ import sys
 
 from vllmmlxd.config import distributed as dist_mod
 from vllmmlxd.config.distributed import DistributedConfig
-from vllmmlxd.supervisor import rank_launch
+from vllmmlxd.supervisor.slot import rank_launch
 
 
 def ring(*hosts, **fields) -> DistributedConfig:

@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from vllmmlxd.sockets import bind_tcp
-from vllmmlxd.supervisor.responder import Responder, Unavailable, answer
+from vllmmlxd.supervisor.slot.responder import Responder, Unavailable, answer
 
 
 def test_the_answer_names_the_state_for_the_gateway_and_says_when_to_retry():
@@ -43,6 +43,6 @@ def test_each_answer_is_reported_so_a_request_can_load_a_lazy_model():
 
 def test_the_gateway_mark_is_the_header_the_gateway_sends():
     from vllmmlxd.http.access import GATEWAY_TOKEN_HEADER
-    from vllmmlxd.supervisor.responder import GATEWAY_MARK
+    from vllmmlxd.supervisor.slot.responder import GATEWAY_MARK
 
     assert b"\r\n" + GATEWAY_TOKEN_HEADER.encode() + b":" == GATEWAY_MARK

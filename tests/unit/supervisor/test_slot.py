@@ -16,10 +16,10 @@ from tests.support.clock import FakeClock
 from tests.support.fake_worker import FakeWorker, run_with_fakes, until, use_fake_workers
 from vllmmlxd.config.schema import ModelConfig
 from vllmmlxd.supervisor import states
-from vllmmlxd.supervisor.backoff import BackoffPolicy
-from vllmmlxd.supervisor.responder import RETRY_SLACK_S
-from vllmmlxd.supervisor.slot import Slot, SlotSettings
-from vllmmlxd.supervisor.tuning import Tuning
+from vllmmlxd.supervisor.slot.backoff import BackoffPolicy
+from vllmmlxd.supervisor.slot.responder import RETRY_SLACK_S
+from vllmmlxd.supervisor.slot.slot import Slot, SlotSettings
+from vllmmlxd.supervisor.slot.tuning import Tuning
 
 # The production timings (a first restart after 0.5 s, doubling; a crash within 10 s of READY is
 # fast), giving up sooner; health checks every 10 s (the default), two missed ones kill a worker.

@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from vllmmlxd.supervisor import states
-from vllmmlxd.supervisor.slot_news import announcement, settle, why_not
+from vllmmlxd.supervisor.slot.slot_news import announcement, settle, why_not
 
 
 def futures(n: int) -> list[asyncio.Future]:

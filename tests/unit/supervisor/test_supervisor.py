@@ -17,13 +17,13 @@ from tests.support.fake_worker import FakeWorker, run_with_fakes, until, use_fak
 from tests.support.servers import free_port
 from vllmmlxd.config.load import load_config
 from vllmmlxd.supervisor import states
-from vllmmlxd.supervisor.backoff import BackoffPolicy
 from vllmmlxd.supervisor.loads import IDLE_CHECK_S, Loads
 from vllmmlxd.supervisor.memory import Capacity
-from vllmmlxd.supervisor.responder import RETRY_SLACK_S
-from vllmmlxd.supervisor.slot import SlotSettings
+from vllmmlxd.supervisor.slot.backoff import BackoffPolicy
+from vllmmlxd.supervisor.slot.responder import RETRY_SLACK_S
+from vllmmlxd.supervisor.slot.slot import SlotSettings
+from vllmmlxd.supervisor.slot.tuning import Tuning
 from vllmmlxd.supervisor.supervisor import Supervisor
-from vllmmlxd.supervisor.tuning import Tuning
 
 
 @pytest.fixture(autouse=True)

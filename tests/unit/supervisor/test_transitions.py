@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from vllmmlxd.supervisor import states
-from vllmmlxd.supervisor.backoff import BackoffPolicy
-from vllmmlxd.supervisor.transitions import (
+from vllmmlxd.supervisor.slot.backoff import BackoffPolicy
+from vllmmlxd.supervisor.slot.transitions import (
     EVENTS,
     PHASES,
     SWAPPING,

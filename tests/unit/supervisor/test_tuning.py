@@ -1,6 +1,6 @@
 """tuning.py: the supervisor's timings and their environment overrides."""
 
-from vllmmlxd.supervisor.tuning import Tuning
+from vllmmlxd.supervisor.slot.tuning import Tuning
 
 
 def test_defaults_without_overrides():

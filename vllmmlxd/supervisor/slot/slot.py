@@ -24,14 +24,14 @@ import socket
 from collections.abc import Callable
 from typing import assert_never
 
-from ..log import event_line, log_event
-from ..runtime.cpus import CpuShare
-from ..sockets import bind_tcp, http_url
-from . import states
-from .clock import REAL_CLOCK, Clock
+from ...log import event_line, log_event
+from ...runtime.cpus import CpuShare
+from ...sockets import bind_tcp, http_url
+from .. import states
+from ..clock import REAL_CLOCK, Clock
+from ..operations import resolve as _resolve
 from .exit_reason import exit_reason
 from .log_lines import LogLines
-from .operations import resolve as _resolve
 from .process import UnitConfig, WorkerProcess
 from .responder import RETRY_SLACK_S, StandIn, Unavailable, unavailable
 from .slot_messages import (

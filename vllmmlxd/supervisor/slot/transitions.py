@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from . import states
+from .. import states
 from .backoff import BackoffPolicy
 
 Phase = Literal["starting", "ready", "swapping", "draining", "backoff", "failed", "stopped", "unloaded"]

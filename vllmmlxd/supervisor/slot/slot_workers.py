@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from ..log import log_event
-from .clock import REAL_CLOCK, Clock, done_within
+from ...log import log_event
+from ..clock import REAL_CLOCK, Clock, done_within
 from .process import UnitConfig, WorkerProcess
 from .ranks import RankGroup
 from .slot_messages import BackoffElapsed, Listening, SlotMsg, WorkerExited, WorkerNews

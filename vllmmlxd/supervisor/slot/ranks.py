@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..log import event_line, log_event
+from ...log import event_line, log_event
+from ..clock import REAL_CLOCK, Clock, done_within
 from . import rank_launch
-from .clock import REAL_CLOCK, Clock, done_within
 from .process import LogSink, SpawnError, UnitConfig, WorkerProcess
 
 logger = logging.getLogger("vllmmlxd.supervisor")

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..log import log_event
+from ...log import log_event
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from typing import Literal
 
-from . import states
+from .. import states
 
 Waits = Literal["serving", "stopped"]
 Waiter = tuple[asyncio.Future, Waits]

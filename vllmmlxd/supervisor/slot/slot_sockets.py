@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import socket
 
-from ..config.gateway import GatewaySpec
-from ..sockets import bind_tcp
+from ...config.gateway import GatewaySpec
+from ...sockets import bind_tcp
 from .process import UnitConfig
 
 

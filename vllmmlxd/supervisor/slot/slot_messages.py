@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..runtime.cpus import CpuShare
+from ...runtime.cpus import CpuShare
 from .process import UnitConfig, WorkerProcess
 from .slot_news import Waits
 from .transitions import Event

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Protocol, Self
 
 import httpx
 
-from ..log import event_line, log_event
-from .notify import strip_notify_env
+from ...log import event_line, log_event
+from ..notify import strip_notify_env
 
 if TYPE_CHECKING:
-    from ..runtime.cpus import CpuShare
+    from ...runtime.cpus import CpuShare
 
 logger = logging.getLogger("vllmmlxd.supervisor")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from ..config.distributed import DistributedConfig
+from ...config.distributed import DistributedConfig
 
 # ssh without a terminal, so the end of stdin reaches the rank (its lifeline), and failing fast
 # rather than asking for a password nobody will type.
