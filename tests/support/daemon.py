@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -16,6 +17,23 @@ import yaml
 
 from tests.support.servers import free_port
 from vllmmlxd.ctl.client import ControlClient, ControlRequestError, DaemonUnreachable
+
+# Every daemon a test started: one that failed between its start and its own stop (a fixture whose
+# readiness wait timed out before its yield) is stopped when the test process exits, never left running.
+_SPAWNED: list[subprocess.Popen] = []
+
+
+def _stop_leftovers() -> None:
+    for proc in _SPAWNED:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+atexit.register(_stop_leftovers)
 
 
 def model_entry(port: int, **extra) -> dict:
@@ -59,12 +77,14 @@ class Daemon:
 
     def spawn(self, env: dict | None, log_path: Path) -> subprocess.Popen:
         """Another `vllmmlxd run` on this config (a second daemon, in a test that wants one)."""
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(self.config_path)],
             stdout=subprocess.DEVNULL,
             stderr=log_path.open("wb"),
             env={**os.environ, **(env or {})},
         )
+        _SPAWNED.append(proc)
+        return proc
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path else ""
