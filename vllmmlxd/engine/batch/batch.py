@@ -60,7 +60,8 @@ class Batch:
     def join(self, tokens: list[int], cached: int, source: tuple[int, ...], max_tokens: int, row: RowSetup) -> int:
         """A row joins: its uid."""
         uid = self._insert(row, max_tokens)
-        self._record(Join(uid, tuple(tokens), cached, source, max_tokens))
+        if self._recording:  # the prompt's copy only where another rank reads it
+            self._record(Join(uid, tuple(tokens), cached, source, max_tokens))
         return uid
 
     def leave(self, uids: list[int], *, keep: bool) -> Kept:

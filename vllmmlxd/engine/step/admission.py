@@ -40,7 +40,7 @@ def plan_admission(
 ) -> Admission:
     """``admitted``: the sequences in the batch or staged (``share_prefixes``: a prefix cache is on)."""
     plan = Admission()
-    widths = [budget.width(len(s.prompt), s.request.sampling.max_tokens) for s in admitted]
+    widths = reserved_widths(budget, admitted)
     prefilling = [s for s in admitted if s.progress.first_token_at is None]
     rows = len(admitted)
     for seq in waiting:
@@ -65,6 +65,11 @@ def plan_admission(
         prefilling.append(seq)
         rows += 1
     return plan
+
+
+def reserved_widths(budget: KvBudget, admitted: list[Sequence]) -> list[int]:
+    """The widths (tokens) ``admitted`` sequences reserve: each prompt and its max_tokens."""
+    return [budget.width(len(s.prompt), s.request.sampling.max_tokens) for s in admitted]
 
 
 def shared_prefix_leader(seq: Sequence, prefilling: list[Sequence]) -> Sequence | None:

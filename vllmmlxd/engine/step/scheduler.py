@@ -35,9 +35,8 @@ from ..options import EngineOptions
 from ..text.constraint import Grammars
 from ..types import EngineStats, FinishReason, WaitingFor
 from ..vision.vision_prefill import EmbeddingPrefill, Staged
-from .admission import plan_admission
+from .admission import plan_admission, reserved_widths
 from .batch_layout import describe, new_generator
-from .kv_budget import KvBudget
 from .kv_probe import entry_budget
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence
@@ -230,9 +229,8 @@ class Scheduler:
     def _admit(self) -> None:
         """Carry out this round's admission plan (``admission.plan_admission``)."""
         budget = self.kv  # read once: a live change swaps the whole budget
-        admitted = [*self.running.values(), *(s.seq for s in self.staged)]
         plan = plan_admission(
-            list(self.waiting), admitted, budget, self.options.max_running, share_prefixes=self.cache.enabled
+            list(self.waiting), self._admitted(), budget, self.options.max_running, share_prefixes=self.cache.enabled
         )
         for leader in plan.leaders:
             leader.prompt_wanted = True  # cache its prompt as soon as it is prefilled
@@ -250,10 +248,9 @@ class Scheduler:
                 self._fail(seq, exc)
         self._note_queue(plan.blocked, plan.behind_prefix)
 
-    def _kv_widths(self, budget: KvBudget) -> list[int]:
-        """The widths (tokens) the admitted sequences reserve: those in the batch and those staged."""
-        admitted = [*self.running.values(), *(s.seq for s in self.staged)]
-        return [budget.width(len(s.prompt), s.request.sampling.max_tokens) for s in admitted]
+    def _admitted(self) -> list[Sequence]:
+        """The sequences admitted: those in the batch and those staged."""
+        return [*self.running.values(), *(s.seq for s in self.staged)]
 
     def _note_queue(self, blocked: WaitingFor | None, behind: set[int]) -> None:
         """Each waiting request's place in the queue and what holds it there (``blocked``: what
@@ -285,7 +282,7 @@ class Scheduler:
         row = RowSetup(
             self._segments(seq, cached), cache, list(prompt[:cached]), make_sampler(params), processors, stops
         )
-        uid = self.batch.join(list(prompt[cached:]), cached, tuple(source), params.max_tokens, row)
+        uid = self.batch.join(prompt[cached:], cached, tuple(source), params.max_tokens, row)
         seq.uid, seq.base = uid, cached
         self.running[uid] = seq
         for hook in self.hooks:
@@ -478,7 +475,7 @@ class Scheduler:
                 by_loop.setdefault(seq.loop, []).extend((seq.events, e) for e in events)
         self._retired = []
         self.stats.num_running = len(self.running)
-        widths = self._kv_widths(self.kv)
+        widths = reserved_widths(self.kv, self._admitted())
         self.stats.kv_reserved_bytes, self.stats.kv_running = self.kv.reserved(widths), len(widths)
         self.stats.kv_waiting = sum(1 for s in self.waiting if s.progress.waiting_for == "kv_budget")
         for loop, items in by_loop.items():
