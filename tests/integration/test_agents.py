@@ -1,8 +1,9 @@
 """Agents that speak the Responses API, against a real worker: OpenAI's Agents SDK (a run and a
 streamed run, with a function tool called and its result sent back), and OpenAI's Codex CLI (npm
-``@openai/codex``, the version the Makefile pins), as its users configure it: a custom model provider with
-``wire_api = "responses"``, its key from an environment variable, and web search off (a built-in
-tool this server refuses by name).
+``@openai/codex``, the version the Makefile pins), as its documentation configures a custom model
+provider: ``wire_api = "responses"`` and its key from an environment variable, nothing else. It
+sends its hosted ``web_search`` tool, which the worker leaves out (and refuses by name on an entry
+with ``hosted_tools: refuse``).
 
 What Codex 0.171.0 sends on each turn: ``stream: true``, ``store: false``, ``include:
 ["reasoning.encrypted_content"]``, ``reasoning: {summary: auto}``, ``tool_choice: auto`` with
@@ -76,22 +77,27 @@ def codex(home: Path, work: Path, *args: str) -> tuple[subprocess.CompletedProce
     return run, last.read_text() if last.exists() else ""
 
 
-def test_codex_exec_runs_a_turn_and_a_resumed_one_against_the_worker(worker, tmp_path):
+def configured(tmp_path: Path, url: str) -> tuple[Path, Path]:
+    """A Codex home whose config.toml names the worker as its documentation shows a custom provider."""
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
     (home / "config.toml").write_text(
         f"""model = "tiny-long"
 model_provider = "vllmmlxd"
-web_search = "disabled"
 
 [model_providers.vllmmlxd]
 name = "vllmmlxd"
-base_url = "{worker.url}/v1"
+base_url = "{url}/v1"
 wire_api = "responses"
 env_key = "VLLMMLXD_TEST_KEY"
 """
     )
+    return home, work
+
+
+def test_codex_exec_runs_a_turn_and_a_resumed_one_against_the_worker(worker, tmp_path):
+    home, work = configured(tmp_path, worker.url)
     version = subprocess.run([str(CODEX), "--version"], capture_output=True, text=True, check=True).stdout
     assert CODEX_VERSION in version
     run, last = codex(home, work, "Say hello")
@@ -100,6 +106,7 @@ env_key = "VLLMMLXD_TEST_KEY"
     assert last.strip() == ANSWER
     [first] = served(worker.log())
     assert first["status"] == "200" and int(first["prompt_tokens"]) > 4000  # the long system prompt
+    assert "event=request.tools_ignored" in worker.log() and "tools=web_search" in worker.log()  # Codex sent it
 
     # A resumed session replays the conversation: the prefix cache serves the first turn's tokens.
     run, last = codex(home, work, "resume", "--last", "Say it again")
@@ -109,6 +116,24 @@ env_key = "VLLMMLXD_TEST_KEY"
     second = served(worker.log())[1]
     assert second["status"] == "200" and int(second["prompt_tokens"]) > int(first["prompt_tokens"])
     assert int(second["cached_tokens"]) >= int(first["prompt_tokens"]) - 16
+
+
+def test_codex_exec_meets_the_documented_400_where_hosted_tools_are_refused(tmp_path):
+    model = answering_tiny(Path(os.environ["VLLMMLXD_STATE_DIR"]) / "test-models" / "answering-tiny-32k")
+    keyfile = tmp_path / "key"
+    keyfile.write_text(KEY)
+    s = start_serve(
+        str(model), "--served-model-name", "tiny-long", "--api-key-file", str(keyfile), "--hosted-tools", "refuse"
+    )
+    try:
+        home, work = configured(tmp_path, s.url)
+        run, last = codex(home, work, "Say hello")
+        assert run.returncode != 0 and not last.strip()
+        assert "web_search tool runs at the provider" in run.stdout + run.stderr, (run.stdout + run.stderr)[-3000:]
+        [refused] = served(s.log())
+        assert refused["status"] == "400"
+    finally:
+        assert s.stop() == 0, s.log()[-3000:]
 
 
 def test_the_agents_sdk_runs_an_agent_with_a_tool_streamed_and_not(worker):

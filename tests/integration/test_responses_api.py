@@ -130,8 +130,8 @@ def test_text_format_json_schema_is_enforced(client):
 @pytest.mark.parametrize(
     "extra, param, words",
     [
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "web_search tool is not supported"),
-        ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]}, "tools[0].type", "code_interpreter"),
+        ({"tools": [{"type": "custom", "name": "patch"}]}, "tools[0].type", "custom (free-form) tools"),
+        ({"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice", "web_search"),
         ({"include": ["file_search_call.results"]}, "include", "not supported"),
         ({"text": {"format": {"type": "xml"}}}, "text.format.type", "not supported"),
         ({"max_output_tokens": 0}, "max_output_tokens", ""),
@@ -142,6 +142,33 @@ def test_what_is_not_supported_is_a_400_naming_it(client, extra, param, words):
         client.responses.create(model="tiny", input="Hi", **extra)
     body = err.value.body
     assert err.value.status_code == 400 and body["param"] == param and words in body["message"]
+
+
+def test_hosted_tools_are_left_out_and_named_in_a_header(server):
+    # As Codex sends by default: the answer is the one without them (greedy), and the header says what was left.
+    plain = {"model": "tiny", "input": "Hi", "max_output_tokens": 6, "temperature": 0, "tools": [TOOL]}
+    hosted = {
+        **plain,
+        "tools": [{"type": "web_search"}, TOOL, {"type": "code_interpreter", "container": {"type": "auto"}}],
+    }
+    alone = httpx.post(server.url + "/v1/responses", json=plain, timeout=60)
+    r = httpx.post(server.url + "/v1/responses", json=hosted, timeout=60)
+    assert r.status_code == 200 and r.headers["x-vllmmlxd-ignored-tools"] == "web_search,code_interpreter"
+    assert "x-vllmmlxd-ignored-tools" not in alone.headers
+    assert said(r.json()) == said(alone.json())
+    assert [t["type"] for t in r.json()["tools"]] == ["web_search", "function", "code_interpreter"]  # as asked
+    with httpx.stream("POST", server.url + "/v1/responses", json={**hosted, "stream": True}, timeout=60) as s:
+        assert s.headers["x-vllmmlxd-ignored-tools"] == "web_search,code_interpreter"
+        done = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")][-1]
+    assert said(done["response"]) == said(alone.json())
+
+
+def said(body: dict) -> list[tuple]:
+    """What a response's output items say, without their ids."""
+    return [
+        (i["type"], [c.get("text") for c in i.get("content", [])], i.get("name"), i.get("arguments"))
+        for i in body["output"]
+    ]
 
 
 def test_bad_input_items_are_400s_in_openais_shape(server):

@@ -11,15 +11,18 @@ Anthropic's ``count_tokens`` counts exactly what ``/v1/messages`` sends to the e
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any, Protocol
 
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..engine.types import Finished, RenderedPrompt, TextDelta, ToolCallDelta
+from ..log import log_event
 from .context import ServingContext, owner_of
+from .hosted_tools import HEADER, enforce, header_value
 from .image_input import resolve_images
 from .prompt import make_generation, render_template, thinking_on, tool_plan
 from .stream import Folded, Generation, StreamEncoder, fold, open_events, stream
@@ -27,6 +30,8 @@ from .structured import ensure_valid
 from .tool_loop import McpCall, McpOutcome, Offer, ToolLoop, offer
 from .tooling import ToolChoice, cut_call
 from .turn import ChatPrompt, ChatTurn, turn_starts, without_oldest
+
+logger = logging.getLogger("vllmmlxd.api")
 
 
 class ChatEncoding(Protocol):
@@ -75,8 +80,23 @@ async def fit_context(
 
 async def serve_chat(
     ctx: ServingContext, request: Request, turn: ChatTurn, encoding: ChatEncoding
+) -> Response | dict[str, Any]:
+    """Serve one chat turn: a streamed response, or the family's whole body (as a response when
+    it carries the ignored hosted tools' header)."""
+    enforce(ctx.config.hosted_tools, turn.hosted)
+    answer = await _serve(ctx, request, turn, encoding)
+    if not turn.hosted:
+        return answer
+    ignored = header_value(turn.hosted)
+    log_event(logger, "request.tools_ignored", request_id=getattr(request.state, "request_id", None), tools=ignored)
+    reply = answer if isinstance(answer, StreamingResponse) else JSONResponse(answer)
+    reply.headers[HEADER] = ignored
+    return reply
+
+
+async def _serve(
+    ctx: ServingContext, request: Request, turn: ChatTurn, encoding: ChatEncoding
 ) -> StreamingResponse | dict[str, Any]:
-    """Serve one chat turn: a streamed response, or the family's whole body."""
     prompt = await resolve_images(ctx, turn.prompt)
     offered = offer(ctx, request, prompt.tools)  # MCP tools the worker runs itself; None: none for this request
     plan = tool_plan(ctx, offered_tools(prompt, offered), turn.tool_choice, prompt.template_kwargs)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequest
+from .hosted_tools import HostedTool
 from .sampling import SamplingRequest
 from .structured import OutputFormat
 from .tooling import ToolChoice
@@ -37,6 +38,7 @@ class ChatTurn:
     output: OutputFormat | None = None  # the answer held to a JSON schema
     stream: bool = False
     truncate: bool = False  # too long for the context: drop the oldest turns (Responses' truncation: auto)
+    hosted: tuple[HostedTool, ...] = ()  # provider-run tools the request named, left out of the prompt
 
 
 def turn_starts(messages: list[dict[str, Any]]) -> list[int]:

@@ -46,6 +46,7 @@ LIVE_FIELDS = frozenset(
         *IMAGE_FIELDS,
         "stored_responses",
         "stored_responses_mb",
+        "hosted_tools",  # read per request
         "cache_scope",  # read per request: the salt of its prefix-cache entries
         "api_keys",
         "key_grants",

@@ -357,16 +357,18 @@ def test_tools_become_functions_with_the_input_schema_as_parameters():
     ]
 
 
-def test_server_tools_are_a_400_naming_them():
+def test_server_tools_are_left_out_of_the_prompt_and_named_on_the_turn():
+    tools = [
+        {"name": "f", "input_schema": SCHEMA},
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+    ]
+    _, shown = convo(*HI, tools=tools)
+    assert shown is not None and [t["function"]["name"] for t in shown] == ["f"]
+    turn = tr.to_turn(req(messages=list(HI), tools=tools))
+    assert [(h.kind, h.param) for h in turn.hosted] == [("web_search_20250305", "tools[1]")]
     with pytest.raises(InvalidRequest) as e:
-        convo(
-            *HI,
-            tools=[
-                {"name": "f", "input_schema": SCHEMA},
-                {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
-            ],
-        )
-    assert e.value.param == "tools[1]" and "web_search" in e.value.message
+        convo(*HI, tools=[{"name": "g"}])
+    assert e.value.param == "tools[0].input_schema"
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from vllmmlxd.api.hosted_tools import HostedTool, enforce, header_value
 from vllmmlxd.api.responses import translate as tr
 from vllmmlxd.api.responses.protocol import ResponsesRequest
 from vllmmlxd.api.responses.store import ResponseStore, as_input, with_ids
 from vllmmlxd.errors import InvalidRequest
+
+TOOL = {"type": "function", "name": "w", "parameters": {"type": "object"}}
 
 
 def turn(**fields):
@@ -65,7 +68,7 @@ def test_text_format_and_sampling_carry_over():
 @pytest.mark.parametrize(
     "fields, param",
     [
-        ({"tools": [{"type": "file_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "custom", "name": "patch"}]}, "tools[0].type"),
         ({"tools": [{"type": "function"}]}, "tools[0]"),
         ({"tool_choice": {"type": "web_search"}}, "tool_choice"),
         ({"input": []}, "input"),
@@ -76,13 +79,25 @@ def test_text_format_and_sampling_carry_over():
         ({"conversation": "conv_1"}, "conversation"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"top_logprobs": 2}, "top_logprobs"),
-        *(({"tools": [{"type": kind}]}, "tools[0].type") for kind in sorted(tr.BUILT_IN_TOOLS)),
+        ({"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice"),
     ],
 )
 def test_what_cannot_be_served_is_refused_naming_it(fields, param):
     with pytest.raises(InvalidRequest) as err:
         turn(**fields)
     assert err.value.param == param
+
+
+@pytest.mark.parametrize("kind", sorted(tr.HOSTED_TOOLS))
+def test_hosted_tools_are_left_out_of_the_prompt_and_named_or_refused(kind):
+    t = turn(tools=[{"type": kind}, TOOL, {"type": kind, "x": 1}])
+    assert t.prompt.tools is not None and [f["function"]["name"] for f in t.prompt.tools] == [TOOL["name"]]
+    assert t.hosted == (HostedTool(kind, "tools[0]"), HostedTool(kind, "tools[2]"))
+    assert header_value(t.hosted) == kind
+    enforce("ignore", t.hosted)
+    with pytest.raises(InvalidRequest) as err:
+        enforce("refuse", t.hosted)
+    assert err.value.param == "tools[0].type" and kind in err.value.message
 
 
 def test_the_store_keeps_each_keys_responses_apart_and_stays_in_its_bounds():

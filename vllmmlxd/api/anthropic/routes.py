@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response
 
 from ..body import read_json, validate
 from ..chat import render_prompt, serve_chat
@@ -30,7 +30,7 @@ def make_router(live: LiveContext) -> APIRouter:
 
     # response_model=None: a dict is sent as built, not validated against the return annotation.
     @router.post("/v1/messages", response_model=None)
-    async def messages(request: Request) -> StreamingResponse | dict[str, Any]:
+    async def messages(request: Request) -> Response | dict[str, Any]:
         ctx = live.capture(request)
         req = validate(MessagesRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)

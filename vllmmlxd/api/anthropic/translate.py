@@ -8,6 +8,7 @@ from typing import Any
 
 from ...engine.types import Finished
 from ...errors import InvalidRequest
+from ..hosted_tools import HostedTool
 from ..images import ImageRef, image_part
 from ..sampling import SamplingRequest
 from ..structured import anthropic_output_format
@@ -59,6 +60,7 @@ def to_turn(req: MessagesRequest) -> ChatTurn:
         ),
         output=anthropic_output_format(req.output_format),
         stream=req.stream,
+        hosted=hosted_tools(req.tools),
     )
 
 
@@ -104,16 +106,23 @@ def to_template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
         return None
     out = []
     for i, tool in enumerate(tools):
-        if tool.type not in (None, "custom") or tool.input_schema is None:
-            # Server tools (web search, code execution) run at Anthropic; nothing here runs them.
-            raise InvalidRequest(
-                f"tools[{i}]: {tool.name!r} (type {tool.type!r}) has no input_schema; "
-                "this server runs no server tools, only tools the client runs",
-                param=f"tools[{i}]",
-            )
+        if is_hosted(tool):
+            continue  # named on the turn (hosted_tools), not shown to the model
+        if tool.input_schema is None:
+            raise InvalidRequest(f"tools[{i}]: {tool.name!r} has no input_schema", param=f"tools[{i}].input_schema")
         function = {"name": tool.name, "description": tool.description or "", "parameters": tool.input_schema}
         out.append({"type": "function", "function": function})
-    return out
+    return out or None
+
+
+def is_hosted(tool: Tool) -> bool:
+    """Anthropic's own tools (``web_search_20250305``, ``code_execution_…``, ``bash_…``): typed, with
+    no schema, run at Anthropic or in a form its models were trained on."""
+    return tool.type not in (None, "custom")
+
+
+def hosted_tools(tools: list[Tool] | None) -> tuple[HostedTool, ...]:
+    return tuple(HostedTool(t.type or "", f"tools[{i}]") for i, t in enumerate(tools or ()) if is_hosted(t))
 
 
 def thinking_switch(req: CountTokensRequest) -> dict[str, bool]:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response
 
 from ...engine.embeddings.embedding_types import Embedder
 from ...errors import InvalidRequest
@@ -102,7 +102,7 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
 
     # response_model=None: a dict is sent as built, not validated against the return annotation.
     @router.post(PREFIX + "/api/chat", response_model=None)
-    async def chat(request: Request) -> StreamingResponse | dict[str, Any]:
+    async def chat(request: Request) -> Response | dict[str, Any]:
         started = clock(request)
         ctx = live.capture(request)
         req = validate(ChatRequest, await read_json(request, ctx.max_body_bytes))
@@ -115,7 +115,7 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
         return await serve_chat(ctx, request, turn, ChatEncoding(name, started))
 
     @router.post(PREFIX + "/api/generate", response_model=None)
-    async def generate(request: Request) -> StreamingResponse | dict[str, Any]:
+    async def generate(request: Request) -> Response | dict[str, Any]:
         started = clock(request)
         ctx = live.capture(request)
         req = validate(GenerateRequest, await read_json(request, ctx.max_body_bytes))

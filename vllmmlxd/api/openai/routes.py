@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response
 
 from ...errors import InvalidRequest, ModelNotFound
 from ..body import read_json, validate
@@ -48,7 +48,7 @@ def make_router(live: LiveContext) -> APIRouter:
         raise ModelNotFound(f"model {model_id!r} is not served here; this server serves {ctx.name!r}")
 
     @router.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(request: Request) -> StreamingResponse | dict[str, Any]:
+    async def chat_completions(request: Request) -> Response | dict[str, Any]:
         ctx = live.capture(request)
         req = validate(ChatCompletionRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
@@ -57,7 +57,7 @@ def make_router(live: LiveContext) -> APIRouter:
         )
 
     @router.post("/v1/completions", response_model=None)
-    async def completions(request: Request) -> StreamingResponse | dict[str, Any]:
+    async def completions(request: Request) -> Response | dict[str, Any]:
         ctx = live.capture(request)
         req = validate(CompletionRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response
 
 from ...errors import InvalidRequest, NotFound
 from ..body import read_json, validate
@@ -42,7 +42,7 @@ def make_router(live: LiveContext, store: ResponseStore | None = None) -> APIRou
 
     # response_model=None: a dict is sent as built, not validated against the return annotation.
     @router.post("/v1/responses", response_model=None)
-    async def responses(request: Request) -> StreamingResponse | dict[str, Any]:
+    async def responses(request: Request) -> Response | dict[str, Any]:
         ctx = live.capture(request)
         req = validate(ResponsesRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)

@@ -3,8 +3,8 @@
 Input items become the chat template's messages through the chat family's own translation
 (``openai.translate.to_template_messages``): ``instructions`` a system message, a message item
 its role's message, ``function_call`` items an assistant message's tool calls, and
-``function_call_output`` items tool messages. Flat function tools become chat tools; built-in
-tools this server does not run are a 400 naming the tool.
+``function_call_output`` items tool messages. Flat function tools become chat tools; hosted
+tools (``web_search``…) are left out and named on the turn (``api.hosted_tools``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import InvalidRequest
+from ..hosted_tools import HostedTool
 from ..images import ImageRef, image_part
 from ..openai.protocol import ChatMessage
 from ..openai.translate import extended_sampling, refuse_fields, to_template_messages
@@ -21,7 +22,9 @@ from ..turn import ChatPrompt, ChatTurn, content_of
 from .ids import PREFIX
 from .protocol import ResponsesRequest
 
-BUILT_IN_TOOLS = frozenset(
+# OpenAI's built-in tools: run at the provider, or in a form the model was trained on there;
+# this server offers none of them. (``custom`` tools, free-form input, are the client's: a 400.)
+HOSTED_TOOLS = frozenset(
     {
         "web_search",
         "web_search_preview",
@@ -34,7 +37,6 @@ BUILT_IN_TOOLS = frozenset(
         "shell",
         "apply_patch",
         "mcp",
-        "custom",
     }
 )
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
@@ -75,6 +77,7 @@ def to_turn(
         output=openai_output_format(req.text.format if req.text else None, "text.format", flat=True),
         stream=req.stream,
         truncate=req.truncation == "auto",
+        hosted=hosted_tools(req.tools),
     )
 
 
@@ -214,29 +217,36 @@ def _text(content: Any, where: str) -> str | list[dict[str, Any]]:
     return content_of(pieces, "")
 
 
+def hosted_tools(tools: list[dict[str, Any]] | None) -> tuple[HostedTool, ...]:
+    """The hosted tools the request names, where it names them."""
+    return tuple(
+        HostedTool(tool["type"], f"tools[{i}]")
+        for i, tool in enumerate(tools or ())
+        if isinstance(tool, dict) and tool.get("type") in HOSTED_TOOLS
+    )
+
+
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Function tools as chat tools, a namespace's each named ``namespace.name``; a built-in
-    tool is a 400 naming it."""
-    if not tools:
-        return None
+    """Function tools as chat tools, a namespace's each named ``namespace.name``; hosted tools
+    left out (``hosted_tools`` names them)."""
     out = []
-    for i, tool in enumerate(tools):
+    for i, tool in enumerate(tools or ()):
         kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind in HOSTED_TOOLS:
+            continue
         if kind == "namespace" and isinstance(tool.get("name"), str) and isinstance(tool.get("tools"), list):
             for j, inner in enumerate(tool["tools"]):
                 out.append(_chat_tool(inner, f"tools[{i}].tools[{j}]", tool["name"], tool.get("description")))
         else:
             out.append(_chat_tool(tool, f"tools[{i}]"))
-    return out
+    return out or None
 
 
 def _chat_tool(tool: Any, where: str, space: str | None = None, about: str | None = None) -> dict[str, Any]:
     kind = tool.get("type") if isinstance(tool, dict) else None
-    if kind in BUILT_IN_TOOLS:
+    if kind == "custom":
         raise InvalidRequest(
-            f"{where}: the {kind} tool is not supported by this server; use function tools "
-            "(the entry's MCP servers run as the worker's own tools)",
-            param=f"{where}.type",
+            f"{where}: custom (free-form) tools are not supported; use function tools", param=f"{where}.type"
         )
     if kind != "function" or not isinstance(tool.get("name"), str):
         raise InvalidRequest(f"{where} must be a function tool with a name (or a namespace of them)", param=where)
@@ -260,6 +270,12 @@ def namespaced(tools: list[dict[str, Any]] | None) -> dict[str, tuple[str, str]]
 
 
 def _choice(value: Any) -> Any:
-    if isinstance(value, dict) and value.get("type") not in (None, "function"):
-        raise InvalidRequest(f"tool_choice type {value.get('type')!r} is not supported", param="tool_choice")
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind in HOSTED_TOOLS:  # a hosted tool is never in the prompt: nothing could be forced
+        raise InvalidRequest(
+            f"tool_choice forces the {kind} tool, which runs at the provider; this server does not run it",
+            param="tool_choice",
+        )
+    if isinstance(value, dict) and kind not in (None, "function"):
+        raise InvalidRequest(f"tool_choice type {kind!r} is not supported", param="tool_choice")
     return value
