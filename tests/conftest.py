@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import spec_watch
 from vllmmlxd.runtime import import_memo
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,6 +114,19 @@ def _share_one_tls_context() -> None:
 
 
 _share_one_tls_context()
+
+
+spec_watch.install()
+
+
+@pytest.fixture(autouse=True)
+def responses_held_to_their_spec():
+    """Every Responses body and event a test received from a real server has the fields and
+    types the specification requires (tests/support/responses_spec.py)."""
+    spec_watch.PROBLEMS.clear()
+    yield
+    found, spec_watch.PROBLEMS[:] = list(spec_watch.PROBLEMS), []
+    assert not found, "Responses output departs from the specification:\n" + "\n".join(dict.fromkeys(found))
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ construction is asserted (shapes, enforcement, equality of two paths, seeded sam
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import time
@@ -14,6 +15,8 @@ import httpx
 import openai
 import pytest
 
+from tests.support import spec_watch
+from tests.support.pdf import text_pdf
 from tests.support.servers import start_serve
 
 TOOL = {
@@ -64,11 +67,17 @@ def test_create_and_stream_give_the_same_text_and_the_sdks_types(client):
     assert deltas == made.output_text and "response.output_item.done" in kinds
 
 
-def test_the_events_are_numbered_in_order(server):
-    body = {"input": "Hi", "max_output_tokens": 4, "temperature": 0, "stream": True}
+def test_the_events_are_numbered_in_order_and_each_is_checked_against_the_spec(server):
+    body = {"input": "Hi", "max_output_tokens": 4, "temperature": 0, "stream": True, "ignore_eos": True}
+    before = spec_watch.CHECKED[0]
     with httpx.stream("POST", server.url + "/v1/responses", json=body, timeout=60) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert spec_watch.CHECKED[0] - before == len(events)  # the suite's spec watch read every one (conftest)
+    # Cut by the limit: the message item says so too, and the response carries the values applied.
+    last = events[-1]["response"]
+    assert last["status"] == "incomplete" and last["output"][-1]["status"] == "incomplete"
+    assert (last["temperature"], last["top_p"], last["completed_at"] >= last["created_at"]) == (0, 1.0, True)
 
 
 def test_a_forced_function_call_and_its_output_round_trip(client):
@@ -169,6 +178,31 @@ def said(body: dict) -> list[tuple]:
         (i["type"], [c.get("text") for c in i.get("content", [])], i.get("name"), i.get("arguments"))
         for i in body["output"]
     ]
+
+
+def test_an_input_file_pdf_is_read_as_its_text(server, client):
+    pdf = base64.b64encode(text_pdf("The fixture title", "Second page")).decode()
+    ask = {"type": "input_text", "text": "Its title?"}
+    as_file = {"type": "input_file", "filename": "fixture.pdf", "file_data": f"data:application/pdf;base64,{pdf}"}
+    as_text = {
+        "type": "input_text",
+        "text": "\n[file: fixture.pdf]\nThe fixture title\n\nSecond page\n[end of file]\n",
+    }
+    kw = dict(model="tiny", max_output_tokens=6, temperature=0)
+    filed = client.responses.create(input=[{"role": "user", "content": [ask, as_file]}], **kw)
+    typed = client.responses.create(input=[{"role": "user", "content": [ask, as_text]}], **kw)
+    assert filed.usage.input_tokens == typed.usage.input_tokens and filed.output_text == typed.output_text
+    chat = {"type": "file", "file": {"filename": "fixture.pdf", "file_data": f"data:application/pdf;base64,{pdf}"}}
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": [{"type": "text", "text": "Its title?"}, chat]}], **kw},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > typed.usage.input_tokens - 10, r.text
+    empty = {**as_file, "file_data": "data:application/pdf;base64," + base64.b64encode(text_pdf()).decode()}
+    bad = httpx.post(server.url + "/v1/responses", json={"input": [{"role": "user", "content": [empty]}]}, timeout=30)
+    assert bad.status_code == 400 and "no text to read" in bad.json()["error"]["message"]
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
 
 
 def test_bad_input_items_are_400s_in_openais_shape(server):

@@ -51,6 +51,26 @@ class SamplingRequest:
     cache_salt: str | None = None  # the prefix cache shares this request's KV only with the same salt
 
 
+@dataclass(frozen=True)
+class Applied:
+    """The sampling values a request runs with, as a response that echoes them says (Responses)."""
+
+    temperature: float
+    top_p: float
+    presence_penalty: float
+    frequency_penalty: float
+
+
+def applied(req: SamplingRequest, cfg: ModelConfig | None) -> Applied:
+    """What ``req`` runs with: its own values, else the entry's defaults (``cfg``), else the fallbacks."""
+    return Applied(
+        temperature=_first(req.temperature, cfg.default_temperature if cfg else None, FALLBACK_TEMPERATURE),
+        top_p=_first(req.top_p, cfg.default_top_p if cfg else None, FALLBACK_TOP_P),
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+    )
+
+
 def resolve_sampling(
     req: SamplingRequest,
     cfg: ModelConfig,
@@ -95,15 +115,16 @@ def resolve_sampling(
         raise InvalidRequest("seed must fit in 64 bits", param="seed")
     if any(len(s) > MAX_STOP_CHARS for s in req.stop):
         raise InvalidRequest(f"stop strings are at most {MAX_STOP_CHARS} characters", param="stop")
+    values = applied(req, cfg)
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=_first(req.temperature, cfg.default_temperature, FALLBACK_TEMPERATURE),
-        top_p=_first(req.top_p, cfg.default_top_p, FALLBACK_TOP_P),
+        temperature=values.temperature,
+        top_p=values.top_p,
         top_k=max(req.top_k or 0, 0) if (req.top_k or 0) < vocab_size else 0,  # all of them: no filter
         min_p=req.min_p or 0.0,
         repetition_penalty=req.repetition_penalty or 1.0,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=values.presence_penalty,
+        frequency_penalty=values.frequency_penalty,
         seed=req.seed % 2**64 if req.seed is not None else None,
         stop=tuple(s for s in req.stop if s),
         logit_bias=tuple(bias),

@@ -52,8 +52,9 @@ def make_router(live: LiveContext) -> APIRouter:
         ctx = live.capture(request)
         req = validate(ChatCompletionRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
+        turn = await asyncio.to_thread(tr.to_turn, req)  # a file part's text (a PDF's) is CPU work
         return await serve_chat(
-            ctx, request, tr.to_turn(req), encode.ChatEncoding(int(time.time()), ctx.name, tr.include_usage(req))
+            ctx, request, turn, encode.ChatEncoding(int(time.time()), ctx.name, tr.include_usage(req))
         )
 
     @router.post("/v1/completions", response_model=None)

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from ...errors import InvalidRequest
+from ..files import file_text
 from ..images import ImageRef, image_part
 from ..sampling import SamplingRequest
 from ..structured import openai_output_format
@@ -152,6 +153,9 @@ def _text_content(content: str | list[dict[str, Any]] | None, param: str) -> str
             parts.append(image_part(_image_ref(part.get("image_url"), f"{param}[{j}]")))
         elif kind == "image" and isinstance(part.get("image"), ImageRef):  # made by the Responses translator
             parts.append(part)
+        elif kind == "file":  # {"type": "file", "file": {"file_data", "filename"}}: its text
+            inner = part.get("file")
+            parts.append(file_text(inner if isinstance(inner, dict) else {}, f"{param}[{j}].file"))
         else:
             raise InvalidRequest(f"content part type {kind!r} is not supported by this model", param=param)
     return content_of(parts, "")

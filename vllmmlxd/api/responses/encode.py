@@ -16,6 +16,8 @@ from typing import Any
 
 from ...config.mcp import MCP_TOOL_SEPARATOR
 from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from ..openai.translate import extended_sampling
+from ..sampling import Applied, applied
 from ..sse import sse_event
 from ..stream import Folded
 from ..tool_loop import McpCall, McpOutcome
@@ -42,8 +44,14 @@ def usage(u: Usage) -> dict[str, Any]:
     }
 
 
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
 def message_item(iid: str, text: str, status: str = "completed") -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    """An assistant message; ``in_progress`` while streamed (its part comes in its own events),
+    ``incomplete`` when the token limit cut it."""
+    content = [] if status == "in_progress" else [text_part(text)]
     return {"id": iid, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
@@ -74,7 +82,7 @@ def call_item(
         "status": status,
         "call_id": call_id("call_", rid, call.index),
         "name": name,
-        "arguments": call.arguments if status == "completed" else "",
+        "arguments": "" if status == "in_progress" else call.arguments,
     }
     return item if space is None else {**item, "namespace": space}
 
@@ -92,37 +100,77 @@ def mcp_item(iid: str, outcome: McpOutcome) -> dict[str, Any]:
     }
 
 
-class ResponseShape:
-    """What every response object of one request carries besides its output: the request's settings."""
+def echoed_tool(tool: Any) -> Any:
+    """A tool as the response lists it: as sent, a function tool with its (nullable) ``strict``
+    and ``description``, which the spec requires."""
+    if isinstance(tool, dict) and tool.get("type") == "function":
+        return {"description": None, "parameters": None, "strict": None, **tool}
+    if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+        return {**tool, "tools": [echoed_tool(t) for t in tool["tools"]]}
+    return tool
 
-    def __init__(self, req: ResponsesRequest, model: str):
+
+def echoed_format(format: dict[str, Any] | None) -> dict[str, Any]:
+    """``text.format`` as the response lists it: a JSON schema's with its (nullable) description
+    and ``strict``, true: the output is held to the schema while decoding, whatever was asked."""
+    if not format:
+        return {"type": "text"}
+    if format.get("type") == "json_schema":
+        return {"name": "response", "description": None, "schema": None, **format, "strict": True}
+    return format
+
+
+def final_status(finish: Finished | None) -> str:
+    """An item's or a response's status once it is written: ``incomplete`` when the token limit cut it."""
+    return "incomplete" if finish is not None and finish.reason == "length" else "completed"
+
+
+class ResponseShape:
+    """What every response object of one request carries besides its output: the request's
+    settings, with the sampling values it runs with (``applied``: the entry's defaults filled in)."""
+
+    def __init__(self, req: ResponsesRequest, model: str, values: Applied | None = None):
         self.model = model
         self.spaces = namespaced(req.tools)
         self.sealed = "reasoning.encrypted_content" in (req.include or ())
         self.created_at = int(time.time())
+        values = values or applied(extended_sampling(req, req.max_output_tokens), None)
+        reasoning = req.reasoning
         self.settings = {
             "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens,
+            "max_tool_calls": req.max_tool_calls,
             "parallel_tool_calls": req.parallel_tool_calls is not False,
-            "temperature": req.temperature,
-            "top_p": req.top_p,
+            "temperature": values.temperature,
+            "top_p": values.top_p,
+            "presence_penalty": values.presence_penalty,
+            "frequency_penalty": values.frequency_penalty,
+            "top_logprobs": req.top_logprobs or 0,
             "tool_choice": req.tool_choice or "auto",
-            "tools": req.tools or [],
-            "text": {"format": (req.text.format if req.text and req.text.format else {"type": "text"})},
+            "tools": [echoed_tool(t) for t in req.tools or ()],
+            "text": {"format": echoed_format(req.text.format if req.text else None)},
             "truncation": req.truncation,
             "metadata": req.metadata or {},
             "user": req.user,
+            "safety_identifier": req.safety_identifier,
+            "prompt_cache_key": req.prompt_cache_key,
             "previous_response_id": req.previous_response_id,
-            "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
+            "reasoning": {
+                "effort": reasoning.effort if reasoning else None,
+                "summary": reasoning.summary if reasoning else None,
+            },
             "store": req.store,
+            "background": False,
+            "service_tier": "default",
         }
 
     def body(self, rid: str, status: str, output: list[dict], finish: Finished | None) -> dict[str, Any]:
-        incomplete = finish is not None and finish.reason == "length"
+        incomplete = final_status(finish) == "incomplete"
         return {
             "id": rid,
             "object": "response",
             "created_at": self.created_at,
+            "completed_at": int(time.time()) if finish is not None else None,
             "status": "incomplete" if incomplete and status == "completed" else status,
             "model": self.model,
             "output": output,
@@ -140,16 +188,18 @@ class ResponseShape:
 
 
 def output_items(rid: str, folded: Folded, shape: ResponseShape) -> list[dict[str, Any]]:
-    """The folded answer as output items, in the order the model wrote them."""
+    """The folded answer as output items, in the order the model wrote them; the last, when the
+    token limit cut it, ``incomplete``."""
     items: list[dict[str, Any]] = []
-    for part in folded.parts:
+    for i, part in enumerate(folded.parts):
         n = len(items)
+        status = final_status(folded.finish) if i == len(folded.parts) - 1 else "completed"
         if part[0] == "text":
-            items.append(message_item(item_id("msg_", rid, n), part[1]))
+            items.append(message_item(item_id("msg_", rid, n), part[1], status))
         elif part[0] == "reasoning":
             items.append(shape.reasoning(item_id("rs_", rid, n), part[1]))
         elif part[0] == "tool_call":
-            items.append(shape.call(item_id("fc_", rid, n), rid, part[1]))
+            items.append(shape.call(item_id("fc_", rid, n), rid, part[1], status))
         elif part[0] == "mcp_result":
             items.append(mcp_item(item_id("mcp_", rid, n), part[1]))
     return items
@@ -167,8 +217,10 @@ class ResponsesEncoding:
     """The Responses API's two ways of writing one response (``api.chat.ChatEncoding``); ``done``
     is given the whole response object once it is written (the store keeps it)."""
 
-    def __init__(self, req: ResponsesRequest, model: str, done: Done = lambda body: None):
-        self.shape, self.done = ResponseShape(req, model), done
+    def __init__(
+        self, req: ResponsesRequest, model: str, done: Done = lambda body: None, values: Applied | None = None
+    ):
+        self.shape, self.done = ResponseShape(req, model, values), done
         self._ids: dict[str, str] = {}
 
     def response_id(self, rid: str) -> str:
@@ -228,7 +280,7 @@ class ResponsesStreamEncoder:
                     item_id=iid,
                     output_index=n,
                     content_index=0,
-                    part={"type": "output_text", "text": "", "annotations": []},
+                    part=text_part(""),
                 )
             )
         else:
@@ -245,21 +297,23 @@ class ResponsesStreamEncoder:
             )
         return frames
 
-    def _close(self) -> list[str]:
+    def _close(self, status: str = "completed") -> list[str]:
         if self.open is None:
             return []
         n, text = len(self.items), self.buffer
         frames = []
         if self.open == "text":
             iid = self._iid("msg_")
-            part = {"type": "output_text", "text": text, "annotations": []}
+            part = text_part(text)
             frames.append(
-                self._emit("response.output_text.done", item_id=iid, output_index=n, content_index=0, text=text)
+                self._emit(
+                    "response.output_text.done", item_id=iid, output_index=n, content_index=0, text=text, logprobs=[]
+                )
             )
             frames.append(
                 self._emit("response.content_part.done", item_id=iid, output_index=n, content_index=0, part=part)
             )
-            item = message_item(iid, text)
+            item = message_item(iid, text, status)
         else:
             iid = self._iid("rs_")
             frames.append(
@@ -289,6 +343,8 @@ class ResponsesStreamEncoder:
             self.buffer += event.text
             prefix, name, part = DELTAS[kind]
             fields = {"item_id": self._iid(prefix), "output_index": len(self.items), part: 0, "delta": event.text}
+            if kind == "text":
+                fields["logprobs"] = []
             return [*frames, self._emit(name, **fields)]
         if isinstance(event, ToolCallDelta):
             frames = self._close()
@@ -321,7 +377,7 @@ class ResponsesStreamEncoder:
             self.items.append(item)
             return frames
         if isinstance(event, Finished):
-            frames = self._close()
+            frames = self._close(final_status(event))
             body = self.shape.body(self.rid, "completed", self.items, event)
             kind = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
             self.done(body)

@@ -11,6 +11,7 @@ Errors are OpenAI's shape (``api.errors``).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter
@@ -21,6 +22,7 @@ from ...errors import InvalidRequest, NotFound
 from ..body import read_json, validate
 from ..chat import serve_chat
 from ..context import LiveContext, owner_of
+from ..sampling import applied
 from . import translate as tr
 from .encode import ResponsesEncoding
 from .ids import id_prefix
@@ -50,7 +52,7 @@ def make_router(live: LiveContext, store: ResponseStore | None = None) -> APIRou
         if req.previous_response_id is not None:
             earlier = find(request, req.previous_response_id, "previous_response_id")
             history = earlier.input_items + [i for i in map(as_input, earlier.response["output"]) if i is not None]
-        turn = tr.to_turn(req, history, id_prefix(ctx.name))
+        turn = await asyncio.to_thread(tr.to_turn, req, history, id_prefix(ctx.name))  # a PDF's text is CPU work
         conversation = history + tr.input_items(req)
         who = owner(request)
 
@@ -59,7 +61,8 @@ def make_router(live: LiveContext, store: ResponseStore | None = None) -> APIRou
                 kept.bound(ctx.config.stored_responses, int(ctx.config.stored_responses_mb * 1024 * 1024))
                 kept.put(who, body, conversation)
 
-        return await serve_chat(ctx, request, turn, ResponsesEncoding(req, ctx.name, done))
+        values = applied(turn.sampling, ctx.config)
+        return await serve_chat(ctx, request, turn, ResponsesEncoding(req, ctx.name, done, values))
 
     @router.get("/v1/responses/{response_id}", response_model=None)
     async def retrieve(response_id: str, request: Request) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import InvalidRequest
+from ..files import file_text
 from ..hosted_tools import HostedTool
 from ..images import ImageRef, image_part
 from ..openai.protocol import ChatMessage
@@ -91,7 +92,8 @@ UNHONOURED = {
 
 
 def refuse_unhonoured(req: ResponsesRequest) -> None:
-    refuse_fields(req.model_extra or {}, UNHONOURED)
+    declared = {"background": req.background, "top_logprobs": req.top_logprobs}
+    refuse_fields({**(req.model_extra or {}), **declared}, UNHONOURED)
     for i, name in enumerate(req.include or ()):
         if name not in INCLUDABLE:
             raise InvalidRequest(
@@ -210,7 +212,9 @@ def _text(content: Any, where: str) -> str | list[dict[str, Any]]:
                 f"{where}[{j}]: an input_image needs an image_url (a data: or http(s):// URL); file_id is not supported",
                 param=f"{where}[{j}]",
             )
-        elif kind in ("input_file", "input_audio"):
+        elif kind == "input_file":
+            pieces.append(file_text(part, f"{where}[{j}]"))
+        elif kind == "input_audio":
             raise InvalidRequest(f"{where}[{j}]: {kind} parts are not supported by this server", param=f"{where}[{j}]")
         else:
             raise InvalidRequest(f"{where}[{j}] must be an input_text or output_text part", param=f"{where}[{j}]")
