@@ -188,6 +188,6 @@ def _value(value: Any, kind: str, where: str) -> list[str]:
     expected = _TYPES[base]
     if not isinstance(value, expected) or (base in ("int", "num") and isinstance(value, bool)):
         return [f"{where}: {type(value).__name__} where the specification wants {base}"]
-    if inner:
+    if inner and isinstance(value, list):
         return [p for i, v in enumerate(value) for p in _check(v, inner[:-1], f"{where}[{i}]")]
     return []

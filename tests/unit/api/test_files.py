@@ -17,7 +17,10 @@ def data_url(raw: bytes, media: str) -> str:
 
 
 def test_a_pdfs_pages_become_its_text_headed_by_its_name():
-    part = {"filename": "report.pdf", "file_data": data_url(text_pdf("Quarterly report", "Page two"), "application/pdf")}
+    part = {
+        "filename": "report.pdf",
+        "file_data": data_url(text_pdf("Quarterly report", "Page two"), "application/pdf"),
+    }
     text = file_text(part, "input[0].content[1]")
     assert text == "\n[file: report.pdf]\nQuarterly report\n\nPage two\n[end of file]\n"
     bare = {"file_data": base64.b64encode(text_pdf("Bare")).decode()}  # no media type, no name: its magic says PDF
