@@ -295,7 +295,9 @@ def test_max_tokens_far_above_the_limits_is_served_clamped(client):
     assert r.usage.prompt_tokens + r.usage.completion_tokens == 2048
 
 
-@pytest.mark.parametrize("field,value", [("best_of", 2), ("top_logprobs", 3), ("logprobs", True), ("n", 2)])
+@pytest.mark.parametrize(
+    "field,value", [("best_of", 2), ("top_logprobs", 3), ("top_logprobs", 21), ("audio", {"voice": "x"}), ("n", 2)]
+)
 def test_a_field_this_server_would_not_honour_is_refused_naming_it(server, field, value):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, field: value}
     r = httpx.post(server.url + "/v1/chat/completions", json=body)

@@ -1,14 +1,18 @@
-"""A real model, SmolLM2-135M-Instruct, on one worker (greedy by default) for the tests that need
-real answers: LangChain's ChatOpenAI (its chat template ignores tools: a forced tool still gives
-a schema-valid call, with_structured_output a valid object), Anthropic's SDK and OpenAI's
-Responses API naming Paris."""
+"""A real model, SmolLM2-135M-Instruct (float32), on one worker (greedy by default, prompt lookup
+drafting every step) for the tests that need real answers: LangChain's ChatOpenAI (its chat
+template ignores tools: a forced tool still gives a schema-valid call, with_structured_output a
+valid object), Anthropic's SDK and OpenAI's Responses API naming Paris; and log-probabilities
+equal to mlx-lm's own forward pass over the same tokens in this process."""
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
+import httpx
 import jsonschema
+import mlx.core as mx
 import openai
 import pytest
 from pydantic import BaseModel, Field
@@ -35,7 +39,9 @@ class Capital(BaseModel):
 
 @pytest.fixture(scope="module")
 def server():
-    s = start_serve("builtin:smollm2-135m-instruct", "--timeout", "300", "--default-temperature", "0")
+    s = start_serve(
+        "builtin:smollm2-135m-instruct", "--timeout", "300", "--default-temperature", "0", "--no-adaptive-speculation"
+    )
     yield s
     assert s.stop() == 0, s.log()[-3000:]
 
@@ -104,3 +110,76 @@ def test_the_responses_api_answers_streams_continues_and_holds_a_schema(server):
         max_output_tokens=40,
     )
     assert set(json.loads(shaped.output_text)) == {"city"}
+
+
+EDIT = "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n" * 2
+
+
+@pytest.fixture(scope="module")
+def reference(state_dir):
+    """SmolLM2 loaded in this process, as the worker loads it: mlx-lm's forward is the oracle."""
+    from vllmmlxd.engine.loading.loader import load_model
+
+    return load_model("builtin:smollm2-135m-instruct", state_dir)
+
+
+def forward(loaded, prompt: list[int], written: list[int]) -> mx.array:
+    """Row p: the log-softmax over the vocabulary that chose written[p]."""
+    logits = loaded.model(mx.array([prompt + written]))[0].astype(mx.float32)
+    return (logits - mx.logsumexp(logits, axis=-1, keepdims=True))[len(prompt) - 1 : len(prompt) - 1 + len(written)]
+
+
+def completion(server, prompt: list[int], **extra) -> dict:
+    body = {"prompt": prompt, "max_tokens": 16, "logprobs": 5, "return_tokens_as_token_ids": True, **extra}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def held_to(loaded, prompt: list[int], logprobs: dict) -> list[int]:
+    """Each token's log-probability and its top 5 equal the reference's within 1e-4; the tokens."""
+    written = [int(t.removeprefix("token_id:")) for t in logprobs["tokens"]]
+    want = forward(loaded, prompt, written)
+    for p, (token, value, top) in enumerate(
+        zip(written, logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True)
+    ):
+        row = want[p]
+        assert abs(value - row[token].item()) < 1e-4
+        best = mx.argsort(-row)[:5].tolist()
+        assert sorted(top.values(), reverse=True) == pytest.approx([row[t].item() for t in best], abs=1e-4)
+        assert all(abs(v - row[int(t.removeprefix("token_id:"))].item()) < 1e-4 for t, v in top.items())
+    return written
+
+
+def test_logprobs_equal_the_models_forward_plain_batched_and_speculating(server, reference):
+    tokenizer = reference.tokenizer
+    prose = tokenizer.encode("The capital of France is")
+    code = tokenizer.encode(EDIT + "def area(w, h):")
+    plain = completion(server, prose, speculative=False)
+    held_to(reference, prose, plain["logprobs"])
+    # Beside two requests that ask for none, and drafting (the code repeats: prompt lookup lands).
+    with ThreadPoolExecutor(3) as pool:
+        busy = [pool.submit(completion, server, prose, logprobs=None, max_tokens=40) for _ in range(2)]
+        drafted = completion(server, code, max_tokens=24)
+        undrafted = completion(server, code, max_tokens=24, speculative=False)
+        assert all(f.result()["logprobs"] is None for f in busy)
+    assert held_to(reference, code, drafted["logprobs"]) == held_to(reference, code, undrafted["logprobs"])
+    status = httpx.get(server.url + "/v1/status", timeout=30).json()
+    assert status["speculative"]["accepted_tokens"] > 0, status["speculative"]  # drafts were verified and kept
+
+
+def test_chat_logprobs_stream_and_whole_say_the_same(server):
+    smol = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    kw = dict(model="smollm2", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8)
+    whole = smol.chat.completions.create(logprobs=True, top_logprobs=3, **kw)
+    content = whole.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == whole.choices[0].message.content
+    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob >= c.logprob - 1e-6 for c in content)
+    chunks = list(smol.chat.completions.create(logprobs=True, top_logprobs=3, stream=True, **kw))
+    streamed = [
+        c for chunk in chunks if chunk.choices and chunk.choices[0].logprobs for c in chunk.choices[0].logprobs.content
+    ]
+    assert [(c.token, round(c.logprob, 4)) for c in streamed] == [(c.token, round(c.logprob, 4)) for c in content]
+    assert smol.chat.completions.create(**kw).choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError):
+        smol.chat.completions.create(top_logprobs=2, **kw)  # without logprobs: true

@@ -49,6 +49,7 @@ class SamplingRequest:
     speculative: bool = True  # False: this request opts out of the entry's speculative decoding
     context_window: int | None = None  # the request's own context (Ollama's num_ctx), within the model's
     cache_salt: str | None = None  # the prefix cache shares this request's KV only with the same salt
+    logprobs: int | None = None  # each written token's log-probability, with this many top candidates
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ def resolve_sampling(
         logit_bias=tuple(bias),
         ignore_eos=req.ignore_eos,
         speculative=req.speculative,
+        logprobs=req.logprobs,
     )
 
 

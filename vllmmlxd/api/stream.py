@@ -17,7 +17,15 @@ from typing import Any, Literal, Protocol
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from ..engine.types import EngineEvent, Finished, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
+from ..engine.types import (
+    EngineEvent,
+    Finished,
+    GenerationRequest,
+    Logprobs,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+)
 from ..errors import EngineFailure, KvBudgetExceeded, RequestTimeout
 from ..http.access_log import SERVED
 from ..log import log_event
@@ -71,9 +79,12 @@ class Folded:
     parts: list[Part] = field(default_factory=list)
     finish: Finished | None = None
     executed: list[McpOutcome] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)  # the written tokens' (when the request asked)
 
     def add(self, event: EngineEvent) -> None:
-        if isinstance(event, TextDelta):
+        if isinstance(event, Logprobs):
+            self.logprobs += event.entries
+        elif isinstance(event, TextDelta):
             self._part("text", event.text)
         elif isinstance(event, ReasoningDelta):
             self._part("reasoning", event.text)

@@ -159,6 +159,7 @@ class MLXEngine:
             cache=make_prefix_cache(self.model, self.options, distributed=distributed, weights=loaded.path),
         )
         self._scheduler.on_admit = self._admitted
+        self._scheduler.piece = lambda token: self._decode([token])
         features = self._scheduler.features()
         log_event(
             logger,

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length", "cancelled", "error", "tool_calls"]  # timeouts cancel, in the API layer
 # Why a queued request is not running yet: every row is taken, its KV does not fit the budget
@@ -37,6 +37,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     ignore_eos: bool = False
     speculative: bool = True  # an extension: False opts this request out of the entry's speculation
+    logprobs: int | None = None  # each written token's log-probability, with this many top candidates (0..20)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,15 @@ class Finished:
     error_kind: str | None = None
 
 
-EngineEvent = TextDelta | ReasoningDelta | ToolCallDelta | Finished
+@dataclass(frozen=True)
+class Logprobs:
+    """The log-probabilities of the tokens written since the last ones sent (``logprobs.TokenLogprob``
+    entries, in order); sent before the text those tokens made."""
+
+    entries: tuple[Any, ...]
+
+
+EngineEvent = TextDelta | ReasoningDelta | ToolCallDelta | Logprobs | Finished
 
 
 @dataclass(frozen=True)

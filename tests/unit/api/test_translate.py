@@ -148,8 +148,6 @@ def test_tool_call_arguments_are_parsed_for_the_template():
     "field,value",
     [
         ("best_of", 3),
-        ("top_logprobs", 2),
-        ("logprobs", True),
         ("n", 2),
         ("modalities", ["audio"]),
         ("audio", {"voice": "x"}),
@@ -164,10 +162,15 @@ def test_fields_this_server_would_not_honour_are_refused_naming_them(field, valu
     assert e.value.param == field
 
 
-def test_a_completion_asking_logprobs_0_still_asks_for_logprobs():
+def test_logprobs_asked_become_the_number_of_top_candidates():
+    assert tr.sampling_request(CompletionRequest(prompt="a", logprobs=0)).logprobs == 0  # 0 still asks: the token's own
+    assert tr.sampling_request(CompletionRequest(prompt="a")).logprobs is None
+    assert tr.sampling_request(chat(logprobs=True, top_logprobs=4)).logprobs == 4
+    assert tr.sampling_request(chat(logprobs=True)).logprobs == 0
+    assert tr.sampling_request(chat(logprobs=False)).logprobs is None
     with pytest.raises(InvalidRequest) as e:
-        tr.refuse_unhonoured(CompletionRequest(prompt="a", logprobs=0))
-    assert e.value.param == "logprobs"
+        tr.sampling_request(chat(top_logprobs=2))
+    assert e.value.param == "top_logprobs"
     for ok in ({"logprobs": None}, {"best_of": 1}, {"echo": False}):
         tr.refuse_unhonoured(CompletionRequest(prompt="a", **ok))
     tr.refuse_unhonoured(chat(logprobs=False, response_format={"type": "text"}))

@@ -9,10 +9,12 @@ clients merging deltas put each call and its result together.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from ...engine.types import EngineEvent, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCallDelta, Usage
 from ..errors import openai_error
+from ..logprob_format import completion_logprobs, token_entries
 from ..sse import DONE, sse_data
 from ..stream import Folded
 from ..tool_loop import McpCall, McpOutcome
@@ -65,7 +67,20 @@ def envelope(rid: str, obj: str, created: int, model: str, choices: list[dict], 
     return body
 
 
-def chat_response(rid: str, created: int, model: str, folded: Folded) -> dict:
+@dataclass(frozen=True)
+class LogprobsAsked:
+    """What a request asked of log-probabilities: whether any (each choice then has its ``logprobs``
+    object), and tokens named by id (vLLM's ``return_tokens_as_token_ids``)."""
+
+    wanted: bool = False
+    as_ids: bool = False
+
+
+def chat_logprobs(entries: list[Any], as_ids: bool = False) -> dict[str, Any]:
+    return {"content": token_entries(entries, as_ids), "refusal": None}
+
+
+def chat_response(rid: str, created: int, model: str, folded: Folded, asked: LogprobsAsked = LogprobsAsked()) -> dict:
     assert folded.finish is not None
     message: dict[str, Any] = {"role": "assistant", "content": folded.text}
     if folded.tool_calls:
@@ -76,27 +91,40 @@ def chat_response(rid: str, created: int, model: str, folded: Folded) -> dict:
     if folded.reasoning:
         # reasoning_content is what most clients read; newer ones read reasoning.
         message["reasoning_content"] = message["reasoning"] = folded.reasoning
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(folded.finish.reason)}
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": chat_logprobs(folded.logprobs, asked.as_ids) if asked.wanted else None,
+        "finish_reason": finish_reason(folded.finish.reason),
+    }
     return envelope(rid, "chat.completion", created, model, [choice], folded.finish.usage)
 
 
-def completion_response(rid: str, created: int, model: str, folded: Folded) -> dict:
+def completion_response(
+    rid: str, created: int, model: str, folded: Folded, asked: LogprobsAsked = LogprobsAsked()
+) -> dict:
     assert folded.finish is not None
-    choice = {"index": 0, "text": folded.text, "logprobs": None, "finish_reason": finish_reason(folded.finish.reason)}
+    choice = {
+        "index": 0,
+        "text": folded.text,
+        "logprobs": completion_logprobs(folded.logprobs, 0, asked.as_ids) if asked.wanted else None,
+        "finish_reason": finish_reason(folded.finish.reason),
+    }
     return envelope(rid, "text_completion", created, model, [choice], folded.finish.usage)
 
 
 class ChatEncoding:
-    """Chat completions' two ways of writing a response (``api.chat.ChatEncoding``)."""
+    """Chat completions' two ways of writing a response (``api.chat.ChatEncoding``); ``logprobs``:
+    the request asked for them (each choice then has its ``logprobs`` object, empty or not)."""
 
-    def __init__(self, created: int, model: str, include_usage: bool):
-        self.created, self.model, self.include_usage = created, model, include_usage
+    def __init__(self, created: int, model: str, include_usage: bool, asked: LogprobsAsked = LogprobsAsked()):
+        self.created, self.model, self.include_usage, self.asked = created, model, include_usage, asked
 
     def stream_encoder(self, rid: str, prompt_tokens: int) -> ChatStreamEncoder:
-        return ChatStreamEncoder(rid, self.created, self.model, self.include_usage)
+        return ChatStreamEncoder(rid, self.created, self.model, self.include_usage, self.asked.as_ids)
 
     def response(self, rid: str, folded: Folded) -> dict:
-        return chat_response(rid, self.created, self.model, folded)
+        return chat_response(rid, self.created, self.model, folded, self.asked)
 
 
 class _Encoder:
@@ -104,8 +132,14 @@ class _Encoder:
 
     object_name = ""
 
-    def __init__(self, rid: str, created: int, model: str, include_usage: bool):
+    def __init__(self, rid: str, created: int, model: str, include_usage: bool, as_ids: bool = False):
         self.rid, self.created, self.model, self.include_usage = rid, created, model, include_usage
+        self.as_ids = as_ids
+        self.pending: list[Any] = []  # log-probabilities for the next chunk (the tokens it carries)
+
+    def _held(self) -> list[Any]:
+        held, self.pending = self.pending, []
+        return held
 
     def _chunk(self, choice: dict) -> str:
         return sse_data(envelope(self.rid, self.object_name, self.created, self.model, [choice]))
@@ -132,12 +166,14 @@ class ChatStreamEncoder(_Encoder):
 
     object_name = "chat.completion.chunk"
 
-    def __init__(self, rid: str, created: int, model: str, include_usage: bool):
-        super().__init__(rid, created, model, include_usage)
+    def __init__(self, rid: str, created: int, model: str, include_usage: bool, as_ids: bool = False):
+        super().__init__(rid, created, model, include_usage, as_ids)
         self._mcp_index: dict[int, int] = {}  # an executed call's index among the response's calls -> in mcp_calls
 
     def _delta(self, delta: dict, finish: str | None = None) -> str:
-        return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish})
+        held = self._held()
+        logprobs = chat_logprobs(held, self.as_ids) if held else None
+        return self._chunk({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
 
     def start(self) -> list[str]:
         return [self._delta({"role": "assistant", "content": ""})]
@@ -148,6 +184,9 @@ class ChatStreamEncoder(_Encoder):
         return self._delta({"mcp_calls": [{"index": index, **entry}]})
 
     def event(self, event: EngineEvent) -> list[str]:
+        if isinstance(event, Logprobs):  # they go with the chunk of the text their tokens made
+            self.pending += event.entries
+            return []
         if isinstance(event, TextDelta):
             return [self._delta({"content": event.text})]
         if isinstance(event, ReasoningDelta):
@@ -164,9 +203,9 @@ class ChatStreamEncoder(_Encoder):
         if isinstance(event, McpOutcome):
             return [self._mcp(event.call, {"result": mcp_result(event)})]
         if isinstance(event, Finished):
-            return self._finished(
-                event, {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason(event.reason)}
-            )
+            held = self._held()
+            last = {"index": 0, "delta": {}, "logprobs": chat_logprobs(held, self.as_ids) if held else None}
+            return self._finished(event, {**last, "finish_reason": finish_reason(event.reason)})
         return []
 
 
@@ -174,14 +213,21 @@ class CompletionStreamEncoder(_Encoder):
     """``text_completion`` frames; a raw completion has no reasoning to send apart."""
 
     object_name = "text_completion"
+    offset = 0  # characters of the choice's text sent so far (log-probabilities' text_offset)
 
     def _text(self, text: str, finish: str | None = None) -> dict:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        held = self._held()
+        logprobs = completion_logprobs(held, self.offset, self.as_ids) if held else None
+        self.offset += len(text)
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def start(self) -> list[str]:
         return []
 
     def event(self, event: EngineEvent) -> list[str]:
+        if isinstance(event, Logprobs):
+            self.pending += event.entries
+            return []
         if isinstance(event, (TextDelta, ReasoningDelta)):
             return [self._chunk(self._text(event.text))]
         if isinstance(event, Finished):

@@ -67,6 +67,7 @@ class _SamplingFields(SamplingExtensions):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="one choice per request in this version")
     user: str | None = None
+    return_tokens_as_token_ids: bool = False  # vLLM's: log-probabilities name tokens token_id:N
 
     @field_validator("stop")
     @classmethod
@@ -85,10 +86,11 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int]
     echo: bool = False
     suffix: str | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI allows 5; vLLM and this server 20

@@ -54,7 +54,15 @@ def make_router(live: LiveContext) -> APIRouter:
         ctx.check_model(req.model)
         turn = await asyncio.to_thread(tr.to_turn, req)  # a file part's text (a PDF's) is CPU work
         return await serve_chat(
-            ctx, request, turn, encode.ChatEncoding(int(time.time()), ctx.name, tr.include_usage(req))
+            ctx,
+            request,
+            turn,
+            encode.ChatEncoding(
+                int(time.time()),
+                ctx.name,
+                tr.include_usage(req),
+                encode.LogprobsAsked(bool(req.logprobs), req.return_tokens_as_token_ids),
+            ),
         )
 
     @router.post("/v1/completions", response_model=None)
@@ -72,11 +80,11 @@ def make_router(live: LiveContext) -> APIRouter:
             ctx, tr.sampling_request(req), tokens, rid, reasoning=False, owner=owner_of(request)
         )
         created = int(time.time())
+        asked = encode.LogprobsAsked(req.logprobs is not None, req.return_tokens_as_token_ids)
         if req.stream:
-            return stream(
-                ctx, request, gen, encode.CompletionStreamEncoder(rid, created, ctx.name, tr.include_usage(req))
-            )
-        return encode.completion_response(rid, created, ctx.name, await fold(ctx, request, gen))
+            encoder = encode.CompletionStreamEncoder(rid, created, ctx.name, tr.include_usage(req), asked.as_ids)
+            return stream(ctx, request, gen, encoder)
+        return encode.completion_response(rid, created, ctx.name, await fold(ctx, request, gen), asked)
 
     return router
 

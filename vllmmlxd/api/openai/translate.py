@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import replace
 from typing import Any
 
 from ...errors import InvalidRequest
@@ -40,7 +41,18 @@ def include_usage(req: _SamplingFields) -> bool:
 
 def sampling_request(req: _SamplingFields) -> SamplingRequest:
     """The request's sampling fields, in no family's words."""
-    return extended_sampling(req, getattr(req, "max_completion_tokens", None) or req.max_tokens)
+    sampling = extended_sampling(req, getattr(req, "max_completion_tokens", None) or req.max_tokens)
+    return replace(sampling, logprobs=asked_logprobs(req))
+
+
+def asked_logprobs(req: _SamplingFields) -> int | None:
+    """How many top candidates each written token comes with, or None for no log-probabilities:
+    chat's ``logprobs: true`` with ``top_logprobs``, completions' ``logprobs: N``."""
+    if isinstance(req, ChatCompletionRequest):
+        if req.top_logprobs is not None and not req.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return getattr(req, "logprobs", None)
 
 
 def extended_sampling(req: Any, max_tokens: int | None) -> SamplingRequest:
@@ -68,8 +80,6 @@ def extended_sampling(req: Any, max_tokens: int | None) -> SamplingRequest:
 # Fields OpenAI defines that this server does not act on, with the values that ask for nothing.
 UNHONOURED = {
     "best_of": lambda v: v in (None, 1),
-    "logprobs": lambda v: v is None or v is False,  # chat: a bool; completions: a count, where even 0 asks for some
-    "top_logprobs": lambda v: v is None,
     "echo": lambda v: not v,
     "suffix": lambda v: v is None,
     "n": lambda v: v in (None, 1),

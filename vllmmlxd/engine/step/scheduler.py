@@ -38,6 +38,7 @@ from ..vision.vision_prefill import EmbeddingPrefill, Staged
 from .admission import plan_admission, reserved_widths
 from .batch_layout import describe, new_generator
 from .kv_probe import entry_budget
+from .logprobs import LogprobTap, TokenLogprob
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence
 from .staged_prompts import StagedPrompts
@@ -111,6 +112,9 @@ class Scheduler:
         self._retired: list[Sequence] = []  # finished this step, events not posted yet
         self._generated = 0  # tokens generated since start, for the recent rate
         self.clock = time.perf_counter  # times steps for the step timer (a test's fake model brings its own)
+        self.piece: Callable[[int], str] = (
+            str  # a token's text, for log-probabilities (the engine sets its tokenizer's)
+        )
 
     @property
     def gen(self) -> BatchGenerator:
@@ -274,6 +278,9 @@ class Scheduler:
         prompt, params = seq.prompt, seq.request.sampling
         stops = StopSequences(None if params.ignore_eos else [[t] for t in sorted(self.eos_ids)])
         processors = make_processors(params)
+        if params.logprobs is not None:  # first: it reads the raw logits, before any processor changes them
+            seq.tap = LogprobTap(params.logprobs, self.piece)
+            processors.insert(0, seq.tap)
         if seq.request.constraint is not None:
             if self.grammars is None:
                 raise ValueError("constrained decoding is not available")
@@ -362,7 +369,7 @@ class Scheduler:
         seq = self.running.get(response.uid)
         if seq is None:
             return
-        reason = self._feed(seq, response.token)
+        reason = self._feed(seq, response.token, seq.tap.take(response.token) if seq.tap else None)
         if response.finish_reason is not None:
             reason = reason or ("length" if response.finish_reason == "length" else "stop")
             self.running.pop(response.uid)
@@ -378,10 +385,10 @@ class Scheduler:
         self.stats.kv_held_bytes = held
         self.stats.kv_peak_held_bytes = max(self.stats.kv_peak_held_bytes, held)
 
-    def _feed(self, seq: Sequence, token: int) -> FinishReason | None:
-        """One token to ``seq``, timed for the TTFT and inter-token histograms."""
+    def _feed(self, seq: Sequence, token: int, logprob: TokenLogprob | None = None) -> FinishReason | None:
+        """One token to ``seq`` (with its log-probability when asked), timed for the TTFT and inter-token histograms."""
         previous = seq.progress.last_token_at
-        reason = seq.feed(token)
+        reason = seq.feed(token, logprob)
         progress = seq.progress
         assert progress.first_token_at is not None and progress.last_token_at is not None  # fed: both set
         if previous is None:

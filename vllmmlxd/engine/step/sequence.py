@@ -27,6 +27,7 @@ from ..types import (
     Finished,
     FinishReason,
     GenerationRequest,
+    Logprobs,
     ReasoningDelta,
     RequestProgress,
     TextDelta,
@@ -114,6 +115,8 @@ class Sequence:
         self.prompt_wanted = False  # a waiting request shares its start: cache the prompt once prefilled
         self.shared = 0  # prompt tokens the prefix cache shares with it (more than it continued from, maybe)
         self.captures: Any = None  # a layered model's windowed KV and checkpoints (checkpoints.Captures)
+        self.tap: Any = None  # its row's log-probability tap (logprobs.LogprobTap) when it asks for them
+        self._logprobs: list[Any] = []  # the written tokens' log-probabilities not sent yet
         self._detok = detokenizer
         self._eos = eos_ids
         self._special = special_ids
@@ -149,8 +152,9 @@ class Sequence:
         n = min(len(tokens), len(self.prompt))
         return self.prompt_key[:n] + list(tokens[n:])
 
-    def feed(self, token: int) -> FinishReason | None:
-        """One generated token; returns why the sequence must end now, if it must."""
+    def feed(self, token: int, logprob: Any = None) -> FinishReason | None:
+        """One generated token (and its log-probability, when the request asks); returns why the
+        sequence must end now, if it must. An end-of-sequence token is not written: nor is its log-probability."""
         params = self.request.sampling
         progress = self.progress
         progress.generated_tokens += 1
@@ -159,6 +163,8 @@ class Sequence:
             progress.first_token_at = progress.last_token_at
         if token in self._eos and not params.ignore_eos:
             return "stop"
+        if logprob is not None and not self._stops.stopped:
+            self._logprobs.append(logprob)
         if token not in self._special or self._token_text(token) in self._parser.markers:
             self._detok.add_token(token)
             self._take(self._parser.feed(self._detok.last_segment))
@@ -223,6 +229,9 @@ class Sequence:
             self._pending.append((kind, text))
 
     def _emit(self) -> None:
+        if self._logprobs:
+            self._outbox.append(Logprobs(tuple(self._logprobs)))
+            self._logprobs = []
         # The step's token count goes with the last piece: what matters is the sum.
         for i, (kind, value) in enumerate(self._pending):
             count = self._pending_tokens if i == len(self._pending) - 1 else 0
