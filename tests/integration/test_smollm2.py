@@ -184,3 +184,22 @@ def test_chat_logprobs_stream_and_whole_say_the_same(server):
     assert smol.chat.completions.create(**kw).choices[0].logprobs is None
     with pytest.raises(openai.BadRequestError):
         smol.chat.completions.create(top_logprobs=2, **kw)  # without logprobs: true
+
+
+def test_echo_gives_the_prompts_own_logprobs_and_max_tokens_0_the_prompt_alone(server, reference):
+    prompt = reference.tokenizer.encode("The capital of France is Paris.")
+    both = completion(server, prompt, echo=True, max_tokens=3, speculative=False)
+    alone = completion(server, [prompt], echo=True, max_tokens=0)  # a batch of one, as lm-eval sends it
+    lists = both["logprobs"]
+    n = len(prompt)
+    assert lists["tokens"][:n] == [f"token_id:{t}" for t in prompt] and len(lists["tokens"]) == n + 3
+    assert lists["token_logprobs"][0] is None and lists["top_logprobs"][0] is None  # nothing before the first
+    want = forward(reference, prompt[:1], prompt[1:])
+    for p, token in enumerate(prompt[1:], start=1):
+        assert abs(lists["token_logprobs"][p] - want[p - 1][token].item()) < 1e-4
+    held_to(reference, prompt, {k: v[n:] for k, v in lists.items()})  # then the written tokens, as without echo
+    assert both["text"].startswith(reference.tokenizer.decode(prompt)) and both["finish_reason"] == "length"
+    assert alone["logprobs"]["token_logprobs"] == lists["token_logprobs"][:n]
+    assert alone["text"] == reference.tokenizer.decode(prompt) and alone["finish_reason"] == "length"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 0}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"

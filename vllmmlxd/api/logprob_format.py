@@ -15,8 +15,8 @@ from typing import Any
 FLOOR = -9999.0
 
 
-def _value(logprob: float) -> float:
-    return logprob if math.isfinite(logprob) else FLOOR
+def _value(logprob: float | None) -> float | None:
+    return logprob if logprob is None or math.isfinite(logprob) else FLOOR
 
 
 def named(entry: Any, as_ids: bool) -> str:
@@ -31,7 +31,7 @@ def _token(entry: Any, as_ids: bool) -> dict[str, Any]:
 def token_entries(entries: Iterable[Any], as_ids: bool = False) -> list[dict[str, Any]]:
     """Chat completions' ``logprobs.content``, the Responses API's ``logprobs`` and Ollama's:
     each token with its ``top_logprobs``."""
-    return [{**_token(e, as_ids), "top_logprobs": [_token(c, as_ids) for c in e.top]} for e in entries]
+    return [{**_token(e, as_ids), "top_logprobs": [_token(c, as_ids) for c in e.top or ()]} for e in entries]
 
 
 def completion_logprobs(entries: Iterable[Any], offset: int, as_ids: bool = False) -> dict[str, Any]:
@@ -41,7 +41,8 @@ def completion_logprobs(entries: Iterable[Any], offset: int, as_ids: bool = Fals
     for e in entries:
         tokens.append(named(e, as_ids))
         values.append(_value(e.logprob))
-        tops.append({named(c, as_ids): _value(c.logprob) for c in e.top})
+        # A prompt's first token (echo) has no log-probability: None in both lists, as OpenAI writes it.
+        tops.append(None if e.top is None else {named(c, as_ids): _value(c.logprob) for c in e.top})
         offsets.append(offset)
         offset += len(e.text)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}

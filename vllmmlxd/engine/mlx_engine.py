@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 from jinja2.exceptions import SecurityError
 
-from ..errors import KvBudgetExceeded, ModelLoadError, Overloaded
+from ..errors import InvalidRequest, KvBudgetExceeded, ModelLoadError, Overloaded
 from ..log import log_event
 from ..parsers.reasoning import make_reasoning_parser
 from ..parsers.tools import tool_parser_class
@@ -196,6 +196,9 @@ class MLXEngine:
 
     # -- the asyncio side ---------------------------------------------------
 
+    def detokenize(self, tokens: list[int]) -> str:
+        return self._decode(tokens)
+
     def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
@@ -269,6 +272,11 @@ class MLXEngine:
 
         Closing the stream early, or cancelling the task reading it, cancels the request.
         """
+        if request.prompt_logprobs is not None and self._scheduler.lockstep.distributed:
+            # Its own pass over the prompt would need every rank: a sharded entry's ranks step only the batch.
+            raise InvalidRequest(
+                "the prompt's log-probabilities (echo) are not served by a sharded entry", param="echo"
+            )
         budget = self._scheduler.kv
         prompt, max_tokens = len(request.prompt_tokens), request.sampling.max_tokens
         if budget.verdict([], budget.width(prompt, max_tokens)) == "never":

@@ -121,6 +121,8 @@ class GenerationRequest:
     # The prefix cache shares KV only between requests of one salt (the key's, by the entry's
     # cache_scope, and the request's own cache_salt); None: with every unsalted request.
     cache_salt: str | None = None
+    # The prompt's own log-probabilities (completions' ``echo``), with this many top candidates each.
+    prompt_logprobs: int | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     created: float = field(default_factory=time.monotonic)
 
@@ -183,6 +185,7 @@ class Logprobs:
     entries, in order); sent before the text those tokens made."""
 
     entries: tuple[Any, ...]
+    prompt: bool = False  # the prompt's tokens (the first has none: None), before any written token
 
 
 EngineEvent = TextDelta | ReasoningDelta | ToolCallDelta | Logprobs | Finished
@@ -357,6 +360,10 @@ class Engine(Protocol):
     stats: EngineStats
 
     def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """``tokens`` as text, special tokens written out (a completion's echoed token-id prompt)."""
+        ...
 
     def apply_chat_template(
         self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None

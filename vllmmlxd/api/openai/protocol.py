@@ -90,7 +90,8 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)  # 0 only with echo: the prompt's log-probabilities alone
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI allows 5; vLLM and this server 20

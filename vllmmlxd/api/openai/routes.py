@@ -21,9 +21,10 @@ from ..body import read_json, validate
 from ..chat import serve_chat
 from ..context import LiveContext, ServingContext, owner_of
 from ..prompt import make_generation
-from ..stream import fold, stream
+from ..stream import Generation, fold, stream
 from . import encode
 from . import translate as tr
+from .echo import Echoed
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 
@@ -81,10 +82,15 @@ def make_router(live: LiveContext) -> APIRouter:
         )
         created = int(time.time())
         asked = encode.LogprobsAsked(req.logprobs is not None, req.return_tokens_as_token_ids)
+        served: Generation = gen
+        if req.echo:  # the prompt first, with its log-probabilities when asked (from a pass of its own)
+            gen.prompt_logprobs = req.logprobs
+            text = prompt if isinstance(prompt, str) else await asyncio.to_thread(ctx.engine.detokenize, tokens)
+            served = Echoed(ctx, gen, text, written=req.max_tokens != 0)
         if req.stream:
             encoder = encode.CompletionStreamEncoder(rid, created, ctx.name, tr.include_usage(req), asked.as_ids)
-            return stream(ctx, request, gen, encoder)
-        return encode.completion_response(rid, created, ctx.name, await fold(ctx, request, gen), asked)
+            return stream(ctx, request, served, encoder)
+        return encode.completion_response(rid, created, ctx.name, await fold(ctx, request, served), asked)
 
     return router
 

@@ -80,7 +80,6 @@ def extended_sampling(req: Any, max_tokens: int | None) -> SamplingRequest:
 # Fields OpenAI defines that this server does not act on, with the values that ask for nothing.
 UNHONOURED = {
     "best_of": lambda v: v in (None, 1),
-    "echo": lambda v: not v,
     "suffix": lambda v: v is None,
     "n": lambda v: v in (None, 1),
     "modalities": lambda v: v in (None, ["text"]),
@@ -197,8 +196,13 @@ def _parsed_arguments(tool_calls: list[dict]) -> list[dict]:
 
 
 def completion_prompt(req: CompletionRequest) -> str | list[int]:
-    """The single prompt of a completion request: text, or token ids."""
-    prompt = req.prompt
+    """The single prompt of a completion request: text, or token ids (also as a batch of one, as
+    lm-evaluation-harness sends them)."""
+    if req.max_tokens == 0 and not req.echo:
+        raise InvalidRequest("max_tokens must be at least 1 (0 only with echo)", param="max_tokens")
+    prompt: Any = req.prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
     if isinstance(prompt, list):
         ids = [p for p in prompt if isinstance(p, int)]
         if prompt and len(ids) == len(prompt):

@@ -385,6 +385,9 @@ class EmbeddingsOnlyEngine:
     def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
 
+    def detokenize(self, tokens: list[int]) -> str:
+        raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
+
     def apply_chat_template(
         self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
     ) -> list[int]:

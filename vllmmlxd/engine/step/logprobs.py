@@ -16,11 +16,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 
 MAX_TOP = 20  # OpenAI's bound on top_logprobs
+PROMPT_CHUNK = 256  # prompt positions whose log-softmax is held at once (x the vocabulary: ~40-150 MB)
 
 
 @dataclass(frozen=True)
@@ -34,12 +36,13 @@ class Candidate:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A written token's log-probability and the ``top`` most likely tokens at its position (most likely first)."""
+    """A written token's log-probability and the ``top`` most likely tokens at its position (most
+    likely first). A prompt's first token has neither (None): nothing comes before it."""
 
     token: int
     text: str
-    logprob: float
-    top: tuple[Candidate, ...] = ()
+    logprob: float | None
+    top: tuple[Candidate, ...] | None = ()
 
 
 class LogprobTap:
@@ -69,3 +72,21 @@ class LogprobTap:
             ranked = sorted(zip(ids, values, strict=True), key=lambda c: -c[1])
             top = tuple(Candidate(t, self.piece(t), v) for t, v in ranked)
         return TokenLogprob(token, self.piece(token), cast(float, logprobs[token].item()), top)
+
+
+def prompt_logprobs(model: Any, tokens: list[int], top: int, piece: Callable[[int], str]) -> list[TokenLogprob]:
+    """Each prompt token's log-probability given the tokens before it (the first has none), with its
+    ``top`` candidates: one forward pass over the prompt in chunks, on a cache of its own (the
+    batch's rows are untouched), holding one chunk's distributions at a time."""
+    out = [TokenLogprob(tokens[0], piece(tokens[0]), None, None)]
+    cache = make_prompt_cache(model)
+    for start in range(0, len(tokens) - 1, PROMPT_CHUNK):
+        chunk = tokens[start : start + PROMPT_CHUNK]
+        logits = model(mx.array([chunk]), cache=cache)[0].astype(mx.float32)
+        targets = tokens[start + 1 : start + 1 + len(chunk)]  # position i predicts the token after it
+        tap = LogprobTap(top, piece)
+        for i in range(len(targets)):
+            tap(mx.array([]), logits[i : i + 1])
+        mx.eval([k for pair in tap.kept for k in pair if k is not None])
+        out += [tap.take(t) for t in targets]
+    return out

@@ -38,7 +38,7 @@ from ..vision.vision_prefill import EmbeddingPrefill, Staged
 from .admission import plan_admission, reserved_widths
 from .batch_layout import describe, new_generator
 from .kv_probe import entry_budget
-from .logprobs import LogprobTap, TokenLogprob
+from .logprobs import LogprobTap, TokenLogprob, prompt_logprobs
 from .sampling import make_processors, make_sampler
 from .sequence import Sequence
 from .staged_prompts import StagedPrompts
@@ -264,6 +264,8 @@ class Scheduler:
             seq.progress.waiting_for = "shared_prefix" if id(seq) in behind else blocked
 
     def _insert(self, seq: Sequence) -> None:
+        if seq.request.prompt_logprobs is not None:  # echo: the prompt's own, from a pass of its own first
+            seq.prompt_logprobs(prompt_logprobs(self.model, seq.prompt, seq.request.prompt_logprobs, self.piece))
         hit = self.cache.lookup(seq.prompt_key)
         seq.start(hit.cached_tokens, hit.hit_type)
         seq.shared = hit.shared

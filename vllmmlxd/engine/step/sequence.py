@@ -152,6 +152,10 @@ class Sequence:
         n = min(len(tokens), len(self.prompt))
         return self.prompt_key[:n] + list(tokens[n:])
 
+    def prompt_logprobs(self, entries: list[Any]) -> None:
+        """The prompt's own log-probabilities (``logprobs.prompt_logprobs``): sent before anything written."""
+        self._outbox.append(Logprobs(tuple(entries), prompt=True))
+
     def feed(self, token: int, logprob: Any = None) -> FinishReason | None:
         """One generated token (and its log-probability, when the request asks); returns why the
         sequence must end now, if it must. An end-of-sequence token is not written: nor is its log-probability."""
