@@ -366,3 +366,18 @@ def test_every_top_level_key_of_the_status_is_documented(server):
     status = httpx.get(server.url + "/v1/status").json()
     assert set(status) - documented == set()
     assert {"blas", "threads", "cpus"} <= set(status["runtime"])  # the BLAS block is under runtime
+
+
+def test_the_tokenizer_routes_round_trip_and_count_what_chat_sends(server, client):
+    said = httpx.post(server.url + "/tokenize", json={"prompt": "Hello there", "add_special_tokens": False}).json()
+    assert said["count"] == len(said["tokens"]) and said["max_model_len"] == 2048
+    back = httpx.post(server.url + "/detokenize", json={"tokens": said["tokens"]}).json()
+    assert back == {"prompt": "Hello there"}
+    messages = [{"role": "user", "content": "Hello there"}]
+    counted = httpx.post(server.url + "/tokenize", json={"messages": messages}).json()["count"]
+    assert counted == client.chat.completions.create(model="tiny", messages=messages, max_tokens=1).usage.prompt_tokens
+    info = httpx.get(server.url + "/tokenizer_info").json()
+    assert info["eos_token"] and "{%" in info["chat_template"]
+    bad = httpx.post(server.url + "/detokenize", json={"tokens": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    assert httpx.post(server.url + "/tokenize", json={}).status_code == 400

@@ -7,6 +7,9 @@ equal to mlx-lm's own forward pass over the same tokens in this process."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
@@ -203,3 +206,80 @@ def test_echo_gives_the_prompts_own_logprobs_and_max_tokens_0_the_prompt_alone(s
     assert alone["text"] == reference.tokenizer.decode(prompt) and alone["finish_reason"] == "length"
     r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 0}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
+CAPITALS = [
+    {"country": "France", "capital": "Paris", "choices": [" Paris", " Rome", " Berlin"], "answer": 0},
+    {"country": "Italy", "capital": "Rome", "choices": [" Madrid", " Rome", " Paris"], "answer": 1},
+    {"country": "Germany", "capital": "Berlin", "choices": [" Vienna", " Lisbon", " Berlin"], "answer": 2},
+]
+TASKS = {
+    # A log-likelihood task: each choice's continuation scored from the echoed prompt's log-probabilities.
+    "vllmmlxd_capitals_mc": """
+output_type: multiple_choice
+doc_to_text: "Q: What is the capital of {{country}}?\\nA:"
+doc_to_choice: "{{choices}}"
+doc_to_target: "{{answer}}"
+metric_list:
+  - metric: acc
+""",
+    # A generation task, through chat completions.
+    "vllmmlxd_capitals_gen": """
+output_type: generate_until
+doc_to_text: "What is the capital of {{country}}? Answer with the city's name only."
+doc_to_target: "{{capital}}"
+generation_kwargs: {until: ["\\n"], max_gen_toks: 12}
+metric_list:
+  - metric: exact_match
+    ignore_case: true
+    ignore_punctuation: true
+""",
+}
+
+
+# lm-eval's Python API (simple_evaluate) in a process of its own, both tasks in one: its task
+# index then holds only these files (indexing its thousands of own tasks costs 8 s of CPU a run).
+LM_EVAL = """
+import json, sys
+import lm_eval
+from lm_eval.tasks import TaskManager
+
+url, tasks_dir = sys.argv[1], sys.argv[2]
+tasks = TaskManager(include_path=tasks_dir, include_defaults=False)
+runs = {
+    "vllmmlxd_capitals_mc": ("local-completions", url + "/v1/completions", {}),
+    "vllmmlxd_capitals_gen": ("local-chat-completions", url + "/v1/chat/completions", {"apply_chat_template": True}),
+}
+results = {}
+for task, (model, base_url, extra) in runs.items():
+    args = f"model=smollm2,base_url={base_url},num_concurrent=1,max_retries=1"
+    done = lm_eval.simple_evaluate(model=model, model_args=args, tasks=[task], task_manager=tasks, **extra)
+    results.update(done["results"])
+print(json.dumps(results))
+"""
+
+
+def test_lm_evaluation_harness_runs_a_loglikelihood_and_a_generation_task(server, tmp_path):
+    """As lm-eval's documentation runs a local server: local-completions (it finds the worker's
+    /tokenize and /tokenizer_info itself: no tokenizer of its own) for the log-likelihood task,
+    local-chat-completions with the chat template applied for the generation task; both complete,
+    over all three questions, offline."""
+    data = tmp_path / "capitals.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in CAPITALS))
+    for name, body in TASKS.items():
+        head = f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+        (tmp_path / f"{name}.yaml").write_text(head + body)
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    run = subprocess.run(
+        [sys.executable, "-c", LM_EVAL, server.url, str(tmp_path)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    results = json.loads(run.stdout.strip().splitlines()[-1])
+    assert results["vllmmlxd_capitals_mc"]["sample_len"] == results["vllmmlxd_capitals_gen"]["sample_len"] == 3
+    assert 0 <= results["vllmmlxd_capitals_mc"]["acc,none"] <= 1
+    assert 0 <= results["vllmmlxd_capitals_gen"]["exact_match,none"] <= 1

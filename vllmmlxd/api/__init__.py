@@ -8,9 +8,21 @@ sampling), ``encode`` (engine events to the family's response and stream events)
 What they share is beside them: ``chat`` and ``turn`` (one generation, its tools and reasoning),
 ``tool_loop`` (MCP tools run by the server), ``stream`` and ``sse`` (event streams),
 ``errors`` (each family's error shape), ``context`` (what a route needs of the worker),
-``images`` (image inputs and their budget), ``body`` (request bodies and their limits).
+``images`` (image inputs and their budget), ``body`` (request bodies and their limits),
+``files`` (inline files as text), ``tokenizer_routes`` (vLLM's /tokenize, /detokenize, /tokenizer_info).
 
 Other packages use what ``__all__`` names; the rest is the API's own.
 """
 
-__all__ = ["anthropic", "body", "context", "errors", "mcp_routes", "ollama", "openai", "openapi", "responses"]
+__all__ = [
+    "anthropic",
+    "body",
+    "context",
+    "errors",
+    "mcp_routes",
+    "ollama",
+    "openai",
+    "openapi",
+    "responses",
+    "tokenizer_routes",
+]

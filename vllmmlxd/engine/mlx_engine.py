@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from jinja2.exceptions import SecurityError
@@ -198,6 +198,16 @@ class MLXEngine:
 
     def detokenize(self, tokens: list[int]) -> str:
         return self._decode(tokens)
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        hf = getattr(self.tokenizer, "_tokenizer", self.tokenizer)  # mlx-lm's wrapper holds the HF tokenizer
+        return {
+            "tokenizer_class": type(hf).__name__,
+            "eos_token": getattr(hf, "eos_token", None),
+            "bos_token": getattr(hf, "bos_token", None),
+            "pad_token": getattr(hf, "pad_token", None),
+            "chat_template": getattr(self.tokenizer, "chat_template", None),
+        }
 
     def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))

@@ -365,6 +365,10 @@ class Engine(Protocol):
         """``tokens`` as text, special tokens written out (a completion's echoed token-id prompt)."""
         ...
 
+    def tokenizer_info(self) -> dict[str, Any]:
+        """The tokenizer's class, special tokens and chat template (``GET /tokenizer_info``)."""
+        ...
+
     def apply_chat_template(
         self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
     ) -> list[int]: ...

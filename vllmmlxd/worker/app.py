@@ -26,6 +26,7 @@ from ..api.openai.embeddings import make_router as make_embeddings_router
 from ..api.openai.routes import make_router as make_openai_router
 from ..api.openapi import install as install_openapi
 from ..api.responses.routes import make_router as make_responses_router
+from ..api.tokenizer_routes import make_router as make_tokenizer_router
 from ..config.schema import ResolvedModel
 from ..engine.embeddings.embedding_types import Embedder
 from ..engine.types import Engine
@@ -102,6 +103,7 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
     app.include_router(make_responses_router(live), dependencies=api_deps)
     app.include_router(make_embeddings_router(live), dependencies=api_deps)
     app.include_router(make_mcp_router(live), dependencies=api_deps)
+    app.include_router(make_tokenizer_router(live), dependencies=api_deps)
     app.include_router(make_ollama_router(live, app.state.activity), dependencies=api_deps)
 
     # Always built, counted only while enable_metrics is on: the switch is a live setting.

@@ -388,6 +388,9 @@ class EmbeddingsOnlyEngine:
     def detokenize(self, tokens: list[int]) -> str:
         raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
 
+    def tokenizer_info(self) -> dict[str, Any]:
+        raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
+
     def apply_chat_template(
         self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
     ) -> list[int]:
