@@ -83,6 +83,22 @@ def test_chat_streamed_and_whole_are_one_answer_in_ollamas_format(daemon):
     assert whole.model == "tiny" and last.model == "t"
 
 
+def test_logprobs_come_with_each_token_streamed_and_whole(daemon):
+    client = daemon.client()
+    kw = dict(model="tiny", messages=HI, options={**SEEDED, "temperature": 0}, logprobs=True, top_logprobs=2)
+    whole = client.chat(**kw)
+    parts = list(client.chat(**kw, stream=True))
+    assert whole.logprobs is not None and len(whole.logprobs) == whole.eval_count  # one per token written
+    assert "".join(e.token for e in whole.logprobs) == whole.message.content
+    streamed = [e for p in parts for e in p.logprobs or ()]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [
+        (e.token, round(e.logprob, 4)) for e in whole.logprobs
+    ]
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token for e in whole.logprobs)  # greedy
+    plain = client.generate(model="tiny", prompt="Once", raw=True, options=SEEDED)
+    assert plain.logprobs is None
+
+
 def test_generate_templated_and_raw(daemon):
     client = daemon.client()
     out = client.generate(model="tiny", prompt="Once", system="Be brief.", options=SEEDED)

@@ -283,3 +283,23 @@ def test_lm_evaluation_harness_runs_a_loglikelihood_and_a_generation_task(server
     assert results["vllmmlxd_capitals_mc"]["sample_len"] == results["vllmmlxd_capitals_gen"]["sample_len"] == 3
     assert 0 <= results["vllmmlxd_capitals_mc"]["acc,none"] <= 1
     assert 0 <= results["vllmmlxd_capitals_gen"]["exact_match,none"] <= 1
+
+
+def test_responses_logprobs_are_the_messages_tokens_streamed_and_whole(server):
+    smol = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    kw = dict(
+        model="smollm2",
+        input="Name a colour.",
+        max_output_tokens=8,
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+    )
+    made = smol.responses.create(**kw)
+    part = made.output[0].content[0]
+    assert "".join(lp.token for lp in part.logprobs) == part.text
+    assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
+    with smol.responses.stream(**kw) as stream:
+        events = list(stream)
+    deltas = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs or ()]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [lp.token for lp in deltas] == [lp.token for lp in done.logprobs] == [lp.token for lp in part.logprobs]

@@ -80,14 +80,22 @@ class Folded:
     finish: Finished | None = None
     executed: list[McpOutcome] = field(default_factory=list)
     logprobs: list[Any] = field(default_factory=list)  # the written tokens' (when the request asked)
+    # Those that came before each text part's pieces, by the part's index (the Responses API's per message).
+    part_logprobs: dict[int, list[Any]] = field(default_factory=dict)
+    _unplaced: list[Any] = field(default_factory=list)
 
     def add(self, event: EngineEvent) -> None:
         if isinstance(event, Logprobs):
             self.logprobs += event.entries
+            self._unplaced += event.entries
         elif isinstance(event, TextDelta):
             self._part("text", event.text)
+            if self._unplaced and self.parts:
+                self.part_logprobs.setdefault(len(self.parts) - 1, []).extend(self._unplaced)
+            self._unplaced = []
         elif isinstance(event, ReasoningDelta):
             self._part("reasoning", event.text)
+            self._unplaced = []
         elif isinstance(event, ToolCallDelta):
             self.tool_calls.append(event)
             self.parts.append(("tool_call", event))
@@ -99,7 +107,11 @@ class Folded:
         elif isinstance(event, Finished):
             self.finish = event
             if self.tool_calls or self.executed:  # the blank lines around calls are no answer of their own
-                self.parts = [p for p in self.parts if p[0] != "text" or (isinstance(p[1], str) and p[1].strip())]
+                kept = [
+                    i for i, p in enumerate(self.parts) if p[0] != "text" or (isinstance(p[1], str) and p[1].strip())
+                ]
+                self.part_logprobs = {n: self.part_logprobs[i] for n, i in enumerate(kept) if i in self.part_logprobs}
+                self.parts = [self.parts[i] for i in kept]
             self.text = "".join(v for k, v in self.parts if k == "text" and isinstance(v, str))
             self.reasoning = "".join(v for k, v in self.parts if k == "reasoning" and isinstance(v, str))
 

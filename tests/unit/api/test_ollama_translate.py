@@ -196,13 +196,20 @@ def test_generate_is_the_system_prompt_and_the_prompt_as_one_turn():
         ({"raw": True, "system": "x"}, "system"),
         ({"raw": True, "think": True}, "think"),
         ({"raw": True, "images": ["aGk="]}, "images"),
-        ({"logprobs": True}, "logprobs"),
     ],
 )
 def test_generate_fields_this_server_does_not_serve_are_400s_naming_them(body, named):
     with pytest.raises(InvalidRequest) as refused:
         tr.refuse_generate_fields(GenerateRequest.model_validate({"prompt": "x", **body}))
     assert refused.value.param == named
+
+
+@pytest.mark.parametrize(
+    "body, asked",
+    [({}, None), ({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 3}, 3), ({"top_logprobs": 2}, 2)],
+)
+def test_logprobs_and_top_logprobs_ask_for_log_probabilities(body, asked):
+    assert tr.request_sampling(GenerateRequest.model_validate({"prompt": "x", **body})).logprobs == asked
 
 
 def test_num_ctx_is_the_requests_own_window_within_the_models():

@@ -78,7 +78,6 @@ def test_text_format_and_sampling_carry_over():
         ({"background": True}, "background"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
-        ({"top_logprobs": 2}, "top_logprobs"),
         ({"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}, "tool_choice"),
     ],
 )
@@ -192,7 +191,7 @@ def test_a_namespaces_tools_are_offered_by_their_joined_name_and_its_calls_writt
     assert err.value.param == "tools[0].tools[0].type"
 
 
-def test_include_takes_encrypted_reasoning_and_refuses_the_rest_naming_what_it_takes():
+def test_include_takes_encrypted_reasoning_and_logprobs_and_refuses_the_rest_naming_what_it_takes():
     from vllmmlxd.api.responses.encode import ResponseShape
 
     sealed = ResponsesRequest.model_validate({"input": "Hi", "include": ["reasoning.encrypted_content"]})
@@ -200,8 +199,11 @@ def test_include_takes_encrypted_reasoning_and_refuses_the_rest_naming_what_it_t
     item = ResponseShape(sealed, "m").reasoning("rs_1", "thought")
     assert item["encrypted_content"] and item["summary"][0]["text"] == "thought"
     assert "encrypted_content" not in ResponseShape(ResponsesRequest(input="Hi"), "m").reasoning("rs_1", "thought")
+    assert turn(include=["message.output_text.logprobs"], top_logprobs=3).sampling.logprobs == 3
+    assert turn(include=["message.output_text.logprobs"]).sampling.logprobs == 0
+    assert turn(top_logprobs=2).sampling.logprobs == 2 and turn().sampling.logprobs is None
     with pytest.raises(InvalidRequest) as err:
-        turn(include=["message.output_text.logprobs"])
+        turn(include=["file_search_call.results"])
     assert err.value.param == "include" and "reasoning.encrypted_content" in str(err.value)
 
 

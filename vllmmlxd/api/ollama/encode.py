@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta
+from ...engine.types import EngineEvent, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCallDelta
 from ...http.error_shapes import ollama_error
+from ..logprob_format import token_entries
 from ..tooling import call_id
 from .translate import CALL_ID_PREFIX
 
@@ -105,9 +106,12 @@ class _Lines:
 
     def __init__(self, rid: str, model: str, clock: Clock):
         self.rid, self.model, self.clock = rid, model, clock
+        self.pending: list[Any] = []  # log-probabilities for the next line (the tokens it carries)
 
     def _line(self, fields: dict) -> str:
-        return line({"model": self.model, "created_at": created_at(), **fields})
+        held, self.pending = self.pending, []
+        extra = {"logprobs": token_entries(held)} if held else {}
+        return line({"model": self.model, "created_at": created_at(), **fields, **extra})
 
     def start(self) -> list[str]:
         return []
@@ -128,6 +132,9 @@ class ChatStreamEncoder(_Lines):
         return self._line({"message": {"role": "assistant", "content": "", **fields}, "done": False})
 
     def event(self, event: EngineEvent) -> list[str]:
+        if isinstance(event, Logprobs):
+            self.pending += event.entries
+            return []
         if isinstance(event, TextDelta) and event.text:
             return [self._message(content=event.text)]
         if isinstance(event, ReasoningDelta) and event.text:
@@ -143,6 +150,9 @@ class GenerateStreamEncoder(_Lines):
     """``/api/generate``'s lines: ``response`` pieces (``thinking`` ones first), then the closing line."""
 
     def event(self, event: EngineEvent) -> list[str]:
+        if isinstance(event, Logprobs):
+            self.pending += event.entries
+            return []
         if isinstance(event, TextDelta) and event.text:
             return [self._line({"response": event.text, "done": False})]
         if isinstance(event, ReasoningDelta) and event.text:
@@ -160,7 +170,8 @@ def chat_response(rid: str, model: str, folded: Folded, clock: Clock) -> dict:
         message["thinking"] = folded.reasoning
     if folded.tool_calls:
         message["tool_calls"] = [tool_call(rid, c) for c in folded.tool_calls]
-    return {"model": model, "created_at": created_at(), "message": message, **done_fields(folded.finish, clock)}
+    body = {"model": model, "created_at": created_at(), "message": message, **done_fields(folded.finish, clock)}
+    return {**body, "logprobs": token_entries(folded.logprobs)} if folded.logprobs else body
 
 
 def generate_response(rid: str, model: str, folded: Folded, clock: Clock) -> dict:
@@ -169,6 +180,8 @@ def generate_response(rid: str, model: str, folded: Folded, clock: Clock) -> dic
     body: dict[str, Any] = {"model": model, "created_at": created_at(), "response": folded.text}
     if folded.reasoning:
         body["thinking"] = folded.reasoning
+    if folded.logprobs:
+        body["logprobs"] = token_entries(folded.logprobs)
     return {**body, **done_fields(folded.finish, clock)}
 
 

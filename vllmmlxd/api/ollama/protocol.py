@@ -53,7 +53,7 @@ class _Generating(_Lenient):
     keep_alive: float | str | None = None
     think: bool | str | None = None  # true/false, or an effort ("low", "medium", "high")
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     @property
     def streamed(self) -> bool:

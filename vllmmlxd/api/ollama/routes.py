@@ -123,7 +123,7 @@ def make_router(live: LiveContext, activity: Activity | None = None) -> APIRoute
         model = model_of(ctx)
         if req.raw:
             tr.refuse_generate_fields(req)
-            sampling, output = tr.sampling(req.options), tr.output_format(req.format)
+            sampling, output = tr.request_sampling(req), tr.output_format(req.format)
         else:
             turn = tr.generate_turn(req, model)
         seconds = keep_alive(req.keep_alive)

@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import InvalidRequest
@@ -149,9 +149,14 @@ def keep_alive_s(value: float | str | None) -> float | None:
 
 
 def refuse_unhonoured(req: _Generating) -> None:
-    """Fields Ollama defines that this server would not honour: a 400 naming them."""
-    if req.logprobs or req.top_logprobs:
-        raise InvalidRequest("logprobs are not supported by this server", param="logprobs")
+    """Fields Ollama defines that this server would not honour: a 400 naming them (none of the
+    common ones today; ``/api/generate`` refuses its own: ``refuse_generate_fields``)."""
+
+
+def request_sampling(req: _Generating) -> SamplingRequest:
+    """The request's ``options``, and its ``logprobs`` / ``top_logprobs`` (either asks for them)."""
+    asked = req.logprobs or bool(req.top_logprobs)
+    return replace(sampling(req.options), logprobs=(req.top_logprobs or 0) if asked else None)
 
 
 def with_images(text: str, images: list[str] | None, where: str) -> str | list[dict[str, Any]]:
@@ -219,7 +224,7 @@ def chat_turn(req: ChatRequest, model: Model) -> ChatTurn:
     refuse_unhonoured(req)
     prompt = ChatPrompt(to_template_messages(req.messages, model), req.tools or None, thinking(req.think, model))
     choice = openai_tool_choice(req.tool_choice, None)
-    return ChatTurn(prompt, sampling(req.options), ID_PREFIX, choice, output_format(req.format), stream=req.streamed)
+    return ChatTurn(prompt, request_sampling(req), ID_PREFIX, choice, output_format(req.format), stream=req.streamed)
 
 
 def refuse_generate_fields(req: GenerateRequest) -> None:
@@ -259,5 +264,5 @@ def generate_turn(req: GenerateRequest, model: Model) -> ChatTurn:
     ]
     prompt = ChatPrompt(messages, None, thinking(req.think, model))
     return ChatTurn(
-        prompt, sampling(req.options), ID_PREFIX, ToolChoice(), output_format(req.format), stream=req.streamed
+        prompt, request_sampling(req), ID_PREFIX, ToolChoice(), output_format(req.format), stream=req.streamed
     )

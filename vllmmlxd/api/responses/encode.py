@@ -11,11 +11,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...config.mcp import MCP_TOOL_SEPARATOR
-from ...engine.types import EngineEvent, Finished, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from ...engine.types import EngineEvent, Finished, Logprobs, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from ..logprob_format import token_entries
 from ..openai.translate import extended_sampling
 from ..sampling import Applied, applied
 from ..sse import sse_event
@@ -44,14 +45,15 @@ def usage(u: Usage) -> dict[str, Any]:
     }
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: Sequence[Any] = ()) -> dict[str, Any]:
+    """An ``output_text`` part; ``logprobs``: its tokens' (``include: message.output_text.logprobs``)."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": token_entries(logprobs)}
 
 
-def message_item(iid: str, text: str, status: str = "completed") -> dict[str, Any]:
+def message_item(iid: str, text: str, status: str = "completed", logprobs: Sequence[Any] = ()) -> dict[str, Any]:
     """An assistant message; ``in_progress`` while streamed (its part comes in its own events),
     ``incomplete`` when the token limit cut it."""
-    content = [] if status == "in_progress" else [text_part(text)]
+    content = [] if status == "in_progress" else [text_part(text, logprobs)]
     return {"id": iid, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
@@ -195,7 +197,7 @@ def output_items(rid: str, folded: Folded, shape: ResponseShape) -> list[dict[st
         n = len(items)
         status = final_status(folded.finish) if i == len(folded.parts) - 1 else "completed"
         if part[0] == "text":
-            items.append(message_item(item_id("msg_", rid, n), part[1], status))
+            items.append(message_item(item_id("msg_", rid, n), part[1], status, folded.part_logprobs.get(i, [])))
         elif part[0] == "reasoning":
             items.append(shape.reasoning(item_id("rs_", rid, n), part[1]))
         elif part[0] == "tool_call":
@@ -250,6 +252,8 @@ class ResponsesStreamEncoder:
         self.items: list[dict[str, Any]] = []  # finished output items, as the final object lists them
         self.open: str | None = None  # "text" or "reasoning": the item being written
         self.buffer = ""
+        self.pending: list[Any] = []  # log-probabilities for the next text delta (its tokens')
+        self.item_logprobs: list[Any] = []  # the open message's, for its done events
 
     def _emit(self, kind: str, **fields: Any) -> str:
         frame = sse_event(kind, {"type": kind, "sequence_number": self.seq, **fields})
@@ -268,7 +272,7 @@ class ResponsesStreamEncoder:
             return []
         frames = self._close()
         n = len(self.items)
-        self.open, self.buffer = kind, ""
+        self.open, self.buffer, self.item_logprobs = kind, "", []
         if kind == "text":
             iid = self._iid("msg_")
             frames.append(
@@ -304,16 +308,21 @@ class ResponsesStreamEncoder:
         frames = []
         if self.open == "text":
             iid = self._iid("msg_")
-            part = text_part(text)
+            part = text_part(text, self.item_logprobs)
             frames.append(
                 self._emit(
-                    "response.output_text.done", item_id=iid, output_index=n, content_index=0, text=text, logprobs=[]
+                    "response.output_text.done",
+                    item_id=iid,
+                    output_index=n,
+                    content_index=0,
+                    text=text,
+                    logprobs=part["logprobs"],
                 )
             )
             frames.append(
                 self._emit("response.content_part.done", item_id=iid, output_index=n, content_index=0, part=part)
             )
-            item = message_item(iid, text, status)
+            item = message_item(iid, text, status, self.item_logprobs)
         else:
             iid = self._iid("rs_")
             frames.append(
@@ -337,14 +346,19 @@ class ResponsesStreamEncoder:
         return frames
 
     def event(self, event: EngineEvent | McpCall | McpOutcome) -> list[str]:
+        if isinstance(event, Logprobs):
+            self.pending += event.entries
+            return []
         if isinstance(event, (TextDelta, ReasoningDelta)):
             kind = "text" if isinstance(event, TextDelta) else "reasoning"
             frames = self._open(kind)
             self.buffer += event.text
             prefix, name, part = DELTAS[kind]
             fields = {"item_id": self._iid(prefix), "output_index": len(self.items), part: 0, "delta": event.text}
-            if kind == "text":
-                fields["logprobs"] = []
+            held, self.pending = self.pending, []
+            if kind == "text":  # a reasoning delta's tokens are not the message's: theirs are dropped
+                fields["logprobs"] = token_entries(held)
+                self.item_logprobs += held
             return [*frames, self._emit(name, **fields)]
         if isinstance(event, ToolCallDelta):
             frames = self._close()

@@ -44,7 +44,7 @@ class ResponsesRequest(SamplingExtensions):
     truncation: Literal["disabled", "auto"] = "disabled"
     include: list[str] | None = None
     previous_response_id: str | None = None
-    # Echoed on the response as the spec requires; background and top_logprobs > 0 are refused (translate).
+    # Echoed on the response as the spec requires; background is refused (translate).
     top_logprobs: int | None = Field(None, ge=0, le=20)
     background: bool | None = None
     max_tool_calls: int | None = Field(None, ge=1)

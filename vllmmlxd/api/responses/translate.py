@@ -9,6 +9,7 @@ tools (``web_search``…) are left out and named on the turn (``api.hosted_tools
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ...errors import InvalidRequest
@@ -43,7 +44,8 @@ HOSTED_TOOLS = frozenset(
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 # What ``include`` may ask for. Reasoning items then carry ``encrypted_content`` (Codex asks for
 # it on every turn, with ``store: false``).
-INCLUDABLE = frozenset({"reasoning.encrypted_content"})
+# ``message.output_text.logprobs``: each message's tokens' log-probabilities (``top_logprobs`` candidates each).
+INCLUDABLE = frozenset({"reasoning.encrypted_content", "message.output_text.logprobs"})
 
 
 def joined(space: str, name: str) -> str:
@@ -72,7 +74,7 @@ def to_turn(
     tools = chat_tools(req.tools)
     return ChatTurn(
         ChatPrompt(messages, tools, None),
-        extended_sampling(req, req.max_output_tokens),
+        replace(extended_sampling(req, req.max_output_tokens), logprobs=asked_logprobs(req)),
         prefix,
         tool_choice=openai_tool_choice(_choice(req.tool_choice), req.parallel_tool_calls),
         output=openai_output_format(req.text.format if req.text else None, "text.format", flat=True),
@@ -87,12 +89,18 @@ UNHONOURED = {
     "background": lambda v: v in (None, False),  # a response run after the request returns
     "conversation": lambda v: v is None,  # OpenAI's Conversations API: previous_response_id here
     "prompt": lambda v: v is None,  # a prompt template stored at OpenAI
-    "top_logprobs": lambda v: v in (None, 0),
 }
 
 
+def asked_logprobs(req: ResponsesRequest) -> int | None:
+    """Log-probabilities with this many candidates each (``include`` asks, or ``top_logprobs`` > 0), or None."""
+    if "message.output_text.logprobs" in (req.include or ()) or req.top_logprobs:
+        return req.top_logprobs or 0
+    return None
+
+
 def refuse_unhonoured(req: ResponsesRequest) -> None:
-    declared = {"background": req.background, "top_logprobs": req.top_logprobs}
+    declared = {"background": req.background}
     refuse_fields({**(req.model_extra or {}), **declared}, UNHONOURED)
     for i, name in enumerate(req.include or ()):
         if name not in INCLUDABLE:
