@@ -296,7 +296,7 @@ def test_max_tokens_far_above_the_limits_is_served_clamped(client):
 
 
 @pytest.mark.parametrize(
-    "field,value", [("best_of", 2), ("top_logprobs", 3), ("top_logprobs", 21), ("audio", {"voice": "x"}), ("n", 2)]
+    "field,value", [("best_of", 2), ("top_logprobs", 3), ("top_logprobs", 21), ("audio", {"voice": "x"}), ("n", 129)]
 )
 def test_a_field_this_server_would_not_honour_is_refused_naming_it(server, field, value):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, field: value}
@@ -381,3 +381,34 @@ def test_the_tokenizer_routes_round_trip_and_count_what_chat_sends(server, clien
     bad = httpx.post(server.url + "/detokenize", json={"tokens": [10**9]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     assert httpx.post(server.url + "/tokenize", json={}).status_code == 400
+
+
+def test_n_choices_share_one_prefill_repeat_with_a_seed_and_stream_by_index(server, client):
+    from vllmmlxd.api.choices import SEED_STRIDE
+
+    ask = [{"role": "user", "content": "Tell me something about " + "the sea and the sky " * 12}]
+    kw = dict(model="tiny", messages=ask, max_tokens=6, temperature=1.0, seed=11)
+    four = client.chat.completions.create(n=4, **kw)
+    assert [c.index for c in four.choices] == [0, 1, 2, 3]
+    again = client.chat.completions.create(n=4, **kw)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in four.choices]  # the seed holds
+    # Choice i is the answer of one request with choice i's seed: n is n ordinary rows.
+    third = client.chat.completions.create(**{**kw, "seed": (11 + 2 * SEED_STRIDE) % 2**64})
+    assert third.choices[0].message.content == four.choices[2].message.content
+    # The prompt counted once, its prefill shared: the others started from the prefix cache's blocks.
+    assert four.usage.prompt_tokens == third.usage.prompt_tokens
+    assert four.usage.completion_tokens <= 24
+    # A fresh prompt past admission's wait (64 shared tokens): the others wait for its prefill and take its blocks.
+    river = [{"role": "user", "content": "A new question " + "about rivers and lakes " * 30}]
+    fresh = client.chat.completions.create(n=3, **{**kw, "messages": river})
+    assert fresh.usage.prompt_tokens_details.cached_tokens >= fresh.usage.prompt_tokens - 32
+    chunks = list(client.chat.completions.create(n=4, stream=True, **kw))
+    texts = ["", "", "", ""]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == [c.message.content for c in four.choices]
+    cmpl = httpx.post(
+        server.url + "/v1/completions", json={"prompt": "Once", "n": 2, "max_tokens": 4, "seed": 3}
+    ).json()
+    assert [c["index"] for c in cmpl["choices"]] == [0, 1]

@@ -20,7 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..engine.types import Finished, RenderedPrompt, TextDelta, ToolCallDelta
+from ..errors import InvalidRequest
 from ..log import log_event
+from .choices import Choices, choice_requests
 from .context import ServingContext, owner_of
 from .hosted_tools import HEADER, enforce, header_value
 from .image_input import resolve_images
@@ -117,9 +119,14 @@ async def _serve(
     )
     gen: Generation = turn_request
     if offered:
+        if turn.n > 1:
+            raise InvalidRequest("n > 1 cannot be combined with the worker's own (MCP) tools", param="n")
         gen = ToolLoop(ctx, offered, prompt.messages, prompt.template_kwargs, turn.sampling, turn.output, turn_request)
-    if plan.constraint is not None:  # a forced call that max_tokens cuts short is still a call
-        gen = ForcedCall(ctx, gen, offered_tools(prompt, offered) or [], turn.tool_choice)
+
+    def forced(one: Generation) -> Generation:  # a forced call that max_tokens cuts short is still a call
+        return ForcedCall(ctx, one, offered_tools(prompt, offered) or [], turn.tool_choice) if plan.constraint else one
+
+    gen = Choices(ctx, choice_requests(turn_request, turn.n), forced) if turn.n > 1 else forced(gen)
     if turn.stream:
         return stream(ctx, request, gen, encoding.stream_encoder(rid, len(tokens)))
     folded = await fold(ctx, request, gen)

@@ -36,6 +36,15 @@ from .tool_loop import McpCall, McpOutcome, ToolLoop
 
 logger = logging.getLogger("vllmmlxd.api")
 
+
+@dataclass(frozen=True)
+class ChoiceEvent:
+    """One of n choices' events (``api.choices``): ``index`` is the choice's place in the answer."""
+
+    index: int
+    event: Any
+
+
 # One block of a folded answer, in the order the model wrote them (see Folded).
 Part = (
     tuple[Literal["text", "reasoning"], str]
@@ -83,9 +92,12 @@ class Folded:
     # Those that came before each text part's pieces, by the part's index (the Responses API's per message).
     part_logprobs: dict[int, list[Any]] = field(default_factory=dict)
     _unplaced: list[Any] = field(default_factory=list)
+    choices: dict[int, Folded] = field(default_factory=dict)  # n > 1: each choice's fold, by index
 
     def add(self, event: EngineEvent) -> None:
-        if isinstance(event, Logprobs):
+        if isinstance(event, ChoiceEvent):  # one of n choices' (api.choices)
+            self.choices.setdefault(event.index, Folded()).add(event.event)
+        elif isinstance(event, Logprobs):
             self.logprobs += event.entries
             self._unplaced += event.entries
         elif isinstance(event, TextDelta):

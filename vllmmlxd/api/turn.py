@@ -39,6 +39,7 @@ class ChatTurn:
     stream: bool = False
     truncate: bool = False  # too long for the context: drop the oldest turns (Responses' truncation: auto)
     hosted: tuple[HostedTool, ...] = ()  # provider-run tools the request named, left out of the prompt
+    n: int = 1  # choices (OpenAI's n): each its own engine request of the same prompt (api.choices)
 
 
 def turn_starts(messages: list[dict[str, Any]]) -> list[int]:

@@ -16,7 +16,7 @@ from ...engine.types import EngineEvent, Finished, Logprobs, ReasoningDelta, Tex
 from ..errors import openai_error
 from ..logprob_format import completion_logprobs, token_entries
 from ..sse import DONE, sse_data
-from ..stream import Folded
+from ..stream import ChoiceEvent, Folded
 from ..tool_loop import McpCall, McpOutcome
 from ..tooling import call_id
 
@@ -80,7 +80,8 @@ def chat_logprobs(entries: list[Any], as_ids: bool = False) -> dict[str, Any]:
     return {"content": token_entries(entries, as_ids), "refusal": None}
 
 
-def chat_response(rid: str, created: int, model: str, folded: Folded, asked: LogprobsAsked = LogprobsAsked()) -> dict:
+def chat_choice(rid: str, folded: Folded, index: int = 0, asked: LogprobsAsked = LogprobsAsked()) -> dict:
+    """One choice of a chat completion: its message, log-probabilities and finish reason."""
     assert folded.finish is not None
     message: dict[str, Any] = {"role": "assistant", "content": folded.text}
     if folded.tool_calls:
@@ -91,36 +92,56 @@ def chat_response(rid: str, created: int, model: str, folded: Folded, asked: Log
     if folded.reasoning:
         # reasoning_content is what most clients read; newer ones read reasoning.
         message["reasoning_content"] = message["reasoning"] = folded.reasoning
-    choice = {
-        "index": 0,
+    return {
+        "index": index,
         "message": message,
         "logprobs": chat_logprobs(folded.logprobs, asked.as_ids) if asked.wanted else None,
         "finish_reason": finish_reason(folded.finish.reason),
     }
-    return envelope(rid, "chat.completion", created, model, [choice], folded.finish.usage)
+
+
+def each_choice(folded: Folded) -> list[tuple[int, Folded]]:
+    """The folded answer's choices, by index: n > 1's, or the one."""
+    return sorted(folded.choices.items()) if folded.choices else [(0, folded)]
+
+
+def chat_response(rid: str, created: int, model: str, folded: Folded, asked: LogprobsAsked = LogprobsAsked()) -> dict:
+    assert folded.finish is not None
+    choices = [chat_choice(rid, one, i, asked) for i, one in each_choice(folded)]
+    return envelope(rid, "chat.completion", created, model, choices, folded.finish.usage)
 
 
 def completion_response(
     rid: str, created: int, model: str, folded: Folded, asked: LogprobsAsked = LogprobsAsked()
 ) -> dict:
     assert folded.finish is not None
-    choice = {
-        "index": 0,
-        "text": folded.text,
-        "logprobs": completion_logprobs(folded.logprobs, 0, asked.as_ids) if asked.wanted else None,
-        "finish_reason": finish_reason(folded.finish.reason),
-    }
-    return envelope(rid, "text_completion", created, model, [choice], folded.finish.usage)
+    choices = [
+        {
+            "index": i,
+            "text": one.text,
+            "logprobs": completion_logprobs(one.logprobs, 0, asked.as_ids) if asked.wanted else None,
+            "finish_reason": finish_reason(one.finish.reason if one.finish else "stop"),
+        }
+        for i, one in each_choice(folded)
+    ]
+    return envelope(rid, "text_completion", created, model, choices, folded.finish.usage)
 
 
 class ChatEncoding:
     """Chat completions' two ways of writing a response (``api.chat.ChatEncoding``); ``logprobs``:
     the request asked for them (each choice then has its ``logprobs`` object, empty or not)."""
 
-    def __init__(self, created: int, model: str, include_usage: bool, asked: LogprobsAsked = LogprobsAsked()):
-        self.created, self.model, self.include_usage, self.asked = created, model, include_usage, asked
+    def __init__(
+        self, created: int, model: str, include_usage: bool, asked: LogprobsAsked = LogprobsAsked(), n: int = 1
+    ):
+        self.created, self.model, self.include_usage, self.asked, self.n = created, model, include_usage, asked, n
 
-    def stream_encoder(self, rid: str, prompt_tokens: int) -> ChatStreamEncoder:
+    def stream_encoder(self, rid: str, prompt_tokens: int) -> ChatStreamEncoder | ChoicesStreamEncoder:
+        if self.n > 1:
+            return ChoicesStreamEncoder(
+                [ChatStreamEncoder(rid, self.created, self.model, False, self.asked.as_ids, i) for i in range(self.n)],
+                ChatStreamEncoder(rid, self.created, self.model, self.include_usage),
+            )
         return ChatStreamEncoder(rid, self.created, self.model, self.include_usage, self.asked.as_ids)
 
     def response(self, rid: str, folded: Folded) -> dict:
@@ -132,9 +153,9 @@ class _Encoder:
 
     object_name = ""
 
-    def __init__(self, rid: str, created: int, model: str, include_usage: bool, as_ids: bool = False):
+    def __init__(self, rid: str, created: int, model: str, include_usage: bool, as_ids: bool = False, index: int = 0):
         self.rid, self.created, self.model, self.include_usage = rid, created, model, include_usage
-        self.as_ids = as_ids
+        self.as_ids, self.index = as_ids, index
         self.pending: list[Any] = []  # log-probabilities for the next chunk (the tokens it carries)
 
     def _held(self) -> list[Any]:
@@ -166,14 +187,14 @@ class ChatStreamEncoder(_Encoder):
 
     object_name = "chat.completion.chunk"
 
-    def __init__(self, rid: str, created: int, model: str, include_usage: bool, as_ids: bool = False):
-        super().__init__(rid, created, model, include_usage, as_ids)
+    def __init__(self, rid: str, created: int, model: str, include_usage: bool, as_ids: bool = False, index: int = 0):
+        super().__init__(rid, created, model, include_usage, as_ids, index)
         self._mcp_index: dict[int, int] = {}  # an executed call's index among the response's calls -> in mcp_calls
 
     def _delta(self, delta: dict, finish: str | None = None) -> str:
         held = self._held()
         logprobs = chat_logprobs(held, self.as_ids) if held else None
-        return self._chunk({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+        return self._chunk({"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
 
     def start(self) -> list[str]:
         return [self._delta({"role": "assistant", "content": ""})]
@@ -204,7 +225,7 @@ class ChatStreamEncoder(_Encoder):
             return [self._mcp(event.call, {"result": mcp_result(event)})]
         if isinstance(event, Finished):
             held = self._held()
-            last = {"index": 0, "delta": {}, "logprobs": chat_logprobs(held, self.as_ids) if held else None}
+            last = {"index": self.index, "delta": {}, "logprobs": chat_logprobs(held, self.as_ids) if held else None}
             return self._finished(event, {**last, "finish_reason": finish_reason(event.reason)})
         return []
 
@@ -219,7 +240,7 @@ class CompletionStreamEncoder(_Encoder):
         held = self._held()
         logprobs = completion_logprobs(held, self.offset, self.as_ids) if held else None
         self.offset += len(text)
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
     def start(self) -> list[str]:
         return []
@@ -233,3 +254,31 @@ class CompletionStreamEncoder(_Encoder):
         if isinstance(event, Finished):
             return self._finished(event, self._text("", finish_reason(event.reason)))
         return []
+
+
+class ChoicesStreamEncoder:
+    """n choices' frames (``api.choices``): each choice's own encoder writes its chunks, indexed;
+    ``last`` writes the usage chunk (of all choices, once) and the end."""
+
+    def __init__(self, each: list[Any], last: _Encoder):
+        self.each, self.last = each, last
+
+    def start(self) -> list[str]:
+        return [frame for encoder in self.each for frame in encoder.start()]
+
+    def event(self, event: Any) -> list[str]:
+        if isinstance(event, ChoiceEvent):
+            return self.each[event.index].event(event.event)
+        if isinstance(event, Finished) and self.last.include_usage:  # every choice has finished
+            return [
+                sse_data(
+                    envelope(self.last.rid, self.last.object_name, self.last.created, self.last.model, [], event.usage)
+                )
+            ]
+        return []
+
+    def error(self, message: str, kind: str) -> list[str]:
+        return self.last.error(message, kind)
+
+    def end(self) -> list[str]:
+        return self.last.end()

@@ -65,7 +65,7 @@ class _SamplingFields(SamplingExtensions):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="one choice per request in this version")
+    n: int = Field(1, ge=1, le=128, description="choices from one prompt, each its own row of the batch")
     user: str | None = None
     return_tokens_as_token_ids: bool = False  # vLLM's: log-probabilities name tokens token_id:N
 

@@ -16,9 +16,11 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ...engine.types import GenerationRequest
 from ...errors import InvalidRequest, ModelNotFound
 from ..body import read_json, validate
 from ..chat import serve_chat
+from ..choices import Choices, choice_requests
 from ..context import LiveContext, ServingContext, owner_of
 from ..prompt import make_generation
 from ..stream import Generation, fold, stream
@@ -63,6 +65,7 @@ def make_router(live: LiveContext) -> APIRouter:
                 ctx.name,
                 tr.include_usage(req),
                 encode.LogprobsAsked(bool(req.logprobs), req.return_tokens_as_token_ids),
+                req.n,
             ),
         )
 
@@ -86,9 +89,22 @@ def make_router(live: LiveContext) -> APIRouter:
         if req.echo:  # the prompt first, with its log-probabilities when asked (from a pass of its own)
             gen.prompt_logprobs = req.logprobs
             text = prompt if isinstance(prompt, str) else await asyncio.to_thread(ctx.engine.detokenize, tokens)
-            served = Echoed(ctx, gen, text, written=req.max_tokens != 0)
+
+            def echoed(one: Generation) -> Generation:
+                assert isinstance(one, GenerationRequest)
+                return Echoed(ctx, one, text, written=req.max_tokens != 0)
+
+            served = echoed(gen)
+        if req.n > 1:
+            served = Choices(ctx, choice_requests(gen, req.n), echoed if req.echo else lambda one: one)
         if req.stream:
-            encoder = encode.CompletionStreamEncoder(rid, created, ctx.name, tr.include_usage(req), asked.as_ids)
+            usage = tr.include_usage(req)
+            encoder = encode.CompletionStreamEncoder(rid, created, ctx.name, usage, asked.as_ids)
+            if req.n > 1:
+                each = [
+                    encode.CompletionStreamEncoder(rid, created, ctx.name, False, asked.as_ids, i) for i in range(req.n)
+                ]
+                return stream(ctx, request, served, encode.ChoicesStreamEncoder(each, encoder))
             return stream(ctx, request, served, encoder)
         return encode.completion_response(rid, created, ctx.name, await fold(ctx, request, served), asked)
 

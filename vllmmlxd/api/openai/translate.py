@@ -31,6 +31,7 @@ def to_turn(req: ChatCompletionRequest) -> ChatTurn:
         tool_choice=openai_tool_choice(req.tool_choice, req.parallel_tool_calls),
         output=openai_output_format(req.response_format),
         stream=req.stream,
+        n=req.n,
     )
 
 
@@ -81,7 +82,6 @@ def extended_sampling(req: Any, max_tokens: int | None) -> SamplingRequest:
 UNHONOURED = {
     "best_of": lambda v: v in (None, 1),
     "suffix": lambda v: v is None,
-    "n": lambda v: v in (None, 1),
     "modalities": lambda v: v in (None, ["text"]),
     "audio": lambda v: v is None,
     "prediction": lambda v: v is None,
