@@ -412,3 +412,9 @@ def test_n_choices_share_one_prefill_repeat_with_a_seed_and_stream_by_index(serv
         server.url + "/v1/completions", json={"prompt": "Once", "n": 2, "max_tokens": 4, "seed": 3}
     ).json()
     assert [c["index"] for c in cmpl["choices"]] == [0, 1]
+
+
+def test_a_suffix_to_a_model_without_fim_tokens_is_a_400_saying_so(server):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "def f(", "suffix": "return x", "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
+    assert "no fill-in-the-middle tokens" in r.json()["error"]["message"]

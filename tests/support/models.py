@@ -63,3 +63,33 @@ def answering_tiny(dest: Path, context: int = 32768) -> Path:
     (tmp / ".vllmmlxd-complete").unlink(missing_ok=True)
     tmp.rename(dest)
     return dest
+
+
+FIM_TOKENS = {"<gh_stars>": "<|fim_prefix|>", "<issue_start>": "<|fim_suffix|>", "<issue_comment>": "<|fim_middle|>"}
+
+
+def fim_tiny(dest: Path) -> Path:
+    """builtin:tiny whose tokenizer carries Qwen2.5-Coder's fill-in-the-middle control tokens: three
+    of SmolLM2's unused special tokens renamed (same ids, so the weights fit as they are)."""
+    if (dest / "config.json").exists():
+        return dest
+    src = ensure_builtin("tiny", default_state_dir())
+    tmp = dest.with_name(dest.name + ".part")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    tokenizer = json.loads((tmp / "tokenizer.json").read_text())
+    for added in tokenizer["added_tokens"]:
+        added["content"] = FIM_TOKENS.get(added["content"], added["content"])
+    vocab = tokenizer["model"]["vocab"]
+    for old, new in FIM_TOKENS.items():
+        vocab[new] = vocab.pop(old)
+    (tmp / "tokenizer.json").write_text(json.dumps(tokenizer))
+    config = json.loads((tmp / "tokenizer_config.json").read_text())
+    for entry in (config.get("added_tokens_decoder") or {}).values():
+        entry["content"] = FIM_TOKENS.get(entry["content"], entry["content"])
+    config["additional_special_tokens"] = [FIM_TOKENS.get(t, t) for t in config.get("additional_special_tokens", [])]
+    (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (tmp / ".vllmmlxd-complete").unlink(missing_ok=True)
+    tmp.rename(dest)
+    return dest

@@ -47,6 +47,7 @@ LIVE_FIELDS = frozenset(
         "stored_responses",
         "stored_responses_mb",
         "hosted_tools",  # read per request
+        "fim",  # read per request
         "cache_scope",  # read per request: the salt of its prefix-cache entries
         "api_keys",
         "key_grants",

@@ -34,6 +34,7 @@ from .step.scheduler import Scheduler
 from .step.sequence import Chain, Sequence
 from .text.constraint import Grammars
 from .text.detokenize import IncrementalDetokenizer
+from .text.fim import detect_fim
 from .text.special_text import SpecialText, plain_encoder, special_tokens_of
 from .text.template_vars import template_switches
 from .text.tool_setup import resolve_tool_parser, template_renders_tools
@@ -100,10 +101,9 @@ class MLXEngine:
         self.embedder: MLXEmbedder | None = None
         self.options = options or EngineOptions()
         has_template = bool(getattr(self.tokenizer, "has_chat_template", False))
+        vocab = set(self.tokenizer.get_vocab())
         tool_parser, chosen = resolve_tool_parser(
-            self.options.tool_call_parser,
-            getattr(self.tokenizer, "chat_template", None),
-            set(self.tokenizer.get_vocab()),
+            self.options.tool_call_parser, getattr(self.tokenizer, "chat_template", None), vocab
         )
         self._tool_parser = tool_parser_class(tool_parser)
         self.info = ModelInfo(
@@ -116,6 +116,7 @@ class MLXEngine:
             template_switches=template_switches(getattr(self.tokenizer, "chat_template", None)),
             vision=loaded.vision is not None,
             reasoning=bool(self.options.reasoning_parser) or tool_parser == "harmony",
+            fim=detect_fim(vocab),
         )
         if has_template:
             self._refuse_unsafe_template()

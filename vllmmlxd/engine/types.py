@@ -205,6 +205,7 @@ class ModelInfo:
     template_switches: frozenset[str] = frozenset({"enable_thinking"})
     vision: bool = False  # a vision-language model (loaded through mlx-vlm)
     reasoning: bool = False  # its reasoning comes apart from its answer (a reasoning parser, or harmony's channels)
+    fim: str | None = None  # its fill-in-the-middle prompt form (text.fim), read from its tokenizer; None: none
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
@@ -74,39 +75,7 @@ def make_router(live: LiveContext) -> APIRouter:
         ctx = live.capture(request)
         req = validate(CompletionRequest, await read_json(request, ctx.max_body_bytes))
         ctx.check_model(req.model)
-        tr.refuse_unhonoured(req)
-        prompt = tr.completion_prompt(req)
-        tokens = await asyncio.to_thread(ctx.engine.tokenize, prompt) if isinstance(prompt, str) else prompt
-        if any(not 0 <= t < ctx.engine.info.vocab_size for t in tokens):
-            raise InvalidRequest("prompt token ids must be inside the vocabulary", param="prompt")
-        rid = ctx.request_id(request, "cmpl-")
-        gen = await make_generation(
-            ctx, tr.sampling_request(req), tokens, rid, reasoning=False, owner=owner_of(request)
-        )
-        created = int(time.time())
-        asked = encode.LogprobsAsked(req.logprobs is not None, req.return_tokens_as_token_ids)
-        served: Generation = gen
-        if req.echo:  # the prompt first, with its log-probabilities when asked (from a pass of its own)
-            gen.prompt_logprobs = req.logprobs
-            text = prompt if isinstance(prompt, str) else await asyncio.to_thread(ctx.engine.detokenize, tokens)
-
-            def echoed(one: Generation) -> Generation:
-                assert isinstance(one, GenerationRequest)
-                return Echoed(ctx, one, text, written=req.max_tokens != 0)
-
-            served = echoed(gen)
-        if req.n > 1:
-            served = Choices(ctx, choice_requests(gen, req.n), echoed if req.echo else lambda one: one)
-        if req.stream:
-            usage = tr.include_usage(req)
-            encoder = encode.CompletionStreamEncoder(rid, created, ctx.name, usage, asked.as_ids)
-            if req.n > 1:
-                each = [
-                    encode.CompletionStreamEncoder(rid, created, ctx.name, False, asked.as_ids, i) for i in range(req.n)
-                ]
-                return stream(ctx, request, served, encode.ChoicesStreamEncoder(each, encoder))
-            return stream(ctx, request, served, encoder)
-        return encode.completion_response(rid, created, ctx.name, await fold(ctx, request, served), asked)
+        return await serve_completion(ctx, request, req)
 
     return router
 
@@ -129,3 +98,35 @@ def _model_cards(ctx: ServingContext) -> list[dict]:
         card = {**cards[0], "id": embedder.info.name, "max_model_len": embedder.info.max_tokens, "vision": False}
         cards.append(card)
     return cards
+
+
+async def serve_completion(ctx: ServingContext, request: Request, req: CompletionRequest) -> Response | dict[str, Any]:
+    """A text completion: the prompt (a suffix's fill-in-the-middle form around it), echoed first
+    when asked, in n choices, streamed or whole."""
+    tr.refuse_unhonoured(req)
+    sent = tr.completion_prompt(req)
+    prompt = tr.completion_text(req, sent, ctx.config.fim, ctx.engine.info.fim)
+    tokens = await asyncio.to_thread(ctx.engine.tokenize, prompt) if isinstance(prompt, str) else prompt
+    if any(not 0 <= t < ctx.engine.info.vocab_size for t in tokens):
+        raise InvalidRequest("prompt token ids must be inside the vocabulary", param="prompt")
+    rid = ctx.request_id(request, "cmpl-")
+    gen = await make_generation(ctx, tr.sampling_request(req), tokens, rid, reasoning=False, owner=owner_of(request))
+    created = int(time.time())
+    asked = encode.LogprobsAsked(req.logprobs is not None, req.return_tokens_as_token_ids)
+    wrap: Callable[[Generation], Generation] = lambda one: one  # noqa: E731 - the identity, replaced for echo
+    if req.echo:  # the prompt first, with its log-probabilities when asked (from a pass of its own)
+        gen.prompt_logprobs = req.logprobs
+        text = sent if isinstance(sent, str) else await asyncio.to_thread(ctx.engine.detokenize, tokens)
+
+        def wrap(one: Generation) -> Generation:
+            assert isinstance(one, GenerationRequest)
+            return Echoed(ctx, one, text, written=req.max_tokens != 0)
+
+    served = Choices(ctx, choice_requests(gen, req.n), wrap) if req.n > 1 else wrap(gen)
+    if not req.stream:
+        return encode.completion_response(rid, created, ctx.name, await fold(ctx, request, served), asked)
+    encoder = encode.CompletionStreamEncoder(rid, created, ctx.name, tr.include_usage(req), asked.as_ids)
+    if req.n > 1:
+        each = [encode.CompletionStreamEncoder(rid, created, ctx.name, False, asked.as_ids, i) for i in range(req.n)]
+        return stream(ctx, request, served, encode.ChoicesStreamEncoder(each, encoder))
+    return stream(ctx, request, served, encoder)

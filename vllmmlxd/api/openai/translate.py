@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from ...engine.text.fim import fim_prompt
 from ...errors import InvalidRequest
 from ..files import file_text
 from ..images import ImageRef, image_part
@@ -81,7 +82,6 @@ def extended_sampling(req: Any, max_tokens: int | None) -> SamplingRequest:
 # Fields OpenAI defines that this server does not act on, with the values that ask for nothing.
 UNHONOURED = {
     "best_of": lambda v: v in (None, 1),
-    "suffix": lambda v: v is None,
     "modalities": lambda v: v in (None, ["text"]),
     "audio": lambda v: v is None,
     "prediction": lambda v: v is None,
@@ -213,3 +213,24 @@ def completion_prompt(req: CompletionRequest) -> str | list[int]:
     if not prompt:  # [""] too: the engine cannot start a sequence from no tokens
         raise InvalidRequest("prompt must not be empty", param="prompt")
     return prompt
+
+
+def completion_text(
+    req: CompletionRequest, prompt: str | list[int], setting: str, detected: str | None
+) -> str | list[int]:
+    """The prompt as the model reads it: with a ``suffix``, the model's fill-in-the-middle form
+    around the prompt (the prefix) and the suffix (``setting``: the entry's ``fim``; ``detected``:
+    the form its tokenizer carries); without, the prompt as sent."""
+    if req.suffix is None:
+        return prompt
+    if not isinstance(prompt, str):
+        raise InvalidRequest("suffix needs a text prompt (not token ids)", param="suffix")
+    form = detected if setting == "auto" else None if setting == "off" else setting
+    if form is None:
+        why = (
+            "the entry turns it off (fim: off)"
+            if setting == "off"
+            else "its tokenizer has no fill-in-the-middle tokens"
+        )
+        raise InvalidRequest(f"suffix needs a fill-in-the-middle model: {why}", param="suffix")
+    return fim_prompt(form, prompt, req.suffix)
