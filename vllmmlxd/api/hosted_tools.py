@@ -27,10 +27,11 @@ def enforce(policy: str, hosted: Iterable[HostedTool]) -> None:
     if policy != "refuse":
         return
     for tool in hosted:
+        at = tool.param if tool.param == tool.kind else f"{tool.param}.type"  # a field of its own, or a tool's type
         raise InvalidRequest(
             f"{tool.param}: the {tool.kind} tool runs at the provider and this server does not run it "
             "(hosted_tools: refuse); use function tools, or the entry's MCP servers as the worker's own tools",
-            param=f"{tool.param}.type",
+            param=at,
         )
 
 

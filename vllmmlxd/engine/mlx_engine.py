@@ -22,6 +22,7 @@ from jinja2.exceptions import SecurityError
 
 from ..errors import InvalidRequest, KvBudgetExceeded, ModelLoadError, Overloaded
 from ..log import log_event
+from ..parsers.fim import detect_fim
 from ..parsers.reasoning import make_reasoning_parser
 from ..parsers.tools import tool_parser_class
 from ..parsers.tools.harmony import HarmonyParser
@@ -34,7 +35,6 @@ from .step.scheduler import Scheduler
 from .step.sequence import Chain, Sequence
 from .text.constraint import Grammars
 from .text.detokenize import IncrementalDetokenizer
-from .text.fim import detect_fim
 from .text.special_text import SpecialText, plain_encoder, special_tokens_of
 from .text.template_vars import template_switches
 from .text.tool_setup import resolve_tool_parser, template_renders_tools

@@ -270,3 +270,13 @@ def test_calls_the_server_ran_are_replayed_before_the_answer_they_led_to():
         {"role": "tool", "tool_call_id": "call_2", "name": "files__fail", "content": "Error: boom"},
         {"role": "assistant", "content": "It is 5."},
     ]
+
+
+def test_chat_web_search_options_is_a_hosted_tool_and_the_deprecated_functions_are_refused():
+    turn = tr.to_turn(chat(web_search_options={}))
+    assert [(h.kind, h.param) for h in turn.hosted] == [("web_search_options", "web_search_options")]
+    assert tr.to_turn(chat()).hosted == ()
+    for field, value in (("functions", [{"name": "f"}]), ("function_call", "auto")):
+        with pytest.raises(InvalidRequest) as e:
+            tr.refuse_unhonoured(chat(**{field: value}))
+        assert e.value.param == field

@@ -7,9 +7,10 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from ...engine.text.fim import fim_prompt
 from ...errors import InvalidRequest
+from ...parsers.fim import fim_prompt
 from ..files import file_text
+from ..hosted_tools import HostedTool
 from ..images import ImageRef, image_part
 from ..sampling import SamplingRequest
 from ..structured import openai_output_format
@@ -33,6 +34,10 @@ def to_turn(req: ChatCompletionRequest) -> ChatTurn:
         output=openai_output_format(req.response_format),
         stream=req.stream,
         n=req.n,
+        # OpenAI's search on chat completions runs at OpenAI: a hosted tool (api.hosted_tools).
+        hosted=(HostedTool("web_search_options", "web_search_options"),)
+        if (req.model_extra or {}).get("web_search_options") is not None
+        else (),
     )
 
 
@@ -86,6 +91,9 @@ UNHONOURED = {
     "audio": lambda v: v is None,
     "prediction": lambda v: v is None,
     "chat_template": lambda v: v is None,  # vLLM's per-request template (see turn.refuse_client_template)
+    # The deprecated forms of tools and tool_choice: refused rather than dropped (the model would lose its tools).
+    "functions": lambda v: v is None,
+    "function_call": lambda v: v is None,
 }
 
 

@@ -7,8 +7,8 @@ import pytest
 
 from vllmmlxd.api.openai.protocol import CompletionRequest
 from vllmmlxd.api.openai.translate import completion_text
-from vllmmlxd.engine.text.fim import detect_fim, fim_prompt
 from vllmmlxd.errors import InvalidRequest
+from vllmmlxd.parsers.fim import detect_fim, fim_prompt
 
 
 @pytest.mark.parametrize(

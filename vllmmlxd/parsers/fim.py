@@ -1,4 +1,4 @@
-"""Fill-in-the-middle: the prompt forms code models were trained on to write what goes between a
+"""Fill-in-the-middle (read by the engine at load, written by the API for a ``suffix``): the prompt forms code models were trained on to write what goes between a
 prefix and a suffix, told apart by the control tokens their tokenizers carry. Pure.
 
 - ``qwen`` (Qwen2.5-Coder, Qwen3-Coder): ``<|fim_prefix|>P<|fim_suffix|>S<|fim_middle|>``
