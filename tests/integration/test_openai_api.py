@@ -418,3 +418,19 @@ def test_a_suffix_to_a_model_without_fim_tokens_is_a_400_saying_so(server):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "def f(", "suffix": "return x", "max_tokens": 4})
     assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
     assert "no fill-in-the-middle tokens" in r.json()["error"]["message"]
+
+
+def test_a_prediction_changes_nothing_in_the_answer_and_is_counted(server, client):
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "Once upon a time"}], max_tokens=16, temperature=0)
+    plain = client.chat.completions.create(**kw, extra_body={"speculative": False})
+    text = plain.choices[0].message.content
+    predicted = client.chat.completions.create(**kw, prediction={"type": "content", "content": text})
+    parts = client.chat.completions.create(
+        **kw, prediction={"type": "content", "content": [{"type": "text", "text": text}]}
+    )
+    assert predicted.choices[0].message.content == parts.choices[0].message.content == text
+    details = predicted.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens >= 0 and details.rejected_prediction_tokens >= 0
+    assert plain.usage.completion_tokens_details.accepted_prediction_tokens == 0
+    bad = httpx.post(server.url + "/v1/chat/completions", json={**kw, "prediction": {"type": "image"}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prediction"

@@ -11,6 +11,7 @@ Anthropic's ``count_tokens`` counts exactly what ``/v1/messages`` sends to the e
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator
 from dataclasses import replace
@@ -117,6 +118,10 @@ async def _serve(
         after_reasoning=thinking_on(ctx, prompt.template_kwargs),
         owner=owner_of(request),
     )
+    if turn.prediction:  # its tokens become this request's drafts (engine.speculation)
+        turn_request.prediction = tuple(
+            await asyncio.to_thread(ctx.engine.tokenize, turn.prediction, add_special_tokens=False)
+        )
     gen: Generation = turn_request
     if offered:
         if turn.n > 1:

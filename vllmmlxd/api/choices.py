@@ -130,5 +130,7 @@ def combined(finishes: list[Finished]) -> Finished:
         first.usage.prompt_tokens,
         sum(f.usage.completion_tokens for f in finishes),
         max(f.usage.cached_tokens for f in finishes),
+        sum(f.usage.predicted_tokens for f in finishes),
+        sum(f.usage.accepted_predicted for f in finishes),
     )
     return dataclasses.replace(first, usage=usage)

@@ -40,6 +40,7 @@ class ChatTurn:
     truncate: bool = False  # too long for the context: drop the oldest turns (Responses' truncation: auto)
     hosted: tuple[HostedTool, ...] = ()  # provider-run tools the request named, left out of the prompt
     n: int = 1  # choices (OpenAI's n): each its own engine request of the same prompt (api.choices)
+    prediction: str | None = None  # a predicted output (OpenAI's prediction): drafts for the answer
 
 
 def turn_starts(messages: list[dict[str, Any]]) -> list[int]:

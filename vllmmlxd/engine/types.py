@@ -123,6 +123,8 @@ class GenerationRequest:
     cache_salt: str | None = None
     # The prompt's own log-probabilities (completions' ``echo``), with this many top candidates each.
     prompt_logprobs: int | None = None
+    # A predicted output (OpenAI's ``prediction``): its tokens are this request's drafts when the entry speculates.
+    prediction: tuple[int, ...] | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     created: float = field(default_factory=time.monotonic)
 
@@ -132,6 +134,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # of the prompt's, served from the prefix cache
+    # A request that sent a predicted output: its prediction's tokens drafted, and of those, kept.
+    predicted_tokens: int = 0
+    accepted_predicted: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -56,6 +56,11 @@ def usage_dict(usage: Usage) -> dict:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        # A predicted output's tokens the answer kept, and those it did not (drafted and rejected).
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": usage.accepted_predicted,
+            "rejected_prediction_tokens": usage.predicted_tokens - usage.accepted_predicted,
+        },
     }
 
 

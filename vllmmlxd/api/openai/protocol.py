@@ -87,6 +87,7 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    prediction: dict[str, Any] | None = None  # a predicted output: {type: content, content}
 
 
 class CompletionRequest(_SamplingFields):

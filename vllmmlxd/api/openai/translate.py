@@ -34,6 +34,7 @@ def to_turn(req: ChatCompletionRequest) -> ChatTurn:
         output=openai_output_format(req.response_format),
         stream=req.stream,
         n=req.n,
+        prediction=predicted_text(req.prediction),
         # OpenAI's search on chat completions runs at OpenAI: a hosted tool (api.hosted_tools).
         hosted=(HostedTool("web_search_options", "web_search_options"),)
         if (req.model_extra or {}).get("web_search_options") is not None
@@ -89,7 +90,6 @@ UNHONOURED = {
     "best_of": lambda v: v in (None, 1),
     "modalities": lambda v: v in (None, ["text"]),
     "audio": lambda v: v is None,
-    "prediction": lambda v: v is None,
     "chat_template": lambda v: v is None,  # vLLM's per-request template (see turn.refuse_client_template)
     # The deprecated forms of tools and tool_choice: refused rather than dropped (the model would lose its tools).
     "functions": lambda v: v is None,
@@ -242,3 +242,15 @@ def completion_text(
         )
         raise InvalidRequest(f"suffix needs a fill-in-the-middle model: {why}", param="suffix")
     return fim_prompt(form, prompt, req.suffix)
+
+
+def predicted_text(prediction: dict[str, Any] | None) -> str | None:
+    """A predicted output's text: ``{type: content, content: str | [text parts]}``; anything else a 400."""
+    if prediction is None:
+        return None
+    content = prediction.get("content") if prediction.get("type") == "content" else None
+    if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise InvalidRequest("prediction must be {type: content, content: a string or text parts}", param="prediction")
+    return content

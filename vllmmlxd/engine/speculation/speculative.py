@@ -52,7 +52,28 @@ from .draft_width import StepCosts, best_width
 PAUSE_AFTER = 3  # drafts rejected whole in a row before a row pauses drafting
 MAX_PAUSE = 64  # steps a row pauses at most
 PRIOR_ACCEPTANCE = 0.5  # what a row's acceptance is taken to be before it has drafted
+PREDICTED_DRAFT = 16  # drafts a step at most from a request's predicted output
 EXPLORE_EVERY = 8  # every this-many steps with drafts at hand, the runner-up width runs, to measure it again
+
+
+def predicted_drafts(prediction: np.ndarray, written: np.ndarray, ngram: int, k: int) -> list[int]:
+    """A predicted output's ``k`` tokens from where the row's output (``written``, the pending
+    token not yet in it) stands in it: right after it while the output has kept to the prediction,
+    else after the place in the prediction, nearest the output's length, where the output's last
+    tokens occur (an edit the prediction did not have, then back on it). The first stands for the pending token, as a
+    prompt lookup's does."""
+    m = len(written)
+    if m <= len(prediction) and np.array_equal(prediction[:m], written):
+        return prediction[m : m + k].tolist()
+    for n in range(min(ngram, m), 1, -1):  # the longest tail of the output found in the prediction
+        windows = np.lib.stride_tricks.sliding_window_view(prediction[:-1], n) if len(prediction) > n else None
+        if windows is None:
+            continue
+        found = np.flatnonzero((windows == written[m - n :]).all(axis=1))
+        if found.size:  # an edit is local: the occurrence nearest the output's own length
+            start = int(found[np.argmin(np.abs(found + n - m))]) + n
+            return prediction[start : start + k].tolist()
+    return []
 
 
 def lookup_drafts(history: np.ndarray, ngram: int, k: int) -> list[int]:
@@ -90,6 +111,8 @@ class RowDrafting:
     size: int = 0
     draft_cache: list[Any] | None = None  # the draft model's KV over history[:draft_len]
     draft_len: int = 0
+    prediction: np.ndarray | None = None  # a predicted output's tokens: its drafts come from them
+    prompt_len: int = 0  # where the row's output starts in its history
 
     def extend(self, tokens: list[int]) -> None:
         """Append to the lookup history (grown by doubling, so appends are amortised)."""
@@ -268,14 +291,21 @@ class SpeculativeBatch(GroupedBatch):
             row.pause -= 1
             return []
         room = self.max_tokens[i] - counted(self)[i] - 1  # the pending token is one of them
-        k = min(self.options.num_draft, room)
+        # A prediction is long runs of likely tokens (an edit's unchanged text): it drafts wider.
+        k = min(
+            max(self.options.num_draft, PREDICTED_DRAFT) if row.prediction is not None else self.options.num_draft, room
+        )
         if k <= 0:
             return []
-        if self.drafter is not None:
+        if self.drafter is not None and row.prediction is None:
             assert pending is not None  # a draft model waits for it
             drafts = self.drafter.propose(row, row.with_pending(pending), k)
         else:
-            found = lookup_drafts(row.history[: row.size], self.options.ngram, k + 1)
+            if row.prediction is not None:
+                written = row.history[row.prompt_len : row.size]
+                found = predicted_drafts(row.prediction, written, self.options.ngram, k + 1)
+            else:
+                found = lookup_drafts(row.history[: row.size], self.options.ngram, k + 1)
             if len(found) < 2:
                 return []
             pending, drafts = found[0], found[1:]  # the match's first token stands for the pending one

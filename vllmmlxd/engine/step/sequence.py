@@ -204,7 +204,14 @@ class Sequence:
         if reason == "stop" and self._calls:
             reason = "tool_calls"  # the model ended its turn to have its calls run
         self.finished = reason
-        usage = Usage(len(self.request.prompt_tokens), self.progress.generated_tokens, self.progress.cached_tokens)
+        progress, predicted = self.progress, self.request.prediction is not None
+        usage = Usage(
+            len(self.request.prompt_tokens),
+            progress.generated_tokens,
+            progress.cached_tokens,
+            progress.drafted_tokens if predicted else 0,
+            progress.accepted_tokens if predicted else 0,
+        )
         self._outbox.append(Finished(reason, usage, error=error, stop_sequence=self._stops.matched, error_kind=kind))
 
     def take_events(self) -> list[EngineEvent]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from mlx_lm.generate import BatchGenerator
 
 from ..batch.batch_rows import row_layers
@@ -92,7 +93,12 @@ class DraftCounts(StepHook):
                 seq.progress.drafted_tokens, seq.progress.accepted_tokens = row.drafted, row.accepted
 
     def joined(self, uid: int, seq: Sequence) -> None:
-        self.spec.rows[uid] = RowDrafting(enabled=seq.request.sampling.speculative)
+        predicted = seq.request.prediction
+        self.spec.rows[uid] = RowDrafting(
+            enabled=seq.request.sampling.speculative or predicted is not None,
+            prediction=np.asarray(predicted, np.int64) if predicted else None,
+            prompt_len=len(seq.prompt),
+        )
 
     def left(self, seq: Sequence) -> None:
         row = self.spec.rows.pop(seq.uid, None) if seq.uid is not None else None
