@@ -88,7 +88,10 @@ def main() -> None:
                 assert got["text"] == answer, f"{label}: the greedy answer differs"
                 rows.setdefault(label, []).append(rate(got))
                 details = got["usage"].get("completion_tokens_details") or {}
-                counts[label] = (details.get("accepted_prediction_tokens", 0), details.get("rejected_prediction_tokens", 0))
+                counts[label] = (
+                    details.get("accepted_prediction_tokens", 0),
+                    details.get("rejected_prediction_tokens", 0),
+                )
         tokens = chat(url, {**base, "speculative": False})["usage"]["completion_tokens"]
     finally:
         server.stop()
