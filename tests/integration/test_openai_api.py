@@ -400,7 +400,7 @@ def test_n_choices_share_one_prefill_repeat_with_a_seed_and_stream_by_index(serv
     assert four.usage.completion_tokens <= 24
     # A fresh prompt past admission's wait (64 shared tokens): the others wait for its prefill and take its blocks.
     river = [{"role": "user", "content": "A new question " + "about rivers and lakes " * 30}]
-    fresh = client.chat.completions.create(n=3, **{**kw, "messages": river})
+    fresh = client.chat.completions.create(n=4, **{**kw, "messages": river})
     assert fresh.usage.prompt_tokens_details.cached_tokens >= fresh.usage.prompt_tokens - 32
     chunks = list(client.chat.completions.create(n=4, stream=True, **kw))
     texts = ["", "", "", ""]

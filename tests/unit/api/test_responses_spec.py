@@ -70,3 +70,17 @@ def test_the_table_names_what_a_body_lacks():
         "response.temperature: null where the specification wants num",
     ]
     assert check_event({"type": "response.output_text.delta", "sequence_number": 1}) != []
+
+
+@pytest.mark.parametrize("reason, status", [("length", "incomplete"), ("tool_calls", "completed")])
+def test_a_streamed_call_is_done_with_the_status_the_end_gives_it(reason, status):
+    stream = ResponsesEncoding(ResponsesRequest.model_validate(REQUEST), "m").stream_encoder("r1", 3)
+    frames = [
+        *stream.start(),
+        *stream.event(ToolCallDelta(0, "w", '{"a": 1')),
+        *stream.event(Finished(reason, Usage(3, 4))),
+    ]
+    events = [json.loads(frame.split("data: ", 1)[1]) for frame in frames]
+    [done] = [e for e in events if e["type"] == "response.output_item.done"]
+    assert done["item"]["status"] == status == events[-1]["response"]["output"][0]["status"]
+    assert [p for e in events for p in check_event(e)] == []

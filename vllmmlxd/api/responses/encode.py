@@ -254,6 +254,7 @@ class ResponsesStreamEncoder:
         self.buffer = ""
         self.pending: list[Any] = []  # log-probabilities for the next text delta (its tokens')
         self.item_logprobs: list[Any] = []  # the open message's, for its done events
+        self.held: tuple[int, str, ToolCallDelta] | None = None  # a call whose done waits for the next event
 
     def _emit(self, kind: str, **fields: Any) -> str:
         frame = sse_event(kind, {"type": kind, "sequence_number": self.seq, **fields})
@@ -349,6 +350,19 @@ class ResponsesStreamEncoder:
         if isinstance(event, Logprobs):
             self.pending += event.entries
             return []
+        held = self._release(final_status(event) if isinstance(event, Finished) else "completed")
+        return held + self._event(event)
+
+    def _release(self, status: str) -> list[str]:
+        """The last call's ``output_item.done``, with its status: ``incomplete`` when the limit cut it."""
+        if self.held is None:
+            return []
+        n, iid, call = self.held
+        self.held = None
+        self.items[n] = self.shape.call(iid, self.rid, call, status)
+        return [self._emit("response.output_item.done", output_index=n, item=self.items[n])]
+
+    def _event(self, event: EngineEvent | McpCall | McpOutcome) -> list[str]:
         if isinstance(event, (TextDelta, ReasoningDelta)):
             kind = "text" if isinstance(event, TextDelta) else "reasoning"
             frames = self._open(kind)
@@ -379,8 +393,8 @@ class ResponsesStreamEncoder:
                     "response.function_call_arguments.done", item_id=iid, output_index=n, arguments=event.arguments
                 )
             )
-            frames.append(self._emit("response.output_item.done", output_index=n, item=done))
             self.items.append(done)
+            self.held = (n, iid, event)  # done once the next event says whether the limit cut it
             return frames
         if isinstance(event, McpOutcome):
             frames = self._close()
@@ -399,7 +413,7 @@ class ResponsesStreamEncoder:
         return []  # McpCall: its item is written with its outcome
 
     def error(self, message: str, kind: str) -> list[str]:
-        frames = self._close()
+        frames = self._release("incomplete") + self._close()
         code = {"timeout": "timeout", "constraint": "invalid_request_error"}.get(kind, "server_error")
         body = self.shape.body(self.rid, "failed", self.items, None)
         body["error"] = {"code": code, "message": message}
