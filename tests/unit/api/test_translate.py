@@ -204,6 +204,7 @@ def test_fold_and_response_shapes_agree():
         "completion_tokens": 2,
         "total_tokens": 5,
         "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
     }
     assert encode.completion_response("id2", 1, "m", f)["choices"][0]["text"] == "Hello"
 
@@ -228,6 +229,7 @@ def test_reasoning_is_apart_from_the_answer_in_both_paths():
         "completion_tokens": 5,
         "total_tokens": 8,
         "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
     }
     assert enc.end() == ["data: [DONE]\n\n"]
 
