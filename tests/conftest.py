@@ -143,13 +143,13 @@ def state_dir() -> Path:
 # fill the end).
 LONGEST_FILES = {
     "tests/e2e/test_daemon_faults.py": 104,
+    "tests/integration/test_smollm2.py": 80,
     "tests/e2e/test_daemon_reload.py": 68,
     "tests/unit/engine/test_fidelity_recurrent.py": 59,
     "tests/e2e/test_daemon_lazy.py": 56,
     "tests/e2e/test_daemon_gateway.py": 53,
     "tests/e2e/test_daemon.py": 48,
     "tests/unit/engine/test_fidelity_attention.py": 43,
-    "tests/integration/test_smollm2.py": 41,
     "tests/e2e/test_daemon_sharded.py": 40,
     "tests/unit/engine/test_fidelity_windows.py": 38,
     "tests/integration/test_gateway.py": 38,
