@@ -19,6 +19,16 @@ LOGIT = 1e4  # far above any logit the random weights give, at any temperature
 ANSWER = "Hello"  # one token in SmolLM2's vocabulary
 
 
+def copy_of_tiny(dest: Path) -> tuple[Path, Path]:
+    """builtin:tiny's folder, and a fresh copy of it beside ``dest`` to change and then rename to it."""
+    src = ensure_builtin("tiny", default_state_dir())
+    tmp = dest.with_name(dest.name + ".part")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    return src, tmp
+
+
 def answering_tiny(dest: Path, context: int = 32768) -> Path:
     """builtin:tiny with a ``context``-token window whose every answer is ``ANSWER`` and then
     the end of the turn.
@@ -33,11 +43,7 @@ def answering_tiny(dest: Path, context: int = 32768) -> Path:
     """
     if (dest / "config.json").exists():
         return dest
-    src = ensure_builtin("tiny", default_state_dir())
-    tmp = dest.with_name(dest.name + ".part")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
+    src, tmp = copy_of_tiny(dest)
     config = json.loads((src / "config.json").read_text())
     weights = cast(dict[str, mx.array], mx.load(str(src / "model.safetensors")))  # a .safetensors: tensors by name
     [answer] = Tokenizer.from_file(str(src / "tokenizer.json")).encode(ANSWER, add_special_tokens=False).ids
@@ -73,11 +79,7 @@ def fim_tiny(dest: Path) -> Path:
     of SmolLM2's unused special tokens renamed (same ids, so the weights fit as they are)."""
     if (dest / "config.json").exists():
         return dest
-    src = ensure_builtin("tiny", default_state_dir())
-    tmp = dest.with_name(dest.name + ".part")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
+    _, tmp = copy_of_tiny(dest)
     tokenizer = json.loads((tmp / "tokenizer.json").read_text())
     for added in tokenizer["added_tokens"]:
         added["content"] = FIM_TOKENS.get(added["content"], added["content"])
