@@ -13,8 +13,9 @@ draft. No mlx-lm private attribute is read here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+import contextlib
+from dataclasses import dataclass, replace
+from typing import Any, Literal, cast
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
@@ -43,6 +44,9 @@ class CacheLayout:
     layers: tuple[LayerCache, ...]
     latent: bool = False  # multi-head latent attention (DeepSeek-V3, Kimi, GLM-4.7-Flash...)
     dtype: str = "float32"  # the KV's dtype: the activations' precision
+    # How far (nats, at most) a multi-token pass's log-probabilities are from one-token steps' over the
+    # same positions, measured at load (``verify_drift``); None: not measured (a sharded model).
+    drift: float | None = None
 
     def indices(self, kind: LayerKind) -> tuple[int, ...]:
         return tuple(i for i, layer in enumerate(self.layers) if layer.kind == kind)
@@ -80,15 +84,19 @@ class CacheLayout:
 
     def speculation(self) -> str | None:
         """Why speculative decoding is off for this model, or None when it may speculate: a rejected
-        draft is undone by trimming the KV, which sliding windows and recurrent states cannot; and
-        latent attention's multi-token verify pass departs from its one-token pass in half precision
-        (log-probabilities a median 0.24 nats apart in bfloat16), so greedy output would change."""
+        draft is undone by trimming the KV, which sliding windows and recurrent states cannot; and a
+        model whose multi-token verify pass departs from its one-token steps (measured at load:
+        latent attention in half precision does, by a median 0.24 nats in bfloat16) would change
+        its greedy output."""
         if not self.plain:
             kinds = sorted({layer.kind for layer in self.layers} - {"attention"})
             named = {"window": "sliding-window", "state": "recurrent", "other": "opaque"}
             return f"its {' and '.join(named[k] for k in kinds)} layers cannot rewind a rejected draft"
-        if self.latent and self.dtype != "float32":
-            return f"latent attention verifies drafts differently from one-token steps in {self.dtype}"
+        if self.drift is not None and self.drift > DRIFT_LIMIT:
+            return (
+                f"its multi-token verify pass departs from its one-token steps ({self.drift:.2f} nats at most, "
+                f"measured at load in {self.dtype})"
+            )
         return None
 
     def describe(self) -> dict:
@@ -102,13 +110,16 @@ class CacheLayout:
             "windows": sorted({self.layers[i].window for i in self.windows if self.layers[i].window}),
             "latent_attention": self.latent,
             "dtype": self.dtype,
+            "verify_drift": None if self.drift is None else round(self.drift, 4),
             "opaque": sorted({layer.name for layer in self.layers if layer.kind == "other"}),
         }
 
 
-def read_layout(model: Any) -> CacheLayout:
+def read_layout(model: Any, *, probe: bool = True) -> CacheLayout:
     """``model``'s layout, from a fresh prompt cache and one token's graph (never evaluated: MLX
-    knows the KV's dtype before it computes anything, and a sharded model's collectives never run)."""
+    knows the KV's dtype before it computes anything, and a sharded model's collectives never run);
+    ``probe``: and, for a model that could speculate, its ``verify_drift`` (a few passes, evaluated:
+    not for a sharded model's rank alone)."""
     cache = make_prompt_cache(model)
     layers = tuple(_layer(c) for c in cache)
     dtype = "float32"
@@ -121,7 +132,35 @@ def read_layout(model: Any) -> CacheLayout:
         dtype = "unknown"
     args = getattr(model, "args", None)
     family = str(getattr(args, "model_type", "") or type(model).__module__.rsplit(".", 1)[-1])
-    return CacheLayout(family, layers, latent=_latent(model), dtype=dtype)
+    layout = CacheLayout(family, layers, latent=_latent(model), dtype=dtype)
+    if probe and layout.plain:
+        with contextlib.suppress(Exception):  # a model whose passes need more than tokens: nothing measured
+            layout = replace(layout, drift=verify_drift(model))
+    return layout
+
+
+DRIFT_LIMIT = 0.1  # nats: the one-token and multi-token passes of plain attention agree to ~0 in float32 and bfloat16
+PROBE_TOKENS, PROBE_STEPS = 12, 6
+
+
+def verify_drift(model: Any) -> float:
+    """The largest difference (nats) between the log-probabilities a multi-token pass gives the last
+    ``PROBE_STEPS`` positions of a fixed token sequence and those one-token steps give the same
+    positions: a verifying pass must compute what decode steps do, or speculation changes answers."""
+    vocab = int(getattr(getattr(model, "args", None), "vocab_size", 0) or 256)
+    tokens = mx.random.randint(0, min(vocab, 1000), (1, PROBE_TOKENS), key=mx.random.key(0))
+    start = PROBE_TOKENS - PROBE_STEPS
+    whole = model(tokens, cache=make_prompt_cache(model))[0, start - 1 : PROBE_TOKENS - 1]
+    cache = make_prompt_cache(model)
+    steps = [model(tokens[:, :start], cache=cache)[0, -1]]
+    steps += [model(tokens[:, i : i + 1], cache=cache)[0, -1] for i in range(start, PROBE_TOKENS - 1)]
+    one, many = (_log_softmax(x) for x in (mx.stack(steps), whole))
+    return cast(float, mx.abs(one - many).max().item())
+
+
+def _log_softmax(logits: mx.array) -> mx.array:
+    logits = logits.astype(mx.float32)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
 def _layer(cache: Any) -> LayerCache:

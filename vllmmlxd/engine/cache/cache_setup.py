@@ -35,7 +35,7 @@ def make_prefix_cache(
     model's folder (or hub repo id), which keys the disk tier; a sharded entry's ranks each hold
     a share of the KV and have none."""
     budget = options.cache_budget_bytes
-    layout = layout or read_layout(model)
+    layout = layout or read_layout(model, probe=False)  # the cache needs no drift (and a sharded rank cannot probe)
     ops = make_kv_ops(model, options, layout, distributed=distributed)
     if isinstance(ops, MLXKVOps):
         if options.paged_cache and budget:
@@ -65,7 +65,7 @@ def make_kv_ops(
     """The KV operations of the engine's prefix cache: blocks (plain attention KV, paged cache on;
     a layered model's, except on a sharded entry) or whole sequences. A sharded entry's other
     ranks cut and join the same pieces with them."""
-    layout = layout or read_layout(model)
+    layout = layout or read_layout(model, probe=False)  # the cache needs no drift (and a sharded rank cannot probe)
     kind = layout.prefix_cache(BLOCK_TOKENS) if options.paged_cache else "sequences"
     if kind == "blocks":
         return BlockKV(options.kv_bits, options.kv_group_size)
