@@ -108,6 +108,56 @@ def edit_prompt(i: int) -> str:
     )
 
 
+LONG_FUNCTION = """def parse_config(lines):
+    settings = {}
+    section = "main"
+    for number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip()
+            settings.setdefault(section, {})
+            continue
+        if "=" not in line:
+            raise ValueError(f"line {number}: expected key = value")
+        key, value = (part.strip() for part in line.split("=", 1))
+        if value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        elif value.isdigit():
+            value = int(value)
+        settings.setdefault(section, {})[key] = value
+    return settings
+"""
+DOCUMENT = {
+    "name": "vllmmlxd",
+    "version": "1.4.2",
+    "models": [
+        {"key": "qwen", "port": 8001, "load": "eager", "max_num_seqs": 8, "cache_memory_mb": 2048},
+        {"key": "gemma", "port": 8002, "load": "lazy", "max_num_seqs": 4, "cache_memory_mb": 1024},
+        {"key": "llama", "port": 8003, "load": "lazy", "max_num_seqs": 4, "cache_memory_mb": 1024},
+    ],
+    "gateway": {"port": 8080, "ollama_port": 11434, "rate_limit": "120/minute"},
+    "api_keys": {"alice": {"models": ["qwen", "gemma"]}, "bob": {"models": ["llama"]}},
+}
+
+
+def fix_prompt() -> str:
+    """A long function, the same with one line fixed, and the start of a third version with another fix."""
+    second = LONG_FUNCTION.replace('line.startswith("#")', 'line.startswith(("#", ";"))')
+    return (
+        f"# config.py, version 1\n{LONG_FUNCTION}\n# config.py, version 2: ';' comments too\n{second}\n"
+        "# config.py, version 3: numbers may be negative\n"
+    )
+
+
+def json_prompt() -> str:
+    """A JSON document, the same with one field changed, and the start of a third version."""
+    first = json.dumps(DOCUMENT, indent=2)
+    second = first.replace('"1.4.2"', '"1.4.3"')
+    return f"// config.json, version 1\n{first}\n// config.json, version 2: 1.4.3\n{second}\n// config.json, version 3: gemma on port 8012\n"
+
+
 def stream(url: str, body: dict) -> dict:
     """One streamed request: its chunks' arrival times, its text and its completion tokens."""
     times: list[float] = []
@@ -161,6 +211,8 @@ def main() -> None:
         stream(url, {"prompt": "Hello", "max_tokens": 8})  # warm-up
         workloads = {
             "edit (one stream)": {"prompt": edit_prompt(0), "max_tokens": args.tokens},
+            "one-line fix in a long function": {"prompt": fix_prompt(), "max_tokens": args.tokens},
+            "JSON, one field changed": {"prompt": json_prompt(), "max_tokens": args.tokens},
             "free-form (one stream)": {"messages": [{"role": "user", "content": FREE}], "max_tokens": args.tokens},
         }
         for label, body in workloads.items():
