@@ -74,7 +74,8 @@ class Scheduler:
         # A sharded model's other ranks play each step's plan (engine/batch/batch.py, engine/distributed/lockstep.py).
         self.lockstep = lockstep or Lockstep()
         # What the model's layers keep between tokens, read once: the features below branch on it.
-        self.layout = read_layout(model, probe=not self.lockstep.distributed)
+        # Its verify-pass probe only where speculation is asked for and may run (not on a sharded rank).
+        self.layout = read_layout(model, probe=options.speculative is not None and not self.lockstep.distributed)
         # Blocks or whole sequences (cache_setup.py); the engine brings one with a disk tier.
         self.cache = (
             cache
