@@ -67,12 +67,14 @@ Emit = Callable[..., None]
 
 
 def emitter(out: TextIO = sys.stdout) -> Emit:
-    """One JSON line per event, whole lines only (the progress thread writes too)."""
+    """One JSON line per event, whole lines only (the progress thread writes too), each with ``t``:
+    seconds since the pull began, when it happened (the reader may read lines late, and bunched)."""
     lock = threading.Lock()
+    began = time.monotonic()
 
     def emit(event: str, **fields: Any) -> None:
         with lock:
-            out.write(json.dumps({"event": event, **fields}) + "\n")
+            out.write(json.dumps({"event": event, "t": round(time.monotonic() - began, 4), **fields}) + "\n")
             out.flush()
 
     return emit

@@ -20,8 +20,8 @@ class Rate:
 
     def add(self, at: float, done: int) -> None:
         """A sample: ``done`` bytes at monotonic time ``at``."""
-        if self._samples and done < self._samples[-1][1]:
-            self._samples.clear()  # a file restarted from zero: earlier samples say nothing now
+        if self._samples and (done < self._samples[-1][1] or at < self._samples[-1][0]):
+            self._samples.clear()  # a file restarted from zero, or a new child's clock: earlier samples say nothing now
         self._samples.append((at, done))
         while len(self._samples) > 2 and at - self._samples[1][0] >= self.window_s:
             self._samples.popleft()

@@ -162,14 +162,16 @@ class Pull:
     def apply(self, line: dict) -> None:
         """One line of the child's (``fetch.py``'s events)."""
         event = line.get("event")
+        # The rate is timed by when the child counted the bytes: a busy reader takes its lines late, and bunched.
+        at = float(line["t"]) if isinstance(line.get("t"), (int, float)) else time.monotonic()
         if event == "listed":
             self.commit, self.total, self.files = line.get("commit"), line.get("total"), line.get("files")
             self.done = int(line.get("have") or 0)
             self.state = "downloading"
-            self.rate.add(time.monotonic(), self.done)
+            self.rate.add(at, self.done)
         elif event == "progress":
             self.done = int(line.get("done") or 0)
-            self.rate.add(time.monotonic(), self.done)
+            self.rate.add(at, self.done)
         elif event in ("verifying", "installing"):
             self.state = event
         elif event == "done":

@@ -152,6 +152,7 @@ class Harness:
             speculative=speculative,
         )
         self.scheduler = Scheduler(self.model, {EOS}, options, self.stats, lockstep, vision=vision, draft=draft)
+        self.model.calls.clear()  # the load's own passes (speculation's verify probe) are no request's
         self.scheduler.clock = self.clock
         self.admitted: list[str] = []  # request ids, in the order they left the queue
         self.scheduler.on_admit = lambda seq: self.admitted.append(seq.request.request_id)
