@@ -64,6 +64,15 @@ class RequestSampler:
         return mx.random.categorical(logprobs * self._inv_temp, key=key)
 
 
+def row_processors(
+    params: SamplingParams, *, tap: LogitsProcessor | None = None, grammar: LogitsProcessor | None = None
+) -> list[LogitsProcessor]:
+    """A row's logits processors in the order they must run: the log-probability tap first (it
+    reads the raw logits: ``logprobs.LogprobTap``), then bias and penalties, the grammar last (a
+    logit bias after its mask could re-enable a forbidden token)."""
+    return [*([tap] if tap is not None else []), *make_processors(params), *([grammar] if grammar is not None else [])]
+
+
 def make_processors(params: SamplingParams) -> list[LogitsProcessor]:
     """Logit bias and repetition penalty (mlx-lm's), presence/frequency over generated tokens only."""
     processors = make_logits_processors(

@@ -39,7 +39,7 @@ from .admission import plan_admission, reserved_widths
 from .batch_layout import describe, new_generator
 from .kv_probe import entry_budget
 from .logprobs import LogprobTap, TokenLogprob, prompt_logprobs
-from .sampling import make_processors, make_sampler
+from .sampling import make_sampler, row_processors
 from .sequence import Sequence
 from .staged_prompts import StagedPrompts
 from .step_hooks import DraftCounts, LayeredCaptures, RidingChunks, StepHook, StepWork
@@ -280,15 +280,13 @@ class Scheduler:
         prefix cache's ``source`` entry or blocks; empty when it was prefilled elsewhere)."""
         prompt, params = seq.prompt, seq.request.sampling
         stops = StopSequences(None if params.ignore_eos else [[t] for t in sorted(self.eos_ids)])
-        processors = make_processors(params)
-        if params.logprobs is not None:  # first: it reads the raw logits, before any processor changes them
-            seq.tap = LogprobTap(params.logprobs, self.piece)
-            processors.insert(0, seq.tap)
-        if seq.request.constraint is not None:
+        seq.tap = LogprobTap(params.logprobs, self.piece) if params.logprobs is not None else None
+        constraint, grammar = seq.request.constraint, None
+        if constraint is not None:
             if self.grammars is None:
                 raise ValueError("constrained decoding is not available")
-            # Last: a logit bias after the grammar's mask could re-enable a forbidden token.
-            processors.append(self.grammars.processor(seq.request.constraint, seq.request.request_id, prompt))
+            grammar = self.grammars.processor(constraint, seq.request.request_id, prompt)
+        processors = row_processors(params, tap=seq.tap, grammar=grammar)
         row = RowSetup(
             self._segments(seq, cached), cache, list(prompt[:cached]), make_sampler(params), processors, stops
         )
