@@ -16,7 +16,7 @@ HEADER = "x-vllmmlxd-ignored-tools"
 
 @dataclass(frozen=True)
 class HostedTool:
-    """One hosted tool a request named: its type as sent, and where (``tools[2]``)."""
+    """One hosted tool a request named: its type as sent, and the field that names it (``tools[2].type``)."""
 
     kind: str
     param: str
@@ -27,11 +27,10 @@ def enforce(policy: str, hosted: Iterable[HostedTool]) -> None:
     if policy != "refuse":
         return
     for tool in hosted:
-        at = tool.param if tool.param == tool.kind else f"{tool.param}.type"  # a field of its own, or a tool's type
         raise InvalidRequest(
             f"{tool.param}: the {tool.kind} tool runs at the provider and this server does not run it "
             "(hosted_tools: refuse); use function tools, or the entry's MCP servers as the worker's own tools",
-            param=at,
+            param=tool.param,
         )
 
 

@@ -365,7 +365,7 @@ def test_server_tools_are_left_out_of_the_prompt_and_named_on_the_turn():
     _, shown = convo(*HI, tools=tools)
     assert shown is not None and [t["function"]["name"] for t in shown] == ["f"]
     turn = tr.to_turn(req(messages=list(HI), tools=tools))
-    assert [(h.kind, h.param) for h in turn.hosted] == [("web_search_20250305", "tools[1]")]
+    assert [(h.kind, h.param) for h in turn.hosted] == [("web_search_20250305", "tools[1].type")]
     with pytest.raises(InvalidRequest) as e:
         convo(*HI, tools=[{"name": "g"}])
     assert e.value.param == "tools[0].input_schema"

@@ -91,7 +91,7 @@ def test_what_cannot_be_served_is_refused_naming_it(fields, param):
 def test_hosted_tools_are_left_out_of_the_prompt_and_named_or_refused(kind):
     t = turn(tools=[{"type": kind}, TOOL, {"type": kind, "x": 1}])
     assert t.prompt.tools is not None and [f["function"]["name"] for f in t.prompt.tools] == [TOOL["name"]]
-    assert t.hosted == (HostedTool(kind, "tools[0]"), HostedTool(kind, "tools[2]"))
+    assert t.hosted == (HostedTool(kind, "tools[0].type"), HostedTool(kind, "tools[2].type"))
     assert header_value(t.hosted) == kind
     enforce("ignore", t.hosted)
     with pytest.raises(InvalidRequest) as err:

@@ -122,7 +122,7 @@ def is_hosted(tool: Tool) -> bool:
 
 
 def hosted_tools(tools: list[Tool] | None) -> tuple[HostedTool, ...]:
-    return tuple(HostedTool(t.type or "", f"tools[{i}]") for i, t in enumerate(tools or ()) if is_hosted(t))
+    return tuple(HostedTool(t.type or "", f"tools[{i}].type") for i, t in enumerate(tools or ()) if is_hosted(t))
 
 
 def thinking_switch(req: CountTokensRequest) -> dict[str, bool]:

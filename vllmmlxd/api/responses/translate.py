@@ -232,7 +232,7 @@ def _text(content: Any, where: str) -> str | list[dict[str, Any]]:
 def hosted_tools(tools: list[dict[str, Any]] | None) -> tuple[HostedTool, ...]:
     """The hosted tools the request names, where it names them."""
     return tuple(
-        HostedTool(tool["type"], f"tools[{i}]")
+        HostedTool(tool["type"], f"tools[{i}].type")
         for i, tool in enumerate(tools or ())
         if isinstance(tool, dict) and tool.get("type") in HOSTED_TOOLS
     )
