@@ -56,20 +56,25 @@ PREDICTED_DRAFT = 16  # drafts a step at most from a request's predicted output
 EXPLORE_EVERY = 8  # every this-many steps with drafts at hand, the runner-up width runs, to measure it again
 
 
+def occurrences(tokens: np.ndarray, pattern: np.ndarray) -> np.ndarray:
+    """Where ``pattern`` starts in ``tokens``, in order (none when it is longer)."""
+    if len(tokens) < len(pattern):
+        return np.zeros(0, np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(tokens, len(pattern))
+    return np.flatnonzero((windows == pattern).all(axis=1))
+
+
 def predicted_drafts(prediction: np.ndarray, written: np.ndarray, ngram: int, k: int) -> list[int]:
     """A predicted output's ``k`` tokens from where the row's output (``written``, the pending
     token not yet in it) stands in it: right after it while the output has kept to the prediction,
     else after the place in the prediction, nearest the output's length, where the output's last
-    tokens occur (an edit the prediction did not have, then back on it). The first stands for the pending token, as a
-    prompt lookup's does."""
+    tokens occur (an edit the prediction did not have, then back on it). The first stands for the
+    pending token, as a prompt lookup's does."""
     m = len(written)
     if m <= len(prediction) and np.array_equal(prediction[:m], written):
         return prediction[m : m + k].tolist()
     for n in range(min(ngram, m), 1, -1):  # the longest tail of the output found in the prediction
-        windows = np.lib.stride_tricks.sliding_window_view(prediction[:-1], n) if len(prediction) > n else None
-        if windows is None:
-            continue
-        found = np.flatnonzero((windows == written[m - n :]).all(axis=1))
+        found = occurrences(prediction[:-1], written[m - n :])
         if found.size:  # an edit is local: the occurrence nearest the output's own length
             start = int(found[np.argmin(np.abs(found + n - m))]) + n
             return prediction[start : start + k].tolist()
@@ -86,9 +91,7 @@ def lookup_drafts(history: np.ndarray, ngram: int, k: int) -> list[int]:
     for n in range(ngram, min(ngram, 2) - 1, -1):
         if size <= n:
             continue
-        tail = history[size - n :]
-        windows = np.lib.stride_tricks.sliding_window_view(history[: size - 1], n)
-        found = np.flatnonzero((windows == tail).all(axis=1))
+        found = occurrences(history[: size - 1], history[size - n :])
         if found.size:
             whole = found[found + n + k <= size]
             start = int(whole[-1] if whole.size else found[-1]) + n
