@@ -55,38 +55,46 @@ class LogprobTap:
         self.kept: deque[tuple[mx.array, mx.array | None]] = deque()
 
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
-        scores = logits.astype(mx.float32)
-        logprobs = (scores - mx.logsumexp(scores, axis=-1, keepdims=True)).reshape(-1)
-        best = mx.argpartition(-logprobs, kth=self.top - 1)[: self.top] if self.top else None
+        logprobs, best = scored(logits, self.top)
         mx.async_eval(logprobs, *(() if best is None else (best,)))  # with the pass, not when the token is read
-        self.kept.append((logprobs, best))
+        self.kept.append((logprobs[0], None if best is None else best[0]))
         return logits
 
     def take(self, token: int) -> TokenLogprob:
         """The entry for ``token``, the row's next token back from the batch."""
         logprobs, best = self.kept.popleft()
-        top: tuple[Candidate, ...] = ()
-        if best is not None:
-            ids = cast(list[int], best.tolist())
-            values = cast(list[float], logprobs[best].tolist())
-            ranked = sorted(zip(ids, values, strict=True), key=lambda c: -c[1])
-            top = tuple(Candidate(t, self.piece(t), v) for t, v in ranked)
-        return TokenLogprob(token, self.piece(token), cast(float, logprobs[token].item()), top)
+        return entry(logprobs, best, token, self.piece)
+
+
+def scored(logits: mx.array, top: int) -> tuple[mx.array, mx.array | None]:
+    """Rows of logits as log-probabilities (float32), and each row's ``top`` most likely tokens (unordered)."""
+    scores = logits.astype(mx.float32)
+    logprobs = scores - mx.logsumexp(scores, axis=-1, keepdims=True)
+    return logprobs, mx.argpartition(-logprobs, kth=top - 1, axis=-1)[:, :top] if top else None
+
+
+def entry(logprobs: mx.array, best: mx.array | None, token: int, piece: Callable[[int], str]) -> TokenLogprob:
+    """``token``'s entry from one position's log-probabilities and top tokens (``scored``)."""
+    top: tuple[Candidate, ...] = ()
+    if best is not None:
+        ids = cast(list[int], best.tolist())
+        values = cast(list[float], logprobs[best].tolist())
+        ranked = sorted(zip(ids, values, strict=True), key=lambda c: -c[1])
+        top = tuple(Candidate(t, piece(t), v) for t, v in ranked)
+    return TokenLogprob(token, piece(token), cast(float, logprobs[token].item()), top)
 
 
 def prompt_logprobs(model: Any, tokens: list[int], top: int, piece: Callable[[int], str]) -> list[TokenLogprob]:
     """Each prompt token's log-probability given the tokens before it (the first has none), with its
     ``top`` candidates: one forward pass over the prompt in chunks, on a cache of its own (the
     batch's rows are untouched), holding one chunk's distributions at a time."""
+    top = min(max(top, 0), MAX_TOP)
     out = [TokenLogprob(tokens[0], piece(tokens[0]), None, None)]
     cache = make_prompt_cache(model)
     for start in range(0, len(tokens) - 1, PROMPT_CHUNK):
         chunk = tokens[start : start + PROMPT_CHUNK]
-        logits = model(mx.array([chunk]), cache=cache)[0].astype(mx.float32)
         targets = tokens[start + 1 : start + 1 + len(chunk)]  # position i predicts the token after it
-        tap = LogprobTap(top, piece)
-        for i in range(len(targets)):
-            tap(mx.array([]), logits[i : i + 1])
-        mx.eval([k for pair in tap.kept for k in pair if k is not None])
-        out += [tap.take(t) for t in targets]
+        logprobs, best = scored(model(mx.array([chunk]), cache=cache)[0][: len(targets)], top)
+        mx.eval(logprobs, *(() if best is None else (best,)))
+        out += [entry(logprobs[i], None if best is None else best[i], t, piece) for i, t in enumerate(targets)]
     return out
