@@ -9,24 +9,24 @@ from tests.support.families import build
 from vllmmlxd.engine.batch.layout import CacheLayout, LayerCache, read_layout
 
 KINDS = {
-    "llama": ("blocks", None),
-    "qwen3_moe": ("blocks", None),
-    "deepseek_v3": ("blocks", None),
-    "gemma3_text": ("blocks+windows", "sliding-window"),
-    "gpt_oss": ("blocks+windows", "sliding-window"),
-    "qwen3_5": ("blocks+checkpoints", "recurrent"),
-    "nemotron_h": ("blocks+checkpoints", "recurrent"),
-    "lfm2": ("blocks+checkpoints", "recurrent"),
+    "llama": ("blocks", "trim"),
+    "qwen3_moe": ("blocks", "trim"),
+    "deepseek_v3": ("blocks", "trim"),
+    "gemma3_text": ("blocks+windows", "replay"),
+    "gpt_oss": ("blocks+windows", "replay"),
+    "qwen3_5": ("blocks+checkpoints", "replay"),
+    "nemotron_h": ("blocks+checkpoints", "replay"),
+    "lfm2": ("blocks+checkpoints", "replay"),
 }
 
 
 @pytest.mark.parametrize("family", sorted(KINDS))
-def test_each_family_is_held_and_speculates_by_what_its_layers_keep(family):
+def test_each_family_is_held_and_undoes_a_draft_by_what_its_layers_keep(family):
     layout = read_layout(build(family, "float32"))
-    held, not_speculating = KINDS[family]
+    held, rollback = KINDS[family]
     assert layout.family == family and layout.prefix_cache(32) == held
-    why = layout.speculation()
-    assert (why is None) if not_speculating is None else (not_speculating in why)
+    assert layout.rollback == rollback and layout.speculation() is None
+    assert layout.describe()["rollback"] == rollback
 
 
 def test_windows_and_states_are_read_with_their_sizes():
@@ -41,6 +41,7 @@ def test_windows_and_states_are_read_with_their_sizes():
 def test_what_blocks_cannot_hold_is_kept_whole():
     opaque = CacheLayout("x", (LayerCache("attention"), LayerCache("other", name="ChunkedKVCache")))
     assert opaque.prefix_cache(32) == "sequences" and "opaque" in (opaque.speculation() or "")
+    assert opaque.rollback is None and "ChunkedKVCache" in (opaque.speculation() or "")
     narrow = CacheLayout("x", (LayerCache("attention"), LayerCache("window", window=16)))
     assert narrow.prefix_cache(32) == "sequences"  # a block would leave the window before it is whole
 

@@ -22,6 +22,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 
 LayerKind = Literal["attention", "window", "state", "other"]
 PrefixCacheKind = Literal["blocks", "blocks+windows", "blocks+checkpoints", "sequences"]
+RollbackKind = Literal["trim", "replay"]
 
 
 @dataclass(frozen=True)
@@ -82,16 +83,24 @@ class CacheLayout:
             return "blocks+checkpoints"
         return "blocks+windows" if "window" in kinds else "blocks"
 
+    @property
+    def rollback(self) -> RollbackKind | None:
+        """How a rejected draft is undone: attention KV is trimmed; sliding windows and recurrent
+        states are put back as they were before the verify pass and the kept tokens fed again
+        (``speculation/rollback.py``); an opaque cache cannot be. None: it cannot."""
+        kinds = {layer.kind for layer in self.layers}
+        if not kinds or "other" in kinds:
+            return None
+        return "trim" if kinds == {"attention"} else "replay"
+
     def speculation(self) -> str | None:
-        """Why speculative decoding is off for this model, or None when it may speculate: a rejected
-        draft is undone by trimming the KV, which sliding windows and recurrent states cannot; and a
-        model whose multi-token verify pass departs from its one-token steps (measured at load:
-        latent attention in half precision does, by a median 0.24 nats in bfloat16) would change
-        its greedy output."""
-        if not self.plain:
-            kinds = sorted({layer.kind for layer in self.layers} - {"attention"})
-            named = {"window": "sliding-window", "state": "recurrent", "other": "opaque"}
-            return f"its {' and '.join(named[k] for k in kinds)} layers cannot rewind a rejected draft"
+        """Why speculative decoding is off for this model, or None when it may speculate: an opaque
+        cache cannot undo a rejected draft; and a model whose multi-token verify pass departs from
+        its one-token steps (measured at load: latent attention in half precision does, by a median
+        0.24 nats in bfloat16) would change its greedy output."""
+        if self.rollback is None:
+            opaque = sorted({layer.name for layer in self.layers if layer.kind == "other"})
+            return f"its opaque layers ({', '.join(opaque) or 'none read'}) cannot undo a rejected draft"
         if self.drift is not None and self.drift > DRIFT_LIMIT:
             return (
                 f"its multi-token verify pass departs from its one-token steps ({self.drift:.2f} nats at most, "
@@ -111,6 +120,7 @@ class CacheLayout:
             "latent_attention": self.latent,
             "dtype": self.dtype,
             "verify_drift": None if self.drift is None else round(self.drift, 4),
+            "rollback": self.rollback,
             "opaque": sorted({layer.name for layer in self.layers if layer.kind == "other"}),
         }
 
@@ -133,7 +143,7 @@ def read_layout(model: Any, *, probe: bool = True) -> CacheLayout:
     args = getattr(model, "args", None)
     family = str(getattr(args, "model_type", "") or type(model).__module__.rsplit(".", 1)[-1])
     layout = CacheLayout(family, layers, latent=_latent(model), dtype=dtype)
-    if probe and layout.plain:
+    if probe and layout.rollback is not None:
         with contextlib.suppress(Exception):  # a model whose passes need more than tokens: nothing measured
             layout = replace(layout, drift=verify_drift(model))
     return layout

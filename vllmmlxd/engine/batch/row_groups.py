@@ -141,6 +141,15 @@ class GroupedKV:
         cache.offset = end - start
         return cache
 
+    def prepare(self, *, lengths: list[int], right_padding: list[int]) -> None:
+        """A right-padded pass over the batch (a speculating batch's replay): each group its rows' part."""
+        for g, (start, end) in zip(self.groups, self.spans()):
+            g.prepare(lengths=lengths[start:end], right_padding=right_padding[start:end])
+
+    def finalize(self) -> None:
+        for g in self.groups:
+            g.finalize()
+
     def trim(self, n: int) -> int:
         return min(g.trim(n) for g in self.groups)
 

@@ -97,6 +97,7 @@ class Captures:
     windows: dict[int, Any] = field(default_factory=dict)
     states: dict[int, Any] = field(default_factory=dict)
     window_until: int = 0  # windowed KV cut up to here (a block end)
+    windows_at: int = 0  # the sequence's generated tokens when its windows were last read
 
     @property
     def nbytes(self) -> int:

@@ -21,8 +21,10 @@ yields one to ``num_draft + 1`` tokens a sequence, where a plain step yields one
   grammar's matcher, the output penalty's counts) has read exactly the tokens that were kept.
   A grammar also cuts a draft where it would refuse it, before the forward pass.
 - **The KV cache** got every draft's position in every row; a row keeps the positions of the
-  tokens it accepted. The shared tail is trimmed, and a row that kept fewer is shifted right
-  by the difference into its left padding (mlx-lm's ``BatchKVCache`` keeps rows left-padded).
+  tokens it accepted. Attention KV: the shared tail is trimmed, and a row that kept fewer is
+  shifted right by the difference into its left padding (mlx-lm's ``BatchKVCache`` keeps rows
+  left-padded). Sliding windows and recurrent states cannot give a position back: the batch
+  puts them as they were before the pass and feeds each row what it kept (``rollback.py``).
 - **Adaptive**: a row whose drafts keep failing pauses drafting for a growing number of steps;
   and the step's draft width is the one whose expected tokens per second is highest, from
   each row's acceptance rate (of the drafts it tried) and what this batch's own steps cost,
@@ -44,10 +46,12 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, dynamic_roll, make_prompt_cache
 
+from ..batch.layout import RollbackKind
 from ..batch.mlxlm import counted, matchers, set_next_logprobs, written
 from ..batch.row_groups import GroupedBatch, row_groups
 from ..options import SpeculationOptions
 from .draft_width import StepCosts, best_width
+from .rollback import replay, restore, snapshot
 
 PAUSE_AFTER = 3  # drafts rejected whole in a row before a row pauses drafting
 MAX_PAUSE = 64  # steps a row pauses at most
@@ -218,6 +222,8 @@ class SpeculativeBatch(GroupedBatch):
     stats: SpeculationStats
     costs: StepCosts  # what its own steps cost (timed by the scheduler's loop; the prefill fit before)
     decided: int  # steps that had drafts at hand
+    rollback: RollbackKind  # how a rejected draft's positions are undone (layout.CacheLayout.rollback)
+    replays: int  # verify passes whose caches were put back and fed again (rollback "replay")
 
     @classmethod
     def make(
@@ -227,12 +233,19 @@ class SpeculativeBatch(GroupedBatch):
         options: SpeculationOptions,
         cost: Callable[[], tuple[float, float] | None],
         draft_model: Any = None,
+        rollback: RollbackKind = "trim",
     ) -> SpeculativeBatch:
         batch = cls.empty(model, fallback_sampler)
+        batch.rollback, batch.replays = rollback, 0
         batch.options, batch.rows, batch.stats = options, {}, SpeculationStats()
         batch.costs, batch.decided = StepCosts(cost), 0
         batch.drafter = DraftModel(draft_model) if draft_model is not None else None
         return batch
+
+    @property
+    def step_tokens(self) -> int:
+        """The most tokens a row may keep in one step: its widest drafts and one more."""
+        return 1 + max(self.options.num_draft, PREDICTED_DRAFT)
 
     def next(self) -> list:
         if not self.uids:
@@ -324,6 +337,7 @@ class SpeculativeBatch(GroupedBatch):
         rows = len(self.uids)
         padded = mx.array([[*d, *([0] * (width - len(d)))] for d in drafts], dtype=mx.uint32)
         inputs = mx.concatenate([cast(mx.array, self._next_tokens).astype(mx.uint32)[:, None], padded], axis=1)
+        saved = snapshot(self.prompt_cache) if self.rollback == "replay" else None
         logits = self.model(inputs, cache=self.prompt_cache)
         mx.eval(logits, inputs)
         pending = cast(list[int], inputs[:, 0].tolist())
@@ -340,7 +354,12 @@ class SpeculativeBatch(GroupedBatch):
             self.stats.accepted += kept
         self.stats.steps += 1
         finish = [self._finish(i, emitted[i]) for i in range(rows)]  # may shorten emitted rows
-        self._trim([len(e) for e in emitted], width + 1)
+        if saved is None:
+            self._trim([len(e) for e in emitted], width + 1)
+        elif any(len(e) < width + 1 for e in emitted):  # a row kept fewer positions than the pass wrote
+            restore(saved)
+            replay(self.model, self.prompt_cache, emitted)
+            self.replays += 1
         if self.drafter is not None:  # each row's draft model back to what the row kept
             for i, row in enumerate(self.rows.get(uid) for uid in self.uids):
                 if row is not None and row.draft_cache is not None:

@@ -5,7 +5,7 @@ Rows that join keep their KV apart: the pass written out for the plain decoders
 (``row_groups``), else each attention module group by group in the model's own pass
 (``grouped_attention``). A sharded model runs its own layers, and a vision model's prompts are
 staged apart: both keep mlx-lm's one padded batch. Speculation brings its own generation batch
-(``speculative``), off for a sharded entry and for layouts that cannot roll back a draft.
+(``speculative``), off for a sharded entry and for layouts that cannot undo a draft.
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ def new_generator(
     gen = make_generator(cast(Any, GroupedModel(model, written=written)) if grouping else lockstep.wrap(model), options)
     spec = None
     if options.speculative is not None and not lockstep.distributed and layout.speculation() is None:
-        spec = SpeculativeBatch.make(gen.model, gen.sampler, options.speculative, cost, draft)
+        rollback = layout.rollback
+        assert rollback is not None  # layout.speculation() says why not where it is None
+        spec = SpeculativeBatch.make(gen.model, gen.sampler, options.speculative, cost, draft, rollback)
         spec.grouping = grouping
         install(gen, generation=spec)  # mlx-lm's generator keeps this batch for its life
     elif grouping:

@@ -144,7 +144,7 @@ class Scheduler:
         if self.spec is not None:
             hooks.append(DraftCounts(self.spec))
         if self.layered is not None:
-            hooks.append(LayeredCaptures(self.layered, lambda: self.gen, self.running))
+            hooks.append(LayeredCaptures(self.layered, lambda: self.gen, self.running, self.spec))
         self.hooks = hooks
 
     def features(self) -> dict:

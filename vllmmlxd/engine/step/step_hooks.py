@@ -21,7 +21,7 @@ from mlx_lm.generate import BatchGenerator
 from ..batch.batch_rows import row_layers
 from ..batch.mlxlm import prompt_batch
 from ..batch.row_groups import GroupedModel, RidingPrompts
-from ..speculation.speculative import RowDrafting
+from ..speculation.speculative import RowDrafting, SpeculativeBatch
 from .sequence import Sequence
 
 
@@ -137,14 +137,22 @@ class RidingChunks(StepHook):
 class LayeredCaptures(StepHook):
     """A layered model's prefix cache keeps what windowed and recurrent layers held on a
     sequence's way (``checkpoints.Captures``): read from the rows after each prefill chunk, and
-    from a long answer's windowed layers every so often (the window less a block: each block is
-    whole in the window at one of these steps)."""
+    from a long answer's windowed layers every so often: at most the window less a block apart
+    (so each block is whole in the window at one of these reads), less what one step may add
+    beyond a token (a speculating step keeps up to its drafts and one more)."""
 
-    def __init__(self, layered: Any, gen: Callable[[], BatchGenerator], running: dict[int, Sequence]):
+    def __init__(
+        self,
+        layered: Any,
+        gen: Callable[[], BatchGenerator],
+        running: dict[int, Sequence],
+        spec: SpeculativeBatch | None,
+    ):
+        step_tokens = spec.step_tokens if spec is not None else 1
         self.layered, self._gen, self._running = layered, gen, running
         windows = [layered.cache_layout.layers[i].window or 0 for i in layered.windows]
         block = layered.block
-        self._every = max(block, (min(windows) - block) // block * block) if windows else 0
+        self._every = max(1, min(windows) - block - (step_tokens - 1)) if windows else 0
 
     def after(self, work: StepWork) -> None:
         layered = self.layered
@@ -160,8 +168,12 @@ class LayeredCaptures(StepHook):
         if not self._every:
             return
         for uid, seq in running.items():
-            if seq.captures is None or seq.produced % self._every or seq.progress.first_token_at is None:
+            captures = seq.captures
+            if captures is None or seq.produced - captures.windows_at < self._every:
+                continue
+            if seq.progress.first_token_at is None:
                 continue
             got = row_layers(self._gen(), uid, self.layered.windows)
             if got is not None:
+                captures.windows_at = seq.produced
                 self.layered.capture_windows(got[1], seq.captures)
