@@ -215,20 +215,53 @@ def config_of(family: str, *, vocab: int = VOCAB, **sizes: Any) -> dict[str, Any
 
 
 def make(
-    family: str, precision: Precision, *, vocab: int = VOCAB, seed: int = 0, **sizes: Any
+    family: str,
+    precision: Precision,
+    *,
+    vocab: int = VOCAB,
+    seed: int = 0,
+    cycle: range | None = None,
+    **sizes: Any,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """A fresh model of ``family`` (weights drawn from ``seed``) and its config (with its quantization)."""
+    """A fresh model of ``family`` (weights drawn from ``seed``) and its config (with its quantization);
+    ``cycle``: made predictable (``predictable``)."""
     config = config_of(family, vocab=vocab, **sizes)
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
     head = output_layer(model)
     head.weight = head.weight * HEAD_SCALE.get(family, DEFAULT_HEAD_SCALE)
+    if cycle is not None:
+        predictable(model, cycle)
     if precision == "q4":
         model.set_dtype(mx.bfloat16)
         model, config = quantize_model(model, config, GROUP_SIZE, 4)
     mx.eval(model.parameters())
     return model, config
+
+
+LOUD = 1000.0  # a cycle token's embedding: the layers' random outputs are noise beside it
+
+
+def predictable(model: nn.Module, cycle: range) -> None:
+    """Make ``model``'s greedy answer known: after a token of ``cycle`` comes the next one of it
+    (the last followed by the first), so a prompt that runs through the cycle is continued by
+    repeating it. Each cycle token's embedding is one loud direction of its own, so the residual
+    stream still points there after the layers (which compute as before, on random weights: the
+    model costs what it did), and the head reads each direction as the next token. The model's
+    hidden size bounds the cycle's length; a model whose head is its embedding cannot be made so."""
+    embed = next(m for _, m in model.named_modules() if hasattr(m, "embed_tokens")).embed_tokens
+    head = output_layer(model)
+    if head is embed:
+        raise ValueError("a tied head reads each token back as itself")
+    size = int(embed.weight.shape[1])
+    if len(cycle) > size:
+        raise ValueError(f"a cycle of {len(cycle)} tokens needs a hidden size of at least that ({size})")
+    ids = mx.array(list(cycle))
+    directions = mx.eye(size)[: len(cycle)]
+    embed.weight = embed.weight.at[ids].add(-embed.weight[ids] + LOUD * directions)
+    following = mx.array([*list(cycle)[1:], cycle[0]])
+    head.weight = mx.zeros_like(head.weight).at[following].add(directions)
 
 
 @cache
@@ -249,7 +282,15 @@ def output_layer(model: nn.Module) -> Any:
     raise ValueError("no output layer")
 
 
-def save(family: str, precision: Precision, dest: Path, *, tokenizer_from: Path | None = None, **sizes: Any) -> Path:
+def save(
+    family: str,
+    precision: Precision,
+    dest: Path,
+    *,
+    tokenizer_from: Path | None = None,
+    cycle: range | None = None,
+    **sizes: Any,
+) -> Path:
     """``family`` as a model folder mlx-lm loads (config.json, model.safetensors and, from
     ``tokenizer_from``, a tokenizer whose size sets the vocabulary); made once."""
     if (dest / "config.json").exists():
@@ -257,7 +298,7 @@ def save(family: str, precision: Precision, dest: Path, *, tokenizer_from: Path 
     vocab = VOCAB
     if tokenizer_from is not None:
         vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
-    model, config = make(family, precision, vocab=vocab, **sizes)
+    model, config = make(family, precision, vocab=vocab, cycle=cycle, **sizes)
     tmp = dest.with_name(dest.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -79,3 +79,26 @@ def test_a_snapshot_holds_copies_of_what_a_cache_changes_in_place():
     cache.update_and_fetch(mx.ones((2, 1, 2, 4)), mx.ones((2, 1, 2, 4)))  # offset += in place
     rollback.restore(saved)
     assert cache.offset.tolist() == [2, 3] and cache.size() == 3
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_5"])
+def test_a_model_whose_answer_repeats_its_prompt_keeps_every_draft(family, monkeypatch):
+    """A model made predictable (families.predictable): its prompt runs through a cycle of tokens
+    longer than the window, and prompt lookup's every draft is the model's own next token."""
+    from tests.support.families import make
+
+    monkeypatch.setattr(fidelity, "GENERATE", ANSWER)
+    cycle = range(100, 160)
+    model, _ = make(family, "float32", cycle=cycle)
+    prompt = [*cycle, *cycle, *cycle[:30]]
+    expected = [cycle[(30 + i) % len(cycle)] for i in range(ANSWER)]
+    driver = fidelity.Driver(model, fidelity.options(None, cache_budget_bytes=0))
+    try:
+        [answer], _ = driver.run([prompt])
+        batch = driver.scheduler.spec
+        assert batch is not None
+    finally:
+        driver.close()
+    assert answer == expected
+    assert batch.stats.drafted > ANSWER // 2 and batch.stats.accepted == batch.stats.drafted
+    assert batch.replays == 0  # every row kept every position: nothing to put back
