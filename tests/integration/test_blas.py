@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import httpx
 import pytest
@@ -58,7 +59,7 @@ def test_auto_serves_on_a_real_library_with_every_core():
 
 # The second model has SmolLM2-135M's matrix sizes (the libraries' kernels at real sizes) in 2 layers of
 # random weights whose top two tokens are far apart (tests/support/families.py).
-REAL_SIZES = dict(
+REAL_SIZES: dict[str, Any] = dict(
     hidden_size=576,
     intermediate_size=1536,
     num_attention_heads=9,

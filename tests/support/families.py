@@ -264,6 +264,27 @@ def predictable(model: nn.Module, cycle: range) -> None:
     head.weight = mx.zeros_like(head.weight).at[following].add(directions)
 
 
+def mtp_weights(model: nn.Module, precision: Precision, cycle: range | None = None) -> dict[str, mx.array]:
+    """Random weights of one multi-token-prediction layer for ``model`` (a Qwen3.5 shape), by their
+    names in the checkpoint less ``mtp.``. With ``cycle`` (a model made ``predictable``), the layer
+    predicts what the model does: its projection passes the token's embedding on alone, loud."""
+    from vllmmlxd.engine.speculation.mtp import MTPLayers, mtp_parts
+
+    parts = mtp_parts(model)
+    assert parts is not None, "a family with MTP layers of Qwen3.5's shape"
+    mx.random.seed(1)
+    layers = MTPLayers(parts.args, parts.layer)
+    if cycle is not None:
+        size = parts.args.hidden_size
+        passing = mx.concatenate([mx.eye(size) * (LOUD / size**0.5), mx.zeros((size, size))], axis=1)
+        layers.fc.weight = passing
+    if precision == "q4":
+        layers.set_dtype(mx.bfloat16)
+        nn.quantize(layers, group_size=GROUP_SIZE, bits=4)
+    mx.eval(layers.parameters())
+    return dict(tree_flatten(layers.parameters()))
+
+
 @cache
 def build(family: str, precision: Precision) -> nn.Module:
     """``make``, once per process."""
@@ -289,6 +310,7 @@ def save(
     *,
     tokenizer_from: Path | None = None,
     cycle: range | None = None,
+    mtp: bool = False,
     **sizes: Any,
 ) -> Path:
     """``family`` as a model folder mlx-lm loads (config.json, model.safetensors and, from
@@ -303,6 +325,9 @@ def save(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     weights = dict(tree_flatten(model.parameters()))
+    if mtp:  # the checkpoint's own multi-token-prediction layer, as Qwen3.5's ship it (mlx-lm drops it at load)
+        weights.update({f"mtp.{k}": v for k, v in mtp_weights(model, precision, cycle).items()})
+        config.get("text_config", config)["mtp_num_hidden_layers"] = 1
     mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
     if tokenizer_from is not None:
         for name in ("tokenizer.json", "special_tokens_map.json", "generation_config.json"):

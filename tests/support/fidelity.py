@@ -188,9 +188,9 @@ def prompts(seed: int = 1) -> list[list[int]]:
 class Driver:
     """A scheduler on a real model, stepped from the test's thread; answers read back as token ids."""
 
-    def __init__(self, model: Any, options: EngineOptions, cache: Any = None):
+    def __init__(self, model: Any, options: EngineOptions, cache: Any = None, draft: Any = None):
         self.loop = asyncio.new_event_loop()
-        self.scheduler = Scheduler(model, set(), options, EngineStats(), cache=cache)
+        self.scheduler = Scheduler(model, set(), options, EngineStats(), cache=cache, draft=draft)
         # Chunk sizes by construction, not by the machine's pace: odd ones among them (a one-token
         # chunk takes mlx-lm's decoding path), the same on every run.
         sizes = itertools.cycle(CHUNKS)

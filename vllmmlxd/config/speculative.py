@@ -8,18 +8,19 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from .base import Strict
 
-SPECULATIVE_METHODS = ("prompt-lookup", "draft")
+SPECULATIVE_METHODS = ("prompt-lookup", "draft", "mtp")
 OFF = "off"  # `speculative: off` (or false, or null): no speculation
 
 
 class SpeculativeConfig(Strict):
-    """``speculative: {method: prompt-lookup, num_draft: 4, ngram: 6}``, or
-    ``{method: draft, draft_model: SPEC, num_draft: 3}``."""
+    """``speculative: {method: prompt-lookup, num_draft: 4, ngram: 6}``,
+    ``{method: draft, draft_model: SPEC, num_draft: 3}``, or ``{method: mtp}``."""
 
-    method: Literal["prompt-lookup", "draft"] = Field(
+    method: Literal["prompt-lookup", "draft", "mtp"] = Field(
         "prompt-lookup",
         description="prompt-lookup: drafts from the request's own prompt and output; "
-        "draft: a small model of the same tokenizer drafts",
+        "draft: a small model of the same tokenizer drafts; "
+        "mtp: the checkpoint's own multi-token-prediction layers draft (Qwen3.5/3.6, Qwen3-Next)",
     )
     num_draft: int = Field(4, ge=1, le=16, description="tokens drafted per step at most")
     ngram: int = Field(6, ge=1, le=8, description="prompt-lookup: the last this-many tokens are looked up (down to 2)")
@@ -34,7 +35,7 @@ class SpeculativeConfig(Strict):
     def _method_has_what_it_needs(self) -> Self:
         if self.method == "draft" and not self.draft_model:
             raise ValueError("method: draft needs draft_model")
-        if self.method == "prompt-lookup" and self.draft_model:
+        if self.method != "draft" and self.draft_model:
             raise ValueError("draft_model is for method: draft")
         return self
 

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -30,6 +31,8 @@ from ..parsers.tools.instructions import calls_as_text, with_tool_instructions
 from .batch.plans import Lockstep
 from .cache.cache_setup import make_prefix_cache
 from .options import EngineOptions, explicit_limit
+from .speculation.mtp import FAMILIES as MTP_FAMILIES
+from .speculation.mtp import load_mtp
 from .step.kv_budget import KvBudget, default_limit
 from .step.scheduler import Scheduler
 from .step.sequence import Chain, Sequence
@@ -148,6 +151,15 @@ class MLXEngine:
         if draft is not None:
             check_draft_model(draft, loaded)
         distributed = lockstep is not None and lockstep.distributed
+        drafter: Any = draft.model if draft is not None else None  # a draft model, or the MTP layers
+        if self.options.speculative is not None and self.options.speculative.method == "mtp" and not distributed:
+            drafter = load_mtp(Path(loaded.path), self.model)
+            if drafter is None:
+                raise ModelLoadError(
+                    f"speculative method mtp: {loaded.name!r} carries no multi-token-prediction layers this engine "
+                    f"reads (mtp.* weights of a {', '.join(MTP_FAMILIES)} checkpoint; mlx-lm's conversions drop them): "
+                    "serve the original checkpoint, or use method prompt-lookup"
+                )
         self._scheduler = Scheduler(
             self.model,
             self._eos,
@@ -155,7 +167,7 @@ class MLXEngine:
             self.stats,
             lockstep,
             vision=loaded.vision.model if loaded.vision else None,
-            draft=draft.model if draft is not None else None,
+            draft=drafter,
             # The disk tier (if any) is keyed by the weights the model was loaded from.
             cache=make_prefix_cache(self.model, self.options, distributed=distributed, weights=loaded.path),
         )

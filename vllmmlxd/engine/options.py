@@ -9,7 +9,7 @@ from typing import Literal
 from ..config.schema import ModelConfig
 from ..paths import kv_cache_dir
 
-Method = Literal["prompt-lookup", "draft"]
+Method = Literal["prompt-lookup", "draft", "mtp"]
 
 
 @dataclass(frozen=True)

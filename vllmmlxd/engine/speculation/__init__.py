@@ -1,5 +1,6 @@
 """Speculative decoding inside the continuous batch: prompt lookup or a draft model
-(``speculative``), each row's draft width from measured step costs (``draft_width``), and a
-rejected draft undone where the KV cannot be trimmed (``rollback``)."""
+(``speculative``) or a checkpoint's multi-token-prediction layers (``mtp``), each row's draft
+width from measured step costs (``draft_width``), and a rejected draft undone where the KV
+cannot be trimmed (``rollback``)."""
 
-__all__ = ["draft_width", "rollback", "speculative"]
+__all__ = ["draft_width", "mtp", "rollback", "speculative"]

@@ -51,6 +51,7 @@ from ..batch.mlxlm import counted, matchers, set_next_logprobs, written
 from ..batch.row_groups import GroupedBatch, row_groups
 from ..options import SpeculationOptions
 from .draft_width import StepCosts, best_width
+from .mtp import MTPDrafter
 from .rollback import replay, restore, snapshot
 
 PAUSE_AFTER = 3  # drafts rejected whole in a row before a row pauses drafting
@@ -119,6 +120,7 @@ class RowDrafting:
     draft_cache: list[Any] | None = None  # the draft model's KV over history[:draft_len]
     draft_len: int = 0
     prediction: np.ndarray | None = None  # a predicted output's tokens: its drafts come from them
+    mtp: Any = None  # the row's multi-token-prediction state (mtp.MTPRow), where the entry drafts so
     prompt_len: int = 0  # where the row's output starts in its history
 
     def extend(self, tokens: list[int]) -> None:
@@ -212,12 +214,15 @@ class DraftModel:
                 c.trim(row.draft_len - history_len)
             row.draft_len = history_len
 
+    def observe(self, row: RowDrafting, emitted: list[int], hidden: mx.array) -> None:
+        """A draft model reads its rows' tokens itself: nothing to take from the batch's pass."""
+
 
 class SpeculativeBatch(GroupedBatch):
     """mlx-lm's generation batch, whose step verifies drafts when rows have some."""
 
     options: SpeculationOptions
-    drafter: DraftModel | None  # method draft: the draft model; None: prompt lookup
+    drafter: DraftModel | MTPDrafter | None  # method draft or mtp; None: prompt lookup
     rows: dict[int, RowDrafting]  # by uid; the scheduler adds a row as it inserts it and drops it as it leaves
     stats: SpeculationStats
     costs: StepCosts  # what its own steps cost (timed by the scheduler's loop; the prefill fit before)
@@ -239,7 +244,11 @@ class SpeculativeBatch(GroupedBatch):
         batch.rollback, batch.replays = rollback, 0
         batch.options, batch.rows, batch.stats = options, {}, SpeculationStats()
         batch.costs, batch.decided = StepCosts(cost), 0
-        batch.drafter = DraftModel(draft_model) if draft_model is not None else None
+        batch.drafter = None
+        if isinstance(draft_model, MTPDrafter):  # the batch's passes keep the hidden states it drafts from
+            batch.drafter, batch.model = draft_model, draft_model.tap(batch.model)
+        elif draft_model is not None:
+            batch.drafter = DraftModel(draft_model)
         return batch
 
     @property
@@ -256,7 +265,14 @@ class SpeculativeBatch(GroupedBatch):
             if self.drafter is not None:  # drafts proposed and not verified: their tokens are not the rows'
                 for drafting in self.rows.values():
                     self.drafter.rewind(drafting, drafting.size + 1)
+            order = {uid: i for i, uid in enumerate(self.uids)}
             responses = super().next()
+            hidden = getattr(self.model, "hidden", None)
+            if self.drafter is not None and hidden is not None:
+                for r in responses:
+                    row = self.rows.get(r.uid)
+                    if row is not None and row.enabled:
+                        self.drafter.observe(row, [r.token], hidden[order[r.uid]])
             for r in responses:  # keep the lookup history of rows that may draft later
                 row = self.rows.get(r.uid)
                 if row is not None and row.enabled and row.size:  # (an empty one is read whole when it drafts)
@@ -339,6 +355,7 @@ class SpeculativeBatch(GroupedBatch):
         inputs = mx.concatenate([cast(mx.array, self._next_tokens).astype(mx.uint32)[:, None], padded], axis=1)
         saved = snapshot(self.prompt_cache) if self.rollback == "replay" else None
         logits = self.model(inputs, cache=self.prompt_cache)
+        hidden = getattr(self.model, "hidden", None)  # (a drafter's tap: read before a replay's pass)
         mx.eval(logits, inputs)
         pending = cast(list[int], inputs[:, 0].tolist())
         self._current_tokens = cast(Any, inputs[:, 0])
@@ -360,10 +377,13 @@ class SpeculativeBatch(GroupedBatch):
             restore(saved)
             replay(self.model, self.prompt_cache, emitted)
             self.replays += 1
-        if self.drafter is not None:  # each row's draft model back to what the row kept
+        if self.drafter is not None:  # each row's drafter back to what the row kept
             for i, row in enumerate(self.rows.get(uid) for uid in self.uids):
-                if row is not None and row.draft_cache is not None:
-                    self.drafter.rewind(row, row.size + len(emitted[i]))
+                if row is None or not row.enabled:
+                    continue
+                self.drafter.rewind(row, row.size + len(emitted[i]))
+                if hidden is not None:
+                    self.drafter.observe(row, emitted[i], hidden[i])
         self._next_tokens = cast(Any, mx.array(following, dtype=mx.uint32))
         set_next_logprobs(self, [logits[i, len(emitted[i]) - 1] for i in range(rows)])
         responses, keep = [], []
