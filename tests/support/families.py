@@ -163,6 +163,26 @@ FAMILIES: dict[str, dict[str, Any]] = {
             },
         ),
     ),
+    "qwen3_5_moe": dict(
+        model_type="qwen3_5_moe",
+        tie_word_embeddings=False,
+        text_config=dict(
+            _BASE,
+            **_HYBRID,
+            model_type="qwen3_5_moe_text",
+            num_hidden_layers=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
+            rope_parameters={
+                "type": "default",
+                "mrope_section": [1, 1, 0],
+                "rope_theta": 10000,
+                "partial_rotary_factor": 0.25,
+            },
+        ),
+    ),
     "lfm2": dict(
         _BASE,
         model_type="lfm2",

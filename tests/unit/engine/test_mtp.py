@@ -36,8 +36,10 @@ QWEN3_5_MTP = {
 }
 
 
-def checkpoint(tmp: Path, precision: str, cycle: range | None = None) -> tuple[object, MTPDrafter]:
-    path = save("qwen3_5", precision, tmp / f"qwen3_5-{precision}", mtp=True, cycle=cycle)  # type: ignore[arg-type]
+def checkpoint(
+    tmp: Path, precision: str, cycle: range | None = None, family: str = "qwen3_5"
+) -> tuple[object, MTPDrafter]:
+    path = save(family, precision, tmp / f"{family}-{precision}", mtp=True, cycle=cycle)  # type: ignore[arg-type]
     model, _ = load_model(path)
     drafter = load_mtp(path, model)
     assert drafter is not None
@@ -71,14 +73,14 @@ def test_a_predictable_model_s_mtp_drafts_are_all_kept(tmp_path, monkeypatch):
     assert batch.stats.drafted > ANSWER and batch.stats.accepted == batch.stats.drafted
 
 
-@pytest.mark.parametrize("precision", ["float32", "q4"])
-def test_random_mtp_drafts_keep_the_answers_mlx_lm_s(precision, tmp_path, monkeypatch):
+@pytest.mark.parametrize("family,precision", [("qwen3_5", "float32"), ("qwen3_5", "q4"), ("qwen3_5_moe", "float32")])
+def test_random_mtp_drafts_keep_the_answers_mlx_lm_s(family, precision, tmp_path, monkeypatch):
     monkeypatch.setattr(fidelity, "GENERATE", ANSWER)
-    model, drafter = checkpoint(tmp_path, precision)
+    model, drafter = checkpoint(tmp_path, precision, family=family)
     prompts = fidelity.prompts()[:3]
     refs = [fidelity.reference(model, p, ANSWER) for p in prompts]
     answers, batch = run(model, drafter, prompts)
-    report = fidelity.Report("qwen3_5", precision)
+    report = fidelity.Report(family, precision)
     if precision != "float32":
         report.rounding = fidelity.noise(model, prompts[2], refs[2].tokens)
     fidelity.compare(report, "batched", refs, answers)
@@ -86,18 +88,36 @@ def test_random_mtp_drafts_keep_the_answers_mlx_lm_s(precision, tmp_path, monkey
     assert batch.stats.drafted > 0  # every row drafted from its second step on (not adaptive)
 
 
-def test_an_unconverted_checkpoint_s_centred_norms_and_names_load_as_a_converted_one(tmp_path):
-    converted = save("qwen3_5", "float32", tmp_path / "mlx", mtp=True)
+def unconverted(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """A converted checkpoint's MTP weights as the original checkpoint holds them: zero-centred
+    norms, and a MoE layer's experts in one gate-and-up tensor and one down tensor."""
+    out = {}
+    for k, v in weights.items():
+        if not k.startswith("mtp."):
+            continue
+        if ".switch_mlp.gate_proj." in k:
+            up = weights[k.replace("gate_proj", "up_proj")]
+            out[k.replace("switch_mlp.gate_proj.weight", "experts.gate_up_proj")] = mx.concatenate([v, up], axis=-2)
+        elif ".switch_mlp.down_proj." in k:
+            out[k.replace("switch_mlp.down_proj.weight", "experts.down_proj")] = v
+        elif ".switch_mlp." not in k:
+            out[k] = v - 1.0 if CENTRED_NORMS.search(k[4:]) else v
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_an_unconverted_checkpoint_s_mtp_layer_loads_as_a_converted_one(family, tmp_path):
+    converted = save(family, "float32", tmp_path / "mlx", mtp=True)
     weights = mx.load(str(converted / "model.safetensors"))
     original = tmp_path / "hf"
     original.mkdir()
     (original / "config.json").write_text((converted / "config.json").read_text())
-    shifted = {k: (v - 1.0 if k.startswith("mtp.") and CENTRED_NORMS.search(k[4:]) else v) for k, v in weights.items()}
-    mx.save_safetensors(str(original / "model.safetensors"), shifted, metadata={"format": "pt"})
+    mx.save_safetensors(str(original / "model.safetensors"), unconverted(weights), metadata={"format": "pt"})
     model, _ = load_model(converted)
     ours, theirs = load_mtp(converted, model), load_mtp(original, model)
     assert ours is not None and theirs is not None
     a, b = dict(tree_flatten(ours.layers.parameters())), dict(tree_flatten(theirs.layers.parameters()))
+    assert any("switch_mlp" in k for k in a) == (family == "qwen3_5_moe")
     assert a.keys() == b.keys() and all(mx.allclose(a[k], b[k]).item() for k in a)
 
 
