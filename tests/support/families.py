@@ -51,6 +51,13 @@ _HYBRID = dict(
     linear_conv_kernel_dim=4,
     full_attention_interval=2,
 )
+# Qwen3.5's text model (inside a vision-language config, as its checkpoints ship).
+_QWEN3_5 = dict(
+    _BASE,
+    **_HYBRID,
+    num_hidden_layers=4,
+    rope_parameters={"type": "default", "mrope_section": [1, 1, 0], "rope_theta": 10000, "partial_rotary_factor": 0.25},
+)
 
 # The config of each family (model_type: what mlx-lm builds it from), as tiny as its code allows.
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -148,39 +155,18 @@ FAMILIES: dict[str, dict[str, Any]] = {
         partial_rotary_factor=0.25,
     ),
     "qwen3_5": dict(
-        model_type="qwen3_5",
-        tie_word_embeddings=False,
-        text_config=dict(
-            _BASE,
-            **_HYBRID,
-            model_type="qwen3_5_text",
-            num_hidden_layers=4,
-            rope_parameters={
-                "type": "default",
-                "mrope_section": [1, 1, 0],
-                "rope_theta": 10000,
-                "partial_rotary_factor": 0.25,
-            },
-        ),
+        model_type="qwen3_5", tie_word_embeddings=False, text_config=dict(_QWEN3_5, model_type="qwen3_5_text")
     ),
     "qwen3_5_moe": dict(
         model_type="qwen3_5_moe",
         tie_word_embeddings=False,
         text_config=dict(
-            _BASE,
-            **_HYBRID,
+            _QWEN3_5,
             model_type="qwen3_5_moe_text",
-            num_hidden_layers=4,
             num_experts=4,
             num_experts_per_tok=2,
             moe_intermediate_size=64,
             shared_expert_intermediate_size=64,
-            rope_parameters={
-                "type": "default",
-                "mrope_section": [1, 1, 0],
-                "rope_theta": 10000,
-                "partial_rotary_factor": 0.25,
-            },
         ),
     ),
     "lfm2": dict(

@@ -20,7 +20,7 @@ class SpeculativeConfig(Strict):
         "prompt-lookup",
         description="prompt-lookup: drafts from the request's own prompt and output; "
         "draft: a small model of the same tokenizer drafts; "
-        "mtp: the checkpoint's own multi-token-prediction layers draft (Qwen3.5/3.6, Qwen3-Next)",
+        "mtp: the checkpoint's own multi-token-prediction layers draft (Qwen3.5/3.6)",
     )
     num_draft: int = Field(4, ge=1, le=16, description="tokens drafted per step at most")
     ngram: int = Field(6, ge=1, le=8, description="prompt-lookup: the last this-many tokens are looked up (down to 2)")

@@ -73,7 +73,10 @@ def test_a_predictable_model_s_mtp_drafts_are_all_kept(tmp_path, monkeypatch):
     assert batch.stats.drafted > ANSWER and batch.stats.accepted == batch.stats.drafted
 
 
-@pytest.mark.parametrize("family,precision", [("qwen3_5", "float32"), ("qwen3_5", "q4"), ("qwen3_5_moe", "float32")])
+@pytest.mark.parametrize(
+    "family,precision",
+    [("qwen3_5", "float32"), ("qwen3_5", "q4"), ("qwen3_5_moe", "float32")],
+)
 def test_random_mtp_drafts_keep_the_answers_mlx_lm_s(family, precision, tmp_path, monkeypatch):
     monkeypatch.setattr(fidelity, "GENERATE", ANSWER)
     model, drafter = checkpoint(tmp_path, precision, family=family)

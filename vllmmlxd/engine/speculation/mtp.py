@@ -1,6 +1,6 @@
 """Multi-token-prediction drafts: the layers a checkpoint ships to predict the token after next.
 
-Qwen3.5/3.6 and Qwen3-Next checkpoints carry one more decoder layer under ``mtp.*``, trained
+Qwen3.5/3.6 checkpoints (and Qwen3-Next's) carry one more decoder layer under ``mtp.*``, trained
 to predict token ``t+2`` from the main model's last hidden state at ``t`` and the embedding of
 token ``t+1``: the embedding and the hidden state, each normalized, concatenated, projected
 (``fc``), one full-attention decoder layer of the model's own kind, a norm, and the model's own
@@ -35,8 +35,11 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 PREFIX = "mtp."
-# The families whose MTP layer is this shape (their config's ``model_type``).
-FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+# The families whose MTP layer is this shape (their config's ``model_type``). Qwen3-Next's is too,
+# but mlx-lm 0.32 cannot load a converted Qwen3-Next checkpoint that keeps ``mtp.*`` (its sanitize
+# drops them only while converting), and its sanitize shifts an unconverted layer's norms itself:
+# not read until tested.
+FAMILIES = ("qwen3_5", "qwen3_5_moe")
 # A checkpoint not converted by mlx-lm keeps these norms zero-centred (weight + 1 is the scale), as
 # the model's own sanitize knows for its other layers.
 CENTRED_NORMS = re.compile(r"(input_layernorm|post_attention_layernorm|q_norm|k_norm|pre_fc_norm_\w+|^norm)\.weight$")
@@ -145,12 +148,13 @@ class MTPDrafter:
         tokens = mx.array([[t for _, t in pairs]])
         out = self.layers(self.parts.embed(tokens), hidden, state.cache)[:, -1:]
         state.unfed, state.proposed = [], True
-        drafts: list[int] = []
-        for j in range(k):
-            token = token_id(mx.argmax(self.parts.head(out)[0, -1]))
-            drafts.append(token)
+        chain = []
+        for j in range(k):  # one graph, evaluated once: no wait on the host between drafts
+            token = mx.argmax(self.parts.head(out)[:, -1], axis=-1)
+            chain.append(token)
             if j + 1 < k:  # the layer's own output stands for the hidden state it has not seen
-                out = self.layers(self.parts.embed(mx.array([[token]])), out, state.cache)
+                out = self.layers(self.parts.embed(token[None]), out, state.cache)
+        drafts = cast(list[int], mx.concatenate(chain).tolist())
         if k > 1:
             state.cache.trim(k - 1)  # chained guesses: the kept tokens' true pairs come next step
         return drafts
@@ -168,11 +172,6 @@ class MTPDrafter:
             state.unfed.append((state.last, emitted[0]))
         state.unfed.extend((hidden[j - 1], emitted[j]) for j in range(1, len(emitted)))
         state.last, state.proposed = hidden[len(emitted) - 1], False
-
-
-def token_id(x: mx.array) -> int:
-    """An array's one token id (mlx types ``item()`` as any scalar)."""
-    return int(cast(int, x.item()))
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -216,7 +215,7 @@ def _as_converted(weights: dict[str, mx.array], model: Any, parts: Parts) -> dic
     sanitize, given the layer's weights under one of its own full-attention layers' names (it
     stacks experts), and the centred norms shifted as it shifts the others'."""
     index = parts.args.full_attention_interval - 1
-    own = f"language_model.model.layers.{index}." if hasattr(model, "language_model") else f"model.layers.{index}."
+    own = f"language_model.model.layers.{index}."
     layer = {own + k[len("layers.0.") :]: v for k, v in weights.items() if k.startswith("layers.0.")}
     rest = {k: v for k, v in weights.items() if not k.startswith("layers.")}
     sanitized = model.sanitize(dict(layer)) if hasattr(model, "sanitize") else layer
