@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from .control.protocol import (
     ReloadResponse,
     StatusResponse,
     StoreResponse,
+    UsageResponse,
     control_socket_path,
 )
 from .errors import ConfigError
@@ -40,6 +42,7 @@ from .supervisor.slot.tuning import Tuning
 from .supervisor.supervisor import Supervisor
 from .supervisor.views import ReloadReply
 from .supervisor.watcher import watch_config
+from .usage import FILE as USAGE_FILE
 
 logger = logging.getLogger("vllmmlxd.daemon")
 
@@ -270,6 +273,11 @@ class _ControlFacade:
         except OSError:
             free = None
         return mapping.store_response(str(models_dir(state_dir)), free, found, running)
+
+    async def usage(self, since_s: float) -> UsageResponse:
+        budgets = {name: k.budget.plain() for name, k in self._sup.loaded.config.api_keys.items()}
+        path = self._daemon.state_dir / USAGE_FILE
+        return await asyncio.to_thread(mapping.usage_response, path, since_s, budgets, time.time())
 
     async def remove(self, name: str) -> ActionResponse:
         pulling = name in self._pulling()

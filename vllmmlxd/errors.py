@@ -124,6 +124,14 @@ class RateLimited(RequestError):
         self.headers = headers or {"Retry-After": str(retry_after)}
 
 
+class BudgetExceeded(RateLimited):
+    """The key has used up one of its budgets (429); the message names it and when it resets."""
+
+    def __init__(self, message: str, *, retry_after: int):
+        super().__init__(message, retry_after=retry_after)
+        self.code = "budget_exceeded"
+
+
 class Overloaded(RequestError):
     """The engine queue is full (503); the client may retry after ``retry_after`` seconds."""
 

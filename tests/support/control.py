@@ -16,6 +16,7 @@ from pathlib import Path
 
 from vllmmlxd.control.protocol import (
     ActionResponse,
+    BudgetStatus,
     DaemonStatus,
     ModelStatus,
     PullStatus,
@@ -24,6 +25,8 @@ from vllmmlxd.control.protocol import (
     StatusResponse,
     StoredModelStatus,
     StoreResponse,
+    UsageResponse,
+    UsageRow,
 )
 from vllmmlxd.control.server import ControlServer, make_control_app, serve_control
 from vllmmlxd.errors import StoreBusy, StoreError
@@ -48,6 +51,8 @@ class FakeTarget:
 
     def __init__(self) -> None:
         self.models = [model_status("a", port=8001), model_status("b", port=8002)]
+        self.usage_rows: list[UsageRow] = []
+        self.budgets: list[BudgetStatus] = []
         self.last_reload: ReloadResult | None = ReloadResult(ok=True, at=1_700_000_000.0)
         self.reload_response = ReloadResponse(ok=True, dry_run=False, plan="changed: a (port)\nunchanged: b")
         self.action_ok = True
@@ -157,6 +162,10 @@ class FakeTarget:
 
     async def store(self) -> StoreResponse:
         return StoreResponse(path="/s/models", free_bytes=50 * 10**9, models=self.stored, pulls=[])
+
+    async def usage(self, since_s: float) -> UsageResponse:
+        self.calls.append(("usage", since_s))
+        return UsageResponse(since_s=since_s, rows=self.usage_rows, budgets=self.budgets)
 
     async def remove(self, name: str) -> ActionResponse:
         self.calls.append(("remove", name))

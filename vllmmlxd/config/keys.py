@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from ..usage import Budget
 from .base import Strict as _Strict
 from .fields import Names, Rate
 
@@ -22,6 +23,18 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+class KeyBudget(_Strict):
+    """``api_keys.NAME.budget``: what the key may use in a day or a month, across every model
+    and worker (the daemon machine's local calendar); 0: no limit of that kind."""
+
+    tokens_per_day: int = Field(0, ge=0, description="prompt and generated tokens a day; 0: no limit")
+    tokens_per_month: int = Field(0, ge=0, description="prompt and generated tokens a month; 0: no limit")
+    requests_per_day: int = Field(0, ge=0, description="requests a day; 0: no limit")
+
+    def plain(self) -> Budget:
+        return Budget(self.tokens_per_day, self.tokens_per_month, self.requests_per_day)
+
+
 class KeyGrant(_Strict):
     """One named key as a model's worker knows it: its digest, whether it may use this model,
     and its own limits. Filled in from the top-level ``api_keys`` section, never by hand."""
@@ -32,6 +45,7 @@ class KeyGrant(_Strict):
     rate_limit: int | str = 0
     tokens_per_minute: int = Field(0, ge=0)
     mcp: tuple[str, ...] | None = None  # the MCP servers this key may use here; None: all of the entry's
+    budget: KeyBudget = KeyBudget()  # the key's budget, counted across every model and worker
 
 
 class ApiKeyConfig(_Strict):
@@ -43,6 +57,7 @@ class ApiKeyConfig(_Strict):
     rate_limit: Rate = Field(0, description="this key's requests per minute, or text like '5/second'")
     tokens_per_minute: int = Field(0, ge=0, description="generated tokens per minute for this key; 0: no limit")
     mcp: Names | None = Field(None, description="MCP servers (names) this key may use; unset: all of a model's")
+    budget: KeyBudget = Field(default_factory=KeyBudget, description="tokens and requests a day or month")
 
     @model_validator(mode="before")
     @classmethod

@@ -187,6 +187,7 @@ class Config(_Strict):
                     tokens_per_minute=k.tokens_per_minute,
                     allowed=key_name in listed or ("*" in listed and k.may_use(name)),
                     mcp=k.mcp,
+                    budget=k.budget,
                 )
                 for key_name, k in keys.items()
             )

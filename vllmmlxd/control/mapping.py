@@ -7,10 +7,13 @@ that shapes them for ``vllmmlxctl`` (read by attribute, so nothing here imports 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
+from vllmmlxd import usage
 from vllmmlxd.control.protocol import (
     ActionResponse,
+    BudgetStatus,
     DaemonStatus,
     GatewayStatus,
     GroupStatus,
@@ -21,7 +24,10 @@ from vllmmlxd.control.protocol import (
     StatusResponse,
     StoredModelStatus,
     StoreResponse,
+    UsageResponse,
+    UsageRow,
 )
+from vllmmlxd.usage import Budget
 
 
 def _fields(view: Any) -> dict:
@@ -72,3 +78,37 @@ def store_response(path: str, free_bytes: int | None, models: Any, pulls: Any) -
         models=[StoredModelStatus(**_fields(m)) for m in models],
         pulls=[pull_status(p) for p in pulls],
     )
+
+
+def usage_response(path: Path, since_s: float, budgets: dict[str, Budget], now: float) -> UsageResponse:
+    """What ``usage.sqlite3`` holds for the last ``since_s`` seconds, and each budgeted key's state
+    (read on a thread: the file may be busy for a moment while workers write)."""
+    db = usage.connect(path)
+    try:
+        rows = [
+            UsageRow(key=key, model=model, **counts.as_dict())
+            for (key, model), counts in sorted(usage.totals(db, since=now - since_s).items())
+        ]
+        states = []
+        day, month = usage.period_starts(now)
+        for key, budget in sorted(budgets.items()):
+            if not budget.limited:
+                continue
+            spent = usage.spent_from(db, key, now)
+            states.append(
+                BudgetStatus(
+                    key=key,
+                    tokens_per_day=budget.tokens_per_day,
+                    tokens_per_month=budget.tokens_per_month,
+                    requests_per_day=budget.requests_per_day,
+                    day_tokens=spent.day.tokens,
+                    month_tokens=spent.month.tokens,
+                    day_requests=spent.day.requests,
+                    left=usage.left(budget, spent),
+                    day_resets=usage.next_day(day).isoformat(timespec="seconds"),
+                    month_resets=usage.next_month(month).isoformat(timespec="seconds"),
+                )
+            )
+    finally:
+        db.close()
+    return UsageResponse(since_s=since_s, rows=rows, budgets=states)

@@ -245,6 +245,39 @@ class ErrorResponse(_Wire):
     error: str
 
 
+class UsageRow(_Wire):
+    """One key's use of one model entry over the asked period (key ``""``: an open entry's callers)."""
+
+    key: str
+    model: str
+    requests: int
+    errors: int
+    input_tokens: int  # every prompt token, cached ones included
+    cached_tokens: int
+    output_tokens: int
+
+
+class BudgetStatus(_Wire):
+    """A key with a budget: its limits (0: none), its use this day and month, and what is left."""
+
+    key: str
+    tokens_per_day: int
+    tokens_per_month: int
+    requests_per_day: int
+    day_tokens: int
+    month_tokens: int
+    day_requests: int
+    left: dict[str, int | None]
+    day_resets: str  # local time, ISO 8601 with its offset
+    month_resets: str
+
+
+class UsageResponse(_Wire):
+    since_s: float  # the period's length, ending now
+    rows: list[UsageRow]
+    budgets: list[BudgetStatus] = []
+
+
 class ControlTarget(Protocol):
     """What the control server asks of the supervisor. Unknown names raise ``KeyError(name)``."""
 
@@ -299,6 +332,10 @@ class ControlTarget(Protocol):
 
     async def store(self) -> StoreResponse:
         """What the store holds, with the entries that use each model."""
+        ...
+
+    async def usage(self, since_s: float) -> UsageResponse:
+        """Each key's use of each model over the last ``since_s`` seconds, and the budgets' state."""
         ...
 
     async def remove(self, name: str) -> ActionResponse:

@@ -90,6 +90,10 @@ def make_control_app(target: ControlTarget) -> FastAPI:  # noqa: C901 - a factor
             return JSONResponse(LogsResponse(lines=backlog).model_dump(mode="json"))
         return StreamingResponse(_lines(backlog, stream), media_type="text/plain; charset=utf-8")
 
+    @app.get("/usage")
+    async def usage(since: float = Query(86_400, gt=0, le=400 * 86_400)) -> JSONResponse:
+        return JSONResponse((await target.usage(since)).model_dump(mode="json"))
+
     # -- the model store ---------------------------------------------------------------------------
 
     @app.get("/store")

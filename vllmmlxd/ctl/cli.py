@@ -34,6 +34,7 @@ from vllmmlxd.ctl.render import (
     render_reload,
     render_status,
 )
+from vllmmlxd.ctl.render_usage import period, render_usage
 from vllmmlxd.errors import VllmmlxdError
 
 PROG = "vllmmlxctl"
@@ -162,6 +163,17 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(json.dumps(store.model_dump(mode="json"), indent=2))
     else:
         print(render_models(store))
+    return exit_codes.OK
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    """Each key's requests, errors and tokens per model over ``--since`` (or ``--json``), and budgets."""
+    with _client(args) as client:
+        report = client.usage(args.since)
+    if args.json:
+        print(json.dumps(report.model_dump(mode="json"), indent=2))
+    else:
+        print(render_usage(report))
     return exit_codes.OK
 
 
@@ -328,6 +340,11 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", parents=[common], help="list the models in the store, their size and users")
     p.add_argument("--json", action="store_true", help="print the daemon's JSON answer")
     p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("usage", parents=[common], help="each key's requests and tokens per model, and its budget")
+    p.add_argument("--since", type=period, default=86_400.0, metavar="PERIOD", help="30m, 1h, 1d, 7d (default 1d)")
+    p.add_argument("--json", action="store_true", help="print the daemon's JSON answer")
+    p.set_defaults(func=cmd_usage)
 
     p = sub.add_parser("rm", parents=[common], help="delete a model from the store (refused while an entry uses it)")
     p.add_argument("name", metavar="NAME", help="as `vllmmlxctl models` names it (org/name, builtin:tiny, gguf-...)")

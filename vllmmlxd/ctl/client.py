@@ -23,6 +23,7 @@ from vllmmlxd.control.protocol import (
     ReloadResponse,
     StatusResponse,
     StoreResponse,
+    UsageResponse,
     control_socket_path,
 )
 from vllmmlxd.errors import VllmmlxdError
@@ -163,6 +164,11 @@ class ControlClient:
                 yield from r.iter_lines()
         except httpx.TransportError as e:
             raise DaemonUnreachable(self.socket_path, _reason(e, None)) from None
+
+    def usage(self, since_s: float) -> UsageResponse:
+        """``GET /usage``: each key's use of each model over the last ``since_s`` seconds, and budgets."""
+        data = self._call("GET", "/usage", SLOW_TIMEOUT_S, {"since": str(since_s)})
+        return UsageResponse.model_validate(data)
 
     # -- the model store --------------------------------------------------------------------------
 

@@ -38,9 +38,12 @@ def served_fields(state: dict[str, Any]) -> dict[str, Any]:
 class AccessLogMiddleware:
     """Logs each HTTP request once it is answered (or failed); ``model`` names the model entry."""
 
-    def __init__(self, app: ASGIApp, model: Callable[[], str]):
+    def __init__(
+        self, app: ASGIApp, model: Callable[[], str], record: Callable[[dict, str, str, int], None] | None = None
+    ):
         self.app = app
         self.model = model
+        self.record = record  # also told of each answered request (its state, method, path, status): usage
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -70,6 +73,8 @@ class AccessLogMiddleware:
                 **served_fields(state),
                 duration_s=round(time.monotonic() - started, 3),
             )
+            if self.record is not None:
+                self.record(state, scope.get("method", ""), path, final_status)
 
         async def watch(message: Message) -> None:
             nonlocal status

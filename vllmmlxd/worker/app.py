@@ -35,19 +35,24 @@ from ..http.access import Caller
 from ..http.access_log import AccessLogMiddleware
 from ..http.activity import Activity, ActivityMiddleware
 from ..http.browser import BrowserDefences
+from ..http.key_usage import KeyUsageCollector, check_budget, recorder
 from ..http.metrics import Metrics, MetricsMiddleware
 from ..http.ratelimit import STATE_KEY, RateLimitHeaders
 from ..http.request_id import RequestIdMiddleware
 from ..log import log_event
 from ..mcp.hub import McpHub
+from ..usage import Ledger
 from .liveness import DEGRADED, engine_health, stuck_after_s
 from .settings import SettingsRefused, judge_update
 
 logger = logging.getLogger("vllmmlxd.worker")
 
 
-def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | None = None) -> FastAPI:
-    """The public app serving ``engine`` as the model entry ``key``; ``runtime``: its BLAS, threads and cores.
+def create_app(
+    engine: Engine, config: ResolvedModel, key: str, runtime: dict | None = None, ledger: Ledger | None = None
+) -> FastAPI:
+    """The public app serving ``engine`` as the model entry ``key``; ``runtime``: its BLAS, threads
+    and cores; ``ledger``: where each key's use is kept (``vllmmlxd/usage.py``; None: not kept).
 
     ``app.state.live`` holds its settings, which ``create_private_app`` can replace.
     """
@@ -85,6 +90,8 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
             raise
         request.state.caller = caller
         setattr(request.state, STATE_KEY, quotas.admit(caller))
+        if ledger is not None:  # a budget counts every worker's use of the key (429 once it is spent)
+            check_budget(ledger, caller, request.method, request.url.path, time.time())
 
     def key_if(flag: str) -> params.Depends:
         # /health and /metrics stay open for probes and scrapers unless the entry says otherwise.
@@ -108,6 +115,8 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
 
     # Always built, counted only while enable_metrics is on: the switch is a live setting.
     metrics = Metrics(engine, live.current.name, embedder=live.current.embedder)
+    if ledger is not None:
+        metrics.registry.register(KeyUsageCollector(ledger, lambda: live.current.name))
     app.add_middleware(MetricsMiddleware, metrics=metrics, enabled=lambda: live.current.config.enable_metrics)
 
     @app.get("/metrics", dependencies=[key_if("metrics_requires_key")])
@@ -159,7 +168,8 @@ def create_app(engine: Engine, config: ResolvedModel, key: str, runtime: dict | 
     install_openapi(app)  # app.openapi(): bodies, statuses and keys, never served (openapi_url is None)
     app.add_middleware(BrowserDefences, config=lambda: live.current.config)  # web pages must not drive the API
     # One line per request, refusals too; model= is the entry's name, as on the worker's other lines.
-    app.add_middleware(AccessLogMiddleware, model=lambda: live.current.key)
+    record = recorder(ledger, lambda: live.current.key) if ledger is not None else None
+    app.add_middleware(AccessLogMiddleware, model=lambda: live.current.key, record=record)
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, errors included, gets its id
     return app
 

@@ -28,6 +28,8 @@ from ..runtime import cpus as cpu_shares
 from ..runtime.blas import ActiveBlas, BlasInfo, activate
 from ..runtime.memory import read_machine_memory
 from ..sockets import bind_tcp, bind_unix, http_url, is_loopback
+from ..usage import FILE as USAGE_FILE
+from ..usage import Ledger
 
 if TYPE_CHECKING:  # the engine's modules import mlx: loaded in load_engine, after the BLAS choice
     from ..engine.mlx_engine import MLXEngine
@@ -230,7 +232,8 @@ def serve(
         return EXIT_LOAD_FAILED
     private_socket = bind_unix(health_socket) if health_socket is not None else None
     install_test_hooks(engine)
-    app = create_app(engine, config, key, runtime=runtime)
+    ledger = Ledger(state_dir / USAGE_FILE)  # each key's use, beside every other worker's (vllmmlxd/usage.py)
+    app = create_app(engine, config, key, runtime=runtime, ledger=ledger)
     server, private = make_servers(
         app,
         create_private_app(app, engine) if private_socket is not None else None,
@@ -260,6 +263,7 @@ def serve(
         asyncio.run(serve_both(server, listen, private, private_socket))
     finally:
         engine.close()
+        ledger.close()  # what was recorded since the last second reaches the file
         if health_socket is not None:
             health_socket.unlink(missing_ok=True)
     log_event(logger, "worker.shutdown", model=key, pid=os.getpid())

@@ -528,3 +528,36 @@ def test_status_shows_a_downloading_entry_and_the_pulls_under_way(daemon, target
     code, out, _ = ctl(daemon, capsys, "status")
     assert code == exit_codes.NOT_READY
     assert out.splitlines()[1].split()[:3] == ["q", "downloading", "25%"]
+
+
+def test_usage_prints_each_key_s_use_and_budgets_over_the_asked_period(daemon, target, capsys):
+    from vllmmlxd.control.protocol import BudgetStatus, UsageRow
+
+    target.usage_rows = [
+        UsageRow(
+            key="alice", model="qwen", requests=3, errors=1, input_tokens=1200, cached_tokens=800, output_tokens=64
+        ),
+        UsageRow(key="", model="tiny", requests=1, errors=0, input_tokens=5, cached_tokens=0, output_tokens=2),
+    ]
+    target.budgets = [
+        BudgetStatus(
+            key="alice",
+            tokens_per_day=10_000,
+            tokens_per_month=0,
+            requests_per_day=0,
+            day_tokens=1264,
+            month_tokens=1264,
+            day_requests=3,
+            left={"tokens_per_day": 8736, "tokens_per_month": None, "requests_per_day": None},
+            day_resets="2026-12-05T00:00:00+00:00",
+            month_resets="2027-01-01T00:00:00+00:00",
+        )
+    ]
+    code, out, _ = ctl(daemon, capsys, "usage", "--since", "1h")
+    assert code == 0 and target.calls[-1] == ("usage", 3600.0)
+    assert "use over the last 1h00m" in out and "1,200 (800)" in out and "(no key)" in out
+    assert "alice: 1,264 of 10,000 tokens today (8,736 left); the day resets 2026-12-05T00:00:00+00:00" in out
+    code, out, _ = ctl(daemon, capsys, "usage", "--json")
+    assert code == 0 and json.loads(out)["rows"][0]["cached_tokens"] == 800 and target.calls[-1] == ("usage", 86400.0)
+    with pytest.raises(SystemExit):
+        main(["--socket", str(daemon.path), "usage", "--since", "soon"])
