@@ -23,6 +23,7 @@ from ..errors import ModelNotFound
 from ..http.access import Access
 from ..http.ratelimit import Quotas, RateStore
 from ..http.request_id import new_request_id
+from ..http.tracing import TRACING
 from .image_budget import PixelBudget
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ class LiveContext:
 
     def swap(self, config: ResolvedModel) -> ServingContext:
         """Serve new requests under ``config``; requests already running keep theirs."""
+        TRACING.configure(config.telemetry)  # a changed telemetry section: spans go where it says now
         self.pixels.capacity = config.image_pixel_budget
         self.pixels.give(0)  # a larger budget lets waiting requests on
         # One attribute assignment on the event loop: a request sees the old context or the new one.

@@ -58,6 +58,7 @@ LIVE_FIELDS = frozenset(
         "health_requires_key",
         "metrics_requires_key",
         "gateway_token",
+        "telemetry",  # the worker swaps its span exporter
         # MCP: the worker reconnects its MCP clients in place; the model stays loaded.
         "mcp",
         "mcp_auto_execute",

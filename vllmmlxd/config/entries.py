@@ -42,6 +42,7 @@ from .parsing import ParsingConfig
 from .responses import ResponsesConfig
 from .serving import ServingConfig, TelemetryConfig
 from .speculative import Speculation, SpeculativeConfig
+from .tracing import TracingConfig
 from .vision import VisionConfig
 
 
@@ -237,6 +238,7 @@ class ResolvedModel(ModelConfig):
     key_grants: tuple[KeyGrant, ...] = ()  # the api_keys section, resolved for this entry
     gateway_token: SecretStr | None = None  # set with a gateway section (schema.gateway_token())
     mcp_servers_resolved: dict[str, McpServerConfig] = Field(default_factory=dict)  # mcp and mcp_config, resolved
+    telemetry: TracingConfig | None = None  # the telemetry section (daemon-wide): traces
 
     @model_validator(mode="before")
     @classmethod
@@ -258,6 +260,8 @@ class ResolvedModel(ModelConfig):
     def to_worker_json(self) -> str:
         data = self.model_dump(mode="json")
         data["mcp_servers_resolved"] = {n: s.revealed() for n, s in self.mcp_servers_resolved.items()}
+        if self.telemetry is not None:
+            data["telemetry"]["headers"] = {k: v.get_secret_value() for k, v in self.telemetry.headers.items()}
         return self._reveal(data)
 
 
@@ -265,6 +269,7 @@ class ResolvedUpstream(UpstreamConfig):
     """An upstream entry with its keys resolved: the gateway checks them before it sends anything on."""
 
     key_grants: tuple[KeyGrant, ...] = ()  # the api_keys section, resolved for this entry
+    telemetry: TracingConfig | None = None  # the telemetry section: the gateway traces what it sends on
 
     @property
     def grants(self) -> tuple[KeyGrant, ...]:

@@ -17,6 +17,7 @@ from pydantic import Field, SecretStr, model_validator
 from .base import Strict as _Strict
 from .fields import Names, Networks, Port, Rate
 from .keys import KeyGrant
+from .tracing import TracingConfig
 
 # A route's state, as the gateway shows it (`/v1/models`, `/api/health`, the web page):
 # a local model's supervisor state, `idle` (a lazy model ready with nothing running),
@@ -125,6 +126,7 @@ class GatewaySpec(_Strict):
     gateway: GatewayConfig = GatewayConfig()
     routes: tuple[Route, ...] = ()
     control_socket: str | None = None  # the daemon's control API: the gateway asks it to load lazy models
+    telemetry: TracingConfig | None = None  # the telemetry section: where the gateway's spans go
     version: int = 0  # bumped at each publication
 
     # What a slot needs of its config (the gateway process is supervised like a worker).
@@ -152,6 +154,8 @@ class GatewaySpec(_Strict):
             for secret in ("api_key", "upstream_api_key", "gateway_token"):
                 value = getattr(route, secret)
                 raw[secret] = value.get_secret_value() if value is not None else None
+        if self.telemetry is not None:
+            data["telemetry"]["headers"] = {k: v.get_secret_value() for k, v in self.telemetry.headers.items()}
         return json.dumps(data)
 
     def config_hash(self) -> str:

@@ -33,6 +33,7 @@ from .keys import ApiKeyConfig, KeyGrant
 from .mcp import MCP_TOOL_SEPARATOR, McpServerConfig, check_mcp_server_names, load_mcp_file
 from .names import BLAS_NAMES, BUILTIN_MODELS, BUILTIN_PREFIX, REASONING_PARSERS, TOOL_PARSERS  # noqa: F401
 from .names import NAME_RE as MODEL_NAME_RE
+from .tracing import TracingConfig
 
 
 def _ring_ports_apart(models: dict[str, EntryConfig], listening: dict[tuple[str, int], str]) -> None:
@@ -83,6 +84,7 @@ class Config(_Strict):
     )  # the import runs without it
     api_keys: dict[str, ApiKeyConfig] = Field(default_factory=dict)
     gateway: GatewayConfig | None = Field(None, description="one address for every model, with the web page")
+    telemetry: TracingConfig | None = Field(None, description="OpenTelemetry traces of every request (OTLP)")
     models: dict[str, Entry] = Field(default_factory=dict)  # resolved when valid: ResolvedModel, ResolvedUpstream
 
     @model_validator(mode="before")
@@ -222,6 +224,15 @@ class Config(_Strict):
                     )
             out[name] = resolve(entry, mcp_servers_resolved=resolved) if resolved else entry
         return out
+
+    @field_validator("models")
+    @classmethod
+    def _telemetry(cls, models: dict[str, Resolved], info: ValidationInfo) -> dict[str, Resolved]:
+        # Daemon-wide: each worker exports its own spans where the section says.
+        telemetry = info.data.get("telemetry")
+        if telemetry is None:
+            return models
+        return {name: resolve(entry, telemetry=telemetry) for name, entry in models.items()}
 
     @field_validator("models")
     @classmethod

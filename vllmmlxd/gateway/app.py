@@ -26,6 +26,7 @@ from ..config.gateway import GatewaySpec, Route
 from ..http.access import presented_key
 from ..http.browser import BrowserDefences
 from ..http.request_id import RequestIdMiddleware
+from ..http.tracing import TracingMiddleware
 from ..log import log_event
 from .cluster import make_router as make_cluster_router
 from .dispatch import Gateway
@@ -124,6 +125,7 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     app.include_router(make_cluster_router(gateway))
     _install_ui(app, gateway)
+    app.add_middleware(TracingMiddleware, model=None)  # the gateway's span: the workers' spans are its children
     app.add_middleware(BrowserDefences, config=lambda: gateway.table.spec.gateway)
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, errors included, gets its id
     return app

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import httpcore
 import httpx
+from opentelemetry import trace
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
@@ -29,6 +30,7 @@ from ..errors import InvalidRequest, NotFound, Overloaded, RequestError, Request
 from ..http.access import Caller, presented_key
 from ..http.error_shapes import anthropic_error, is_anthropic, openai_error
 from ..http.ratelimit import GroupQuotas, RateStore
+from ..http.tracing import TRACING, inject
 from ..log import log_event
 from .balance import Replicas, affinity_key, estimate_tokens, fallback
 from .lazy import DaemonClient
@@ -125,6 +127,7 @@ class Gateway:
         self.started = time.time()
         self.in_flight = 0
         self.total = 0
+        TRACING.configure(table.spec.telemetry)  # the gateway's spans (http/tracing.py), swapped with the table
 
     def swap(self, table: Table) -> None:
         old, self.table = self.table, table  # one assignment on the loop: requests hold the table they took
@@ -132,6 +135,7 @@ class Gateway:
         self.group_quotas = group_quotas(table, self.rates)
         swapped, self._swapped = self._swapped, asyncio.Event()
         swapped.set()
+        TRACING.configure(table.spec.telemetry)
 
     async def until_serving(self, route: Route) -> Route:
         """``route`` as a later table shows it once it serves; a starting model is waited for a
@@ -213,6 +217,7 @@ class Gateway:
                     + (f": {route.last_error}" if route.last_error else "")
                 )
             if needs_load(route):
+                trace.get_current_span().add_event("gateway.lazy_load", {"vllmmlxd.route": route.name})
                 if stream:
                     return LoadingStream(self, request, route, path, body, done)
                 await self.load(route)
@@ -263,6 +268,9 @@ class Gateway:
                     self.replicas.eject(member.name, time.monotonic())
                     why = f"not serving ({upstream.header(STATE_HEADER)})"
                 done.uncount()
+                trace.get_current_span().add_event(
+                    "gateway.failover", {"vllmmlxd.route": member.name, "error.type": why}
+                )
                 log_event(logger, "gateway.failover", logging.WARNING, group=rset.name, route=member.name, error=why)
             raise Unavailable(f"no replica of {rset.name} could answer ({why})", retry_after=1)
         except BaseException as exc:
@@ -276,6 +284,9 @@ class Gateway:
 
     async def _send(self, request: Request, route: Route, path: str, body: bytes) -> Upstream:
         """Send the request to the route; return with the response's head. Raises httpcore's errors."""
+        span = trace.get_current_span()
+        span.set_attribute("gen_ai.request.model", route.name)  # the last one tried: the one that answered
+        span.set_attribute("vllmmlxd.route.kind", route.kind)
         headers = self.headers_for(request, route)
         query = request.scope.get("query_string", b"")  # as sent: no parsing on the hot path
         url = route.url.rstrip("/") + path + ("?" + query.decode("latin-1") if query else "")
@@ -305,11 +316,21 @@ class Gateway:
         peer = request.client.host if request.client else "unknown"
         if route.kind == "upstream":
             key = route.upstream_api_key.get_secret_value() if route.upstream_api_key else None
-            return request_headers(request.headers.raw, peer, upstream=True, upstream_key=key)
+            return with_trace(request_headers(request.headers.raw, peer, upstream=True, upstream_key=key))
         token = route.gateway_token.get_secret_value() if route.gateway_token else None
-        return request_headers(
+        headers = request_headers(
             request.headers.raw, peer, token=token, client=self.table.client_address(request) if token else None
         )
+        return with_trace(headers)
+
+
+def with_trace(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """``headers`` whose ``traceparent`` is the gateway's own span (the client's was its parent)."""
+    carrier = inject({})
+    if not carrier:
+        return headers
+    kept = [(k, v) for k, v in headers if k not in (b"traceparent", b"tracestate")]
+    return kept + [(k.encode("latin-1"), v.encode("latin-1")) for k, v in carrier.items()]
 
 
 def group_quotas(table: Table, store: RateStore) -> dict[str, GroupQuotas]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..config.mcp import MCP_TOOL_SEPARATOR, McpServerConfig
 from ..errors import InvalidRequest, RequestError
+from ..http.tracing import TRACING
 from ..log import log_event
 from .link import READY, Link
 
@@ -170,7 +171,17 @@ class McpHub:
         if tool is None:
             raise McpUnknownTool(f"MCP server {server!r} offers no tool {tool_name!r}")
         check_arguments(arguments, dict(tool.input_schema or {}))
+        attrs = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name, "vllmmlxd.mcp.server": server}
+        with TRACING.span(f"execute_tool {name}", **attrs) as span:
+            out = await self._run(link, name, server, tool_name, arguments)
+            if out.is_error:
+                span.set_attribute("error.type", "tool_error")
+        return out
+
+    async def _run(self, link: Link, name: str, server: str, tool_name: str, arguments: dict) -> McpResult:
+        """One call of a ready server's tool, timed out and logged; a failure is a result."""
         session, timeout = link.session, link.config.timeout
+        assert session is not None  # call() answers a server that is not ready itself
         started = time.perf_counter()
         try:
             result = await asyncio.wait_for(session.call_tool(tool_name, arguments), timeout)

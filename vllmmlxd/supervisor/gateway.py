@@ -61,7 +61,14 @@ def build_spec(
 ) -> GatewaySpec:
     """The gateway's spec: its settings and a route per entry with its shown state (pure, version 0)."""
     routes = tuple(build_route(name, entry, *shown.get(name, ("unknown", None))) for name, entry in entries.items())
-    return GatewaySpec(gateway=gateway, routes=routes, control_socket=str(control_socket) if control_socket else None)
+    # The telemetry section is daemon-wide; every entry carries it (config/schema.py).
+    telemetry = next((e.telemetry for e in entries.values() if e.telemetry is not None), None)
+    return GatewaySpec(
+        gateway=gateway,
+        routes=routes,
+        control_socket=str(control_socket) if control_socket else None,
+        telemetry=telemetry,
+    )
 
 
 @dataclasses.dataclass

@@ -39,6 +39,7 @@ from ..http.key_usage import KeyUsageCollector, check_budget, recorder
 from ..http.metrics import Metrics, MetricsMiddleware
 from ..http.ratelimit import STATE_KEY, RateLimitHeaders
 from ..http.request_id import RequestIdMiddleware
+from ..http.tracing import TRACING, TraceCollector, TracingMiddleware
 from ..log import log_event
 from ..mcp.hub import McpHub
 from ..usage import Ledger
@@ -117,6 +118,7 @@ def create_app(
     metrics = Metrics(engine, live.current.name, embedder=live.current.embedder)
     if ledger is not None:
         metrics.registry.register(KeyUsageCollector(ledger, lambda: live.current.name))
+    metrics.registry.register(TraceCollector())
     app.add_middleware(MetricsMiddleware, metrics=metrics, enabled=lambda: live.current.config.enable_metrics)
 
     @app.get("/metrics", dependencies=[key_if("metrics_requires_key")])
@@ -163,6 +165,8 @@ def create_app(
             "distributed": distributed_of(engine),
         }
 
+    TRACING.configure(config.telemetry)  # the process's traces (http/tracing.py); a settings push swaps them
+    app.add_middleware(TracingMiddleware, model=lambda: live.current.name)
     app.add_middleware(RateLimitHeaders)
     app.add_middleware(ActivityMiddleware, activity=app.state.activity)
     install_openapi(app)  # app.openapi(): bodies, statuses and keys, never served (openapi_url is None)

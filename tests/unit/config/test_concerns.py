@@ -76,7 +76,7 @@ def test_the_gateway_token_is_resolved_into_each_local_entry():
 
 
 def test_internal_fields_are_the_resolved_kinds_own_and_refused_in_a_file():
-    assert sorted(INTERNAL_FIELDS) == ["gateway_token", "key_grants", "mcp_servers_resolved"]
+    assert sorted(INTERNAL_FIELDS) == ["gateway_token", "key_grants", "mcp_servers_resolved", "telemetry"]
     assert INTERNAL_FIELDS.isdisjoint(ModelConfig.model_fields) and INTERNAL_FIELDS.isdisjoint(
         UpstreamConfig.model_fields
     )
