@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.support.daemon import free_port, make_daemon
 from tests.support.otlp import Collector
+from vllmmlxd.paths import resolve_state_dir
 
 
 def config(d, telemetry: dict | None) -> str:
@@ -43,6 +44,8 @@ def config(d, telemetry: dict | None) -> str:
 
 def applied(d, text: str) -> None:
     """Write the config and wait until the worker and the gateway run it (a live reload)."""
+    if d.config_path.read_text() == text:
+        return  # running already: an unchanged file is no reload
     before = d.status()["daemon"].get("last_reload") or {}
     d.write_text(text)
     deadline = time.monotonic() + 60
@@ -83,6 +86,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--write", type=Path)
     args = parser.parse_args()
+    # The daemon's state directory links the models and BLAS measurements of this one (the default).
+    os.environ.setdefault("VLLMMLXD_STATE_DIR", str(resolve_state_dir()))
     collector = Collector().start()
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     settings = {

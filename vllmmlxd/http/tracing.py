@@ -19,6 +19,7 @@ provider is shut down on a thread of its own.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -40,6 +41,9 @@ from .access_log import SERVED
 from .key_usage import counted
 
 QUEUE = 2048  # spans waiting for export at most; past it they are dropped, counted
+# The SDK logs every failed try of an export (a traceback each, while a collector is down): drops are
+# counted in /metrics instead, and a worker's log stays for what the operator must act on.
+QUIET = ("opentelemetry.exporter.otlp", "opentelemetry.sdk._shared_internal", "opentelemetry.sdk.trace.export")
 PROPAGATOR = TraceContextTextMapPropagator()
 # The conventions' operation of each API route (by the end of its path).
 OPERATIONS = (
@@ -155,6 +159,8 @@ class Tracing:
         old, processor = self._provider, self._processor
         self.settings, self._provider, self._processor, self._tracer = settings, None, None, None
         if settings is not None:
+            for name in QUIET:
+                logging.getLogger(name).setLevel(logging.CRITICAL)
             sampler = ParentBased(TraceIdRatioBased(settings.sampling_ratio))
             provider = TracerProvider(
                 resource=Resource.create({"service.name": settings.service_name}), sampler=sampler
