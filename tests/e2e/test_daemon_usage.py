@@ -117,6 +117,10 @@ def test_usage_equals_the_responses_usage_and_survives_restarts(daemon):
     expected_rows(usage(d)[0])
     shown = d.ctl("usage").stdout
     assert "alice" in shown and "IN (CACHED)" in shown and ALICE not in shown
+    # The gateway's /api/status shows a key its own use only.
+    for key, name in ((ALICE, "alice"), (BOB, "bob")):
+        status = httpx.get(gateway + "/api/status", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
+        assert {r["key"] for r in status["usage"]["rows"]} == {name}
 
 
 def test_a_daily_token_budget_answers_429_on_every_route_until_a_reload_raises_it(daemon):

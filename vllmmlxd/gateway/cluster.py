@@ -162,6 +162,26 @@ def _picked(data: object, fields: tuple[str, ...]) -> dict | None:
     return {k: data[k] for k in fields if k in data} if isinstance(data, dict) else None
 
 
+async def _usage(gateway: Gateway) -> dict | None:
+    """The daemon's usage report for the last day; None when it cannot be read now (the status stands)."""
+    try:
+        answer = await gateway.daemon.usage()
+        return answer.json() if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def usage_for(report: dict, table: Table, key: str | None) -> dict:
+    """The usage a caller presenting ``key`` may see: its own key's rows and budget (and an open
+    entry's, where it may use one), never another key's."""
+    names = {grant.name for r in table.routes if key and not r.is_open and (grant := table.access[r.name].match(key))}
+    if any(r.is_open for r in table.routes):
+        names.add("")
+    rows = [r for r in report.get("rows") or () if isinstance(r, dict) and r.get("key") in names]
+    budgets = [b for b in report.get("budgets") or () if isinstance(b, dict) and b.get("key") in names]
+    return {"since_s": report.get("since_s"), "rows": rows, "budgets": budgets}
+
+
 def status_for(status: object, table: Table, key: str | None) -> dict:
     """The daemon's ``/status`` as a caller presenting ``key`` may see it: the models it may use (each
     with its own key's name only, and the MCP servers that key may use), no pid, path or error text."""
@@ -264,6 +284,10 @@ def make_router(gateway: Gateway) -> APIRouter:
             raise Unavailable(
                 f"the daemon's status cannot be read now (HTTP {answer.status_code})", code="daemon_unavailable"
             )
-        return JSONResponse(status_for(body, table, key))
+        shown = status_for(body, table, key)
+        usage = await _usage(gateway)
+        if usage is not None:
+            shown["usage"] = usage_for(usage, table, key)
+        return JSONResponse(shown)
 
     return router

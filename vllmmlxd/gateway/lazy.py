@@ -91,6 +91,11 @@ class DaemonClient:
         async with self._client(self._socket(), 10.0) as client:
             return await client.get("/status")
 
+    async def usage(self, since_s: float = 86_400) -> httpx.Response:
+        """The daemon's ``GET /usage``: each key's use per model over ``since_s``, and the budgets."""
+        async with self._client(self._socket(), 10.0) as client:
+            return await client.get("/usage", params={"since": str(since_s)})
+
     async def start_pull(self, source: str, revision: str | None) -> httpx.Response:
         """``POST /store/pulls``: start a pull or join the one of that repo under way (200, its status;
         422 a source naming no model; 409 another revision under way); ``httpx.HTTPError`` unreached."""
