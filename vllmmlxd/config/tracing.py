@@ -24,5 +24,4 @@ class TracingConfig(Strict):
     headers: dict[str, SecretStr] = Field(
         default_factory=dict, description="sent with each export (secrets: ${env:NAME}, ${file:/path})"
     )
-    capture_content: bool = Field(False, description="put prompts and answers in spans (off: counts and times only)")
     timeout_s: float = Field(5.0, gt=0, le=60, description="seconds an export may take before its spans are dropped")

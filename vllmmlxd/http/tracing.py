@@ -4,7 +4,7 @@ Each API request is one span (kind SERVER) named as OpenTelemetry's generative-A
 name it (``chat qwen``), the child of the client's ``traceparent`` when it sends one (the
 gateway's span, through the gateway), with the conventions' attributes (``gen_ai.operation.name``,
 ``gen_ai.request.model``, ``gen_ai.usage.input_tokens``...) and never a prompt, an answer or a
-key unless ``capture_content`` is on (then only text, never a key). The engine's phases are
+key: counts, times and names only. The engine's phases are
 child spans made when the request ends from the times the engine thread already keeps
 (``RequestProgress``): queue, prefill (cached tokens), decode (tokens, speculation's drafts), so
 the engine thread does nothing for tracing. Each MCP tool call is a span of its own.

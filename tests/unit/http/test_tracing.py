@@ -101,3 +101,31 @@ def test_each_protocol_gets_the_sdk_s_exporter_at_the_section_s_endpoint():
     assert isinstance(http, Http) and http._endpoint == "http://collector:4318/v1/traces"
     grpc = tracing.make_exporter(TracingConfig(endpoint="http://collector:4317", protocol="grpc"))
     assert isinstance(grpc, Grpc)
+
+
+def test_spans_reach_a_grpc_collector():
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    received: list[str] = []
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):
+            received.extend(s.name for r in request.resource_spans for sc in r.scope_spans for s in sc.spans)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        t = Tracing()
+        t.configure(TracingConfig(endpoint=f"http://127.0.0.1:{port}", protocol="grpc"))
+        t.start("over grpc").end()
+        t.flush()
+        assert received == ["over grpc"] and t.counts() == (1, 0)
+        t.configure(None)
+    finally:
+        server.stop(None)
