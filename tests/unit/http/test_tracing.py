@@ -106,7 +106,7 @@ def test_each_protocol_gets_the_sdk_s_exporter_at_the_section_s_endpoint():
 def test_spans_reach_a_grpc_collector():
     from concurrent import futures
 
-    import grpc
+    import grpc  # type: ignore[import-untyped]
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
     received: list[str] = []
