@@ -72,7 +72,7 @@ def test_an_mcp_server_edit_reconnects_only_the_workers_using_it(daemon):
     assert (call.type, call.server_label, call.name) == ("mcp_call", "files", "add"), made.output
     assert int(call.output) == sum(json.loads(call.arguments).values())
     status = daemon.ctl("status")
-    assert "a mcp: files ready (5 tools)" in status.stdout and "b mcp: notes ready (5 tools)" in status.stdout
+    assert "a mcp: files ready (6 tools)" in status.stdout and "b mcp: notes ready (6 tools)" in status.stdout
     workers = {n: m["pid"] for n, m in daemon.models().items()}
     files_pid, greeting = whoami(ports[0], "files__whoami")
     notes_pid, _ = whoami(ports[1], "notes__whoami")

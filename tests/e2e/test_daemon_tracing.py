@@ -2,7 +2,8 @@
 request with a `traceparent`, through the gateway to a worker whose MCP tool loop runs a call,
 is one trace: the gateway's span under the client's, the worker's under the gateway's, the
 engine's phases and the tool call under the worker's, with OpenTelemetry's generative-AI
-attributes and neither the prompt nor the key. With the collector gone, requests go on and the
+attributes and neither the prompt nor the key; the tool call's context reaches the MCP server
+in its request's _meta. With the collector gone, requests go on and the
 spans that could not be sent are counted in /metrics."""
 
 from __future__ import annotations
@@ -112,6 +113,20 @@ def test_one_trace_from_the_gateway_through_the_worker_and_its_tool_call(traced)
     sent = b"".join(collector.bodies)
     assert PROMPT.encode() not in sent and KEY.encode() not in sent and b"collector-secret" not in sent
     assert "collector-secret" not in d.log()
+
+
+def test_an_mcp_call_carries_its_span_s_context_to_the_server(traced):
+    d, collector = traced
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    r = httpx.post(
+        f"http://127.0.0.1:{d.port}/v1/mcp/execute",
+        json={"name": "files__traceparent"},
+        headers={"Authorization": f"Bearer {KEY}", "traceparent": f"00-{trace_id}-b7ad6b7169203331-01"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    [tool] = [s for s in collector.trace(trace_id, {"execute_tool files__traceparent"}) if s["name"].startswith("exec")]
+    assert r.json()["content"][0]["text"] == f"00-{trace_id}-{tool['span_id']}-01"  # what the server was sent
 
 
 def test_with_the_collector_gone_requests_go_on_and_dropped_spans_are_counted(traced):

@@ -138,6 +138,7 @@ def test_tools_are_listed_namespaced_with_their_schemas(serving):
         "files__echo",
         "files__add",
         "files__whoami",
+        "files__traceparent",
         "files__fail",  # crash is denied
         "search__lookup",
         "search__slow",
@@ -147,7 +148,7 @@ def test_tools_are_listed_namespaced_with_their_schemas(serving):
     assert (add["server"], add["tool"], add["description"]) == ("files", "add", "Add two integers.")
     assert add["input_schema"]["properties"]["a"]["type"] == "integer"  # as the server gave it
     listed = servers(serving.url)
-    assert listed["files"]["tools"] == 4 and listed["search"]["transport"] == "streamable-http"
+    assert listed["files"]["tools"] == 5 and listed["search"]["transport"] == "streamable-http"
 
 
 def test_execute_over_both_transports(serving):
@@ -188,7 +189,7 @@ def test_a_server_that_cannot_start_is_reported_and_the_model_still_serves(servi
     _, sock, _ = worker
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://worker", timeout=10) as c:
         reported = {s["name"]: s for s in c.get("/health").json()["load"]["mcp"]}
-    assert reported["broken"]["state"] == "failed" and reported["files"]["tools"] == 4
+    assert reported["broken"]["state"] == "failed" and reported["files"]["tools"] == 5
     assert "MCP_TEST_REFUSE" in reported["broken"]["last_error"]  # the daemon's status: its stderr's last line
 
 

@@ -15,10 +15,13 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import cast
+
+from mcp.types import RequestParamsMeta
 
 from ..config.mcp import MCP_TOOL_SEPARATOR, McpServerConfig
 from ..errors import InvalidRequest, RequestError
-from ..http.tracing import TRACING
+from ..http.tracing import TRACING, inject
 from ..log import log_event
 from .link import READY, Link
 
@@ -184,7 +187,10 @@ class McpHub:
         assert session is not None  # call() answers a server that is not ready itself
         started = time.perf_counter()
         try:
-            result = await asyncio.wait_for(session.call_tool(tool_name, arguments), timeout)
+            # The trace's context rides in the request's _meta (OpenTelemetry's MCP conventions): per
+            # call, whatever the transport, where an HTTP header would be the connection's.
+            meta = cast(RequestParamsMeta, inject({})) or None
+            result = await asyncio.wait_for(session.call_tool(tool_name, arguments, meta=meta), timeout)
             out = McpResult(
                 content=[b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content],
                 is_error=bool(result.is_error),

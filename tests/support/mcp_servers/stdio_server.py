@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("files", log_level="WARNING")
@@ -31,6 +31,13 @@ def add(a: int, b: int) -> int:
 def whoami() -> str:
     """This server's process id and greeting (from its env)."""
     return f"{os.getpid()} {os.environ.get('MCP_TEST_GREETING', '')}"
+
+
+@server.tool()
+def traceparent(ctx: Context) -> str:
+    """The trace context the call came with (its _meta), or nothing."""
+    meta = ctx.request_context.meta or {}
+    return str(meta.get("traceparent", ""))
 
 
 @server.tool()

@@ -53,7 +53,13 @@ def test_tools_calls_and_a_restart(caplog):
         async with hub.lifespan():
             await until(lambda: {s["name"]: s["state"] for s in hub.status()} == {"files": "ready", "broken": "failed"})
             names = [t.name for t in hub.tools()]
-            assert names == ["files__add", "files__whoami", "files__fail", "files__crash"]  # echo denied
+            assert names == [
+                "files__add",
+                "files__whoami",
+                "files__traceparent",
+                "files__fail",
+                "files__crash",
+            ]  # echo denied
             add = next(t for t in hub.tools() if t.tool == "add")
             assert add.server == "files" and add.input_schema["required"] == ["a", "b"]
             assert hub.tools(frozenset({"broken"})) == []
