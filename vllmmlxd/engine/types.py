@@ -232,6 +232,7 @@ class RequestProgress:
     accepted_tokens: int = 0
     queue_position: int | None = None  # 1 for the next to run, while it waits in the engine's queue
     waiting_for: WaitingFor | None = None
+    waited_for: WaitingFor | None = None  # what held it in the queue last, kept once it started
     owner: str | None = None  # the key it came with: /v1/status shows a key its own requests only
 
     @property

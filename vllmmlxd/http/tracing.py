@@ -240,7 +240,7 @@ def phase_spans(tracing: Tracing, parent: Span, progress: Any, end_s: float) -> 
     parent_ctx = trace.set_span_in_context(parent)
     started, first, last = progress.started_at, progress.first_token_at, progress.last_token_at
     phases = [
-        ("queue", progress.queued_at, started, {"vllmmlxd.queue.waited_for": progress.waiting_for}),
+        ("queue", progress.queued_at, started, {"vllmmlxd.queue.waited_for": progress.waited_for}),
         (
             "prefill",
             started,
@@ -316,15 +316,24 @@ class TracingMiddleware:
         )
         status = 500
         token = otel_context.attach(trace.set_span_in_context(span))
+        answered = False
 
         async def watch(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
                 status = message["status"]
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
+
+        async def listen() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect" and not answered:  # the client left before the answer ended
+                span.add_event("client.disconnect")
+            return message
 
         try:
-            await self.app(scope, receive, watch)
+            await self.app(scope, listen, watch)
         except BaseException as exc:
             span.record_exception(exc)
             raise

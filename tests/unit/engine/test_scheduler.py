@@ -56,6 +56,8 @@ def test_oldest_first_up_to_max_num_seqs_and_a_full_batch_waits():
         h.step()
     h.finish(c)
     assert h.admitted[-1] == c.request.request_id
+    assert c.progress.waiting_for is None and c.progress.waited_for == "max_num_seqs"  # what its trace shows
+    assert a.progress.waited_for is None
     # Deterministic logits: each continues counting from its prompt's last token.
     assert [h.text(s) for s in (a, b, c)] == [
         decode_ids([18, 19, 20]),

@@ -64,7 +64,7 @@ def test_the_engine_s_phases_carry_the_times_it_kept(monkeypatch):
         started_at=now - 2.0,
         first_token_at=now - 1.5,
         last_token_at=now - 0.5,
-        waiting_for="max_num_seqs",
+        waited_for="max_num_seqs",
         prompt_tokens=100,
         cached_tokens=64,
         generated_tokens=20,
@@ -80,6 +80,7 @@ def test_the_engine_s_phases_carry_the_times_it_kept(monkeypatch):
     assert abs(seconds["queue"] - 1.0) < 0.01 and abs(seconds["prefill"] - 0.5) < 0.01
     assert abs(seconds["decode"] - 1.0) < 0.01
     assert spans["prefill"].attributes["vllmmlxd.cached_tokens"] == 64
+    assert spans["queue"].attributes["vllmmlxd.queue.waited_for"] == "max_num_seqs"
     assert spans["decode"].attributes["vllmmlxd.speculation.accepted"] == 7
     assert spans["queue"].parent.span_id == spans["chat m"].context.span_id
 
@@ -129,3 +130,29 @@ def test_spans_reach_a_grpc_collector():
         t.configure(None)
     finally:
         server.stop(None)
+
+
+def test_a_client_that_leaves_mid_answer_is_an_event_of_its_span(monkeypatch):
+    import asyncio
+
+    from vllmmlxd.http.tracing import TracingMiddleware
+
+    memory = InMemorySpanExporter()
+    t = traced(monkeypatch, memory)
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        assert (await receive())["type"] == "http.disconnect"  # a streaming route watches for it
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        pass
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], "state": {}}
+    asyncio.run(TracingMiddleware(app, lambda: "m", tracing=t)(scope, receive, send))
+    t.flush()
+    [span] = memory.get_finished_spans()
+    assert span.name == "chat m" and [e.name for e in span.events] == ["client.disconnect"]

@@ -143,6 +143,7 @@ class Sequence:
         self.progress.started_at = time.monotonic()
         self.progress.cached_tokens = self.progress.prefilled_tokens = cached_tokens
         self.progress.cache_hit_type = hit_type
+        self.progress.waited_for = self.progress.waiting_for  # what held it last, for its trace
         self.progress.queue_position = self.progress.waiting_for = None
 
     def cache_key(self, tokens: list[int]) -> list[int]:
