@@ -8,6 +8,8 @@ spans that could not be sent are counted in /metrics."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,11 +28,12 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 
 
-def config(d, endpoint: str) -> str:
+def config(d, endpoint: str, capture: bool = False) -> str:
+    telemetry = {"endpoint": endpoint, "headers": {"x-collector-token": "${env:COLLECTOR_TOKEN}"}}
     return yaml.safe_dump(
         {
             "daemon": {"control_socket": str(d.socket), "state_dir": str(d.state_dir), "drain_timeout": 10},
-            "telemetry": {"endpoint": endpoint, "headers": {"x-collector-token": "${env:COLLECTOR_TOKEN}"}},
+            "telemetry": {**telemetry, "capture_content": capture},
             "mcp_servers": {"files": {"command": sys.executable, "args": [str(SERVER)]}},
             "api_keys": {"alice": {"key": KEY}},
             "gateway": {"port": d.gateway_port},
@@ -127,6 +130,28 @@ def test_an_mcp_call_carries_its_span_s_context_to_the_server(traced):
     assert r.status_code == 200, r.text
     [tool] = [s for s in collector.trace(trace_id, {"execute_tool files__traceparent"}) if s["name"].startswith("exec")]
     assert r.json()["content"][0]["text"] == f"00-{trace_id}-{tool['span_id']}-01"  # what the server was sent
+
+
+def test_content_is_in_spans_only_once_the_operator_turns_it_on(traced):
+    d, collector = traced
+    d.write_text(config(d, collector.endpoint, capture=True))  # a live reload: no worker restarts
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        trace_id = os.urandom(16).hex()
+        r = chat(d, d.port, traceparent=f"00-{trace_id}-{CLIENT_SPAN}-01")
+        assert r.status_code == 200, r.text
+        [worker] = [s for s in collector.trace(trace_id, {"chat tiny"}) if s["name"] == "chat tiny"]
+        if "gen_ai.input.messages" in worker["attributes"]:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("capture_content never reached the worker")
+    asked = json.loads(worker["attributes"]["gen_ai.input.messages"])
+    assert asked == [{"role": "user", "parts": [{"type": "text", "content": PROMPT}]}]
+    [answer] = json.loads(worker["attributes"]["gen_ai.output.messages"])
+    assert answer["role"] == "assistant" and answer["finish_reason"] == r.json()["choices"][0]["finish_reason"]
+    assert KEY.encode() not in b"".join(collector.bodies)
+    d.write_text(config(d, collector.endpoint))
 
 
 def test_with_the_collector_gone_requests_go_on_and_dropped_spans_are_counted(traced):

@@ -28,6 +28,8 @@ from ..engine.types import (
 )
 from ..errors import EngineFailure, KvBudgetExceeded, RequestTimeout
 from ..http.access_log import SERVED
+from ..http.tracing import OUTPUT as TRACED_OUTPUT
+from ..http.tracing import TRACING
 from ..log import log_event
 from .body import ClientDisconnected, unless_disconnected
 from .context import ServingContext
@@ -160,7 +162,21 @@ def _events(ctx: ServingContext, request: Request, gen: Generation) -> AsyncGene
     engine's progress of the (first) turn, which the engine keeps from admission on."""
     events = open_events(ctx, gen)
     request.state.progress = ctx.engine.stats.requests.get(gen.request_id)
-    return events
+    return _kept_for_trace(events, request) if TRACING.captures else events
+
+
+async def _kept_for_trace(events: AsyncGenerator, request: Request) -> AsyncGenerator:
+    """``events`` as they come, their text kept for the request's span (``capture_content``)."""
+    text: list[str] = []
+    try:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                text.append(event.text)
+            elif isinstance(event, Finished):
+                setattr(request.state, TRACED_OUTPUT, ("".join(text), event.reason))
+            yield event
+    finally:
+        await events.aclose()  # the engine's request ends with its reader, as it would unwrapped
 
 
 def _finished(ctx: ServingContext, request: Request, event: Finished) -> None:

@@ -24,4 +24,7 @@ class TracingConfig(Strict):
     headers: dict[str, SecretStr] = Field(
         default_factory=dict, description="sent with each export (secrets: ${env:NAME}, ${file:/path})"
     )
+    capture_content: bool = Field(
+        False, description="put prompts and answers in spans (gen_ai.input.messages, gen_ai.output.messages)"
+    )
     timeout_s: float = Field(5.0, gt=0, le=60, description="seconds an export may take before its spans are dropped")

@@ -3,8 +3,8 @@
 Each API request is one span (kind SERVER) named as OpenTelemetry's generative-AI conventions
 name it (``chat qwen``), the child of the client's ``traceparent`` when it sends one (the
 gateway's span, through the gateway), with the conventions' attributes (``gen_ai.operation.name``,
-``gen_ai.request.model``, ``gen_ai.usage.input_tokens``...) and never a prompt, an answer or a
-key: counts, times and names only. The engine's phases are
+``gen_ai.request.model``, ``gen_ai.usage.input_tokens``...) and never a prompt or an answer unless
+``capture_content`` is on (``trace_content.py``), never a key. The engine's phases are
 child spans made when the request ends from the times the engine thread already keeps
 (``RequestProgress``): queue, prefill (cached tokens), decode (tokens, speculation's drafts), so
 the engine thread does nothing for tracing. Each MCP tool call is a span of its own.
@@ -39,8 +39,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..config.tracing import TracingConfig
 from .access_log import SERVED
 from .key_usage import counted
+from .trace_content import BODY_BYTES, input_messages, output_messages
 
 QUEUE = 2048  # spans waiting for export at most; past it they are dropped, counted
+OUTPUT = "traced_output"  # scope["state"] key: the answer's text and finish reason, when content is captured
 # The SDK logs every failed try of an export (a traceback each, while a collector is down): drops are
 # counted in /metrics instead, and a worker's log stays for what the operator must act on.
 QUIET = ("opentelemetry.exporter.otlp", "opentelemetry.sdk._shared_internal", "opentelemetry.sdk.trace.export")
@@ -103,18 +105,22 @@ class BoundedProcessor(SpanProcessor):
         )
         self.handed = 0
         self.dropped = 0
+        self.closed = False
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         self.inner.on_start(span, parent_context)
 
     def on_end(self, span: ReadableSpan) -> None:
-        if self.handed - self.exporter.exported - self.exporter.failed >= QUEUE:
+        # A span that ends after its provider was replaced (its request began before a reload) is
+        # dropped by the SDK; a full queue, here: both counted.
+        if self.closed or self.handed - self.exporter.exported - self.exporter.failed >= QUEUE:
             self.dropped += 1
             return
         self.handed += 1
         self.inner.on_end(span)
 
     def shutdown(self) -> None:
+        self.closed = True
         self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
@@ -145,11 +151,18 @@ class Tracing:
         self._provider: TracerProvider | None = None
         self._processor: BoundedProcessor | None = None
         self._tracer: trace.Tracer | None = None
-        self._gone = [0, 0]  # exported and dropped by providers already replaced
+        self._gone = [0, 0]  # exported and dropped by providers replaced and shut down
+        self._retiring: list[BoundedProcessor] = []  # replaced, still sending what they held
+        self._lock = threading.Lock()
 
     @property
     def on(self) -> bool:
         return self._tracer is not None
+
+    @property
+    def captures(self) -> bool:
+        """Whether spans hold the requests' content (``capture_content``)."""
+        return self._tracer is not None and self.settings is not None and self.settings.capture_content
 
     def configure(self, settings: TracingConfig | None) -> None:
         """Export where ``settings`` says from now on (None: trace nothing); an unchanged section
@@ -169,15 +182,25 @@ class Tracing:
             provider.add_span_processor(self._processor)
             self._provider, self._tracer = provider, provider.get_tracer("vllmmlxd")
         if old is not None and processor is not None:
+            with self._lock:
+                self._retiring.append(processor)
+            threading.Thread(target=self._retire, args=(old, processor), name="vllmmlxd-trace-end", daemon=True).start()
+
+    def _retire(self, provider: TracerProvider, processor: BoundedProcessor) -> None:
+        """Shut a replaced provider down (it sends what it held, or drops it), then keep its counts."""
+        provider.shutdown()
+        with self._lock:
+            self._retiring.remove(processor)
             self._gone[0] += processor.exporter.exported
             self._gone[1] += processor.dropped + processor.exporter.failed
-            threading.Thread(target=old.shutdown, name="vllmmlxd-trace-shutdown", daemon=True).start()
 
     def counts(self) -> tuple[int, int]:
         """Spans exported, and dropped (queue full or export failed), since the process started."""
-        p = self._processor
-        now = (p.exporter.exported, p.dropped + p.exporter.failed) if p is not None else (0, 0)
-        return self._gone[0] + now[0], self._gone[1] + now[1]
+        with self._lock:
+            live = [*self._retiring, *([self._processor] if self._processor is not None else [])]
+            exported = self._gone[0] + sum(p.exporter.exported for p in live)
+            dropped = self._gone[1] + sum(p.dropped + p.exporter.failed for p in live)
+        return exported, dropped
 
     def start(
         self,
@@ -326,10 +349,14 @@ class TracingMiddleware:
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 answered = True
 
+        body = bytearray() if tracing.captures else None
+
         async def listen() -> Message:
             message = await receive()
             if message["type"] == "http.disconnect" and not answered:  # the client left before the answer ended
                 span.add_event("client.disconnect")
+            elif body is not None and message["type"] == "http.request" and len(body) <= BODY_BYTES:
+                body.extend(message.get("body", b""))
             return message
 
         try:
@@ -339,7 +366,21 @@ class TracingMiddleware:
             raise
         finally:
             otel_context.detach(token)
+            if body is not None:
+                self._content(span, scope, bytes(body))
             self._finish(span, scope, status)
+
+    @staticmethod
+    def _content(span: Span, scope: Scope, body: bytes) -> None:
+        """The request's messages and its answer, where the operator asked for content."""
+        state = scope.get("state") or {}
+        asked = input_messages(body) if len(body) <= BODY_BYTES else None
+        answer = state.get(OUTPUT)
+        attrs = {
+            "gen_ai.input.messages": asked,
+            "gen_ai.output.messages": output_messages(answer[0], answer[1]) if isinstance(answer, tuple) else None,
+        }
+        span.set_attributes(_clean(attrs))
 
     def _finish(self, span: Span, scope: Scope, status: int) -> None:
         state = scope.get("state") or {}
