@@ -112,6 +112,8 @@ def test_one_trace_from_the_gateway_through_the_worker_and_its_tool_call(traced)
     assert attrs["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
     assert attrs["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
     assert attrs["http.response.status_code"] == 200 and attrs["vllmmlxd.key.name"] == "alice"
+    assert attrs["gen_ai.response.finish_reasons"] == [r.json()["choices"][0]["finish_reason"]]
+    assert attrs["gen_ai.response.model"] == "tiny" and attrs["gen_ai.provider.name"] == "vllmmlxd"
     assert gateway["attributes"]["gen_ai.request.model"] == "tiny" and gateway["service"] == "vllmmlxd"
     sent = b"".join(collector.bodies)
     assert PROMPT.encode() not in sent and KEY.encode() not in sent and b"collector-secret" not in sent

@@ -17,6 +17,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 def _value(v: Any) -> Any:
     kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values]
     return getattr(v, kind) if kind else None
 
 

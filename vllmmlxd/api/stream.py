@@ -191,6 +191,7 @@ def _finished(ctx: ServingContext, request: Request, event: Finished) -> None:
             "prompt_tokens": event.usage.prompt_tokens,
             "completion_tokens": event.usage.completion_tokens,
             "cached_tokens": getattr(progress, "cached_tokens", None),
+            "finish_reason": event.reason,  # for the request's span (the access log shows the counts)
             "ttft_s": round(first - queued, 3) if first is not None and queued is not None else None,
         },
     )

@@ -106,14 +106,20 @@ class BoundedProcessor(SpanProcessor):
         self.handed = 0
         self.dropped = 0
         self.closed = False
+        self.successor: Callable[[], BoundedProcessor | None] = lambda: None  # where late spans go once closed
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         self.inner.on_start(span, parent_context)
 
     def on_end(self, span: ReadableSpan) -> None:
-        # A span that ends after its provider was replaced (its request began before a reload) is
-        # dropped by the SDK; a full queue, here: both counted.
-        if self.closed or self.handed - self.exporter.exported - self.exporter.failed >= QUEUE:
+        if self.closed:  # its request began before a reload replaced this provider: the new one sends it
+            successor = self.successor()
+            if successor is not None:
+                successor.on_end(span)
+            else:
+                self.dropped += 1
+            return
+        if self.handed - self.exporter.exported - self.exporter.failed >= QUEUE:
             self.dropped += 1
             return
         self.handed += 1
@@ -182,6 +188,7 @@ class Tracing:
             provider.add_span_processor(self._processor)
             self._provider, self._tracer = provider, provider.get_tracer("vllmmlxd")
         if old is not None and processor is not None:
+            processor.successor = lambda: self._processor
             with self._lock:
                 self._retiring.append(processor)
             threading.Thread(target=self._retire, args=(old, processor), name="vllmmlxd-trace-end", daemon=True).start()
@@ -390,6 +397,10 @@ class TracingMiddleware:
         attrs = {
             "http.response.status_code": status,
             "gen_ai.response.id": state.get("request_id"),
+            "gen_ai.response.model": span.attributes.get("gen_ai.request.model")
+            if hasattr(span, "attributes")
+            else None,
+            "gen_ai.response.finish_reasons": [served["finish_reason"]] if served.get("finish_reason") else None,
             "gen_ai.usage.input_tokens": served.get("prompt_tokens"),
             "gen_ai.usage.output_tokens": served.get("completion_tokens"),
             "vllmmlxd.cached_tokens": served.get("cached_tokens"),

@@ -156,3 +156,17 @@ def test_a_client_that_leaves_mid_answer_is_an_event_of_its_span(monkeypatch):
     t.flush()
     [span] = memory.get_finished_spans()
     assert span.name == "chat m" and [e.name for e in span.events] == ["client.disconnect"]
+
+
+def test_a_span_that_ends_after_a_reload_is_sent_by_the_new_provider(monkeypatch):
+    made: list[InMemorySpanExporter] = []
+    monkeypatch.setattr(tracing, "make_exporter", lambda settings: made.append(InMemorySpanExporter()) or made[-1])
+    t = Tracing()
+    t.configure(TracingConfig(endpoint="http://127.0.0.1:9"))
+    span = t.start("began before the reload")
+    t.configure(TracingConfig(endpoint="http://127.0.0.1:9", service_name="renamed"))
+    time.sleep(0.5)  # the old provider has shut down
+    span.end()
+    t.flush()
+    assert [s.name for s in made[1].get_finished_spans()] == ["began before the reload"]
+    assert t.counts() == (1, 0)
