@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from .config.flags import OWN_FLAGS, add_flags, entry_values, flag_name, serve_flags
 from .config.speculative import OFF
 from .log import setup_logging
+from .version import VersionAction
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
@@ -133,6 +134,7 @@ def _run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vllmmlxd", description="Serve local LLMs with MLX.")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser = _serve_parser(sub)
     run_parser = sub.add_parser("run", help="run the daemon: one supervised worker per model entry of a config file")

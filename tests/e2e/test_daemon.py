@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.support.daemon import free_port, model_entry, pid_alive, wait_gone
+from tests.support.servers import version_fields
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -56,7 +57,7 @@ def test_edits_add_change_and_remove_entries_and_vllmmlxctl_drives_it(daemon):
         "served_model_name",
     }
     assert js["daemon"]["pid"] == daemon.proc.pid and js["models"][0]["served_model_name"] == "Alpha"
-    assert httpx.get(f"http://127.0.0.1:{pa}/health").json() == {"status": "ok", "model": "Alpha"}
+    assert httpx.get(f"http://127.0.0.1:{pa}/health").json() == {"status": "ok", "model": "Alpha", **version_fields()}
 
     # add b by editing the file: the reload starts within 5 s (then the worker loads, as long as it takes)
     offset = len(daemon.log())

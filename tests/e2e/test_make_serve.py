@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.servers import free_port, wait_healthy
+from tests.support.servers import free_port, version_fields, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,11 @@ def test_make_serve_answers_health_and_names_paris():
     )
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout=600)
-        assert httpx.get(f"http://127.0.0.1:{port}/health").json() == {"status": "ok", "model": "default"}
+        assert httpx.get(f"http://127.0.0.1:{port}/health").json() == {
+            "status": "ok",
+            "model": "default",
+            **version_fields(),
+        }
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="not-needed", max_retries=0, timeout=300)
         r = client.chat.completions.create(
             model="default",

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.support.families import save
-from tests.support.servers import start_serve
+from tests.support.servers import start_serve, version_fields
 from vllmmlxd.engine.loading.builtin import ensure_builtin
 from vllmmlxd.paths import resolve_state_dir
 from vllmmlxd.runtime.blas_find import FINDERS
@@ -37,7 +37,7 @@ def test_a_bogus_library_path_serves_on_bundled_with_a_warning(tmp_path):
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         # The runtime is for the daemon's private socket and authenticated status, not public /health.
-        assert httpx.get(server.url + "/health").json() == {"status": "ok", "model": "builtin:tiny"}
+        assert httpx.get(server.url + "/health").json() == {"status": "ok", "model": "builtin:tiny", **version_fields()}
     finally:
         assert server.stop() == 0
     log = server.log()

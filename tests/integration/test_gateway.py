@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from tests.support.gateway import Gateway
-from tests.support.servers import free_port, start_serve
+from tests.support.servers import free_port, start_serve, version_fields
 from vllmmlxd.config.gateway import GatewaySpec
 from vllmmlxd.config.keys import key_digest
 from vllmmlxd.config.load import parse_config
@@ -315,7 +315,7 @@ def test_api_models_and_health(gateway):
     assert health["status"] == "ok" and list(health["models"]) == ["alpha", "remote", "dead"]
     health = httpx.get(gateway.url + "/api/health", headers={"x-api-key": ALICE}).json()
     assert health["models"]["beta"] == {"state": "ready", "model": "tiny-b", "ok": True}
-    assert httpx.get(gateway.url + "/health").json() == {"status": "ok", "models": 4}
+    assert httpx.get(gateway.url + "/health").json() == {"status": "ok", "models": 4, **version_fields()}
 
 
 def test_upstream_with_its_own_key(gateway):

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.servers import free_port, start_serve
+from tests.support.servers import free_port, start_serve, version_fields
 from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.supervisor.live import push_settings
 
@@ -51,7 +51,7 @@ def test_private_health_reports_load_and_the_config_hash_and_the_public_port_has
     assert body["status"] == "ok" and body["config_hash"] == base.config_hash()
     assert {"running", "waiting", "cache_mb"} <= set(body["load"]) and "blas" in body["runtime"]
     public = httpx.get(s.url + "/health").json()
-    assert public == {"status": "ok", "model": MODEL}  # no hash, load or runtime on the public port
+    assert public == {"status": "ok", "model": MODEL, **version_fields()}  # no hash, load or runtime on the public port
     r = httpx.post(
         s.url + "/internal/settings", content=base.to_worker_json(), headers={"Authorization": f"Bearer {KEY}"}
     )

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.servers import start_serve
+from tests.support.servers import start_serve, version_fields
 
 NAME = "tiny-test"
 
@@ -53,7 +53,7 @@ def sse_lines(server, path, body, headers=None):
 
 
 def test_health_names_the_model(server):
-    assert httpx.get(server.url + "/health").json() == {"status": "ok", "model": NAME}
+    assert httpx.get(server.url + "/health").json() == {"status": "ok", "model": NAME, **version_fields()}
 
 
 def test_models_lists_the_served_name_and_owner(client):

@@ -112,3 +112,11 @@ def greedy_completion(url: str, prompt: str, max_tokens: int = 8, timeout: float
                 text += piece
     assert first is not None
     return first, text
+
+
+def version_fields() -> dict:
+    """What every /health adds: the version, and the clone's commit (the tests run from one)."""
+    from vllmmlxd import __version__
+    from vllmmlxd.version import commit
+
+    return {"version": __version__, "commit": commit()}

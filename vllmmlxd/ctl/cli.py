@@ -36,6 +36,7 @@ from vllmmlxd.ctl.render import (
 )
 from vllmmlxd.ctl.render_usage import period, render_usage
 from vllmmlxd.errors import VllmmlxdError
+from vllmmlxd.version import VersionAction
 
 PROG = "vllmmlxctl"
 
@@ -291,6 +292,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="the daemon's config file, to find its control socket",
     )
     parser = argparse.ArgumentParser(prog=PROG, parents=[common], description="Control a running vllmmlxd.")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("status", parents=[common], help="show each model's state; exit 3 if any is not ready")

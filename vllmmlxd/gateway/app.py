@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route as HttpRoute
 
+from .. import __version__
 from ..api.errors import install_error_handlers
 from ..config.gateway import GatewaySpec, Route
 from ..http.access import presented_key
@@ -28,6 +29,7 @@ from ..http.browser import BrowserDefences
 from ..http.request_id import RequestIdMiddleware
 from ..http.tracing import TracingMiddleware
 from ..log import log_event
+from ..version import commit
 from .cluster import make_router as make_cluster_router
 from .dispatch import Gateway
 from .routing import ReplicaSet, TableError, build_table, set_state
@@ -121,7 +123,7 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.get("/health", response_model=None)
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "models": len(gateway.table.routes)}
+        return {"status": "ok", "models": len(gateway.table.routes), "version": __version__, "commit": commit()}
 
     app.include_router(make_cluster_router(gateway))
     _install_ui(app, gateway)

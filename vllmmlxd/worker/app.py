@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from .. import __version__
 from ..api.anthropic.routes import make_router as make_anthropic_router
 from ..api.context import LiveContext, owner_of, shown_source
 from ..api.errors import install_error_handlers
@@ -43,6 +44,7 @@ from ..http.tracing import TRACING, TraceCollector, TracingMiddleware
 from ..log import log_event
 from ..mcp.hub import McpHub
 from ..usage import Ledger
+from ..version import commit
 from .liveness import DEGRADED, engine_health, stuck_after_s
 from .settings import SettingsRefused, judge_update
 
@@ -242,7 +244,7 @@ def apply_settings(live: LiveContext, engine: Engine, config: ResolvedModel) -> 
 def health_response(engine: Engine, stuck_after: float, extra: dict) -> JSONResponse:
     """``{"status": "ok"}`` (200), or ``degraded`` (503) while work waits on a silent engine thread."""
     state, silent = engine_health(engine.stats, time.monotonic(), stuck_after)
-    body = {"status": state, **extra}
+    body = {"status": state, **extra, "version": __version__, "commit": commit()}
     if state == DEGRADED:
         body["stalled_s"] = silent
     return JSONResponse(body, status_code=503 if state == DEGRADED else 200)

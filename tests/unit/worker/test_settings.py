@@ -8,6 +8,7 @@ import pytest
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from tests.support.servers import version_fields
 from vllmmlxd.api.context import LiveContext
 from vllmmlxd.config.schema import ResolvedModel
 from vllmmlxd.engine.types import Engine, EngineStats, ModelInfo
@@ -120,7 +121,7 @@ def test_the_private_app_applies_a_push_and_the_public_app_sees_it():
 def test_health_is_degraded_503_while_work_waits_on_a_silent_engine(monkeypatch):
     monkeypatch.setenv("VLLMMLXD_STUCK_AFTER_S", "5")
     engine, public, private = apps()
-    assert public.get("/health").json() == {"status": "ok", "model": "k"}
+    assert public.get("/health").json() == {"status": "ok", "model": "k", **version_fields()}
     engine.stats.num_waiting = 1
     engine.stats.last_step_at -= 60
     for client in (public, private):
