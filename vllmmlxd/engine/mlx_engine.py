@@ -31,8 +31,7 @@ from ..parsers.tools.instructions import calls_as_text, with_tool_instructions
 from .batch.plans import Lockstep
 from .cache.cache_setup import make_prefix_cache
 from .options import EngineOptions, explicit_limit
-from .speculation.mtp import FAMILIES as MTP_FAMILIES
-from .speculation.mtp import load_mtp
+from .speculation.mtp import required_mtp
 from .step.kv_budget import KvBudget, default_limit
 from .step.scheduler import Scheduler
 from .step.sequence import Chain, Sequence
@@ -153,13 +152,7 @@ class MLXEngine:
         distributed = lockstep is not None and lockstep.distributed
         drafter: Any = draft.model if draft is not None else None  # a draft model, or the MTP layers
         if self.options.speculative is not None and self.options.speculative.method == "mtp" and not distributed:
-            drafter = load_mtp(Path(loaded.path), self.model)
-            if drafter is None:
-                raise ModelLoadError(
-                    f"speculative method mtp: {loaded.name!r} carries no multi-token-prediction layers this engine "
-                    f"reads (mtp.* weights of a {', '.join(MTP_FAMILIES)} checkpoint; mlx-lm's conversions drop them): "
-                    "serve the original checkpoint, or use method prompt-lookup"
-                )
+            drafter = required_mtp(Path(loaded.path), self.model, loaded.name)
         self._scheduler = Scheduler(
             self.model,
             self._eos,

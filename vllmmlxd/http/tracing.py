@@ -375,7 +375,7 @@ class TracingMiddleware:
             otel_context.detach(token)
             if body is not None:
                 self._content(span, scope, bytes(body))
-            self._finish(span, scope, status)
+            self._finish(span, scope, status, model)
 
     @staticmethod
     def _content(span: Span, scope: Scope, body: bytes) -> None:
@@ -389,7 +389,7 @@ class TracingMiddleware:
         }
         span.set_attributes(_clean(attrs))
 
-    def _finish(self, span: Span, scope: Scope, status: int) -> None:
+    def _finish(self, span: Span, scope: Scope, status: int, model: str | None) -> None:
         state = scope.get("state") or {}
         found = state.get(SERVED)
         served: dict[str, Any] = found if isinstance(found, dict) else {}
@@ -397,9 +397,7 @@ class TracingMiddleware:
         attrs = {
             "http.response.status_code": status,
             "gen_ai.response.id": state.get("request_id"),
-            "gen_ai.response.model": span.attributes.get("gen_ai.request.model")
-            if hasattr(span, "attributes")
-            else None,
+            "gen_ai.response.model": model,  # the model the worker served (None in the gateway)
             "gen_ai.response.finish_reasons": [served["finish_reason"]] if served.get("finish_reason") else None,
             "gen_ai.usage.input_tokens": served.get("prompt_tokens"),
             "gen_ai.usage.output_tokens": served.get("completion_tokens"),

@@ -34,6 +34,8 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
+from ...errors import ModelLoadError
+
 PREFIX = "mtp."
 # The families whose MTP layer is this shape (their config's ``model_type``). Qwen3-Next's is too,
 # but mlx-lm 0.32 cannot load a converted Qwen3-Next checkpoint that keeps ``mtp.*`` (its sanitize
@@ -208,6 +210,18 @@ def load_mtp(path: Path, model: Any) -> MTPDrafter | None:
     layers.eval()
     mx.eval(layers.parameters())
     return MTPDrafter(layers, parts)
+
+
+def required_mtp(path: Path, model: Any, name: str) -> MTPDrafter:
+    """``load_mtp``, for an entry that asked for MTP drafts: a checkpoint without them is an error."""
+    drafter = load_mtp(path, model)
+    if drafter is None:
+        raise ModelLoadError(
+            f"speculative method mtp: {name!r} carries no multi-token-prediction layers this engine "
+            f"reads (mtp.* weights of a {', '.join(FAMILIES)} checkpoint; mlx-lm's conversions drop them): "
+            "serve the original checkpoint, or use method prompt-lookup"
+        )
+    return drafter
 
 
 def _as_converted(weights: dict[str, mx.array], model: Any, parts: Parts) -> dict[str, mx.array]:
