@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
-from common import REPO, cpu_name, write_section
+from common import REPO, cpu_name, publish
 
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("VLLMMLXD_STATE_DIR", str(Path.home() / ".local/state/vllmmlxd"))
@@ -86,10 +86,7 @@ def main() -> None:
     ]
     for scope, (a_s, a_n, a_c), (b_s, b_n, b_c) in rows:
         lines.append(f"| {scope} | {a_n:,}, {a_c:,}, {a_s:.2f} s | {b_n:,}, {b_c:,}, {b_s:.2f} s | {b_s / a_s:.2f}x |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.write:
-        write_section(args.write, lines[0], text)
+    publish(lines, args.write)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import httpx
-from common import REPO, cpu_name, write_section
+from common import REPO, cpu_name, publish
 
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("VLLMMLXD_STATE_DIR", str(Path.home() / ".local/state/vllmmlxd"))
@@ -227,10 +227,7 @@ def main() -> None:
     ]
     for question, (same, lead) in zip(AGREEMENT_PROMPTS, agreement):
         lines.append(f"| {question[:48]}... | {same} | {lead} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.write:
-        write_section(args.write, lines[0], text)
+    publish(lines, args.write)
 
 
 # The kv_bits measurement, run as a child process (argv[1]: the model); prints one JSON line.

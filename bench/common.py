@@ -68,3 +68,11 @@ def write_section(path: Path, heading: str, text: str, intro: str = "# Benchmark
     body = text.rstrip("\n") + "\n"
     doc = pattern.sub(lambda _: body, doc, count=1) if pattern.search(doc) else doc.rstrip("\n") + "\n\n" + body
     path.write_text(doc)
+
+
+def publish(lines: list[str], path: Path | None) -> None:
+    """A bench's section: printed, and written into ``path`` (docs/benchmarks.md) under its heading (``lines[0]``)."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if path is not None:
+        write_section(path, lines[0], text)

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import httpx
-from common import REPO, cpu_name, write_section
+from common import REPO, cpu_name, publish
 from speculative import CODE
 
 sys.path.insert(0, str(REPO))
@@ -114,10 +114,7 @@ def main() -> None:
         accepted, rejected = counts[label]
         said = f"{accepted} / {rejected}" if label.startswith("prediction") else "-"
         lines.append(f"| {label} | {value:.1f} | {value / off:.2f}x | {said} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.write:
-        write_section(args.write, lines[0], text)
+    publish(lines, args.write)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
-from common import REPO, cpu_name, write_section
+from common import REPO, cpu_name, publish
 from speculative import rate, stream
 
 sys.path.insert(0, str(REPO))
@@ -147,10 +147,7 @@ def main() -> None:
         "the 12 layers together: the adaptive width drafts less, for 1.2x. On a model of billions of",
         "weights the head and one layer are a smaller part of a step.",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.write:
-        write_section(args.write, lines[0], text)
+    publish(lines, args.write)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from common import REPO, cpu_name, write_section
+from common import REPO, cpu_name, publish
 
 sys.path.insert(0, str(REPO))
 
@@ -256,10 +256,7 @@ def main() -> None:
         f"Over the run the worker drafted {status['drafted_tokens']:,} tokens and its model accepted "
         f"{status['accepted_tokens']:,} ({status['acceptance_rate']:.0%}).",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.write:
-        write_section(args.write, lines[0], text)
+    publish(lines, args.write)
 
 
 if __name__ == "__main__":

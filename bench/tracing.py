@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import yaml
-from common import REPO, cpu_name, write_section
+from common import REPO, cpu_name, publish
 
 sys.path.insert(0, str(REPO))
 
@@ -137,10 +137,7 @@ def main() -> None:
         "",
         f"The worker exported {exported:,.0f} spans and dropped {dropped:,.0f} (those of the collector-down turns).",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.write:
-        write_section(args.write, lines[0], text)
+    publish(lines, args.write)
 
 
 if __name__ == "__main__":
