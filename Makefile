@@ -30,10 +30,10 @@ $(BIN)/python:
 # 20 s here where pip takes a minute.
 INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python
 
-# mlx-vlm runs vision-language models. Installed without its dependencies: those the project
-# needs it has, and the rest (opencv, pyarrow, pandas, scipy, datasets, mlx-audio: 620 MB) serve
-# mlx-vlm's video, audio and training code, never image chat (docs/plans/vision.md).
-VISION = mlx-vlm==0.7.10
+# mlx-vlm runs vision-language models, at the pin of pyproject's `vision` extra. Installed here without
+# its dependencies: those the project needs it has, and the rest (opencv, pyarrow, pandas, scipy,
+# datasets, mlx-audio: 620 MB) serve mlx-vlm's video, audio and training code, never image chat.
+VISION = $(shell sed -n 's/^vision = \["\(mlx-vlm==[^"]*\)"\]/\1/p' pyproject.toml)
 
 $(VENV)/.runtime: pyproject.toml | $(BIN)/python
 	$(INSTALL) -e '.[linux-fast]'
@@ -71,7 +71,7 @@ test-fast: $(VENV)/.dev clients
 bench: $(VENV)/.dev
 	$(BIN)/python bench/stream_overhead.py --write docs/benchmarks.md
 
-# systemd-analyze checks the unit file, the BLAS tests compare MKL with system BLIS and OpenBLAS, and the
+# systemd-analyze checks the unit file, ruby parses the Homebrew formula, the BLAS tests compare MKL with system BLIS and OpenBLAS, and the
 # gateway page's test drives a headless Chromium: install Debian's packages where they are missing and we can.
 system-deps:
 	@missing=""; \
@@ -79,6 +79,7 @@ system-deps:
 	[ "$$(uname)" != Linux ] || ls /usr/lib/*/libopenblas.so.0 /usr/lib/*/openblas-pthread/libopenblas.so.0 2>/dev/null | grep -q . || missing="$$missing libopenblas0-pthread"; \
 	[ "$$(uname)" != Linux ] || ls /usr/lib/*/libblis.so.4 /usr/lib/*/blis-pthread/libblis.so.4 2>/dev/null | grep -q . || missing="$$missing libblis4-pthread"; \
 	[ "$$(uname)" != Linux ] || command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v ruby >/dev/null 2>&1 || missing="$$missing ruby"; \
 	[ "$$(uname)" != Linux ] || command -v chromedriver >/dev/null 2>&1 || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		echo "installing Debian's$$missing"; \

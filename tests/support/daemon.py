@@ -48,6 +48,15 @@ class Daemon:
     proc: subprocess.Popen | None = None
     log_path: Path = field(default=None)  # type: ignore[assignment]
     state_dir: Path = field(default=None)  # type: ignore[assignment]
+    # An installed package's bin folder: run its `vllmmlxd` and `vllmmlxctl` there, from outside the clone.
+    bin: Path | None = None
+
+    def _command(self, script: str, module: str) -> list[str]:
+        return [str(self.bin / script)] if self.bin else [sys.executable, "-m", module]
+
+    def _env(self, env: dict | None = None) -> dict:
+        base = {k: v for k, v in os.environ.items() if not (self.bin and k == "PYTHONPATH")}
+        return {**base, **(env or {})}
 
     def write(
         self, models: dict, daemon: dict | None = None, api_keys: dict | None = None, gateway: dict | None = None
@@ -78,10 +87,11 @@ class Daemon:
     def spawn(self, env: dict | None, log_path: Path) -> subprocess.Popen:
         """Another `vllmmlxd run` on this config (a second daemon, in a test that wants one)."""
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vllmmlxd.cli", "run", "--config", str(self.config_path)],
+            [*self._command("vllmmlxd", "vllmmlxd.cli"), "run", "--config", str(self.config_path)],
             stdout=subprocess.DEVNULL,
             stderr=log_path.open("wb"),
-            env={**os.environ, **(env or {})},
+            env=self._env(env),
+            cwd=self.dir if self.bin else None,
         )
         _SPAWNED.append(proc)
         return proc
@@ -91,10 +101,12 @@ class Daemon:
 
     def ctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "vllmmlxd.ctl", "--socket", str(self.socket), *args],
+            [*self._command("vllmmlxctl", "vllmmlxd.ctl"), "--socket", str(self.socket), *args],
             capture_output=True,
             text=True,
             timeout=timeout,
+            env=self._env(),
+            cwd=self.dir if self.bin else None,
         )
 
     def status(self) -> dict | None:

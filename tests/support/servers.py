@@ -70,7 +70,12 @@ def wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout: floa
 
 
 def start_serve(
-    model: str, *flags: str, port: int | None = None, env: dict | None = None, threads: int | None = 1
+    model: str,
+    *flags: str,
+    port: int | None = None,
+    env: dict | None = None,
+    threads: int | None = 1,
+    bin: Path | None = None,
 ) -> Server:
     """``vllmmlxd serve MODEL`` as a real subprocess, healthy on return.
 
@@ -78,16 +83,20 @@ def start_serve(
     default: one fewer than the cores, on any machine): the suite runs three test processes and
     their workers on two cores, where a second thread decodes no faster and costs 18-36% more CPU
     (SmolLM2, quiet and beside four busy processes, 2026-12-02). A test that pushes whole entries through ``--health-socket``, as the
-    daemon does, passes ``threads=None``: threads cannot change in a running worker."""
+    daemon does, passes ``threads=None``: threads cannot change in a running worker. ``bin``: an
+    installed package's bin folder, whose ``vllmmlxd`` runs instead, from outside the clone."""
     port = port or free_port()
     if threads is not None and "--threads" not in flags:
         flags = (*flags, "--threads", str(threads))
     log = Path(tempfile.mkstemp(prefix="vllmmlxd-serve-", suffix=".log")[1])
+    command = [str(bin / "vllmmlxd")] if bin else [sys.executable, "-m", "vllmmlxd.cli"]
+    base = {k: v for k, v in os.environ.items() if not (bin and k == "PYTHONPATH")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllmmlxd.cli", "serve", model, "--port", str(port), *flags],
+        [*command, "serve", model, "--port", str(port), *flags],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
+        env={**base, **(env or {})},
+        cwd=log.parent if bin else None,
     )
     server = Server(proc, port, log)
     try:

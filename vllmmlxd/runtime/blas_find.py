@@ -13,10 +13,12 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllmmlxd.extras import install_hint
+
 # Tried in this order by `blas: auto`; the fastest at a decode-shaped product wins (see blas.py).
 AUTO_ORDER = ("mkl", "blis", "openblas")
 INSTALL_HINTS = {
-    "mkl": "pip install 'vllmmlxd[linux-fast]' (x86-64 only)",
+    "mkl": install_hint("linux-fast") + " (x86-64 only)",
     "blis": "Debian/Ubuntu: apt install libblis4-pthread",
     "openblas": "Debian/Ubuntu: apt install libopenblas0-pthread",
 }

