@@ -36,13 +36,13 @@ INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python
 VISION = $(shell sed -n 's/^vision = \["\(mlx-vlm==[^"]*\)"\]/\1/p' pyproject.toml)
 
 $(VENV)/.runtime: pyproject.toml | $(BIN)/python
-	$(INSTALL) -e '.[linux-fast]'
+	$(INSTALL) -e '.[linux-fast,audio]'
 	$(INSTALL) --no-deps '$(VISION)'
 	@touch $@
 
 # One install for both (a second run would resolve everything again): the dev extra holds the runtime.
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
-	$(INSTALL) -e '.[dev,linux-fast]'
+	$(INSTALL) -e '.[dev,linux-fast,audio]'
 	$(INSTALL) --no-deps '$(VISION)'
 	@touch $(VENV)/.runtime $@
 

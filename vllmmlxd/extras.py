@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib.util import find_spec
 
 # extra -> the module whose presence says it is installed
-MODULES = {"vision": "mlx_vlm", "linux-fast": "mkl"}
+MODULES = {"vision": "mlx_vlm", "linux-fast": "mkl", "audio": "mlx_audio"}
 
 
 def install_hint(extra: str) -> str:
