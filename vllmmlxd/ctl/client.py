@@ -8,6 +8,7 @@ its response says ``ok: false`` and why.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from urllib.parse import quote
@@ -16,6 +17,7 @@ import httpx
 
 from vllmmlxd.control.protocol import (
     ENV_SOCKET,
+    SOCKET_NAME,
     ActionResponse,
     LogsResponse,
     PullsResponse,
@@ -27,6 +29,7 @@ from vllmmlxd.control.protocol import (
     control_socket_path,
 )
 from vllmmlxd.errors import VllmmlxdError
+from vllmmlxd.paths import ENV_STATE_DIR
 
 CONNECT_TIMEOUT_S = 2.0
 STATUS_TIMEOUT_S = 15.0
@@ -52,30 +55,80 @@ class ControlRequestError(VllmmlxdError):
         self.message = message
 
 
-def resolve_socket(
-    socket: str | None = None, config: str | None = None, environ: Mapping[str, str] = os.environ
-) -> Path:
-    """``--socket``, else ``$VLLMMLXD_SOCKET``, else the ``--config`` file's daemon section, else the default."""
+# Where `brew install` puts Homebrew: Apple silicon's prefix, then Intel's.
+HOMEBREW_PREFIXES = (Path("/opt/homebrew"), Path("/usr/local"))
+HOMEBREW_ORIGIN = "Homebrew's service"
+DEFAULT_ORIGIN = "the default"
+
+
+def homebrew_prefixes(environ: Mapping[str, str], executable: str) -> list[Path]:
+    """Where a Homebrew install of vllmmlxd may be, most likely first: ``$HOMEBREW_PREFIX``, the prefix
+    ``executable`` runs from (``<prefix>/Cellar/vllmmlxd/...`` or ``<prefix>/opt/vllmmlxd/...``), then
+    Homebrew's defaults."""
+    found = [Path(environ["HOMEBREW_PREFIX"])] if environ.get("HOMEBREW_PREFIX") else []
+    parts = Path(executable).parts
+    for i in range(2, len(parts) - 1):  # from 2: the prefix is a folder below /, never / itself
+        if parts[i] in ("Cellar", "opt") and parts[i + 1] == "vllmmlxd":
+            found.append(Path(*parts[:i]))
+            break
+    return list(dict.fromkeys([*found, *HOMEBREW_PREFIXES]))
+
+
+def homebrew_socket(environ: Mapping[str, str], executable: str) -> Path | None:
+    """The control socket of the daemon ``brew services`` runs (its config keeps state in
+    ``<prefix>/var/vllmmlxd``), when one of :func:`homebrew_prefixes` has it; else None."""
+    for prefix in homebrew_prefixes(environ, executable):
+        candidate = prefix / "var" / "vllmmlxd" / SOCKET_NAME
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def locate_socket(
+    socket: str | None = None,
+    config: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+    executable: str = sys.executable,
+) -> tuple[Path, str]:
+    """The control socket and, in words, where it was taken from (see :func:`resolve_socket`)."""
     if socket:
-        return Path(socket).expanduser()
+        return Path(socket).expanduser(), "--socket"
     if environ.get(ENV_SOCKET):
-        return Path(environ[ENV_SOCKET]).expanduser()
+        return Path(environ[ENV_SOCKET]).expanduser(), f"${ENV_SOCKET}"
     if config:
         daemon = _daemon_section(config)
-        return control_socket_path(daemon.get("control_socket"), daemon.get("state_dir"))
-    return control_socket_path()
+        path = control_socket_path(daemon.get("control_socket"), daemon.get("state_dir"))
+        return path, f"the daemon section of {config}"
+    default = control_socket_path()
+    # A state dir named in $VLLMMLXD_STATE_DIR is a choice: only the platform's default gives way.
+    if not environ.get(ENV_STATE_DIR) and not default.exists():
+        brewed = homebrew_socket(environ, executable)
+        if brewed is not None:
+            return brewed, HOMEBREW_ORIGIN
+    return default, DEFAULT_ORIGIN
 
 
-def socket_origin(socket: str | None = None, config: str | None = None, environ: Mapping[str, str] = os.environ) -> str:
+def resolve_socket(
+    socket: str | None = None,
+    config: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+    executable: str = sys.executable,
+) -> Path:
+    """``--socket``, else ``$VLLMMLXD_SOCKET``, else the ``--config`` file's daemon section, else the
+    default; when the default socket is absent (and ``$VLLMMLXD_STATE_DIR`` unset), the socket of
+    Homebrew's service if there is one."""
+    return locate_socket(socket, config, environ, executable)[0]
+
+
+def socket_origin(
+    socket: str | None = None,
+    config: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+    executable: str = sys.executable,
+) -> str:
     """Where ``resolve_socket`` took the path from, in words: ``--socket``, ``$VLLMMLXD_SOCKET``,
-    ``the daemon section of FILE`` or ``the default``."""
-    if socket:
-        return "--socket"
-    if environ.get(ENV_SOCKET):
-        return f"${ENV_SOCKET}"
-    if config:
-        return f"the daemon section of {config}"
-    return "the default"
+    ``the daemon section of FILE``, ``Homebrew's service`` or ``the default``."""
+    return locate_socket(socket, config, environ, executable)[1]
 
 
 def unreachable_hint(origin: str) -> str:
@@ -84,6 +137,12 @@ def unreachable_hint(origin: str) -> str:
         return "check the path, or pass --config FILE (the daemon's config) to find its socket"
     if origin.startswith("the daemon section"):
         return "is the daemon running with this config? Else pass its own --config FILE or --socket PATH"
+    if origin == HOMEBREW_ORIGIN:
+        # Its socket is there, so the service ran: it stopped, or crashed and launchd gave up.
+        return (
+            "is it running? `brew services info vllmmlxd` says; its log is "
+            "$(brew --prefix)/var/log/vllmmlxd/vllmmlxd.log. Another daemon: pass --config FILE or --socket PATH"
+        )
     # A daemon run with a config that sets daemon.control_socket or daemon.state_dir (as a
     # system service usually is) listens elsewhere than this user's default.
     return (
