@@ -62,7 +62,7 @@ TEMPLATE_LAUNCHD = LaunchdInstall(
     exe="/opt/homebrew/bin/vllmmlxd",
     config=Path("/opt/homebrew/etc/vllmmlxd/config.yaml"),
     state_dir=Path("/opt/homebrew/var/vllmmlxd"),
-    log_dir=Path("/opt/homebrew/var/log"),
+    log_dir=Path("/opt/homebrew/var/log/vllmmlxd"),  # where the Homebrew formula logs too
 )
 
 SERVICE_ACCOUNT = "vllmmlxd"  # the system unit's User= when DynamicUser= cannot be used

@@ -111,7 +111,7 @@ def test_the_service_agrees_with_service_files_homebrew_defaults(brewed):
     assert state_dir == rebased(template["state_dir"], prefix) == Path(service["working_dir"])
     log = Path(service["log_path"])
     assert service["error_log_path"] == str(log) and log.name == service_files.LOG_NAME
-    assert log.parent == rebased(template["log_dir"], prefix) / "vllmmlxd"
+    assert log.parent == rebased(template["log_dir"], prefix)
     # The launchd behaviour `vllmmlxctl install-service` gives its plist.
     plist = plistlib.loads(service_files.render_launchd_plist(service["run"][0], config, state_dir, log.parent))
     assert service["run"][1:] == plist["ProgramArguments"][1:]

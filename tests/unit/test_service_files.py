@@ -233,7 +233,7 @@ def test_template_plist_keys_and_types():
     assert plist["ThrottleInterval"] == 10 and type(plist["ThrottleInterval"]) is int
     assert plist["ExitTimeOut"] == 60 and type(plist["ExitTimeOut"]) is int
     assert plist["ProcessType"] == "Interactive"
-    assert plist["StandardOutPath"] == plist["StandardErrorPath"] == "/opt/homebrew/var/log/vllmmlxd.log"
+    assert plist["StandardOutPath"] == plist["StandardErrorPath"] == "/opt/homebrew/var/log/vllmmlxd/vllmmlxd.log"
     env = plist["EnvironmentVariables"]
     assert set(env) == {"PATH", "VLLMMLXD_STATE_DIR"}
     assert all(isinstance(v, str) and v.startswith("/") for v in env.values())
