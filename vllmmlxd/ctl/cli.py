@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from vllmmlxd.ctl import exit_codes
+from vllmmlxd.ctl import doctor, exit_codes
 from vllmmlxd.ctl.client import (
     ControlClient,
     ControlRequestError,
@@ -351,6 +351,8 @@ def make_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rm", parents=[common], help="delete a model from the store (refused while an entry uses it)")
     p.add_argument("name", metavar="NAME", help="as `vllmmlxctl models` names it (org/name, builtin:tiny, gguf-...)")
     p.set_defaults(func=cmd_rm)
+
+    doctor.add_parser(sub, common)
 
     p = sub.add_parser("install-service", parents=[common], help="write a systemd unit or launchd plist")
     kind = p.add_mutually_exclusive_group()
