@@ -9,7 +9,8 @@ What they share is beside them: ``chat`` and ``turn`` (one generation, its tools
 ``tool_loop`` (MCP tools run by the server), ``stream`` and ``sse`` (event streams),
 ``errors`` (each family's error shape), ``context`` (what a route needs of the worker),
 ``images`` (image inputs and their budget), ``body`` (request bodies and their limits),
-``files`` (inline files as text), ``tokenizer_routes`` (vLLM's /tokenize, /detokenize, /tokenizer_info).
+``files`` (inline files as text), ``tokenizer_routes`` (vLLM's /tokenize, /detokenize, /tokenizer_info),
+``rerank`` (vLLM's /v1/rerank and /v1/score over a reranking entry).
 
 Other packages use what ``__all__`` names; the rest is the API's own.
 """
@@ -23,6 +24,7 @@ __all__ = [
     "ollama",
     "openai",
     "openapi",
+    "rerank",
     "responses",
     "tokenizer_routes",
 ]

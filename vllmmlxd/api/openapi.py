@@ -20,6 +20,7 @@ from .anthropic.protocol import CountTokensRequest, MessagesRequest
 from .ollama.protocol import ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest, ShowRequest
 from .openai.embeddings import EmbeddingRequest
 from .openai.protocol import ChatCompletionRequest, CompletionRequest
+from .rerank import RerankRequest, ScoreRequest
 
 BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
@@ -27,6 +28,11 @@ BODIES: dict[str, type[BaseModel]] = {
     "/v1/messages": MessagesRequest,
     "/v1/messages/count_tokens": CountTokensRequest,
     "/v1/embeddings": EmbeddingRequest,
+    "/v1/rerank": RerankRequest,
+    "/rerank": RerankRequest,
+    "/v2/rerank": RerankRequest,
+    "/v1/score": ScoreRequest,
+    "/score": ScoreRequest,
     "/ollama/api/chat": ChatRequest,
     "/ollama/api/generate": GenerateRequest,
     "/ollama/api/embed": EmbedRequest,

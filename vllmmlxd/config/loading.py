@@ -11,11 +11,12 @@ from .fields import ModelSpec
 from .names import hub_repo_id
 
 LoadMode = Literal["eager", "lazy"]
+Task = Literal["auto", "rerank"]
 DEFAULT_LOAD: LoadMode = "eager"  # what status shows of an entry that says nothing
 
 
 class LoadingConfig(Strict):
-    """``model``, ``load``, ``idle_unload_s``, ``download``, ``trust_remote_code``."""
+    """``model``, ``load``, ``idle_unload_s``, ``download``, ``trust_remote_code``, ``task``."""
 
     model: ModelSpec = Field(description="builtin:NAME, a .gguf path, a local MLX folder or a Hugging Face repo id")
     load: LoadMode = Field(DEFAULT_LOAD, description="eager: at start; lazy: on the first request through the gateway")
@@ -26,6 +27,11 @@ class LoadingConfig(Strict):
         "its progress) instead of refusing it with the `vllmmlxctl pull` to run",
     )
     trust_remote_code: bool = Field(False, description="let the model's own Python code run when it loads")
+    task: Task = Field(
+        "auto",
+        description="rerank: serve a causal LM of the Qwen3-Reranker kind as a reranker (/v1/rerank, /v1/score); "
+        "auto: BERT cross-encoder folders rerank, embedding models embed, the rest generate",
+    )
 
     @model_validator(mode="after")
     def _download_needs_a_repo(self) -> Self:

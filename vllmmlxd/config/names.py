@@ -33,6 +33,7 @@ BUILTIN_MODELS = (  # as vllmmlxd/engine/loading/builtin.py has them (a test kee
     "all-minilm-l6-v2",
     "smollm2-135m-instruct",
     "tiny",
+    "tiny-reranker",
     "tiny-vlm",
 )
 BUILTIN_PREFIX = "builtin:"

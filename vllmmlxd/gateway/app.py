@@ -45,6 +45,12 @@ ROUTED_PATHS = {
     "/v1/messages": False,
     "/v1/messages/count_tokens": False,
     "/v1/responses": False,
+    # A reranking entry is routed by its own name, like any model.
+    "/v1/rerank": False,
+    "/v2/rerank": False,
+    "/rerank": False,
+    "/v1/score": False,
+    "/score": False,
     # A worker's Ollama routes, so that a gateway is an upstream for another host's Ollama listener too.
     "/ollama/api/chat": False,
     "/ollama/api/generate": False,

@@ -26,6 +26,7 @@ from ..api.ollama.routes import make_router as make_ollama_router
 from ..api.openai.embeddings import make_router as make_embeddings_router
 from ..api.openai.routes import make_router as make_openai_router
 from ..api.openapi import install as install_openapi
+from ..api.rerank import make_router as make_rerank_router
 from ..api.responses.routes import make_router as make_responses_router
 from ..api.tokenizer_routes import make_router as make_tokenizer_router
 from ..config.schema import ResolvedModel
@@ -112,6 +113,7 @@ def create_app(
     app.include_router(make_anthropic_router(live), dependencies=api_deps)
     app.include_router(make_responses_router(live), dependencies=api_deps)
     app.include_router(make_embeddings_router(live), dependencies=api_deps)
+    app.include_router(make_rerank_router(live), dependencies=api_deps)
     app.include_router(make_mcp_router(live), dependencies=api_deps)
     app.include_router(make_tokenizer_router(live), dependencies=api_deps)
     app.include_router(make_ollama_router(live, app.state.activity), dependencies=api_deps)
@@ -164,6 +166,7 @@ def create_app(
             "runtime": ctx.runtime,
             "requests": requests,
             "embedding": ctx.embedder.describe() if ctx.embedder is not None else None,
+            "rerank": rerank_of(engine),
             "distributed": distributed_of(engine),
         }
 
@@ -297,6 +300,12 @@ def layout_of(engine: Engine) -> dict | None:
     """What the model's layers keep and what the engine does with them (``MLXEngine.layout_status``)."""
     status = getattr(engine, "layout_status", None)
     return status() if status is not None else None
+
+
+def rerank_of(engine: Engine) -> dict | None:
+    """A reranking entry's model and counters (``MLXReranker.describe``); None for other entries."""
+    reranker = getattr(engine, "reranker", None)
+    return reranker.describe() if reranker is not None else None
 
 
 def distributed_of(engine: Engine) -> dict | None:

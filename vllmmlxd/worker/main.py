@@ -106,15 +106,30 @@ def runtime_report(info: BlasInfo, key: str, cpus: tuple[int, ...] | None) -> di
 def load_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
     """Load the model and start its engine thread (imports mlx: workers only).
 
-    An entry whose model is an embedding model gets an engine that only embeds; an entry
-    with ``embedding_model`` gets its embedder loaded too, carried as ``engine.embedder``.
+    An entry whose model is an embedding model gets an engine that only embeds, and one whose
+    model is a reranker (or that says ``task: rerank``) one that only reranks; an entry with
+    ``embedding_model`` gets its embedder loaded too, carried as ``engine.embedder``.
     """
     from ..engine.embeddings.embedder import EmbeddingsOnlyEngine, is_embedding_spec, load_embedder
     from ..engine.loading.loader import load_model
     from ..engine.mlx_engine import MLXEngine
     from ..engine.options import engine_options
+    from ..engine.rerank.reranker import RerankOnlyEngine, is_rerank_spec, load_reranker
 
     started = time.perf_counter()
+    if is_rerank_spec(config.model, config.task):
+        if config.embedding_model:
+            raise ModelLoadError(f"{config.model} is served as a reranker; embedding_model cannot be set beside it")
+        reranker = load_reranker(config.model, state_dir, trust_remote_code=config.trust_remote_code)
+        log_event(
+            logger,
+            "model.loaded",
+            model=key,
+            source=config.model,
+            rerank=reranker.info.kind,
+            load_s=round(time.perf_counter() - started, 2),
+        )
+        return RerankOnlyEngine(reranker, name=config.display_name(key))
     if is_embedding_spec(config.model):
         if config.embedding_model:
             raise ModelLoadError(f"{config.model} is an embedding model; embedding_model cannot be set beside it")

@@ -51,13 +51,29 @@ class Pooling:
     normalize: bool = True
 
 
-def is_bert_folder(folder: Path) -> bool:
-    """True when ``folder``'s config.json describes a BERT encoder (an embedding model here)."""
+def _config_of(folder: Path) -> dict:
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("model_type") in BERT_TYPES
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def is_bert_folder(folder: Path) -> bool:
+    """True when ``folder``'s config.json describes a BERT encoder (an embedding model here)."""
+    return _config_of(folder).get("model_type") in BERT_TYPES
+
+
+def is_sequence_classifier(folder: Path) -> bool:
+    """True when ``folder`` is a BERT with a classification head (``BertForSequenceClassification``):
+    a cross-encoder, served as a reranker rather than as an embedding model."""
+    config = _config_of(folder)
+    architectures = config.get("architectures") or []
+    return (
+        config.get("model_type") in BERT_TYPES
+        and isinstance(architectures, list)
+        and any(str(a).endswith("ForSequenceClassification") for a in architectures)
+    )
 
 
 def read_pooling(folder: Path) -> Pooling:
@@ -89,10 +105,11 @@ class _Embeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
-    def __call__(self, ids: mx.array) -> mx.array:
+    def __call__(self, ids: mx.array, types: mx.array | None = None) -> mx.array:
         positions = mx.arange(ids.shape[1])
-        # One segment: every token has type 0.
-        x = self.word_embeddings(ids) + self.position_embeddings(positions) + self.token_type_embeddings.weight[0]
+        # One segment (an embedding input): every token has type 0; a cross-encoder's pair has two.
+        segment = self.token_type_embeddings.weight[0] if types is None else self.token_type_embeddings(types)
+        x = self.word_embeddings(ids) + self.position_embeddings(positions) + segment
         return self.LayerNorm(x)
 
 
@@ -172,13 +189,19 @@ class BertEncoder(nn.Module):
 
     def __call__(self, ids: mx.array, lengths: mx.array) -> mx.array:
         """``ids``: (batch, padded length) int32; ``lengths``: each row's real length."""
+        x, valid = self.hidden(ids, lengths)
+        return self.pool(x, valid)
+
+    def hidden(self, ids: mx.array, lengths: mx.array, types: mx.array | None = None) -> tuple[mx.array, mx.array]:
+        """The last layer's token vectors and the mask of real (unpadded) positions; ``types``:
+        each token's segment (0 everywhere when None)."""
         valid = mx.arange(ids.shape[1])[None, :] < lengths[:, None]  # (batch, n)
         # Keys past a row's length get no attention; the padded queries' outputs are never read.
         mask = mx.where(valid, 0.0, -math.inf)[:, None, None, :].astype(mx.float32)
-        x = self.embeddings(ids)
+        x = self.embeddings(ids, types)
         for layer in self.encoder.layer:
             x = layer(x, mask)
-        return self.pool(x, valid)
+        return x, valid
 
     def pool(self, x: mx.array, valid: mx.array) -> mx.array:
         keep = valid[..., None].astype(x.dtype)
@@ -197,6 +220,14 @@ def load_bert(folder: Path) -> BertEncoder:
     """The encoder of a BERT folder (config.json, *.safetensors, sentence-transformers pooling), in float32."""
     config = BertConfig.from_dict(json.loads((folder / "config.json").read_text(encoding="utf-8")))
     model = BertEncoder(config, read_pooling(folder))
+    model.load_weights(list(read_weights(folder, _UNUSED).items()), strict=True)
+    mx.eval(model.parameters())
+    return model
+
+
+def read_weights(folder: Path, unused: tuple[str, ...]) -> dict[str, mx.array]:
+    """The folder's safetensors as float32 arrays by name, the encoder's prefix taken off,
+    the names starting with one of ``unused`` left out."""
     weights: dict[str, mx.array] = {}
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -208,10 +239,8 @@ def load_bert(folder: Path) -> BertEncoder:
                 if name.startswith(prefix):
                     name = name[len(prefix) :]
                     break
-            if name.startswith(_UNUSED):
+            if name.startswith(unused):
                 continue
             # float32 throughout: MLX's CPU half-precision matmul is slow, and the model is small.
             weights[name] = value.astype(mx.float32)
-    model.load_weights(list(weights.items()), strict=True)
-    mx.eval(model.parameters())
-    return model
+    return weights

@@ -34,7 +34,7 @@ from ...errors import InvalidRequest, ModelLoadError
 from ...log import log_event
 from ..loading import builtin
 from ..types import Constraint, EngineEvent, EngineStats, GenerationRequest, ModelInfo, RenderedPrompt
-from .bert import BertEncoder, is_bert_folder, load_bert
+from .bert import BertEncoder, is_bert_folder, is_sequence_classifier, load_bert
 from .embedding_types import EmbedderInfo, EmbeddingStats
 
 logger = logging.getLogger("vllmmlxd.engine")
@@ -73,7 +73,8 @@ def is_embedding_spec(spec: str | None) -> bool:
         entry = builtin.BUILTINS.get(spec[len("builtin:") :])
         return entry is not None and entry.kind == "embedding"
     path = Path(spec).expanduser()
-    return path.is_dir() and is_bert_folder(path)
+    # A BERT with a classification head is a cross-encoder: a reranker (engine/rerank), not an embedder.
+    return path.is_dir() and is_bert_folder(path) and not is_sequence_classifier(path)
 
 
 def max_tokens_of(folder: Path, position_limit: int) -> int:
@@ -88,7 +89,7 @@ def max_tokens_of(folder: Path, position_limit: int) -> int:
     return position_limit
 
 
-def _load_tokenizer(folder: Path) -> Any:
+def load_tokenizer(folder: Path) -> Any:
     """The folder's fast tokenizer, set to neither pad nor truncate: batches are padded here, by
     real lengths, and an over-long input must be seen (the bundled tokenizer.json pads to 128)."""
     if (folder / "tokenizer.json").is_file():
@@ -192,7 +193,7 @@ class MLXEmbedder:
     ):
         self.folder = folder
         self.max_rows, self.batch_tokens = max_rows, max_tokens
-        self.tokenizer = _load_tokenizer(folder)
+        self.tokenizer = load_tokenizer(folder)
         self.stats = EmbeddingStats()
         self.model: BertEncoder = load_bert(folder)  # evaluated here: any thread may then read it
         cfg = self.model.config

