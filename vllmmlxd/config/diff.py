@@ -14,6 +14,7 @@ from pydantic import BaseModel, SecretStr
 
 from vllmmlxd.config.gateway import GatewayConfig
 from vllmmlxd.config.schema import Config, ModelConfig
+from vllmmlxd.config.speech import SPEECH_FIELDS
 from vllmmlxd.config.vision import IMAGE_FIELDS
 
 # Daemon keys read once at start-up: the socket is bound and the state dir opened then.
@@ -44,6 +45,7 @@ LIVE_FIELDS = frozenset(
         "enable_auto_tool_choice",
         "max_body_mb",
         *IMAGE_FIELDS,
+        *SPEECH_FIELDS,
         "stored_responses",
         "stored_responses_mb",
         "hosted_tools",  # read per request

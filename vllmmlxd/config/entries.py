@@ -42,6 +42,7 @@ from .parsing import ParsingConfig
 from .responses import ResponsesConfig
 from .serving import ServingConfig, TelemetryConfig
 from .speculative import Speculation, SpeculativeConfig
+from .speech import SpeechConfig
 from .tracing import TracingConfig
 from .vision import VisionConfig
 
@@ -136,6 +137,7 @@ class ModelConfig(
     CacheConfig,
     ComputeConfig,
     ResponsesConfig,
+    SpeechConfig,
     VisionConfig,
     LimitsConfig,
     GenerationConfig,
@@ -185,6 +187,7 @@ CONCERNS: dict[str, type[Strict]] = {
     "generation defaults": GenerationConfig,
     "limits": LimitsConfig,
     "images (vision models)": VisionConfig,
+    "audio (speech models)": SpeechConfig,
     "stored responses (Responses API)": ResponsesConfig,
     "compute": ComputeConfig,
     "prefix cache and KV": CacheConfig,

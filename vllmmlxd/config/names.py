@@ -35,6 +35,7 @@ BUILTIN_MODELS = (  # as vllmmlxd/engine/loading/builtin.py has them (a test kee
     "tiny",
     "tiny-reranker",
     "tiny-vlm",
+    "tiny-whisper",
 )
 BUILTIN_PREFIX = "builtin:"
 

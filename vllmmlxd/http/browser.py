@@ -48,6 +48,8 @@ CORS_EXPOSE_HEADERS = (
     "x-ratelimit-reset-tokens",
 )
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+# OpenAI's upload routes take multipart forms: from a program, or from a page whose origin passed the check.
+UPLOAD_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
 
 
 def split_host(value: str, scheme: str = "http") -> tuple[str, int | None]:
@@ -128,15 +130,19 @@ def is_json_type(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
-def content_type_refusal(method: str, headers: Headers) -> str | None:
+def content_type_refusal(method: str, headers: Headers, path: str = "") -> str | None:
     """Why a POST's Content-Type is refused, or None. A page can POST ``text/plain``, forms and
-    multipart across origins without a preflight; JSON it cannot."""
+    multipart across origins without a preflight; JSON it cannot. An upload route takes multipart
+    from a program, or from a page that names its origin (the origin check ran before this)."""
     if method != "POST":
         return None
     content_type = headers.get("content-type", "")
     if is_json_type(content_type):
         return None
     from_browser = any(name in headers for name in BROWSER_MARKERS)
+    media = content_type.partition(";")[0].strip().lower()
+    if path in UPLOAD_PATHS and media == "multipart/form-data" and (not from_browser or "origin" in headers):
+        return None
     if not from_browser and content_type.partition(";")[0].strip().lower() in LENIENT_TYPES:
         return None
     shown = content_type.partition(";")[0].strip() or "none"
@@ -150,7 +156,7 @@ class _ContentTypeGate:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        reason = content_type_refusal(scope["method"], Headers(scope=scope))
+        reason = content_type_refusal(scope["method"], Headers(scope=scope), scope.get("path", ""))
         if reason is None:
             await self.app(scope, receive, send)
             return

@@ -23,6 +23,7 @@ from ..api.context import LiveContext, owner_of, shown_source
 from ..api.errors import install_error_handlers
 from ..api.mcp_routes import make_router as make_mcp_router
 from ..api.ollama.routes import make_router as make_ollama_router
+from ..api.openai.audio import make_router as make_audio_router
 from ..api.openai.embeddings import make_router as make_embeddings_router
 from ..api.openai.routes import make_router as make_openai_router
 from ..api.openapi import install as install_openapi
@@ -114,6 +115,7 @@ def create_app(
     app.include_router(make_responses_router(live), dependencies=api_deps)
     app.include_router(make_embeddings_router(live), dependencies=api_deps)
     app.include_router(make_rerank_router(live), dependencies=api_deps)
+    app.include_router(make_audio_router(live), dependencies=api_deps)
     app.include_router(make_mcp_router(live), dependencies=api_deps)
     app.include_router(make_tokenizer_router(live), dependencies=api_deps)
     app.include_router(make_ollama_router(live, app.state.activity), dependencies=api_deps)
@@ -167,6 +169,7 @@ def create_app(
             "requests": requests,
             "embedding": ctx.embedder.describe() if ctx.embedder is not None else None,
             "rerank": rerank_of(engine),
+            "speech": speech_of(engine),
             "distributed": distributed_of(engine),
         }
 
@@ -268,6 +271,7 @@ def load(engine: Engine, mcp: McpHub | None = None) -> dict:
         **({"kv": _kv_load(kv)} if (kv := kv_of(engine)) else {}),
         **({"speculative": spec} if (spec := speculation_of(engine)) else {}),
         **({"distributed": dist} if (dist := distributed_of(engine)) else {}),
+        **({"speech": speech} if (speech := speech_of(engine)) else {}),
         **({"mcp": mcp.status()} if mcp is not None and mcp.servers else {}),
     }
 
@@ -299,6 +303,12 @@ def speculation_of(engine: Engine) -> dict | None:
 def layout_of(engine: Engine) -> dict | None:
     """What the model's layers keep and what the engine does with them (``MLXEngine.layout_status``)."""
     status = getattr(engine, "layout_status", None)
+    return status() if status is not None else None
+
+
+def speech_of(engine: Engine) -> dict | None:
+    """A speech entry's model, queue and counters (``SpeechOnlyEngine.speech_status``); None for other entries."""
+    status = getattr(engine, "speech_status", None)
     return status() if status is not None else None
 
 

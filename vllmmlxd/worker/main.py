@@ -115,6 +115,7 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
     from ..engine.mlx_engine import MLXEngine
     from ..engine.options import engine_options
     from ..engine.rerank.reranker import RerankOnlyEngine, is_rerank_spec, load_reranker
+    from ..engine.speech.transcriber import is_speech_spec
 
     started = time.perf_counter()
     if is_rerank_spec(config.model, config.task):
@@ -130,6 +131,8 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
             load_s=round(time.perf_counter() - started, 2),
         )
         return RerankOnlyEngine(reranker, name=config.display_name(key))
+    if is_speech_spec(config.model):
+        return _speech_only_engine(config, key, state_dir)
     if is_embedding_spec(config.model):
         if config.embedding_model:
             raise ModelLoadError(f"{config.model} is an embedding model; embedding_model cannot be set beside it")
@@ -170,6 +173,29 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
         embedding_model=config.embedding_model,
     )
     return engine
+
+
+def _speech_only_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
+    """An entry whose model is a Whisper model: an engine that only transcribes (engine/speech/)."""
+    from ..engine.speech.speech_engine import SpeechOnlyEngine
+    from ..engine.speech.transcriber import load_transcriber
+
+    if config.embedding_model:
+        raise ModelLoadError(f"{config.model} is a speech model; embedding_model cannot be set beside it")
+    started = time.perf_counter()
+    name = config.display_name(key)
+    engine = SpeechOnlyEngine(
+        load_transcriber(config.model, state_dir, name=name, max_queue=config.max_queue), name=name
+    )
+    log_event(
+        logger,
+        "model.loaded",
+        model=key,
+        source=config.model,
+        speech=True,
+        load_s=round(time.perf_counter() - started, 2),
+    )
+    return engine  # type: ignore[return-value]  # SpeechOnlyEngine lacks Engine.render, unreached as for embeddings
 
 
 def _rank_zero_engine(config: ResolvedModel, key: str, state_dir: Path, options: EngineOptions) -> MLXEngine:

@@ -32,7 +32,8 @@ def test_an_unknown_builtin_is_refused_at_its_key_naming_the_builtins(key):
     column = len(f"    {key}: ") + 1
     assert str(info.value) == (
         f"c.yaml:{line}:{column}: models.a.{key}: unknown builtin model; the builtins are "
-        "builtin:all-minilm-l6-v2, builtin:smollm2-135m-instruct, builtin:tiny, builtin:tiny-reranker, builtin:tiny-vlm"
+        "builtin:all-minilm-l6-v2, builtin:smollm2-135m-instruct, builtin:tiny, builtin:tiny-reranker, "
+        "builtin:tiny-vlm, builtin:tiny-whisper"
     )
 
 
@@ -49,5 +50,6 @@ def test_check_refuses_an_unknown_builtin(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out == "" and err == (
         f"{path}:3:12: models.a.model: unknown builtin model; the builtins are "
-        "builtin:all-minilm-l6-v2, builtin:smollm2-135m-instruct, builtin:tiny, builtin:tiny-reranker, builtin:tiny-vlm\n"
+        "builtin:all-minilm-l6-v2, builtin:smollm2-135m-instruct, builtin:tiny, builtin:tiny-reranker, "
+        "builtin:tiny-vlm, builtin:tiny-whisper\n"
     )

@@ -12,6 +12,8 @@
   torch); its files are copied out as they are (``kind="embedding"``: served by engine/embeddings/bert.py).
 - ``tiny-reranker``: a random-weight BERT cross-encoder with all-MiniLM-L6-v2's tokenizer
   (engine/loading/builtin_reranker.py; ``kind="rerank"``: served by engine/rerank/).
+- ``tiny-whisper``: a random-weight Whisper with a synthetic byte-level tokenizer at Whisper's
+  token ids (engine/speech/builtin_whisper.py; ``kind="speech"``: served by engine/speech/).
 
 Each is built once into ``models_dir(state_dir)/builtin-<name>-v<N>/``; bump a version
 when what it builds changes (weights recipe, template, conversion).
@@ -80,6 +82,7 @@ class Builtin:
     description: str
     build: Callable[[Path, Path], None]
     kind: str = "generate"  # or "embedding": a sentence-embedding model (engine/embeddings/embedder.py serves it)
+    # or "speech": a Whisper model (engine/speech/transcriber.py serves it)
     # or "rerank": a cross-encoder (engine/rerank/reranker.py serves it)
 
     def folder(self, state_dir: Path) -> Path:
@@ -325,6 +328,15 @@ def _build_tiny_reranker(folder: Path, state_dir: Path) -> None:
     build_tiny_reranker(folder, ensure_builtin("all-minilm-l6-v2", state_dir))
 
 
+def _build_tiny_whisper(folder: Path, state_dir: Path) -> None:
+    missing = missing_message("audio", "builtin:tiny-whisper")  # its weights come from mlx-audio's own classes
+    if missing:
+        raise ModelLoadError(missing)
+    from vllmmlxd.engine.speech.builtin_whisper import build_tiny_whisper
+
+    build_tiny_whisper(folder)
+
+
 BUILTINS: dict[str, Builtin] = {
     b.name: b
     for b in (
@@ -353,6 +365,14 @@ BUILTINS: dict[str, Builtin] = {
             "random-weight BERT cross-encoder with all-MiniLM-L6-v2's tokenizer, for tests of reranking",
             _build_tiny_reranker,
             kind="rerank",
+        ),
+        Builtin(
+            "tiny-whisper",
+            1,
+            "random-weight Whisper (2+2 layers, width 64, multilingual vocabulary) with a synthetic tokenizer, "
+            "for tests of speech to text",
+            _build_tiny_whisper,
+            kind="speech",
         ),
     )
 }
