@@ -67,8 +67,10 @@ def prompts(seed: int = 1) -> list[list[int]]:
 class Driver(engine_driver.Driver):
     """The package's driver, answering ``GENERATE`` tokens (read when it runs: tests change it)."""
 
-    def run(self, batch: list[list[int]], n: int | None = None) -> tuple[list[list[int]], list[int]]:
-        return super().run(batch, GENERATE if n is None else n)
+    def run(
+        self, batch: list[list[int]], n: int | None = None, *, logprobs: bool = False
+    ) -> tuple[list[list[int]], list[int]]:
+        return super().run(batch, GENERATE if n is None else n, logprobs=logprobs)
 
 
 def options(tmp: Path | None, **overrides: Any) -> EngineOptions:

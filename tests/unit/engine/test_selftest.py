@@ -14,6 +14,7 @@ from vllmmlxd.engine.selftest.agreement import Report, compare, near_tie, tie
 class Ref:
     tokens: tuple[int, ...]
     margins: tuple[float, ...]
+    logprobs: tuple[float, ...] = ()
 
 
 def test_a_near_tie_is_a_margin_rounding_explains():
@@ -42,6 +43,19 @@ def test_compare_takes_a_paths_own_rounding():
     assert report.departures[0].tolerated
 
 
+def test_where_tokens_agree_their_log_probabilities_must_too():
+    report = Report("m", "float32")
+    refs = [Ref((1, 2, 3), (0.5, 0.5, 0.5), (-1.0, -2.0, -3.0))] * 2
+    compare(report, "p", refs, [[1, 2, 3], [1, 2, 3]], logprobs=[[-1.0, -2.0005, -3.0], [-1.0, -2.05, -3.0]])
+    (moved,) = report.departures  # 5e-4 is float32's rounding; 0.05 is not
+    assert not moved.tolerated and moved.prompt == 1 and moved.position == 1
+    assert moved.describe() == "p prompt 1 token 1: log-probability -2.0500 for -2.0000"
+    assert report.logprobs_compared == 3 + 2
+    rounded = Report("m", "q4")  # half precision rounds more
+    compare(rounded, "p", refs[:1], [[1, 2, 3]], logprobs=[[-1.0, -2.05, -3.0]])
+    assert rounded.departures == []
+
+
 def test_the_prompts_repeat_their_first_half_and_follow_ups_share_a_prefix():
     prompts = engine_paths.make_prompts(lambda text: list(range(10)))  # a short text: repeated to length
     assert [len(p) for p in prompts] == [2 * n for n in engine_paths.HALVES]
@@ -58,6 +72,9 @@ def test_a_paths_verdict_names_what_went_wrong():
     compare(report, "prefix_cache", [Ref((1, 2), (0.5, 0.5))], [[1, 2]])
     ok = engine_paths.judge("prefix_cache", report, 0.1234, cached=[40])
     assert ok.level == "ok" and ok.detail == "2 tokens as mlx-lm's, 40 prompt tokens from the cache"
+    both = Report("m", "float32")
+    compare(both, "batch", [Ref((1, 2), (0.5, 0.5), (-1.0, -1.0))], [[1, 2]], logprobs=[[-1.0, -1.0]])
+    assert engine_paths.judge("batch", both, 0.1).detail == "2 tokens and their log-probabilities as mlx-lm's"
     assert ok.seconds == 0.123
     unused = engine_paths.judge("prefix_cache", report, 0.1, cached=[40, 0])
     assert unused.level == "fail" and "not reused" in unused.detail

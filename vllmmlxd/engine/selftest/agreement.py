@@ -6,7 +6,12 @@ within what rounding explains: ``TIE`` for the precision (1e-3 in float32, 0.1 a
 whose activations are bfloat16 or float16), or twice what two ways mlx-lm itself computes one
 sequence differ by (``oracle.noise``). Two correct computations that round differently may pick
 either of two such tokens. The rest of that answer is not compared (it continues from another
-token). Any other departure fails. No mlx here: numbers in, a verdict out.
+token). Any other departure fails.
+
+Where a path's log-probabilities are read too, each agreed token's must stay within the same bound
+of mlx-lm's: a KV cache that hands back slightly wrong keys or values may keep a tiny random
+model's greedy tokens (their margins are wide) but moves its log-probabilities. No mlx here:
+numbers in, a verdict out.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ class Reference(Protocol):
     @property
     def margins(self) -> tuple[float, ...]: ...
 
+    @property
+    def logprobs(self) -> tuple[float, ...]: ...
+
 
 def tie(precision: str) -> float:
     """The margin rounding explains at ``precision``: float32's, or that of the lower precisions
@@ -39,11 +47,16 @@ def tie(precision: str) -> float:
     return TIE.get(precision, TIE["q4"])
 
 
+def within_rounding(precision: str, rounding: float) -> float:
+    """How far two correct computations of one logit may differ: ``TIE`` for the precision, or
+    twice the ``rounding`` mlx-lm's own computations of one sequence show (``oracle.noise``)."""
+    return max(tie(precision), TIE_NOISE * rounding)
+
+
 def near_tie(precision: str, margin: float, rounding: float) -> bool:
     """Whether two correct computations may pick either of the top two tokens: a margin within
-    ``TIE`` for the precision, or within twice the ``rounding`` mlx-lm's own computations of one
-    sequence show (``oracle.noise``)."""
-    return margin <= max(tie(precision), TIE_NOISE * rounding)
+    rounding (``within_rounding``)."""
+    return margin <= within_rounding(precision, rounding)
 
 
 @dataclass(frozen=True)
@@ -55,10 +68,14 @@ class Departure:
     got: int | None  # None: the answer ended before this position
     margin: float
     tolerated: bool
+    logprob: tuple[float, float] | None = None  # the same token, its log-probability moved: (expected, got)
 
     def describe(self) -> str:
         if self.expected == -1:  # the answer's length differs (compare)
             return f"{self.path} prompt {self.prompt}: {self.got} tokens for {self.position}"
+        if self.logprob is not None:
+            want, got = self.logprob
+            return f"{self.path} prompt {self.prompt} token {self.position}: log-probability {got:.4f} for {want:.4f}"
         return (
             f"{self.path} prompt {self.prompt} token {self.position}: {self.got} for {self.expected} "
             f"at margin {self.margin:.4f}"
@@ -74,6 +91,7 @@ class Report:
     departures: list[Departure] = field(default_factory=list)
     cached: dict[str, list[int]] = field(default_factory=dict)  # prompt tokens each path took from the cache
     compared: int = 0  # tokens compared, all paths
+    logprobs_compared: int = 0  # of those, whose log-probabilities were compared too
     rounding: float = 0.0  # the model's rounding at this precision (oracle.noise)
     prefix_cache: str = ""  # CacheLayout.prefix_cache: what the cache could hold
     speculates: bool = False  # the layout lets the model speculate
@@ -97,16 +115,30 @@ def compare(
     refs: Sequence[Reference],
     answers: Sequence[Sequence[int]],
     rounding: float | None = None,
+    logprobs: Sequence[Sequence[float]] | None = None,
 ) -> None:
     """Add to ``report`` each answer's first departure from its reference, tolerated or not;
-    ``rounding``: this path's own (a quantized KV cache rounds more), else the report's."""
+    ``rounding``: this path's own (a quantized KV cache rounds more), else the report's;
+    ``logprobs``: the path's log-probability of each token it wrote, checked where tokens agree."""
     noise = report.rounding if rounding is None else rounding
+    bound = within_rounding(report.precision, noise)
     for i, (ref, got) in enumerate(zip(refs, answers)):
+        mine = logprobs[i] if logprobs is not None else ()
         for position, expected in enumerate(ref.tokens):
             report.compared += 1
             token = got[position] if position < len(got) else None
             if token == expected:
-                continue
+                if position >= min(len(mine), len(ref.logprobs)):
+                    continue
+                report.logprobs_compared += 1
+                want = ref.logprobs[position]
+                if abs(mine[position] - want) <= bound:
+                    continue
+                margin = ref.margins[position]
+                report.departures.append(
+                    Departure(path, i, position, expected, token, margin, False, (want, mine[position]))
+                )
+                break
             margin = ref.margins[position]
             tolerated = token is not None and near_tie(report.precision, margin, noise)
             report.departures.append(Departure(path, i, position, expected, token, margin, tolerated))

@@ -13,7 +13,7 @@ from ..options import EngineOptions
 from ..step.scheduler import Scheduler
 from ..step.sequence import Sequence
 from ..text.detokenize import IncrementalDetokenizer
-from ..types import EngineStats, GenerationRequest, SamplingParams
+from ..types import EngineStats, GenerationRequest, Logprobs, SamplingParams
 
 CHUNKS = (1, 5, 48, 16, 2, 48, 31, 7)  # the prefill chunk of each step in turn
 MAX_STEPS = 10_000
@@ -42,13 +42,15 @@ class Driver:
         self.scheduler.timer.chunk = ScriptedChunks(chunks)  # type: ignore[method-assign]
         ticks = itertools.count()
         self.scheduler.clock = lambda: next(ticks) * 0.01  # speculation's step costs, by construction too
+        self.logprobs: list[list[float]] = []  # of the last run, when it asked for them
 
-    def run(self, batch: list[list[int]], n: int) -> tuple[list[list[int]], list[int]]:
+    def run(self, batch: list[list[int]], n: int, *, logprobs: bool = False) -> tuple[list[list[int]], list[int]]:
         """Greedy answers of ``n`` tokens to ``batch`` submitted together, and the prompt tokens each
-        took from the cache."""
+        took from the cache; with ``logprobs``, each written token's log-probability is kept in
+        ``self.logprobs``, an answer's list each."""
         seqs = []
         for prompt in batch:
-            params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+            params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=0 if logprobs else None)
             request = GenerationRequest(list(prompt), params)
             seq = Sequence(request, self.loop, IncrementalDetokenizer(_ids_text, request.prompt_tokens), set(), set())
             self.scheduler.inbox.put(seq)
@@ -62,12 +64,16 @@ class Driver:
             raise RuntimeError(f"the engine did not finish in {MAX_STEPS} steps")
         self.loop.call_soon(self.loop.stop)
         self.loop.run_forever()
-        answers = []
+        answers, self.logprobs = [], []
         for seq in seqs:
-            text = ""
+            text, written = "", []
             while not seq.events.empty():
-                text += getattr(seq.events.get_nowait(), "text", "")
+                event = seq.events.get_nowait()
+                text += getattr(event, "text", "")
+                if isinstance(event, Logprobs) and not event.prompt:
+                    written += [entry.logprob for entry in event.entries]
             answers.append([int(t) for t in re.findall(r"<(\d+)>", text)])
+            self.logprobs.append(written)
         return answers, [s.progress.cached_tokens for s in seqs]
 
     @property

@@ -1,6 +1,8 @@
 """The doctor's self-test: one model through the engine's batch, prefix cache, speculation and
 quantized KV cache, each path on its own scheduler, its answers compared token for token with
-mlx-lm's own greedy ones (agreement.compare, the near-tie rule the engine's tests use)."""
+mlx-lm's own greedy ones (agreement.compare, the near-tie rule the engine's tests use), and each
+agreed token's log-probability within the same rounding: builtin:tiny's random weights keep their
+greedy tokens through a KV cache gone slightly wrong, not their log-probabilities."""
 
 from __future__ import annotations
 
@@ -90,7 +92,8 @@ def judge(
         result.level, result.detail = "fail", "prompt lookup made no draft on prompts that repeat themselves"
     else:
         tolerated = f", {len(mine)} near-tie(s)" if mine else ""
-        result.detail = f"{report.compared} tokens as mlx-lm's{tolerated}"
+        what = "tokens and their log-probabilities" if report.logprobs_compared == report.compared else "tokens"
+        result.detail = f"{report.compared} {what} as mlx-lm's{tolerated}"
         if cached is not None:
             result.detail += f", {sum(cached)} prompt tokens from the cache"
         if drafted:
@@ -133,22 +136,22 @@ class SelfTest:
         report = self.report()
         driver = Driver(self.model, options())
         try:
-            answers, _ = driver.run(self.prompts, GENERATE)
+            answers, _ = driver.run(self.prompts, GENERATE, logprobs=True)
         finally:
             driver.close()
-        compare(report, "batch", self.refs, answers)
+        compare(report, "batch", self.refs, answers, logprobs=driver.logprobs)
         return judge("batch", report, time.perf_counter() - started)
 
     def _cached(self, name: str, started: float, opts: EngineOptions, rounding: float) -> PathResult:
         report = self.report()
         driver = Driver(self.model, opts, make_prefix_cache(self.model, opts, weights=self.weights or None))
         try:
-            first, _ = driver.run(self.prompts, GENERATE)
-            compare(report, name, self.refs, first)
-            second, cached = driver.run(self.second, GENERATE)
+            first, _ = driver.run(self.prompts, GENERATE, logprobs=True)
+            compare(report, name, self.refs, first, logprobs=driver.logprobs)
+            second, cached = driver.run(self.second, GENERATE, logprobs=True)
         finally:
             driver.close()
-        compare(report, name, self.refs_second, second, rounding=rounding)
+        compare(report, name, self.refs_second, second, rounding=rounding, logprobs=driver.logprobs)
         return judge(name, report, time.perf_counter() - started, cached=cached)
 
     def _prefix_cache(self, started: float) -> PathResult:
@@ -168,9 +171,9 @@ class SelfTest:
         report = self.report()
         driver = Driver(self.model, options(speculative=SpeculationOptions()))
         try:
-            answers, _ = driver.run(self.prompts, GENERATE)
+            answers, _ = driver.run(self.prompts, GENERATE, logprobs=True)
             drafted = driver.drafted
         finally:
             driver.close()
-        compare(report, "speculation", self.refs, answers)
+        compare(report, "speculation", self.refs, answers, logprobs=driver.logprobs)
         return judge("speculation", report, time.perf_counter() - started, drafted=drafted)

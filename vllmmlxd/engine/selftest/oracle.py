@@ -19,11 +19,12 @@ PREFILL_STEP = 48  # noise(): the prompt's chunks when computed the second way
 @dataclass(frozen=True)
 class Reference:
     """mlx-lm's greedy answer to one prompt, and at each position the margin of its choice (its
-    logit less the runner-up's) and its logit."""
+    logit less the runner-up's), its logit and its log-probability."""
 
     tokens: tuple[int, ...]
     margins: tuple[float, ...]
     tops: tuple[float, ...]
+    logprobs: tuple[float, ...] = ()
 
 
 def reference(model: Any, prompt: list[int], n: int) -> Reference:
@@ -38,12 +39,14 @@ def reference(model: Any, prompt: list[int], n: int) -> Reference:
         mx.array(prompt), model, max_tokens=n, prompt_cache=make_prompt_cache(model), logits_processors=[record]
     )
     tokens = [int(token) for (token, _), _ in zip(steps, range(n))]
-    margins, tops = [], []
-    for logits in seen[:n]:
-        top = np.sort(np.array(logits.astype(mx.float32)).reshape(-1))[-2:]
+    margins, tops, logprobs = [], [], []
+    for logits, token in zip(seen[:n], tokens):
+        row = logits.astype(mx.float32).reshape(-1)
+        top = np.sort(np.array(row))[-2:]
         margins.append(float(top[1] - top[0]))
         tops.append(float(top[1]))
-    return Reference(tuple(tokens), tuple(margins), tuple(tops))
+        logprobs.append(float(row[token] - mx.logsumexp(row)))
+    return Reference(tuple(tokens), tuple(margins), tuple(tops), tuple(logprobs))
 
 
 def noise(model: Any, prompt: list[int], answer: tuple[int, ...]) -> float:
