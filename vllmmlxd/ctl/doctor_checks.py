@@ -257,7 +257,8 @@ def selftest_checks(result: Mapping[str, Any] | None, error: str | None, seconds
     out = [head]
     for path in result.get("paths", []):
         level = path.get("level") if path.get("level") in LEVELS else "fail"
+        extra = {k: v for k, v in path.items() if k not in ("name", "level", "detail", "seconds")}
         out.append(
-            Check("engine", path.get("name", "?"), level, path.get("detail", ""), path.get("seconds"), data=dict(path))
+            Check("engine", path.get("name", "?"), level, path.get("detail", ""), path.get("seconds"), data=extra)
         )
     return out
