@@ -107,6 +107,7 @@ class Route(_Strict):
     gateway_token: SecretStr | None = None  # the daemon's token its worker believes (never shown, never to an upstream)
     last_error: str | None = None  # why it is failed / unreachable
     group: str | None = None  # the replica set it belongs to: the gateway answers that name too
+    max_audio_mb: float = 25.0  # the entry's upload limit: the gateway reads an audio form up to it
 
     @property
     def is_open(self) -> bool:

@@ -33,6 +33,7 @@ from ..version import commit
 from .cluster import make_router as make_cluster_router
 from .dispatch import Gateway
 from .routing import ReplicaSet, TableError, build_table, set_state
+from .uploads import UPLOAD_PATHS, routed_upload
 
 logger = logging.getLogger("vllmmlxd.gateway")
 
@@ -99,6 +100,13 @@ def _routed(gateway: Gateway, path: str, embeddings: bool) -> Callable[[Request]
     return routed
 
 
+def _upload(gateway: Gateway, path: str) -> Callable[[Request], Awaitable[Response]]:
+    async def upload(request: Request) -> Response:
+        return await routed_upload(gateway, request, path)
+
+    return upload
+
+
 def create_app(gateway: Gateway) -> FastAPI:
     app = FastAPI(title="vllmmlxd gateway", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
@@ -108,6 +116,8 @@ def create_app(gateway: Gateway) -> FastAPI:
     # an endpoint's parameters from the query string, and it costs a fraction of a millisecond.)
     for path, embeddings in ROUTED_PATHS.items():
         app.router.routes.append(HttpRoute(path, _routed(gateway, path, embeddings), methods=["POST"]))
+    for path in UPLOAD_PATHS:  # multipart forms, routed by their model field
+        app.router.routes.append(HttpRoute(path, _upload(gateway, path), methods=["POST"]))
 
     async def stored_response(request: Request) -> Response:
         rid = request.path_params["response_id"]

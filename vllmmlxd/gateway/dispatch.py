@@ -60,6 +60,8 @@ UPSTREAM_RETRY_AFTER_S = 5
 # follows the state change by milliseconds, so a client that saw "ready" in status is not refused.
 STARTING_WAIT_S = 5.0
 Done = Callable[[int, bool], None]
+# What a route is sent, of (route, the request's fields, the client's body): body_for, or an upload's (uploads.py).
+Body = Callable[[Route, dict, bytes], bytes]
 # A connection that broke before the response's head: the worker went (or closed a kept-alive
 # connection just then); it answered nothing, so a replica set tries the next member.
 DROPPED_ERRORS = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError)
@@ -229,7 +231,7 @@ class Gateway:
             raise
 
     async def forward_set(
-        self, request: Request, rset: ReplicaSet, path: str, data: dict, raw: bytes, stream: bool
+        self, request: Request, rset: ReplicaSet, path: str, data: dict, raw: bytes, stream: bool, body: Body = body_for
     ) -> RawResponse:
         """The response of the first member of ``rset`` that answers, tried in the balancer's order,
         each once. A member that refused the connection, dropped it before the response's head, or whose
@@ -242,7 +244,7 @@ class Gateway:
             if member is None:
                 states = ", ".join(sorted({m.state for m in rset.members}))
                 raise Unavailable(f"no replica of {rset.name} is serving ({states})", retry_after=1)
-            return await self.forward(request, member, path, body_for(member, data, raw), stream)
+            return await self.forward(request, member, path, body(member, data, raw), stream)
         est = estimate_tokens(len(raw), data)
         done = Finish(self, request, rset, path)
         why = ""
@@ -250,7 +252,7 @@ class Gateway:
             for member in plan:
                 done.count(member.name, est)
                 try:
-                    upstream = await self._send(request, member, path, body_for(member, data, raw))
+                    upstream = await self._send(request, member, path, body(member, data, raw))
                 except CONNECT_ERRORS as exc:  # refused or unreachable: no new request for a while
                     self.replicas.eject(member.name, time.monotonic())
                     why = type(exc).__name__

@@ -49,7 +49,12 @@ def build_route(name: str, entry: Resolved, state: str, last_error: str | None) 
     # a port another program may hold.
     host = "127.0.0.1" if entry.host == "localhost" else entry.host
     return Route(
-        kind="local", url=connect_url(host, entry.port), load=entry.load, gateway_token=entry.gateway_token, **common
+        kind="local",
+        url=connect_url(host, entry.port),
+        load=entry.load,
+        gateway_token=entry.gateway_token,
+        max_audio_mb=entry.max_audio_mb,
+        **common,
     )
 
 

@@ -13,7 +13,7 @@
 - ``tiny-reranker``: a random-weight BERT cross-encoder with all-MiniLM-L6-v2's tokenizer
   (engine/loading/builtin_reranker.py; ``kind="rerank"``: served by engine/rerank/).
 - ``tiny-whisper``: a random-weight Whisper with a synthetic byte-level tokenizer at Whisper's
-  token ids (engine/speech/builtin_whisper.py; ``kind="speech"``: served by engine/speech/).
+  token ids (engine/loading/builtin_whisper.py; ``kind="speech"``: served by engine/speech/).
 
 Each is built once into ``models_dir(state_dir)/builtin-<name>-v<N>/``; bump a version
 when what it builds changes (weights recipe, template, conversion).
@@ -332,7 +332,7 @@ def _build_tiny_whisper(folder: Path, state_dir: Path) -> None:
     missing = missing_message("audio", "builtin:tiny-whisper")  # its weights come from mlx-audio's own classes
     if missing:
         raise ModelLoadError(missing)
-    from vllmmlxd.engine.speech.builtin_whisper import build_tiny_whisper
+    from vllmmlxd.engine.loading.builtin_whisper import build_tiny_whisper
 
     build_tiny_whisper(folder)
 
