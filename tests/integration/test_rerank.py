@@ -6,6 +6,8 @@ random-weight Qwen3 folder) checked against mlx-lm's forward of Qwen3-Reranker's
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+
 import httpx
 import mlx.core as mx
 import numpy as np
@@ -118,6 +120,16 @@ def test_client_mistakes_are_4xx_in_openais_shape(server, path, body, status, wo
     r = post(server, path, body)
     assert r.status_code == status, r.text
     assert words in r.json()["error"]["message"] and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_concurrent_requests_each_get_their_own_scores(server):
+    bodies = [{"query": f"{QUERY} {i}", "documents": DOCS[i % 4 :] + DOCS[: i % 4]} for i in range(8)]
+    alone = [post(server, "/v1/rerank", b).json()["results"] for b in bodies]
+    with cf.ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda b: post(server, "/v1/rerank", b).json()["results"], bodies))
+    for a, t in zip(alone, together):
+        assert [x["index"] for x in t] == [x["index"] for x in a]
+        assert [x["relevance_score"] for x in t] == pytest.approx([x["relevance_score"] for x in a], abs=1e-5)
 
 
 def test_keys_apply_and_the_worker_lives_on_with_its_counters(server):

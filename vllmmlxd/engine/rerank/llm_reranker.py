@@ -13,6 +13,7 @@ sees what comes after it, so each row's last real position reads only its own to
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,6 +77,9 @@ class LLMScorer:
         self.yes, self.no = answer_ids(loaded.tokenizer)
         self.limit = min(loaded.context_length, MAX_PAIR_TOKENS)
         self.plain_head = model_type in PLAIN_HEADS
+        # transformers' fast tokenizers reset their truncation state on each call: concurrent
+        # calls from two requests' threads can fail ("Already borrowed"), so one at a time.
+        self._tokenizing = threading.Lock()
         self.prefix = self._encode(PREFIX)
         self.suffix = self._encode(SUFFIX)
 
@@ -83,14 +87,11 @@ class LLMScorer:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def make_pairs(self, query: str, documents: Sequence[str], *, truncate: bool) -> list[Pair]:
-        bodies = [self._encode(user_text(query, d)) for d in documents]
+        with self._tokenizing:
+            bodies = [self._encode(user_text(query, d)) for d in documents]
+            query_tokens = len(self._encode(user_text(query, "")))
         return prompt_pairs(
-            self.prefix,
-            bodies,
-            self.suffix,
-            query_tokens=len(self._encode(user_text(query, ""))),
-            limit=self.limit,
-            truncate=truncate,
+            self.prefix, bodies, self.suffix, query_tokens=query_tokens, limit=self.limit, truncate=truncate
         )
 
     def last_logits(self, ids: mx.array, lengths: mx.array) -> mx.array:
