@@ -33,7 +33,7 @@ KEY = "sk-rerank-test"
 
 @pytest.fixture(scope="module")
 def server():
-    s = start_serve("builtin:tiny-reranker", "--served-model-name", "reranker", "--api-key", KEY)
+    s = start_serve("builtin:tiny-reranker", "--served-model-name", "reranker", "--api-key", KEY, "--enable-metrics")
     yield s
     assert s.stop() == 0, s.log()[-3000:]
 
@@ -135,11 +135,19 @@ def test_concurrent_requests_each_get_their_own_scores(server):
 def test_keys_apply_and_the_worker_lives_on_with_its_counters(server):
     assert post(server, "/v1/rerank", {"query": QUERY, "documents": DOCS}, key=None).status_code == 401
     assert post(server, "/v1/score", {"text_1": "a", "text_2": "b"}, key="wrong").status_code == 401
-    status = httpx.get(server.url + "/v1/status", headers={"Authorization": f"Bearer {KEY}"}).json()
-    rerank = status["rerank"]
-    assert rerank["model"] == "tiny-reranker" and rerank["kind"] == "cross-encoder" and rerank["max_tokens"] == 128
-    assert rerank["requests"] >= 5 and rerank["pairs"] >= 20 and rerank["errors"] == 0
-    assert post(server, "/v1/rerank", {"query": QUERY, "documents": DOCS[:1]}).status_code == 200
+
+    def status() -> dict:
+        return httpx.get(server.url + "/v1/status", headers={"Authorization": f"Bearer {KEY}"}).json()["rerank"]
+
+    before = status()
+    assert post(server, "/v1/rerank", {"query": QUERY, "documents": ["x"] * 1001}).status_code == 400
+    assert post(server, "/v1/rerank", {"query": QUERY, "documents": DOCS}).status_code == 200
+    after = status()
+    assert after["model"] == "tiny-reranker" and after["kind"] == "cross-encoder" and after["max_tokens"] == 128
+    assert (after["requests"] - before["requests"], after["pairs"] - before["pairs"]) == (1, 4)
+    assert after["errors"] == 0 and after["waiting"] == 0
+    metrics = httpx.get(server.url + "/metrics").text
+    assert f'vllmmlxd_rerank_pairs_total{{model="reranker"}} {float(after["pairs"])}' in metrics
 
 
 @pytest.fixture(scope="module")

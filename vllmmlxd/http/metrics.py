@@ -46,6 +46,12 @@ _EMBEDDING_COUNTERS = (
     ("vllmmlxd_embedding_tokens_total", "Tokens run through the embedding model.", "tokens"),
     ("vllmmlxd_embedding_batches_total", "Forward passes of the embedding model.", "batches"),
 )
+_RERANK_COUNTERS = (
+    ("vllmmlxd_rerank_requests_total", "Rerank and score requests answered.", "requests"),
+    ("vllmmlxd_rerank_pairs_total", "Query-document pairs scored.", "pairs"),
+    ("vllmmlxd_rerank_tokens_total", "Tokens run through the reranking model.", "tokens"),
+    ("vllmmlxd_rerank_batches_total", "Forward passes of the reranking model.", "batches"),
+)
 _CACHE_COUNTERS = (
     ("vllmmlxd_prefix_cache_hits_total", "Prompts that took a start from the prefix cache.", "hits"),
     ("vllmmlxd_prefix_cache_misses_total", "Prompts that found nothing in the prefix cache.", "misses"),
@@ -92,6 +98,10 @@ class EngineCollector:
         if self._embedder is not None:  # only entries with an embedding model have these
             for name, doc, field in _EMBEDDING_COUNTERS:
                 yield self._family(CounterMetricFamily, name, doc, getattr(self._embedder.stats, field))
+        reranker = getattr(self._engine, "reranker", None)
+        if reranker is not None:  # only reranking entries have these
+            for name, doc, field in _RERANK_COUNTERS:
+                yield self._family(CounterMetricFamily, name, doc, getattr(reranker.stats, field))
         cache = self._engine.cache_status()
         for name, doc, key in _CACHE_COUNTERS:
             yield self._family(CounterMetricFamily, name, doc, cache[key])
