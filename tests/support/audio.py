@@ -37,6 +37,7 @@ def encode(samples: np.ndarray, fmt: str, *, rate: int | None = None, stereo: bo
     buf = io.BytesIO()
     with av.open(buf, "w", format=container) as out:
         stream = out.add_stream(codec, rate=rate)
+        assert isinstance(stream, av.AudioStream)
         stream.layout = layout
         frame_size = stream.codec_context.frame_size or 1024
         planes = np.tile(samples, (2, 1)) if stereo else samples[None]

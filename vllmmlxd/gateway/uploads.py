@@ -104,9 +104,10 @@ async def routed_upload(gateway: Gateway, request: Request, path: str) -> RawRes
     model = form_field(raw, boundary, "model")
     target = table.resolve(model, False, presented_key(request))
     gateway.admit(request, target)
-    data = {"model": model, "stream": form_field(raw, boundary, "stream") in ("true", "1")}
+    stream = form_field(raw, boundary, "stream") in ("true", "1")
+    data = {"model": model, "stream": stream}
     # A streamed transcription is SSE: a lazy model's load is waited for with comment lines, as for chat.
     body = upload_body_for(boundary)
     if isinstance(target, Route):
-        return await gateway.forward(request, target, path, body(target, data, raw), data["stream"])
-    return await gateway.forward_set(request, target, path, data, raw, data["stream"], body)
+        return await gateway.forward(request, target, path, body(target, data, raw), stream)
+    return await gateway.forward_set(request, target, path, data, raw, stream, body)

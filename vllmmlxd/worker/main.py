@@ -195,7 +195,7 @@ def _speech_only_engine(config: ResolvedModel, key: str, state_dir: Path) -> Eng
         speech=True,
         load_s=round(time.perf_counter() - started, 2),
     )
-    return engine  # type: ignore[return-value]  # SpeechOnlyEngine lacks Engine.render, unreached as for embeddings
+    return engine  # SpeechOnlyEngine lacks Engine.render, unreached as for embeddings
 
 
 def _rank_zero_engine(config: ResolvedModel, key: str, state_dir: Path, options: EngineOptions) -> MLXEngine:

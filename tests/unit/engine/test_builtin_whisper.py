@@ -57,7 +57,7 @@ def test_the_special_tokens_sit_at_whispers_ids(folder):
 
 
 def test_mlx_audio_loads_it_as_a_multilingual_whisper(folder):
-    from mlx_audio.stt import load
+    from mlx_audio.stt import load  # type: ignore[import-untyped]
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # a processor that failed to load would only warn

@@ -122,7 +122,7 @@ def test_word_granularity_adds_words_and_alone_leaves_segments_out():
     assert both["words"] == [{"word": " Hello", "start": 0.0, "end": 0.5}]
     words = render(TRANSCRIPT, "verbose_json", ("word",))
     assert isinstance(words, dict) and "segments" not in words and len(words["words"]) == 1
-    assert TranscriptionVerbose.model_validate(words).words[0].word == " Hello"  # type: ignore[index]
+    assert TranscriptionVerbose.model_validate(words).words[0].word == " Hello"
 
 
 def test_numbers_json_cannot_carry_are_sent_as_zero():

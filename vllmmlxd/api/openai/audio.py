@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import APIRouter
@@ -128,7 +128,7 @@ async def read_form(request: Request, max_bytes: int) -> FormData:
         raise InvalidRequest("send the audio as multipart/form-data (fields file, model, ...)", param="file")
     body = await read_body(request, max_bytes)
 
-    async def chunks() -> AsyncIterator[bytes]:
+    async def chunks() -> AsyncGenerator[bytes, None]:
         yield body
 
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -20,7 +21,7 @@ import numpy as np
 N_BASE = 50257  # Whisper's byte-level BPE ids before the special tokens
 TIMESTAMP_BEGIN = 50364  # <|0.00|>
 TEXT_EMBEDDING_GAIN = 25.0  # text and special token rows: N(0, 0.5)
-TINY_WHISPER_CONFIG = {
+TINY_WHISPER_CONFIG: dict[str, Any] = {
     "model_type": "whisper",
     "n_mels": 80,
     "n_audio_ctx": 1500,  # 30 s of audio: 3000 mel frames halved by the second conv
@@ -218,12 +219,14 @@ def write_tokenizer(folder: Path) -> None:
     )
 
 
-def make_weights(config: dict = TINY_WHISPER_CONFIG) -> dict[str, np.ndarray]:
+def make_weights(config: dict[str, Any] = TINY_WHISPER_CONFIG) -> dict[str, np.ndarray]:
     """The float32 weights, in mlx-audio's own key names and shapes, in a fixed order."""
     from mlx.utils import tree_flatten
-    from mlx_audio.stt.models.whisper.whisper import Model, ModelDimensions
+    from mlx_audio.stt.models.whisper.whisper import Model, ModelDimensions  # type: ignore[import-untyped]
 
-    shapes = {k: v.shape for k, v in tree_flatten(Model(ModelDimensions.from_dict(config), mx.float32).parameters())}
+    params = tree_flatten(Model(ModelDimensions.from_dict(config), mx.float32).parameters())
+    assert isinstance(params, list)  # a tree of arrays flattens to (key, array) pairs
+    shapes = {key: value.shape for key, value in params}
     rng = np.random.default_rng(0)
     weights = {}
     for key in sorted(shapes):

@@ -128,7 +128,7 @@ class Transcriber:
     """A Whisper model served on the ``mlx-speech`` thread, one request at a time."""
 
     def __init__(self, folder: Path, *, name: str, source: str, max_queue: int = 64, threaded: bool = True):
-        from mlx_audio.stt import load
+        from mlx_audio.stt import load  # type: ignore[import-untyped]
 
         self.folder, self.source = folder, source
         self.name = name
