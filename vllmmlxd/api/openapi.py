@@ -63,6 +63,20 @@ EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("GET", "/health"): (503,),  # degraded: work waits on a silent engine thread
     ("GET", "/metrics"): (404,),  # metrics switched off: as if the route did not exist
 }
+# The speech upload routes (api/openai/audio.py): a multipart form, not JSON; a full queue is a 503.
+UPLOADS = {"/v1/audio/transcriptions", "/v1/audio/translations"}
+EXTRA.update({("POST", path): (*BODY, 503) for path in UPLOADS})
+UPLOAD_FORM = {
+    "type": "object",
+    "required": ["file"],
+    "properties": {
+        "file": {"type": "string", "format": "binary"},
+        **{name: {"type": "string"} for name in ("model", "language", "prompt", "response_format")},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+        "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment", "word"]}},
+        "stream": {"type": "boolean"},
+    },
+}
 # Anthropic has no 422 (a 400 there) and says "overloaded" with 529 (api.errors.render_error); nor has Ollama.
 ANTHROPIC_STATUS = {422: 400, 503: 529}
 OLLAMA_STATUS = {422: 400}
@@ -183,7 +197,9 @@ def _operation(method: str, path: str, base: dict, bodies: dict[str, dict]) -> d
     }
     if base.get("parameters"):
         op["parameters"] = [{**p, "schema": {"type": "string"}} for p in base["parameters"]]
-    if method == "POST":  # a route without a model in BODIES is described as taking any object
+    if path in UPLOADS:
+        op["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": UPLOAD_FORM}}}
+    elif method == "POST":  # a route without a model in BODIES is described as taking any object
         schema = bodies.get(path, {"type": "object"})
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
     return op
