@@ -75,3 +75,9 @@ def test_the_weights_are_the_same_at_every_build():
         return h.hexdigest()
 
     assert digest() == digest()
+
+
+def test_the_memory_estimate_knows_its_size():
+    from vllmmlxd.store.weights import BUILTIN_PARAMETERS
+
+    assert sum(w.size for w in make_weights().values()) == BUILTIN_PARAMETERS["tiny-whisper"][0]
