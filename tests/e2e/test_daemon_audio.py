@@ -1,7 +1,7 @@
 """A speech entry on the real daemon, called through the gateway by its model name with keys and
-scopes and the official openai SDK: alice's key may use it, bob's may not (his scope is other
-models), no key is refused, an unknown name is a 404; the gateway forwards the form as sent,
-so its answer is the worker's own, streamed ones too."""
+scopes and the official openai SDK: a lazy entry, loaded by the first upload; alice's key may use
+it, bob's may not (his scope is other models), no key is refused, an unknown name is a 404; the
+gateway forwards the form as sent, so its answer is the worker's own, streamed ones too."""
 
 from __future__ import annotations
 
@@ -21,11 +21,18 @@ def test_transcriptions_through_the_gateway_by_model_name_with_keys_and_scopes()
     d = make_daemon()
     gateway_port, port = free_port(), free_port()
     keys = {"alice": {"key": ALICE, "models": ["ears"]}, "bob": {"key": BOB, "models": ["chat-*"]}}
-    entry = {"model": "builtin:tiny-whisper", "port": port, "served_model_name": "my-whisper", "api_keys": ["*"]}
+    entry = {
+        "model": "builtin:tiny-whisper",
+        "port": port,
+        "served_model_name": "my-whisper",
+        "api_keys": ["*"],
+        "load": "lazy",
+        "cache_memory_mb": 0,
+    }
     d.write({"ears": {**entry, "aliases": ["whisper-1"]}}, api_keys=keys, gateway={"port": gateway_port})
     d.start(env={"VLLMMLXD_HEALTH_INTERVAL_S": "1"})
     try:
-        d.wait_for(lambda ms: ms["ears"]["state"] == "ready", 180, "speech model ready")
+        d.wait_for(lambda ms: ms["ears"]["state"] == "unloaded", 60, "speech model waiting to be loaded")
         d.wait_for(lambda ms: (d.status().get("gateway") or {}).get("state") == "ready", what="gateway")
         audio = wav(noise(3.0, seed=3))
 
@@ -35,6 +42,7 @@ def test_transcriptions_through_the_gateway_by_model_name_with_keys_and_scopes()
         via_gateway = client(ALICE).audio.transcriptions.create(
             model="whisper-1", file=("a.wav", audio), temperature=0, response_format="verbose_json"
         )
+        assert d.models()["ears"]["state"] in ("ready", "idle")  # the upload loaded it
         direct = client(ALICE, f"http://127.0.0.1:{port}").audio.transcriptions.create(
             model="my-whisper", file=("a.wav", audio), temperature=0, response_format="verbose_json"
         )
