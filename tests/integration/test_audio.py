@@ -39,6 +39,7 @@ def server():
         "1",
         "--api-key",
         "sk-audio",
+        "--enable-metrics",
     )
     yield s
     assert s.stop() == 0, s.log()[-3000:]
@@ -196,6 +197,9 @@ def test_a_speech_entry_says_what_it_serves(server, client):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     status = httpx.get(server.url + "/v1/status", headers={"authorization": "Bearer sk-audio"}).json()
     assert status["speech"]["transcribes"] is True and status["speech"]["requests"] >= 1
+    metrics = httpx.get(server.url + "/metrics").text
+    assert f'vllmmlxd_speech_requests_total{{model="{MODEL}"}}' in metrics
+    assert "vllmmlxd_speech_audio_seconds_total" in metrics and "vllmmlxd_speech_waiting" in metrics
 
 
 def test_open_webuis_request_is_answered(server, clip, reference):

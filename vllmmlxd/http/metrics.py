@@ -52,6 +52,12 @@ _RERANK_COUNTERS = (
     ("vllmmlxd_rerank_tokens_total", "Tokens run through the reranking model.", "tokens"),
     ("vllmmlxd_rerank_batches_total", "Forward passes of the reranking model.", "batches"),
 )
+_SPEECH_COUNTERS = (
+    ("vllmmlxd_speech_requests_total", "Transcriptions and translations answered.", "requests"),
+    ("vllmmlxd_speech_errors_total", "Transcriptions the speech model failed.", "errors"),
+    ("vllmmlxd_speech_audio_seconds_total", "Seconds of audio transcribed.", "audio_s"),
+    ("vllmmlxd_speech_busy_seconds_total", "Seconds the speech model spent transcribing.", "busy_s"),
+)
 _CACHE_COUNTERS = (
     ("vllmmlxd_prefix_cache_hits_total", "Prompts that took a start from the prefix cache.", "hits"),
     ("vllmmlxd_prefix_cache_misses_total", "Prompts that found nothing in the prefix cache.", "misses"),
@@ -102,6 +108,16 @@ class EngineCollector:
         if reranker is not None:  # only reranking entries have these
             for name, doc, field in _RERANK_COUNTERS:
                 yield self._family(CounterMetricFamily, name, doc, getattr(reranker.stats, field))
+        transcriber = getattr(self._engine, "transcriber", None)
+        if transcriber is not None:  # only speech entries have these
+            for name, doc, field in _SPEECH_COUNTERS:
+                yield self._family(CounterMetricFamily, name, doc, getattr(transcriber.stats, field))
+            yield self._family(
+                GaugeMetricFamily,
+                "vllmmlxd_speech_waiting",
+                "Uploads waiting for the speech model.",
+                transcriber.stats.waiting,
+            )
         cache = self._engine.cache_status()
         for name, doc, key in _CACHE_COUNTERS:
             yield self._family(CounterMetricFamily, name, doc, cache[key])

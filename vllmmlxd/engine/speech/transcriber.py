@@ -190,6 +190,15 @@ class Transcriber:
                     result = self.run(job.request)
                     self.stats.requests += 1
                     self.stats.audio_s += job.request.duration
+                    seconds = time.perf_counter() - started
+                    log_event(
+                        logger,
+                        "speech.done",
+                        task=job.request.task,
+                        audio_s=round(job.request.duration, 2),
+                        seconds=round(seconds, 2),
+                        realtime=round(job.request.duration / seconds, 1) if seconds else None,
+                    )
                 except Exception as exc:  # a bad request fails alone, never the thread
                     self.stats.errors += 1
                     log_event(logger, "speech.error", logging.ERROR, error=repr(exc))
