@@ -9,6 +9,7 @@ its content. Bad audio, too long, too large and the wrong type are 4xx, and the 
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import warnings
 from pathlib import Path
@@ -36,7 +37,7 @@ def server():
         "--max-audio-s",
         "40",
         "--max-audio-mb",
-        "1",
+        "2",
         "--api-key",
         "sk-audio",
         "--enable-metrics",
@@ -132,6 +133,31 @@ def test_streamed_deltas_add_up_to_mlx_audios_text(client, reference, clip):
     assert "".join(e.delta for e in events[:-1]) == expected
 
 
+def test_audio_past_one_window_equals_mlx_audios_and_uploads_queue(client, reference, tmp_path):
+    """35 s: two of Whisper's 30 s windows, the second prompted with the first's text."""
+    path = tmp_path / "long.wav"
+    path.write_bytes(wav(noise(35.0, seed=11)))
+    expected = reference(path, temperature=0.0, language="en")
+    assert expected.segments[-1]["seek"] > 0  # the second window was decoded
+
+    def one(_: int) -> openai.types.audio.TranscriptionVerbose:
+        return client.audio.transcriptions.create(
+            model=MODEL,
+            file=("long.wav", path.read_bytes()),
+            temperature=0,
+            language="en",
+            response_format="verbose_json",
+        )
+
+    with cf.ThreadPoolExecutor(3) as pool:  # three at once: queued for the speech thread, each answered
+        answers = list(pool.map(one, range(3)))
+    for got in answers:
+        assert got.text == expected.text.strip() and got.duration == 35.0
+        assert [(s.seek, s.start, s.end, s.tokens) for s in got.segments or []] == [
+            (s["seek"], s["start"], s["end"], s["tokens"]) for s in expected.segments
+        ]
+
+
 def test_a_translation_equals_mlx_audios_translate_task(client, reference, clip):
     expected = reference(clip, temperature=0.0, task="translate")
     with clip.open("rb") as f:
@@ -170,7 +196,7 @@ def test_refusals_are_4xx_in_openais_shape_and_the_worker_answers_on(server, cli
     cases = [
         ({"file": ("notes.txt", b"these are my notes\n" * 50, "text/plain")}, {}, 400, "could not be decoded"),
         ({"file": ("a.wav", b"", "audio/wav")}, {}, 400, "empty"),
-        ({"file": ("long.wav", wav(noise(41.0)), "audio/wav")}, {}, 413, "max_audio_mb"),  # 1.3 MB
+        ({"file": ("big.wav", wav(noise(70.0)), "audio/wav")}, {}, 413, "max_audio_mb"),  # 2.2 MB
         ({"file": ("a.wav", clip.read_bytes(), "audio/wav")}, {"response_format": "xml"}, 400, "response_format"),
         ({"file": ("a.wav", clip.read_bytes(), "audio/wav")}, {"temperature": "2"}, 400, "temperature"),
         ({"file": ("a.wav", clip.read_bytes(), "audio/wav")}, {"language": "klingon"}, 400, "klingon"),
