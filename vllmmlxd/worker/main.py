@@ -131,7 +131,7 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
             load_s=round(time.perf_counter() - started, 2),
         )
         return RerankOnlyEngine(reranker, name=config.display_name(key))
-    if is_speech_spec(config.model):
+    if is_speech_spec(config.model, state_dir):
         return _speech_only_engine(config, key, state_dir)
     if is_embedding_spec(config.model):
         if config.embedding_model:

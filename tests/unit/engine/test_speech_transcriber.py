@@ -11,7 +11,13 @@ import pytest
 
 from tests.support.audio import noise
 from vllmmlxd.engine.loading.builtin import ensure_builtin
-from vllmmlxd.engine.speech.transcriber import SpeechRequest, Transcriber, generate_options, is_whisper_config
+from vllmmlxd.engine.speech.transcriber import (
+    SpeechRequest,
+    Transcriber,
+    generate_options,
+    is_speech_spec,
+    is_whisper_config,
+)
 from vllmmlxd.errors import Overloaded
 
 
@@ -27,6 +33,20 @@ def test_whisper_configs_of_both_kinds_are_recognised():
     assert is_whisper_config({"model_type": "whisper"})
     assert is_whisper_config({"n_mels": 80, "n_audio_ctx": 1500, "n_text_ctx": 448})
     assert not is_whisper_config({"model_type": "llama"})
+
+
+def test_a_pulled_repo_id_is_a_speech_spec_by_its_stores_copy(tmp_path):
+    from vllmmlxd.paths import models_dir
+    from vllmmlxd.store.layout import MARKER, folder_name
+
+    folder = models_dir(tmp_path) / folder_name("mlx-community/whisper-tiny")
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "whisper"}')
+    assert not is_speech_spec("mlx-community/whisper-tiny", tmp_path)  # not complete: no marker yet
+    (folder / MARKER).write_text("{}")
+    assert is_speech_spec("mlx-community/whisper-tiny", tmp_path)
+    assert not is_speech_spec("mlx-community/whisper-tiny")  # without the state dir: nothing to look in
+    assert not is_speech_spec("mlx-community/other-model", tmp_path)
 
 
 @pytest.fixture(scope="module")

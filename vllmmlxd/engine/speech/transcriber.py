@@ -24,6 +24,7 @@ import numpy as np
 from ...errors import ModelLoadError, Overloaded
 from ...extras import install_hint, missing_message
 from ...log import log_event
+from ...store.layout import hub_snapshot, store_copy
 from ..loading import builtin
 from .decode import SAMPLE_RATE
 from .formats import Transcript
@@ -36,16 +37,30 @@ def is_whisper_config(config: dict) -> bool:
     return config.get("model_type") == "whisper" or {"n_mels", "n_audio_ctx", "n_text_ctx"} <= set(config)
 
 
-def is_speech_spec(spec: str | None) -> bool:
-    """True when a ``model:`` spec names a speech-to-text model: a speech builtin or a Whisper folder."""
+def speech_folder(spec: str, state_dir: Path | None = None) -> Path | None:
+    """The local folder a non-builtin spec names: the folder itself, or a repo id's copy in the
+    store (``vllmmlxctl pull``) or in the hub cache; None when there is none here."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if state_dir is None or path.exists() or spec.count("/") != 1 or spec.startswith(("/", ".", "~")):
+        return None
+    return store_copy(spec, state_dir) or hub_snapshot(spec)
+
+
+def is_speech_spec(spec: str | None, state_dir: Path | None = None) -> bool:
+    """True when a ``model:`` spec names a speech-to-text model: a speech builtin, or a Whisper
+    folder (given as a path, or as a repo id pulled into the store or the hub cache)."""
     if not spec:
         return False
     if spec.startswith("builtin:"):
         entry = builtin.BUILTINS.get(spec[len("builtin:") :])
         return entry is not None and entry.kind == "speech"
-    path = Path(spec).expanduser()
+    folder = speech_folder(spec, state_dir)
+    if folder is None:
+        return False
     try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(config, dict) and is_whisper_config(config)
@@ -243,9 +258,10 @@ def load_transcriber(spec: str, state_dir: Path, *, name: str, max_queue: int = 
             raise ModelLoadError(f"{spec} is not a speech model")
         folder = builtin.ensure_builtin(entry.name, state_dir)
     else:
-        folder = Path(spec).expanduser().resolve()
-        if not is_speech_spec(str(folder)):
-            raise ModelLoadError(f"{folder} is not a Whisper model folder (config.json model_type 'whisper')")
+        found = speech_folder(spec, state_dir)
+        if found is None or not is_speech_spec(str(found)):
+            raise ModelLoadError(f"{spec} is not a Whisper model folder (config.json model_type 'whisper')")
+        folder = found.resolve()
     try:
         transcriber = Transcriber(folder, name=name, source=spec, max_queue=max_queue)
     except Exception as exc:  # missing weights, a tokenizer WhisperProcessor cannot read
