@@ -74,3 +74,13 @@ def test_a_failing_request_fails_alone_and_the_thread_serves_the_next(transcribe
     transcript = asyncio.run(both())
     assert transcript.duration == 1.0 and transcript.language == "en"
     assert transcriber.stats.errors == 1 and transcriber.stats.requests == 1
+
+
+def test_without_the_audio_extra_a_speech_entry_names_what_to_install(monkeypatch, tmp_path):
+    from vllmmlxd import extras
+    from vllmmlxd.engine.speech.transcriber import load_transcriber
+    from vllmmlxd.errors import ModelLoadError
+
+    monkeypatch.setattr(extras, "find_spec", lambda name: None)  # as on a plain `pip install vllmmlxd`
+    with pytest.raises(ModelLoadError, match=r"pip install 'vllmmlxd\[audio\]'"):
+        load_transcriber("builtin:tiny-whisper", tmp_path, name="w")
