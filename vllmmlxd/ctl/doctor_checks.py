@@ -8,11 +8,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllmmlxd.extras import install_hint
+
 LEVELS = ("ok", "warn", "fail", "skip")
 GiB = 1024**3
 DISK_FAIL, DISK_WARN = 1 * GiB, 10 * GiB  # a model's weights are gigabytes; the KV disk tier wants room too
-VISION_HINT = "pip install 'vllmmlxd[vision]'"
-FAST_BLAS_HINT = "pip install 'vllmmlxd[linux-fast]'"
+FAST_BLAS_HINT = install_hint("linux-fast")
+# The optional distributions, the extra that brings each, and what it serves.
+OPTIONAL = (("mlx-vlm", "vision", "images"), ("mlx-audio", "audio", "speech to text"))
 
 
 @dataclass
@@ -48,7 +51,7 @@ def gib(n: float) -> str:
 
 def version_checks(versions: Mapping[str, str | None], vllmmlxd: str, python: str) -> list[Check]:
     """vllmmlxd (with its commit), Python, and the distributions it runs on (None: not installed).
-    MLX and mlx-lm are needed; mlx-vlm serves images only."""
+    MLX and mlx-lm are needed; mlx-vlm serves images only, mlx-audio speech only."""
     out = [Check("versions", "vllmmlxd", "ok", vllmmlxd), Check("versions", "python", "ok", python)]
     for name in ("mlx", "mlx-lm"):
         found = versions.get(name)
@@ -60,8 +63,9 @@ def version_checks(versions: Mapping[str, str | None], vllmmlxd: str, python: st
     backend = next((f"{b} {versions[b]}" for b in ("mlx-metal", "mlx-cpu", "mlx-cuda") if versions.get(b)), None)
     if backend and versions.get("mlx"):
         out[2].detail += f" ({backend})"
-    vlm = versions.get("mlx-vlm")
-    out.append(Check("versions", "mlx-vlm", "ok", vlm or f"not installed (images only): {VISION_HINT}"))
+    for name, extra, serves in OPTIONAL:
+        found = versions.get(name)
+        out.append(Check("versions", name, "ok", found or f"not installed ({serves} only): {install_hint(extra)}"))
     return out
 
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-DISTRIBUTIONS = ("mlx", "mlx-metal", "mlx-cpu", "mlx-cuda", "mlx-lm", "mlx-vlm")
+DISTRIBUTIONS = ("mlx", "mlx-metal", "mlx-cpu", "mlx-cuda", "mlx-lm", "mlx-vlm", "mlx-audio")
 TOOL_TIMEOUT_S = 5.0
 
 

@@ -23,11 +23,12 @@ M2_MAX = {
 
 
 def test_versions_need_mlx_and_mlx_lm_and_name_the_extra_for_mlx_vlm():
-    found = {"mlx": "0.32.4", "mlx-cpu": "0.32.4", "mlx-lm": "0.32.2", "mlx-vlm": None}
+    found = {"mlx": "0.32.4", "mlx-cpu": "0.32.4", "mlx-lm": "0.32.2", "mlx-vlm": None, "mlx-audio": "0.6.2"}
     checks = {c.name: c for c in dc.version_checks(found, "0.1.0 (commit abc)", "3.11.7")}
     assert checks["vllmmlxd"].detail == "0.1.0 (commit abc)"
     assert checks["mlx"].level == "ok" and checks["mlx"].detail == "0.32.4 (mlx-cpu 0.32.4)"
     assert checks["mlx-vlm"].level == "ok" and "pip install 'vllmmlxd[vision]'" in checks["mlx-vlm"].detail
+    assert checks["mlx-audio"].detail == "0.6.2"
     missing = {c.name: c for c in dc.version_checks({"mlx": "0.32.4"}, "0.1.0", "3.11.7")}
     assert missing["mlx-lm"].level == "fail" and "not installed" in missing["mlx-lm"].detail
 
