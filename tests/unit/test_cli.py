@@ -79,7 +79,8 @@ def serve_error(*flags: str) -> subprocess.CompletedProcess:
         (
             ("builtin:tinyy",),
             "vllmmlxd serve: error: MODEL: unknown builtin model; the builtins are builtin:all-minilm-l6-v2, "
-            "builtin:smollm2-135m-instruct, builtin:tiny, builtin:tiny-vlm",
+            "builtin:smollm2-135m-instruct, builtin:tiny, builtin:tiny-reranker, builtin:tiny-vlm, "
+            "builtin:tiny-whisper",
         ),
     ],
 )
