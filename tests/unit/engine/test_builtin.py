@@ -45,7 +45,14 @@ def tiny_tokenizer(tiny_folder):
 def test_unknown_builtin_lists_the_builtins():
     with pytest.raises(ModelLoadError, match="builtin:all-minilm-l6-v2, builtin:smollm2-135m-instruct, builtin:tiny"):
         builtin.get_builtin("nope")
-    assert builtin.builtin_names() == ["all-minilm-l6-v2", "smollm2-135m-instruct", "tiny", "tiny-vlm"]
+    assert builtin.builtin_names() == [
+        "all-minilm-l6-v2",
+        "smollm2-135m-instruct",
+        "tiny",
+        "tiny-reranker",
+        "tiny-vlm",
+        "tiny-whisper",
+    ]
 
 
 def test_tiny_weights_are_pinned():
