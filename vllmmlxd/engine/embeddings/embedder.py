@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +30,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ...errors import InvalidRequest, ModelLoadError
+from ...errors import ModelLoadError
 from ...log import log_event
 from ..loading import builtin
-from ..types import Constraint, EngineEvent, EngineStats, GenerationRequest, ModelInfo, RenderedPrompt
+from ..task_engine import TaskEngine, task_model_info
 from .bert import BertEncoder, is_bert_folder, is_sequence_classifier, load_bert
 from .embedding_types import EmbedderInfo, EmbeddingStats
 
@@ -362,72 +362,26 @@ def load_embedder(spec: str, state_dir: Path) -> MLXEmbedder:
 EMBEDDINGS_ONLY = "this entry serves embeddings only (POST /v1/embeddings); its model cannot generate text"
 
 
-class EmbeddingsOnlyEngine:
+class EmbeddingsOnlyEngine(TaskEngine):
     """The Engine of an entry whose model is an embedding model: generation routes answer 400,
     health, status and metrics read idle counters, and ``embedder`` does the work."""
 
     embeddings_only = True  # read by the API layer: the entry's names are the embedding model's
 
+    refusal = EMBEDDINGS_ONLY
+
     def __init__(self, embedder: MLXEmbedder, *, name: str):
         self.embedder = embedder
-        # has_chat_template True: chat requests reach apply_chat_template, which says why they cannot run.
-        self.info = ModelInfo(
-            name=name,
-            context_length=embedder.info.max_tokens,
-            vocab_size=embedder.info.vocab_size,
-            source=str(embedder.folder),
-            has_chat_template=True,
-            tool_parser=None,
-            template_switches=frozenset({"enable_thinking"}),
+        super().__init__(
+            task_model_info(
+                name,
+                context_length=embedder.info.max_tokens,
+                vocab_size=embedder.info.vocab_size,
+                source=str(embedder.folder),
+                template_switches=frozenset({"enable_thinking"}),
+            )
         )
-        self.stats = EngineStats()
         self.max_queue = 0
-
-    def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
-
-    def detokenize(self, tokens: list[int]) -> str:
-        raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
-
-    def tokenizer_info(self) -> dict[str, Any]:
-        raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
-
-    def apply_chat_template(
-        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
-    ) -> list[int]:
-        raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
-
-    def render(
-        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
-    ) -> RenderedPrompt:
-        raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
-
-    def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
-        raise InvalidRequest(EMBEDDINGS_ONLY, param="model")
-
-    def check_constraint(self, constraint: Constraint) -> str | None:
-        return EMBEDDINGS_ONLY
-
-    def memory(self) -> dict[str, float]:
-        gb = 1024**3
-        return {
-            "active_memory_gb": round(mx.get_active_memory() / gb, 3),
-            "peak_memory_gb": round(mx.get_peak_memory() / gb, 3),
-            "cache_memory_gb": round(mx.get_cache_memory() / gb, 3),
-        }
-
-    def cache_status(self) -> dict:
-        return {
-            "type": "none",
-            "entries": 0,
-            "hit_rate": 0.0,
-            "memory_mb": 0.0,
-            "budget_mb": 0.0,
-            "hits": 0,
-            "misses": 0,
-            "cached_tokens": 0,
-            "evictions": 0,
-        }
 
     def close(self) -> None:
         self.embedder.close()

@@ -17,20 +17,19 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import mlx.core as mx
 import numpy as np
 
-from ...errors import InvalidRequest, ModelLoadError
+from ...errors import ModelLoadError
 from ...log import log_event
 from ..embeddings.bert import is_sequence_classifier
 from ..embeddings.embedder import plan_batches
 from ..loading import builtin
-from ..types import Constraint, EngineEvent, EngineStats, GenerationRequest, ModelInfo, RenderedPrompt
+from ..task_engine import TaskEngine, task_model_info
 from .rerank_types import Pair, RerankerInfo, RerankStats
 
 logger = logging.getLogger("vllmmlxd.engine")
@@ -218,71 +217,19 @@ def load_reranker(spec: str, state_dir: Path, *, trust_remote_code: bool = False
     return reranker
 
 
-class RerankOnlyEngine:
+class RerankOnlyEngine(TaskEngine):
     """The Engine of a reranking entry: generation routes answer 400, health, status and metrics
     read idle counters, and ``reranker`` does the work."""
 
     rerank_only = True  # read by the API layer: the entry's names are the reranker's
 
+    refusal = RERANK_ONLY
+
     def __init__(self, reranker: MLXReranker, *, name: str):
         self.reranker = reranker
-        # has_chat_template True: chat requests reach apply_chat_template, which says why they cannot run.
-        self.info = ModelInfo(
-            name=name,
-            context_length=reranker.info.max_tokens,
-            vocab_size=0,
-            source=reranker.info.source,
-            has_chat_template=True,
-            tool_parser=None,
-        )
-        self.stats = EngineStats()
+        info = task_model_info(name, context_length=reranker.info.max_tokens, vocab_size=0, source=reranker.info.source)
+        super().__init__(info)
         self.max_queue = 0
-
-    def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        raise InvalidRequest(RERANK_ONLY, param="model")
-
-    def detokenize(self, tokens: list[int]) -> str:
-        raise InvalidRequest(RERANK_ONLY, param="model")
-
-    def tokenizer_info(self) -> dict[str, Any]:
-        raise InvalidRequest(RERANK_ONLY, param="model")
-
-    def apply_chat_template(
-        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
-    ) -> list[int]:
-        raise InvalidRequest(RERANK_ONLY, param="model")
-
-    def render(
-        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
-    ) -> RenderedPrompt:
-        raise InvalidRequest(RERANK_ONLY, param="model")
-
-    def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
-        raise InvalidRequest(RERANK_ONLY, param="model")
-
-    def check_constraint(self, constraint: Constraint) -> str | None:
-        return RERANK_ONLY
-
-    def memory(self) -> dict[str, float]:
-        gb = 1024**3
-        return {
-            "active_memory_gb": round(mx.get_active_memory() / gb, 3),
-            "peak_memory_gb": round(mx.get_peak_memory() / gb, 3),
-            "cache_memory_gb": round(mx.get_cache_memory() / gb, 3),
-        }
-
-    def cache_status(self) -> dict:
-        return {
-            "type": "none",
-            "entries": 0,
-            "hit_rate": 0.0,
-            "memory_mb": 0.0,
-            "budget_mb": 0.0,
-            "hits": 0,
-            "misses": 0,
-            "cached_tokens": 0,
-            "evictions": 0,
-        }
 
     def close(self) -> None:
         self.reranker.close()

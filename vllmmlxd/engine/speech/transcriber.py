@@ -25,7 +25,6 @@ from ...errors import ModelLoadError, Overloaded
 from ...extras import install_hint, missing_message
 from ...log import log_event
 from ...store.layout import hub_snapshot, store_copy
-from ..loading import builtin
 from .decode import SAMPLE_RATE
 from .formats import Transcript
 
@@ -54,6 +53,8 @@ def is_speech_spec(spec: str | None, state_dir: Path | None = None) -> bool:
     if not spec:
         return False
     if spec.startswith("builtin:"):
+        from ..loading import builtin  # here, not above: the API imports this module, and builtin brings mlx
+
         entry = builtin.BUILTINS.get(spec[len("builtin:") :])
         return entry is not None and entry.kind == "speech"
     folder = speech_folder(spec, state_dir)
@@ -253,6 +254,8 @@ def load_transcriber(spec: str, state_dir: Path, *, name: str, max_queue: int = 
         raise ModelLoadError(f"{spec}: {missing}")
     started = time.monotonic()
     if spec.startswith("builtin:"):
+        from ..loading import builtin
+
         entry = builtin.get_builtin(spec[len("builtin:") :])
         if entry.kind != "speech":
             raise ModelLoadError(f"{spec} is not a speech model")

@@ -1,0 +1,88 @@
+"""The engine of an entry whose model does not generate text (embeddings, reranking, speech to
+text): every generation route answers 400 saying what the entry serves instead; health, status and
+metrics read idle counters. The subclass holds the model that does the entry's work."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import mlx.core as mx
+
+from ..errors import InvalidRequest
+from .types import Constraint, EngineEvent, EngineStats, GenerationRequest, ModelInfo, RenderedPrompt
+
+
+def task_model_info(name: str, *, context_length: int, vocab_size: int, source: str, **extra: Any) -> ModelInfo:
+    # has_chat_template True: chat requests reach apply_chat_template, which says why they cannot run.
+    return ModelInfo(
+        name=name,
+        context_length=context_length,
+        vocab_size=vocab_size,
+        source=source,
+        has_chat_template=True,
+        tool_parser=None,
+        **extra,
+    )
+
+
+class TaskEngine:
+    """What the worker's app needs of an engine, for an entry that serves one task but generation."""
+
+    refusal = "this entry's model cannot generate text"  # each subclass names what it serves
+
+    def __init__(self, info: ModelInfo):
+        self.info = info
+        self.stats = EngineStats()
+
+    def _refuse(self) -> InvalidRequest:
+        return InvalidRequest(self.refusal, param="model")
+
+    def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        raise self._refuse()
+
+    def detokenize(self, tokens: list[int]) -> str:
+        raise self._refuse()
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        raise self._refuse()
+
+    def apply_chat_template(
+        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
+    ) -> list[int]:
+        raise self._refuse()
+
+    def render(
+        self, messages: list[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None
+    ) -> RenderedPrompt:
+        raise self._refuse()
+
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
+        raise self._refuse()
+
+    def check_constraint(self, constraint: Constraint) -> str | None:
+        return self.refusal
+
+    def memory(self) -> dict[str, float]:
+        gb = 1024**3
+        return {
+            "active_memory_gb": round(mx.get_active_memory() / gb, 3),
+            "peak_memory_gb": round(mx.get_peak_memory() / gb, 3),
+            "cache_memory_gb": round(mx.get_cache_memory() / gb, 3),
+        }
+
+    def cache_status(self) -> dict:
+        return {
+            "type": "none",
+            "entries": 0,
+            "hit_rate": 0.0,
+            "memory_mb": 0.0,
+            "budget_mb": 0.0,
+            "hits": 0,
+            "misses": 0,
+            "cached_tokens": 0,
+            "evictions": 0,
+        }
+
+    def close(self) -> None:
+        pass
