@@ -27,7 +27,6 @@ def test_transcriptions_through_the_gateway_by_model_name_with_keys_and_scopes()
         "served_model_name": "my-whisper",
         "api_keys": ["*"],
         "load": "lazy",
-        "cache_memory_mb": 0,
     }
     d.write({"ears": {**entry, "aliases": ["whisper-1"]}}, api_keys=keys, gateway={"port": gateway_port})
     d.start(env={"VLLMMLXD_HEALTH_INTERVAL_S": "1"})

@@ -29,14 +29,17 @@ TOOL_PARSERS = (  # as vllmmlxd/parsers/tools has them (a test keeps them equal)
     "qwen",
     "xlam",
 )
-BUILTIN_MODELS = (  # as vllmmlxd/engine/loading/builtin.py has them (a test keeps them equal; config never imports the engine)
-    "all-minilm-l6-v2",
-    "smollm2-135m-instruct",
-    "tiny",
-    "tiny-reranker",
-    "tiny-vlm",
-    "tiny-whisper",
-)
+# Each builtin and what it serves, as vllmmlxd/engine/loading/builtin.py has them (a test keeps them
+# equal; config never imports the engine).
+BUILTIN_KINDS = {
+    "all-minilm-l6-v2": "embedding",
+    "smollm2-135m-instruct": "generate",
+    "tiny": "generate",
+    "tiny-reranker": "rerank",
+    "tiny-vlm": "generate",
+    "tiny-whisper": "speech",
+}
+BUILTIN_MODELS = tuple(BUILTIN_KINDS)
 BUILTIN_PREFIX = "builtin:"
 
 # A Hugging Face model repo id as a ``model:`` spec: ``org/name``, each part letters, digits, '-', '_'

@@ -11,6 +11,7 @@ Pure, but for :func:`load_memory_plan`, the shell that reads the machine and the
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from ..config.cache import cache_budget  # what cache_memory_mb / cache_memory_percent budget, defined once
 from ..config.distributed import DistributedConfig, model_shape, share_text
+from ..config.names import BUILTIN_KINDS, BUILTIN_PREFIX
 from ..config.schema import Config, ModelConfig
 from ..runtime import memory as machine
 from ..runtime.shard_families import layer_share
@@ -172,9 +174,30 @@ class MemoryPlan:
         }
 
 
-def make_footprint(entry: ModelConfig, estimate: weights.WeightsEstimate, physical_mb: int | None) -> Footprint:
-    """One entry's footprint from its config and its weights' estimate."""
-    cache_mb, cache_note = cache_budget(entry, physical_mb)
+def model_kind(spec: str, task: str, config: Mapping | None) -> str:
+    """What an entry's model serves, as its worker decides it (worker/main.py's load_engine):
+    ``generate``, or ``embedding``, ``rerank``, ``speech``, which keep no prefix cache. ``config``:
+    the model folder's config.json, when it is on disk."""
+    if task == "rerank":
+        return "rerank"
+    if spec.startswith(BUILTIN_PREFIX):
+        return BUILTIN_KINDS.get(spec[len(BUILTIN_PREFIX) :], "generate")
+    config = config or {}
+    kind = config.get("model_type")
+    if kind == "whisper":
+        return "speech"
+    if kind == "bert":
+        classifier = any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or [])
+        return "rerank" if classifier else "embedding"
+    return "generate"
+
+
+def make_footprint(
+    entry: ModelConfig, estimate: weights.WeightsEstimate, physical_mb: int | None, kind: str = "generate"
+) -> Footprint:
+    """One entry's footprint from its config and its weights' estimate; an entry whose model does
+    not generate (``kind``) holds no prefix cache, whatever its cache budget says."""
+    cache_mb, cache_note = cache_budget(entry, physical_mb) if kind == "generate" else (0, f"none: a {kind} model")
     weights_mb = -(-(estimate.nbytes or 0) // machine.MIB)  # rounded up
     return Footprint(
         weights_mb=weights_mb,
@@ -304,6 +327,17 @@ def read_capacity(reserve_mb: int) -> Capacity:
     return Capacity(physical_mb, reserve_mb, working_set_mb, found.source)
 
 
+def folder_config(folder: Path | None) -> dict | None:
+    """A model folder's config.json, or None (no folder on disk yet, or none readable)."""
+    if folder is None:
+        return None
+    try:
+        found = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def entry_footprints(
     entries: Mapping[str, ModelConfig], state_dir: Path, physical_mb: int | None
 ) -> dict[str, Footprint]:
@@ -318,7 +352,10 @@ def entry_footprints(
             estimates[models] = weights.estimate_entry_weights(
                 models[0], models[1], state_dir, cpu=cpu, draft_model=draft
             )
-        return make_footprint(entry, estimates[models], physical_mb)
+        folder = weights.model_folder(entry.model or "", state_dir)
+        return make_footprint(
+            entry, estimates[models], physical_mb, model_kind(entry.model or "", entry.task, folder_config(folder))
+        )
 
     return {name: footprint(entry) for name, entry in entries.items()}
 

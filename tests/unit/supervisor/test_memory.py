@@ -17,6 +17,7 @@ from vllmmlxd.supervisor.memory import (
     cache_budget,
     load_memory_plan,
     make_footprint,
+    model_kind,
     plan_memory,
 )
 
@@ -180,3 +181,33 @@ def test_load_memory_plan_reads_this_config_on_a_given_machine(sixteen_gib, tmp_
     tiny = -(-BUILTIN_PARAMETERS["tiny"][0] * 4 // machine.MIB)  # not converted in tmp_path: the constant
     assert plan.entries["a"].weights_mb == tiny and plan.entries["a"].total_mb == tiny + 100 + WORKER_OVERHEAD_MB
     assert plan.swap("b") and plan.changes["b"].peak_mb == 3 * plan.entries["a"].total_mb
+
+
+@pytest.mark.parametrize(
+    ("spec", "task", "config", "kind"),
+    [
+        ("builtin:tiny", "auto", None, "generate"),
+        ("builtin:all-minilm-l6-v2", "auto", None, "embedding"),
+        ("builtin:tiny-reranker", "auto", None, "rerank"),
+        ("builtin:tiny-whisper", "auto", None, "speech"),
+        ("/m/qwen3-reranker", "rerank", {"model_type": "qwen3"}, "rerank"),
+        ("/m/qwen3", "auto", {"model_type": "qwen3"}, "generate"),
+        ("/m/whisper", "auto", {"model_type": "whisper"}, "speech"),
+        ("/m/minilm", "auto", {"model_type": "bert", "architectures": ["BertModel"]}, "embedding"),
+        ("/m/ms-marco", "auto", {"model_type": "bert", "architectures": ["BertForSequenceClassification"]}, "rerank"),
+        ("org/not-pulled", "auto", None, "generate"),
+    ],
+)
+def test_what_an_entry_serves_decides_whether_it_holds_a_prefix_cache(spec, task, config, kind):
+    assert model_kind(spec, task, config) == kind
+    entry = ModelConfig(model="builtin:tiny", cache_memory_mb=512)
+    f = make_footprint(entry, WeightsEstimate(1 << 20, "x"), 16 * GIB, kind)
+    assert (f.cache_mb, f.cache_note) == (
+        (512, "cache_memory_mb") if kind == "generate" else (0, f"none: a {kind} model")
+    )
+
+
+def test_a_speech_entry_is_planned_without_the_default_cache_share(sixteen_gib, tmp_path: Path):
+    config = Config.model_validate({"models": {"ears": {"model": "builtin:tiny-whisper", "port": 8001}}})
+    plan = load_memory_plan(config, tmp_path, {})
+    assert plan.entries["ears"].cache_mb == 0  # its default cache_memory_percent would have held 10%
