@@ -143,6 +143,7 @@ def state_dir() -> Path:
 # fill the end).
 LONGEST_FILES = {
     "tests/e2e/test_daemon_faults.py": 104,
+    "tests/integration/test_audio.py": 90,
     "tests/integration/test_smollm2.py": 80,
     "tests/e2e/test_daemon_reload.py": 68,
     "tests/unit/engine/test_fidelity_recurrent.py": 59,
@@ -160,6 +161,7 @@ LONGEST_FILES = {
     "tests/integration/test_agents.py": 27,
     "tests/integration/test_openai_api.py": 26,
     "tests/integration/test_metrics_ratelimit.py": 25,
+    "tests/e2e/test_installed_package.py": 30,
     "tests/e2e/test_daemon_live.py": 24,
     "tests/integration/test_store_pull.py": 24,
     "tests/integration/test_embeddings.py": 23,
