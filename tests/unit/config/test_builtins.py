@@ -12,13 +12,11 @@ from vllmmlxd.errors import ConfigError
 
 
 def test_the_config_knows_every_builtin_and_no_other():
-    from vllmmlxd.engine.loading.builtin import builtin_names
-
     from vllmmlxd.config.names import BUILTIN_KINDS
-    from vllmmlxd.engine.loading.builtin import BUILTINS
+    from vllmmlxd.engine.loading.builtin import BUILTINS, builtin_names
 
     assert sorted(BUILTIN_MODELS) == builtin_names()
-    assert BUILTIN_KINDS == {name: b.kind for name, b in BUILTINS.items()}
+    assert {name: b.kind for name, b in BUILTINS.items()} == BUILTIN_KINDS
 
 
 @pytest.mark.parametrize("name", BUILTIN_MODELS)
