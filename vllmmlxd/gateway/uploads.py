@@ -10,7 +10,10 @@ the field's value replaced, in place, as ``body_for`` does for JSON.
 from __future__ import annotations
 
 import re
+from typing import Any, cast
 
+from python_multipart.exceptions import FormParserError, MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
 from ..api.body import read_body
@@ -24,7 +27,6 @@ UPLOAD_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
 FORM_SLACK_BYTES = 1 << 20  # the form's other fields and boundaries, beside the file
 DEFAULT_AUDIO_MB = 25.0
 _BOUNDARY = re.compile(r'boundary="?([^";]+)"?', re.IGNORECASE)
-_NAME = re.compile(rb'\bname="([^"]*)"', re.IGNORECASE)
 
 
 def boundary_of(content_type: str) -> bytes:
@@ -40,27 +42,54 @@ def boundary_of(content_type: str) -> bytes:
 def field_span(body: bytes, boundary: bytes, name: str) -> tuple[int, int] | None:
     """Where the value of the text field ``name`` lies in ``body`` (start, end), or None (pure).
 
-    Each part is ``--boundary CRLF headers CRLF CRLF value CRLF``; a part with a ``filename``
-    is a file, never the field."""
-    delimiter = b"--" + boundary
-    pos = body.find(delimiter)
-    while pos != -1:
-        head_start = pos + len(delimiter)
-        if body[head_start : head_start + 2] == b"--":  # the closing delimiter
-            return None
-        head_end = body.find(b"\r\n\r\n", head_start)
-        if head_end == -1:
-            return None
-        headers = body[head_start:head_end]
-        value_start = head_end + 4
-        next_pos = body.find(b"\r\n" + delimiter, value_start)
-        if next_pos == -1:
-            return None
-        named = _NAME.search(headers)
-        if named and named.group(1).decode("utf-8", "replace") == name and b"filename=" not in headers.lower():
-            return value_start, next_pos
-        pos = next_pos + 2
-    return None
+    python-multipart's parser reads the form (the whole body in one write, so the offsets its
+    callbacks give are the body's); a part with a ``filename`` is a file, never the field."""
+    part: dict[str, Any] = {}
+    found: list[tuple[int, int] | None] = []
+
+    def on_part_begin() -> None:
+        part.clear()
+        part.update(header=b"", disposition=b"", start=None, end=None, value=b"")
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        part["header"] += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        if part["header"].lower() == b"content-disposition":
+            part["disposition"] += data[start:end]
+
+    def on_header_end() -> None:
+        part["header"] = b""
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        part["value"] += data[start:end]
+        if data is body:  # else the parser hands back bytes it held aside: no offsets of the body
+            part["start"] = start if part["start"] is None else part["start"]
+            part["end"] = end
+
+    def on_part_end() -> None:
+        _, options = parse_options_header(part["disposition"])
+        if options.get(b"name") != name.encode() or b"filename" in options or found:
+            return
+        span = None if part["start"] is None else (part["start"], part["end"])
+        # The span must hold exactly the value read, or the field cannot be replaced in place.
+        found.append(span if span and body[span[0] : span[1]] == part["value"] else None)
+
+    callbacks = {
+        "on_part_begin": on_part_begin,
+        "on_header_field": on_header_field,
+        "on_header_value": on_header_value,
+        "on_header_end": on_header_end,
+        "on_part_data": on_part_data,
+        "on_part_end": on_part_end,
+    }
+    try:
+        parser = MultipartParser(boundary, cast(Any, callbacks))
+        parser.write(body)
+        parser.finalize()
+    except (MultipartParseError, FormParserError):
+        return None
+    return found[0] if found else None
 
 
 def form_field(body: bytes, boundary: bytes, name: str) -> str | None:

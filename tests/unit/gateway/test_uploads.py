@@ -62,3 +62,17 @@ def test_the_upload_limit_is_the_largest_routes_audio_limit_or_the_gateways_body
     assert upload_limit((route("a", 25), route("b", 100)), 16) == 100 * 1024 * 1024 + FORM_SLACK_BYTES
     assert upload_limit((route("a", 25),), 64) == 64 * 1024 * 1024 + FORM_SLACK_BYTES
     assert upload_limit((), 16) == 25 * 1024 * 1024 + FORM_SLACK_BYTES
+
+
+def test_a_form_read_as_the_parser_reads_it_not_as_it_looks():
+    # A file whose bytes look like a part, a lower-case header and an unquoted name: only the real
+    # model field is found, and only its value changes.
+    body = (
+        b'--XX\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+        b'RIFF\r\n--X\r\nContent-Disposition: form-data; name="model"\r\n\r\nfake\r\n'
+        b"--XX\r\ncontent-disposition: form-data; name=model\r\n\r\nears\r\n--XX--\r\n"
+    )
+    assert form_field(body, b"XX", "model") == "ears"
+    renamed = with_field(body, b"XX", "model", "whisper-1")
+    assert renamed == body.replace(b"\r\n\r\nears\r\n", b"\r\n\r\nwhisper-1\r\n")
+    assert form_field(b"--XX\r\nnot a form", b"XX", "model") is None
