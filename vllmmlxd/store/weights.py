@@ -39,7 +39,7 @@ BUILTIN_PARAMETERS = {
     "tiny": (3_219_904, 4),
     "tiny-vlm": (6_395_904, 4),
     "all-minilm-l6-v2": (22_713_216, 4),
-    "tiny-whisper": (3_588_672, 2),  # mlx-audio runs Whisper in float16
+    "tiny-whisper": (3_584_576, 2),  # mlx-audio runs Whisper in float16
 }
 
 

@@ -368,7 +368,7 @@ BUILTINS: dict[str, Builtin] = {
         ),
         Builtin(
             "tiny-whisper",
-            1,
+            2,
             "random-weight Whisper (2+2 layers, width 64, multilingual vocabulary) with a synthetic tokenizer, "
             "for tests of speech to text",
             _build_tiny_whisper,
