@@ -4,13 +4,29 @@ metrics read idle counters. The subclass holds the model that does the entry's w
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import mlx.core as mx
-
 from ..errors import InvalidRequest
 from .types import Constraint, EngineEvent, EngineStats, GenerationRequest, ModelInfo, RenderedPrompt
+
+
+def answer(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any) -> None:
+    """From a model's own thread, settle a request's ``future`` on its loop with ``result`` (an
+    exception fails it); a request already gone, or a loop closed, needs nothing."""
+    with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is listening
+        loop.call_soon_threadsafe(_settle, future, result)
+
+
+def _settle(future: asyncio.Future, result: Any) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
 
 
 def task_model_info(name: str, *, context_length: int, vocab_size: int, source: str, **extra: Any) -> ModelInfo:
@@ -64,6 +80,8 @@ class TaskEngine:
         return self.refusal
 
     def memory(self) -> dict[str, float]:
+        import mlx.core as mx  # here: the API imports this module (``answer``), and it never loads mlx
+
         gb = 1024**3
         return {
             "active_memory_gb": round(mx.get_active_memory() / gb, 3),

@@ -15,7 +15,6 @@ teams spinning on the same cores); batches between steps delay a step by one bat
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -33,7 +32,7 @@ import numpy as np
 from ...errors import ModelLoadError
 from ...log import log_event
 from ..loading import builtin
-from ..task_engine import TaskEngine, task_model_info
+from ..task_engine import TaskEngine, answer, task_model_info
 from .bert import BertEncoder, is_bert_folder, is_sequence_classifier, load_bert
 from .embedding_types import EmbedderInfo, EmbeddingStats
 
@@ -266,8 +265,7 @@ class MLXEmbedder:
                 log_event(logger, "embed.error", logging.ERROR, error=repr(exc))
                 result = exc
             self.stats.waiting -= 1
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is listening
-                job.loop.call_soon_threadsafe(_settle, job.future, result)
+            answer(job.loop, job.future, result)
 
     def _run_job(self, job: _Job) -> np.ndarray | None:
         if job.cancelled.is_set():
@@ -304,15 +302,6 @@ class MLXEmbedder:
         stats.tokens += sum(len(x) for x in batch)
         stats.busy_s += time.perf_counter() - started
         return result
-
-
-def _settle(future: asyncio.Future, result: Any) -> None:
-    if future.done():
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
 
 
 def load_embedder(spec: str, state_dir: Path) -> MLXEmbedder:

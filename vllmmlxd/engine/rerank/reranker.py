@@ -11,7 +11,6 @@ status and metrics.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import queue
@@ -29,7 +28,7 @@ from ...log import log_event
 from ..embeddings.bert import is_sequence_classifier
 from ..embeddings.embedder import plan_batches
 from ..loading import builtin
-from ..task_engine import TaskEngine, task_model_info
+from ..task_engine import TaskEngine, answer, task_model_info
 from .rerank_types import Pair, RerankerInfo, RerankStats
 
 logger = logging.getLogger("vllmmlxd.engine")
@@ -135,8 +134,7 @@ class MLXReranker:
                 log_event(logger, "rerank.error", logging.ERROR, error=repr(exc))
                 result = exc
             self.stats.waiting -= 1
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is listening
-                job.loop.call_soon_threadsafe(_settle, job.future, result)
+            answer(job.loop, job.future, result)
 
     def run_pairs(self, pairs: list[Pair], cancelled: threading.Event | None = None) -> np.ndarray | None:
         """The scores of ``pairs`` (in order), batch by batch; None when cancelled between batches."""
@@ -154,15 +152,6 @@ class MLXReranker:
             stats.tokens += sum(len(p) for p in batch)
             stats.busy_s += time.perf_counter() - started
         return out
-
-
-def _settle(future: asyncio.Future, result: Any) -> None:
-    if future.done():
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
 
 
 def _model_type(folder: Path | str) -> str | None:

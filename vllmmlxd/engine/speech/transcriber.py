@@ -8,7 +8,6 @@ into Whisper's 30 s windows itself. A failure fails its request, never the threa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import queue
@@ -25,6 +24,7 @@ from ...errors import ModelLoadError, Overloaded
 from ...extras import install_hint, missing_message
 from ...log import log_event
 from ...store.layout import hub_snapshot, store_copy
+from ..task_engine import answer
 from .decode import SAMPLE_RATE
 from .formats import Transcript
 
@@ -222,17 +222,7 @@ class Transcriber:
                 finally:
                     self.stats.running = 0
                     self.stats.busy_s += time.perf_counter() - started
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is listening
-                job.loop.call_soon_threadsafe(_settle, job.future, result)
-
-
-def _settle(future: asyncio.Future, result: Any) -> None:
-    if future.done():
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
+            answer(job.loop, job.future, result)
 
 
 def missing_audio() -> str | None:
