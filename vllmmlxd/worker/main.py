@@ -110,43 +110,20 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
     model is a reranker (or that says ``task: rerank``) one that only reranks; an entry with
     ``embedding_model`` gets its embedder loaded too, carried as ``engine.embedder``.
     """
-    from ..engine.embeddings.embedder import EmbeddingsOnlyEngine, is_embedding_spec, load_embedder
+    from ..engine.embeddings.embedder import is_embedding_spec, load_embedder
     from ..engine.loading.loader import load_model
     from ..engine.mlx_engine import MLXEngine
     from ..engine.options import engine_options
-    from ..engine.rerank.reranker import RerankOnlyEngine, is_rerank_spec, load_reranker
+    from ..engine.rerank.reranker import is_rerank_spec
     from ..engine.speech.transcriber import is_speech_spec
 
     started = time.perf_counter()
     if is_rerank_spec(config.model, config.task):
-        if config.embedding_model:
-            raise ModelLoadError(f"{config.model} is served as a reranker; embedding_model cannot be set beside it")
-        reranker = load_reranker(config.model, state_dir, trust_remote_code=config.trust_remote_code)
-        log_event(
-            logger,
-            "model.loaded",
-            model=key,
-            source=config.model,
-            rerank=reranker.info.kind,
-            load_s=round(time.perf_counter() - started, 2),
-        )
-        return RerankOnlyEngine(reranker, name=config.display_name(key))
+        return _task_engine("rerank", config, key, state_dir)
     if is_speech_spec(config.model, state_dir):
-        return _speech_only_engine(config, key, state_dir)
+        return _task_engine("speech", config, key, state_dir)
     if is_embedding_spec(config.model):
-        if config.embedding_model:
-            raise ModelLoadError(f"{config.model} is an embedding model; embedding_model cannot be set beside it")
-        embeds = EmbeddingsOnlyEngine(load_embedder(config.model, state_dir), name=config.display_name(key))
-        log_event(
-            logger,
-            "model.loaded",
-            model=key,
-            source=config.model,
-            embeddings_only=True,
-            load_s=round(time.perf_counter() - started, 2),
-        )
-        # EmbeddingsOnlyEngine lacks Engine.render, unreached (not a vision model: images are refused first).
-        return embeds
+        return _task_engine("embedding", config, key, state_dir)
     embedder = load_embedder(config.embedding_model, state_dir) if config.embedding_model else None
     machine = read_machine_memory(working_set=False)  # Metal's working set: asked of mlx by the engine
     options = engine_options(config, machine.physical or 0, machine.source, state_dir=state_dir)
@@ -175,27 +152,46 @@ def load_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
     return engine
 
 
-def _speech_only_engine(config: ResolvedModel, key: str, state_dir: Path) -> Engine:
-    """An entry whose model is a Whisper model: an engine that only transcribes (engine/speech/)."""
-    from ..engine.speech.speech_engine import SpeechOnlyEngine
-    from ..engine.speech.transcriber import load_transcriber
+# What an entry whose model does not generate is, in its refusal of an embedding_model beside it.
+TASK_MODELS = {
+    "rerank": "is served as a reranker",
+    "speech": "is a speech model",
+    "embedding": "is an embedding model",
+}
 
+
+def _task_engine(kind: str, config: ResolvedModel, key: str, state_dir: Path) -> Engine:
+    """An entry whose model only embeds, reranks or transcribes: its engine refuses generation
+    (engine/task_engine.py), and no embedding model can sit beside it."""
     if config.embedding_model:
-        raise ModelLoadError(f"{config.model} is a speech model; embedding_model cannot be set beside it")
+        raise ModelLoadError(f"{config.model} {TASK_MODELS[kind]}; embedding_model cannot be set beside it")
     started = time.perf_counter()
     name = config.display_name(key)
-    engine = SpeechOnlyEngine(
-        load_transcriber(config.model, state_dir, name=name, max_queue=config.max_queue), name=name
-    )
+    engine: Engine
+    if kind == "rerank":
+        from ..engine.rerank.reranker import RerankOnlyEngine, load_reranker
+
+        engine = RerankOnlyEngine(
+            load_reranker(config.model, state_dir, trust_remote_code=config.trust_remote_code), name=name
+        )
+        fields: dict[str, object] = {"rerank": engine.reranker.info.kind}
+    elif kind == "speech":
+        from ..engine.speech.speech_engine import SpeechOnlyEngine
+        from ..engine.speech.transcriber import load_transcriber
+
+        engine = SpeechOnlyEngine(
+            load_transcriber(config.model, state_dir, name=name, max_queue=config.max_queue), name=name
+        )
+        fields = {"speech": True}
+    else:
+        from ..engine.embeddings.embedder import EmbeddingsOnlyEngine, load_embedder
+
+        engine = EmbeddingsOnlyEngine(load_embedder(config.model, state_dir), name=name)
+        fields = {"embeddings_only": True}
     log_event(
-        logger,
-        "model.loaded",
-        model=key,
-        source=config.model,
-        speech=True,
-        load_s=round(time.perf_counter() - started, 2),
+        logger, "model.loaded", model=key, source=config.model, **fields, load_s=round(time.perf_counter() - started, 2)
     )
-    return engine  # SpeechOnlyEngine lacks Engine.render, unreached as for embeddings
+    return engine
 
 
 def _rank_zero_engine(config: ResolvedModel, key: str, state_dir: Path, options: EngineOptions) -> MLXEngine:
