@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
-from typing import Any
+import queue
+import threading
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from ..errors import InvalidRequest
 from .types import Constraint, EngineEvent, EngineStats, GenerationRequest, ModelInfo, RenderedPrompt
@@ -18,6 +21,50 @@ def answer(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any)
     exception fails it); a request already gone, or a loop closed, needs nothing."""
     with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is listening
         loop.call_soon_threadsafe(_settle, future, result)
+
+
+P = TypeVar("P")
+
+
+@dataclass
+class Job(Generic[P]):
+    """One request to a model's own thread: what to run, where to answer, and whether its client left."""
+
+    payload: P
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class JobThread(Generic[P]):
+    """A model's own thread (MLX keeps streams per thread: its graphs never run on another's) fed
+    from an inbox in order: ``handle`` runs each job there and returns its result or the exception
+    that fails it, which ``answer`` settles on the request's loop."""
+
+    def __init__(self, name: str, handle: Callable[[Job[P]], Any]):
+        self._inbox: queue.SimpleQueue[Job[P] | None] = queue.SimpleQueue()
+        self._handle = handle
+        self._thread: threading.Thread | None = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    async def submit(self, payload: P) -> Any:
+        loop = asyncio.get_running_loop()
+        job = Job(payload, loop, loop.create_future())
+        self._inbox.put(job)
+        try:
+            return await job.future
+        finally:
+            job.cancelled.set()  # a client gone before its turn (or between batches) costs no more work
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._inbox.put(None)
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _run(self) -> None:
+        while (job := self._inbox.get()) is not None:
+            answer(job.loop, job.future, self._handle(job))
 
 
 def _settle(future: asyncio.Future, result: Any) -> None:

@@ -14,15 +14,12 @@ teams spinning on the same cores); batches between steps delay a step by one bat
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +29,7 @@ import numpy as np
 from ...errors import ModelLoadError
 from ...log import log_event
 from ..loading import builtin
-from ..task_engine import TaskEngine, answer, task_model_info
+from ..task_engine import Job, JobThread, TaskEngine, task_model_info
 from .bert import BertEncoder, is_bert_folder, is_sequence_classifier, load_bert
 from .embedding_types import EmbedderInfo, EmbeddingStats
 
@@ -169,14 +166,6 @@ class EngineTurns:
         return handoff.result()
 
 
-@dataclass
-class _Job:
-    inputs: list[list[int]]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-
 class MLXEmbedder:
     """Embeds token-id inputs with a BERT encoder on the ``mlx-embed`` thread."""
 
@@ -204,14 +193,10 @@ class MLXEmbedder:
             vocab_size=cfg.vocab_size,
             normalized=self.model.pooling.normalize,
         )
-        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
         self._turns: EngineTurns | None = None
         self.run_inputs([[0] * 8] * 2)  # the first pass allocates: done here, not in the first client's request
         self.stats = EmbeddingStats()  # the warm-up is no client's work
-        if threaded:
-            self._thread = threading.Thread(target=self._run, name="mlx-embed", daemon=True)
-            self._thread.start()
+        self._jobs = JobThread("mlx-embed", self._handle) if threaded else None
 
     # -- the asyncio side ----------------------------------------------------
 
@@ -219,14 +204,9 @@ class MLXEmbedder:
         return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
 
     async def embed(self, inputs: list[list[int]]) -> np.ndarray:
-        loop = asyncio.get_running_loop()
-        job = _Job(inputs, loop, loop.create_future())
+        assert self._jobs is not None, "an embedder made with threaded=False runs on its caller's thread"
         self.stats.waiting += 1
-        self._inbox.put(job)
-        try:
-            return await job.future
-        finally:
-            job.cancelled.set()  # a cancelled request's remaining batches are skipped
+        return await self._jobs.submit(inputs)
 
     def describe(self) -> dict:
         return {
@@ -245,32 +225,25 @@ class MLXEmbedder:
         engine.before_each_step(self._turns.take)
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._inbox.put(None)
-            self._thread.join(timeout=10)
-            self._thread = None
+        if self._jobs is not None:
+            self._jobs.close()
 
     # -- the thread ----------------------------------------------------------
 
-    def _run(self) -> None:
-        # MLX keeps streams per thread: this thread's graphs run on its own, never on the engine's.
-        while True:
-            job = self._inbox.get()
-            if job is None:
-                return
-            try:
-                result: Any = self._run_job(job)
-            except Exception as exc:  # a bad batch fails its request, never the thread
-                self.stats.errors += 1
-                log_event(logger, "embed.error", logging.ERROR, error=repr(exc))
-                result = exc
-            self.stats.waiting -= 1
-            answer(job.loop, job.future, result)
+    def _handle(self, job: Job[list[list[int]]]) -> Any:
+        try:
+            result: Any = self._run_job(job)
+        except Exception as exc:  # a bad batch fails its request, never the thread
+            self.stats.errors += 1
+            log_event(logger, "embed.error", logging.ERROR, error=repr(exc))
+            result = exc
+        self.stats.waiting -= 1
+        return result
 
-    def _run_job(self, job: _Job) -> np.ndarray | None:
+    def _run_job(self, job: Job[list[list[int]]]) -> np.ndarray | None:
         if job.cancelled.is_set():
             return None
-        out = self.run_inputs(job.inputs, job.cancelled)
+        out = self.run_inputs(job.payload, job.cancelled)
         if out is not None:
             self.stats.requests += 1
         return out

@@ -10,14 +10,11 @@ status and metrics.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,7 +25,7 @@ from ...log import log_event
 from ..embeddings.bert import is_sequence_classifier
 from ..embeddings.embedder import plan_batches
 from ..loading import builtin
-from ..task_engine import TaskEngine, answer, task_model_info
+from ..task_engine import Job, JobThread, TaskEngine, task_model_info
 from .rerank_types import Pair, RerankerInfo, RerankStats
 
 logger = logging.getLogger("vllmmlxd.engine")
@@ -62,14 +59,6 @@ def is_rerank_spec(spec: str | None, task: str | None = None) -> bool:
     return path.is_dir() and is_sequence_classifier(path)
 
 
-@dataclass
-class _Job:
-    pairs: list[Pair]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-
 class MLXReranker:
     """Scores pairs with ``scorer`` on the ``mlx-rerank`` thread."""
 
@@ -79,13 +68,9 @@ class MLXReranker:
             name=name, source=source, kind=scorer.kind, max_tokens=scorer.limit, score=scorer.activation
         )
         self.stats = RerankStats()
-        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
         self.run_pairs(scorer.make_pairs("warm", ["up", "up"], truncate=True))  # the first pass allocates
         self.stats = RerankStats()  # the warm-up is no client's work
-        if threaded:
-            self._thread = threading.Thread(target=self._run, name="mlx-rerank", daemon=True)
-            self._thread.start()
+        self._jobs = JobThread("mlx-rerank", self._handle) if threaded else None
 
     # -- the asyncio side ----------------------------------------------------
 
@@ -93,14 +78,9 @@ class MLXReranker:
         return self.scorer.make_pairs(query, documents, truncate=truncate)
 
     async def score(self, pairs: list[Pair]) -> np.ndarray:
-        loop = asyncio.get_running_loop()
-        job = _Job(pairs, loop, loop.create_future())
+        assert self._jobs is not None, "a reranker made with threaded=False runs on its caller's thread"
         self.stats.waiting += 1
-        self._inbox.put(job)
-        try:
-            return await job.future
-        finally:
-            job.cancelled.set()  # a cancelled request's remaining batches are skipped
+        return await self._jobs.submit(pairs)
 
     def describe(self) -> dict:
         return {
@@ -113,28 +93,22 @@ class MLXReranker:
         }
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._inbox.put(None)
-            self._thread.join(timeout=10)
-            self._thread = None
+        if self._jobs is not None:
+            self._jobs.close()
 
     # -- the thread ----------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            job = self._inbox.get()
-            if job is None:
-                return
-            try:
-                result: Any = None if job.cancelled.is_set() else self.run_pairs(job.pairs, job.cancelled)
-                if result is not None:
-                    self.stats.requests += 1
-            except Exception as exc:  # a bad batch fails its request, never the thread
-                self.stats.errors += 1
-                log_event(logger, "rerank.error", logging.ERROR, error=repr(exc))
-                result = exc
-            self.stats.waiting -= 1
-            answer(job.loop, job.future, result)
+    def _handle(self, job: Job[list[Pair]]) -> Any:
+        try:
+            result: Any = None if job.cancelled.is_set() else self.run_pairs(job.payload, job.cancelled)
+            if result is not None:
+                self.stats.requests += 1
+        except Exception as exc:  # a bad batch fails its request, never the thread
+            self.stats.errors += 1
+            log_event(logger, "rerank.error", logging.ERROR, error=repr(exc))
+            result = exc
+        self.stats.waiting -= 1
+        return result
 
     def run_pairs(self, pairs: list[Pair], cancelled: threading.Event | None = None) -> np.ndarray | None:
         """The scores of ``pairs`` (in order), batch by batch; None when cancelled between batches."""

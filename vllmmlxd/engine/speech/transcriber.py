@@ -7,14 +7,11 @@ into Whisper's 30 s windows itself. A failure fails its request, never the threa
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import queue
-import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +21,7 @@ from ...errors import ModelLoadError, Overloaded
 from ...extras import install_hint, missing_message
 from ...log import log_event
 from ...store.layout import hub_snapshot, store_copy
-from ..task_engine import answer
+from ..task_engine import Job, JobThread
 from .decode import SAMPLE_RATE
 from .formats import Transcript
 
@@ -132,14 +129,6 @@ class SpeechStats:
         }
 
 
-@dataclass
-class _Job:
-    request: SpeechRequest
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-
 class Transcriber:
     """A Whisper model served on the ``mlx-speech`` thread, one request at a time."""
 
@@ -154,11 +143,7 @@ class Transcriber:
             warnings.simplefilter("error", UserWarning)
             self.model = load(folder)  # evaluated here: the speech thread then only reads it
         self.translates = bool(self.model.is_multilingual)  # English-only checkpoints cannot translate
-        self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        if threaded:
-            self._thread = threading.Thread(target=self._run, name="mlx-speech", daemon=True)
-            self._thread.start()
+        self._jobs = JobThread("mlx-speech", self._handle) if threaded else None
 
     async def transcribe(self, request: SpeechRequest) -> Transcript:
         """The request's transcript, once the thread gets to it; 503 when ``max_queue`` wait already."""
@@ -166,14 +151,9 @@ class Transcriber:
             raise Overloaded(
                 f"{self.stats.waiting} transcriptions are waiting for this model (max_queue {self.max_queue}); retry later"
             )
-        loop = asyncio.get_running_loop()
-        job = _Job(request, loop, loop.create_future())
+        assert self._jobs is not None, "a transcriber made with threaded=False runs on its caller's thread"
         self.stats.waiting += 1
-        self._inbox.put(job)
-        try:
-            return await job.future
-        finally:
-            job.cancelled.set()  # a client gone before its turn costs no decoding
+        return await self._jobs.submit(request)
 
     def run(self, request: SpeechRequest) -> Transcript:
         """Transcribe on the calling thread (the speech thread, a bench, a test)."""
@@ -187,42 +167,37 @@ class Transcriber:
         return {"model": self.name, "source": self.source, "translates": self.translates, **self.stats.snapshot()}
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._inbox.put(None)
-            self._thread.join(timeout=10)
-            self._thread = None
+        if self._jobs is not None:
+            self._jobs.close()
 
-    def _run(self) -> None:
-        while True:
-            job = self._inbox.get()
-            if job is None:
-                return
-            self.stats.waiting -= 1
-            result: Any = None
-            if not job.cancelled.is_set():
-                started = time.perf_counter()
-                self.stats.running = 1
-                try:
-                    result = self.run(job.request)
-                    self.stats.requests += 1
-                    self.stats.audio_s += job.request.duration
-                    seconds = time.perf_counter() - started
-                    log_event(
-                        logger,
-                        "speech.done",
-                        task=job.request.task,
-                        audio_s=round(job.request.duration, 2),
-                        seconds=round(seconds, 2),
-                        realtime=round(job.request.duration / seconds, 1) if seconds else None,
-                    )
-                except Exception as exc:  # a bad request fails alone, never the thread
-                    self.stats.errors += 1
-                    log_event(logger, "speech.error", logging.ERROR, error=repr(exc))
-                    result = exc
-                finally:
-                    self.stats.running = 0
-                    self.stats.busy_s += time.perf_counter() - started
-            answer(job.loop, job.future, result)
+    def _handle(self, job: Job[SpeechRequest]) -> Any:
+        self.stats.waiting -= 1
+        if job.cancelled.is_set():
+            return None
+        request = job.payload
+        started = time.perf_counter()
+        self.stats.running = 1
+        try:
+            result: Any = self.run(request)
+            self.stats.requests += 1
+            self.stats.audio_s += request.duration
+            seconds = time.perf_counter() - started
+            log_event(
+                logger,
+                "speech.done",
+                task=request.task,
+                audio_s=round(request.duration, 2),
+                seconds=round(seconds, 2),
+                realtime=round(request.duration / seconds, 1) if seconds else None,
+            )
+        except Exception as exc:  # a bad request fails alone, never the thread
+            self.stats.errors += 1
+            log_event(logger, "speech.error", logging.ERROR, error=repr(exc))
+            result = exc
+        finally:
+            self.stats.running = 0
+            self.stats.busy_s += time.perf_counter() - started
+        return result
 
 
 def missing_audio() -> str | None:
